@@ -1,0 +1,24 @@
+"""agentbus: a SQLite-backed message bus for coordinating software agents."""
+
+from __future__ import annotations
+
+from bus.api import Bus
+from bus.cursors import Cursor
+from bus.errors import BusBusy
+from bus.errors import BusClosed
+from bus.errors import BusError
+from bus.errors import BusNotFound
+from bus.errors import NotABusDatabase
+from bus.errors import SchemaTooNew
+from bus.errors import UnsupportedFilesystem
+from bus.errors import ValidationFailed
+from bus.messages import Message
+from bus.messages import PublishResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Bus", "BusBusy", "BusClosed", "BusError", "BusNotFound", "Cursor", "Message",
+    "NotABusDatabase", "PublishResult", "SchemaTooNew", "UnsupportedFilesystem",
+    "ValidationFailed", "__version__",
+]

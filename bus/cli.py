@@ -1,0 +1,381 @@
+"""The `bus` command: the bus from the shell.
+
+Human-readable output by default, JSON with --json (one object per line for
+message streams). Exit codes: 0 ok, 1 error (`Error: ...` on stderr),
+2 usage, 75 when the database stayed busy (retry later).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from typing import Iterable
+
+import apsw
+import click
+import orjson
+
+from bus import __version__
+from bus.api import Bus
+from bus.db import connect
+from bus.errors import BusBusy
+from bus.errors import BusError
+from bus.messages import Message
+from bus.polling import Backoff
+from bus.polling import wait_until
+from bus.schema import migrate
+from bus.schema import schema_status
+
+DEFAULT_DB = ".worker-state/bus.db"
+EXIT_BUSY = 75  # EX_TEMPFAIL from sysexits.h: try again later
+FOLLOW_BATCH = 1000
+
+
+class BusyExit(click.ClickException):
+    exit_code = EXIT_BUSY
+
+
+class BusGroup(click.Group):
+    """Turns library errors into `Error: ...` with exit 1 (75 when busy)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BusBusy as exc:
+            raise BusyExit(str(exc)) from exc
+        except BusError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+class BusContext:
+    """What the root command knows; opens the bus on first use, closes it at exit."""
+
+    def __init__(self, ctx: click.Context, db: str, durability: str) -> None:
+        self.ctx = ctx
+        self.db = db
+        self.durability = durability
+
+    def open(self, create: bool = False) -> Bus:
+        return self.ctx.with_resource(Bus.open(self.db, self.durability, create=create))
+
+
+pass_bus_context = click.make_pass_decorator(BusContext)
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print JSON; message streams print one object per line.")
+
+
+@click.group(cls=BusGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--db", envvar="BUS_DB", default=DEFAULT_DB, show_default=True,
+              type=click.Path(dir_okay=False), help="Bus database file (env: BUS_DB).")
+@click.option("--durability", envvar="BUS_DURABILITY", default="normal", show_default=True,
+              type=click.Choice(["normal", "full"]),
+              help="normal: a publish survives a crash; full: power loss too (fsync).")
+@click.version_option(__version__, "--version", prog_name="bus")
+@click.pass_context
+def main(ctx: click.Context, db: str, durability: str) -> None:
+    """agentbus: a message bus for agents in one SQLite file.
+
+    \b
+    Example:
+      bus init
+      bus publish --from planner --to worker-1 --type task_assign --payload '{"task": "t1"}'
+      bus poll --agent worker-1
+      bus ack --agent worker-1 --seq 1
+    """
+    ctx.obj = BusContext(ctx, db, durability)
+
+
+# --- commands -------------------------------------------------------------
+
+
+@main.command()
+@json_option
+@pass_bus_context
+def init(obj: BusContext, as_json: bool) -> None:
+    """Create the bus database (and its directory) and bring its schema up to date.
+
+    Example: bus --db .worker-state/bus.db init
+    """
+    existed = Path(obj.db).exists()
+    bus = obj.open(create=True)
+    version = bus.schema_version()
+    if as_json:
+        _echo_json({"path": obj.db, "created": not existed, "schema_version": version})
+    else:
+        verb = "ready" if existed else "created"
+        click.echo(f"bus {verb} at {obj.db} (schema version {version})")
+
+
+@main.command()
+@click.option("--from", "from_agent", required=True, help="Sending agent id.")
+@click.option("--type", "type_", required=True, help="Message type, e.g. task_assign.")
+@click.option("--to", help="Recipient agent id; omit to broadcast.")
+@click.option("--payload", help="JSON payload, or - to read it from stdin.")
+@click.option("--payload-file", type=click.File("rb"), help="Read the JSON payload from a file (- for stdin).")
+@click.option("--id", "message_id", help="Message UUID; publishing an existing id again is a no-op.")
+@click.option("--correlation-id", help="Groups messages of one task or conversation.")
+@click.option("--in-reply-to", help="Id of the message this one answers.")
+@json_option
+@pass_bus_context
+def publish(obj: BusContext, from_agent: str, type_: str, to: str | None, payload: str | None,
+            payload_file: Any, message_id: str | None, correlation_id: str | None,
+            in_reply_to: str | None, as_json: bool) -> None:
+    """Append one message to the bus.
+
+    Example: bus publish --from planner --to worker-1 --type task_assign --payload '{"task": "t1"}'
+    """
+    value = _read_payload(payload, payload_file)
+    result = obj.open().publish(from_agent, type_, value, to=to, id=message_id,
+                                correlation_id=correlation_id, in_reply_to=in_reply_to)
+    if as_json:
+        _echo_json(result.to_json_dict())
+    elif result.duplicate:
+        click.echo(f"duplicate: id {result.id} was already published as seq {result.seq}")
+    else:
+        click.echo(f"published seq {result.seq} id {result.id} (durable: {result.durable})")
+
+
+@main.command()
+@click.option("--agent", required=True, help="Consuming agent id.")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000),
+              help="Most messages to return.")
+@click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds to wait for a message when none is waiting.")
+@json_option
+@pass_bus_context
+def poll(obj: BusContext, agent: str, limit: int, wait: float, as_json: bool) -> None:
+    """Show the messages waiting for an agent; the cursor does not move (see `ack`).
+
+    Example: bus poll --agent worker-1 --wait 30
+    """
+    bus = obj.open()
+    found = wait_until(lambda: bus.poll(agent, limit), wait)
+    _echo_messages(found, as_json)
+    if not found and not as_json:
+        click.echo(f"no messages for {agent} above seq {bus.cursor(agent)}", err=True)
+
+
+@main.command()
+@click.option("--agent", required=True, help="Consuming agent id.")
+@click.option("--seq", required=True, type=int, help="Last seq the agent has handled.")
+@json_option
+@pass_bus_context
+def ack(obj: BusContext, agent: str, seq: int, as_json: bool) -> None:
+    """Mark messages up to SEQ handled; the cursor never moves backwards.
+
+    Example: bus ack --agent worker-1 --seq 42
+    """
+    position = obj.open().ack(agent, seq)
+    if as_json:
+        _echo_json({"agent": agent, "last_acked_seq": position})
+    else:
+        click.echo(f"{agent} acked up to seq {position}")
+
+
+@main.command()
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new messages until Ctrl-C.")
+@click.option("--since", type=click.IntRange(0), help="Start after this seq (default: the last N).")
+@click.option("-n", "--lines", default=10, show_default=True, type=click.IntRange(1, 10_000),
+              help="How many recent messages to show when --since is not given.")
+@json_option
+@pass_bus_context
+def tail(obj: BusContext, follow: bool, since: int | None, lines: int, as_json: bool) -> None:
+    """Print the newest messages, for every agent; with --follow, keep going.
+
+    Example: bus tail --follow --json
+    """
+    bus = obj.open()
+    if since is None:
+        shown = bus.last_messages(lines)
+        after = shown[-1].seq if shown else bus.last_seq()
+        _echo_messages(shown, as_json)
+    else:
+        after = _echo_all_after(bus, since, as_json)
+    if follow:
+        _follow(bus, after, as_json)
+
+
+@main.command()
+@click.argument("query")
+@json_option
+@pass_bus_context
+def sql(obj: BusContext, query: str, as_json: bool) -> None:
+    """Run a read-only SQL query on the bus file and print the rows.
+
+    Writes fail: the connection is opened read-only. Change the bus through
+    the other commands.
+
+    Example: bus sql "SELECT type, count(*) FROM messages GROUP BY type"
+    """
+    conn = connect(obj.db, readonly=True)
+    obj.ctx.call_on_close(lambda: conn.close(True))
+    try:
+        cursor = conn.execute(query)
+        # The description exists only while the statement has rows to give.
+        columns = [name for name, _decl in cursor.get_description()]
+        rows = cursor.fetchall()
+    except apsw.ReadOnlyError:
+        raise click.ClickException(
+            "bus sql is read-only and cannot change the database; "
+            "use bus publish / bus ack / bus migrate to write"
+        ) from None
+    except apsw.ExecutionCompleteError:
+        rows, columns = [], []
+    except apsw.Error as exc:
+        raise click.ClickException(f"SQL failed: {exc}") from None
+    _echo_rows(columns, rows, as_json)
+
+
+@main.command("migrate")
+@click.option("--status", "status_only", is_flag=True, help="Only report versions; change nothing.")
+@json_option
+@pass_bus_context
+def migrate_command(obj: BusContext, status_only: bool, as_json: bool) -> None:
+    """Apply pending schema migrations, or report them with --status.
+
+    Example: bus migrate --status
+    """
+    conn = connect(obj.db, obj.durability, create=False)
+    obj.ctx.call_on_close(conn.close)
+    before = schema_status(conn, obj.db)
+    applied = [] if status_only else migrate(conn, obj.db)
+    after = schema_status(conn, obj.db)
+    if as_json:
+        _echo_json({"path": obj.db, "version": after.current, "latest": after.latest,
+                    "pending": [f"{m.version:04d}_{m.name}" for m in after.pending],
+                    "applied": [f"{m.version:04d}_{m.name}" for m in applied]})
+        return
+    click.echo(f"schema version {after.current} (latest {after.latest})")
+    for m in applied:
+        click.echo(f"applied {m.version:04d}_{m.name}")
+    if status_only:
+        for m in before.pending:
+            click.echo(f"pending {m.version:04d}_{m.name}")
+
+
+@main.command()
+@json_option
+@pass_bus_context
+def status(obj: BusContext, as_json: bool) -> None:
+    """Show message count, last seq and each consumer's cursor with its lag.
+
+    Example: bus status --json
+    """
+    bus = obj.open()
+    summary = {"path": obj.db, "schema_version": bus.schema_version(),
+               "messages": bus.message_count(), "last_seq": bus.last_seq(),
+               "cursors": [c.to_json_dict() for c in bus.list_cursors()]}
+    if as_json:
+        _echo_json(summary)
+        return
+    click.echo(f"bus {obj.db} (schema version {summary['schema_version']})")
+    click.echo(f"messages: {summary['messages']}, last seq: {summary['last_seq']}")
+    cursor_rows = [(c["agent"], c["last_acked_seq"], c["pending"]) for c in summary["cursors"]]
+    if cursor_rows:
+        _echo_rows(["agent", "acked", "lag"], cursor_rows, False)
+    else:
+        click.echo("no cursors yet (no agent has acked)")
+
+
+# --- helpers --------------------------------------------------------------
+
+
+def _read_payload(payload: str | None, payload_file: Any) -> Any:
+    if payload is not None and payload_file is not None:
+        raise click.UsageError("give --payload or --payload-file, not both")
+    if payload == "-":
+        text, source = sys.stdin.read(), "--payload -"
+    elif payload is not None:
+        text, source = payload, "--payload"
+    elif payload_file is not None:
+        text, source = payload_file.read(), "--payload-file"
+    else:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint=source) from None
+
+
+def _echo_all_after(bus: Bus, after: int, as_json: bool) -> int:
+    """Print every message above `after` in batches; return the last seq printed."""
+    while True:
+        batch = bus.list_messages(after, FOLLOW_BATCH)
+        _echo_messages(batch, as_json)
+        if not batch:
+            return after
+        after = batch[-1].seq
+
+
+def _follow(bus: Bus, after: int, as_json: bool) -> None:
+    backoff = Backoff(cap=0.25)
+    try:
+        while True:
+            last = _echo_all_after(bus, after, as_json)
+            if last != after:
+                backoff.reset()
+            after = last
+            time.sleep(backoff.next_delay())
+    except KeyboardInterrupt:
+        pass
+
+
+def _echo_json(obj: Any) -> None:
+    click.echo(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode())
+
+
+def _echo_messages(found: Iterable[Message], as_json: bool) -> None:
+    for message in found:
+        if as_json:
+            _echo_json(message.to_json_dict())
+        else:
+            click.echo(format_message(message))
+
+
+def format_message(message: Message) -> str:
+    """One line per message: #seq time from -> to type [refs] payload."""
+    to = message.to_agent if message.to_agent is not None else "*"
+    parts = [f"#{message.seq}", message.to_json_dict()["ts"], f"{message.from_agent} -> {to}",
+             message.type]
+    if message.correlation_id:
+        parts.append(f"corr={message.correlation_id}")
+    if message.in_reply_to:
+        parts.append(f"reply-to={message.in_reply_to}")
+    if message.payload_error:
+        parts.append(f"!{message.payload_error}")
+    elif message.payload is not None:
+        parts.append(orjson.dumps(message.payload).decode())
+    return "  ".join(parts)
+
+
+def _echo_rows(columns: list[str], rows: list[tuple[Any, ...]], as_json: bool) -> None:
+    if as_json:
+        for row in rows:
+            _echo_json({c: _json_value(v) for c, v in zip(columns, row)})
+        return
+    if not columns:
+        click.echo("(no rows)")
+        return
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for r in cells:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bytes):
+        return "x'" + value.hex() + "'"
+    return str(value)
+
+
+def _json_value(value: Any) -> Any:
+    return "x'" + value.hex() + "'" if isinstance(value, bytes) else value
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

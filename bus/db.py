@@ -1,0 +1,182 @@
+"""Connections to the bus file: the one place that opens SQLite.
+
+Every connection gets the same pragmas (WAL, busy timeout, foreign keys,
+synchronous) and writes go through `write_transaction`, which starts with
+BEGIN IMMEDIATE. A deferred transaction that reads first and writes later can
+fail with SQLITE_BUSY without waiting when another writer committed in
+between (https://sqlite.org/wal.html#sometimes_queries_return_sqlite_busy_in_wal_mode);
+taking the write lock up front lets busy_timeout do its job instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterator
+
+import apsw
+
+from bus.errors import BusBusy
+from bus.errors import BusNotFound
+from bus.errors import NotABusDatabase
+from bus.errors import UnsupportedFilesystem
+from bus.errors import ValidationFailed
+
+APPLICATION_ID = 0x61627573  # "abus": marks a SQLite file as an agentbus database
+BUSY_TIMEOUT_MS = 5000
+SYNCHRONOUS_BY_DURABILITY = {"normal": "NORMAL", "full": "FULL"}
+# What a committed publish survives: with synchronous=NORMAL in WAL mode a
+# commit survives a process crash but not power loss; FULL fsyncs the WAL.
+DURABLE_BY_DURABILITY = {"normal": "commit", "full": "fsync"}
+NETWORK_FILESYSTEMS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "afs", "9p", "fuse.sshfs",
+     "glusterfs", "fuse.glusterfs", "ceph", "fuse.ceph", "lustre", "gpfs"}
+)
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_IDENTITY_SQL = (
+    "SELECT (SELECT application_id FROM pragma_application_id),"
+    " (SELECT user_version FROM pragma_user_version),"
+    " (SELECT count(*) FROM sqlite_schema)"
+)
+
+
+def connect(
+    path: str | os.PathLike[str],
+    durability: str = "normal",
+    *,
+    create: bool = True,
+    readonly: bool = False,
+) -> apsw.Connection:
+    """Open the bus database at `path` with the bus's pragmas applied.
+
+    Raises `NotABusDatabase` for a file that is not SQLite or belongs to
+    another application (the file is not modified), `BusNotFound` when the
+    file is missing and `create` is false, `UnsupportedFilesystem` for a path
+    on a network filesystem and `ValidationFailed` for an unknown durability.
+    One connection serves one thread.
+    """
+    path = Path(path)
+    synchronous = synchronous_for(durability)
+    if not path.exists() and (readonly or not create):
+        raise BusNotFound(str(path))
+    check_file_header(path)
+    if not readonly:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        check_local_filesystem(path)
+    conn = apsw.Connection(str(path), flags=_open_flags(readonly))
+    try:
+        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+        connection_check_identity(conn, path)
+        if readonly:
+            conn.execute("PRAGMA query_only = ON")
+        else:
+            connection_apply_pragmas(conn, synchronous)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def synchronous_for(durability: str) -> str:
+    """The `PRAGMA synchronous` value for a durability name."""
+    try:
+        return SYNCHRONOUS_BY_DURABILITY[durability]
+    except (KeyError, TypeError):
+        raise ValidationFailed(
+            "durability", f"{durability!r} is not one of: normal, full"
+        ) from None
+
+
+def connection_apply_pragmas(conn: apsw.Connection, synchronous: str) -> None:
+    """Switch one writable connection to WAL and set its per-connection pragmas."""
+    with translate_busy():
+        conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA foreign_keys = ON")
+    # Only values from SYNCHRONOUS_BY_DURABILITY reach this line.
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    # Writers take the lock at BEGIN, see the module docstring.
+    conn.transaction_mode = "IMMEDIATE"
+
+
+def connection_check_identity(conn: apsw.Connection, path: Path) -> None:
+    """Refuse a SQLite file that another application owns, before changing it."""
+    try:
+        with translate_busy():
+            app_id, _version, object_count = conn.execute(_IDENTITY_SQL).fetchone()
+    except (apsw.NotADBError, apsw.CorruptError) as exc:
+        raise NotABusDatabase(str(path), f"not a readable SQLite database ({exc})") from None
+    if app_id == APPLICATION_ID:
+        return
+    if app_id != 0:
+        raise NotABusDatabase(
+            str(path), f"a SQLite database of another application (application_id {app_id:#x})"
+        )
+    if object_count:
+        raise NotABusDatabase(str(path), "a SQLite database with tables that agentbus did not create")
+
+
+def check_file_header(path: Path) -> None:
+    """Refuse a non-empty file that does not start with SQLite's magic header."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+    except FileNotFoundError:
+        return
+    except IsADirectoryError:
+        raise NotABusDatabase(str(path), "a directory, not a database file") from None
+    if head and head != _SQLITE_MAGIC:
+        raise NotABusDatabase(str(path), "not a SQLite database (wrong file header)")
+
+
+def check_local_filesystem(path: Path, mounts: str | None = None) -> None:
+    """Refuse a path on a network filesystem (Linux: looked up in /proc/self/mounts)."""
+    fstype = filesystem_type(path, mounts)
+    if fstype in NETWORK_FILESYSTEMS:
+        raise UnsupportedFilesystem(str(path), fstype)
+
+
+def filesystem_type(path: Path, mounts: str | None = None) -> str | None:
+    """The type of the filesystem holding `path`, or None where it cannot be told."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/self/mounts").read_text()
+        except OSError:
+            return None
+    target = str(path.absolute().parent.resolve())
+    best, best_type = "", None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        # /proc/mounts escapes spaces in mount points as \040.
+        mount_point = fields[1].replace("\\040", " ")
+        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best):
+            best, best_type = mount_point, fields[2]
+    return best_type
+
+
+@contextlib.contextmanager
+def translate_busy() -> Iterator[None]:
+    """Turn apsw's BusyError (the lock outlived busy_timeout) into BusBusy."""
+    try:
+        yield
+    except apsw.BusyError as exc:
+        raise BusBusy(
+            f"the bus database stayed locked by another writer for more than "
+            f"{BUSY_TIMEOUT_MS} ms ({exc}); retry later"
+        ) from None
+
+
+@contextlib.contextmanager
+def write_transaction(conn: apsw.Connection) -> Iterator[apsw.Connection]:
+    """A BEGIN IMMEDIATE transaction: committed on success, rolled back on error."""
+    with translate_busy(), conn:
+        yield conn
+
+
+def _open_flags(readonly: bool) -> int:
+    if readonly:
+        return apsw.SQLITE_OPEN_READONLY
+    return apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE

@@ -1,0 +1,83 @@
+"""Errors raised by the bus library.
+
+Every error is a `BusError`; subclasses carry their data in attributes so
+callers (the CLI, other agents) can react to the kind of failure without
+parsing messages. Messages name the field, the problem and the fix.
+"""
+
+from __future__ import annotations
+
+
+class BusError(Exception):
+    """Base class of every error the bus library raises on purpose."""
+
+
+class ValidationFailed(BusError):
+    """An argument was rejected before anything was written.
+
+    `field` names the offending argument (e.g. ``"from_agent"`` or
+    ``"messages[3].type"``), `reason` says what is wrong and how to fix it.
+    """
+
+    def __init__(self, field: str, reason: str, **details: object) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+        self.details = details
+
+
+class SchemaTooNew(BusError):
+    """The database was migrated by a newer agentbus than this one."""
+
+    def __init__(self, found: int, supported: int, path: str = "") -> None:
+        where = f" {path}" if path else ""
+        super().__init__(
+            f"the database{where} has schema version {found}, but this agentbus "
+            f"supports up to version {supported}; upgrade agentbus to open it"
+        )
+        self.found = found
+        self.supported = supported
+
+
+class NotABusDatabase(BusError):
+    """The file exists but is not a SQLite database, or not an agentbus one."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(
+            f"{path} is {reason}; it was left untouched. "
+            "Point --db (or BUS_DB) at an agentbus database or at a new path"
+        )
+        self.path = path
+        self.reason = reason
+
+
+class BusNotFound(BusError):
+    """No database exists at the path and creating one was not asked for."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"no bus database at {path}; create it with `bus init` "
+            "or point --db (or BUS_DB) at an existing one"
+        )
+        self.path = path
+
+
+class UnsupportedFilesystem(BusError):
+    """The database path is on a network filesystem, where WAL is unsafe."""
+
+    def __init__(self, path: str, fstype: str) -> None:
+        super().__init__(
+            f"{path} is on a {fstype} filesystem; SQLite's WAL mode needs shared "
+            "memory on one host, so network filesystems can corrupt the bus. "
+            "Put the database on a local disk"
+        )
+        self.path = path
+        self.fstype = fstype
+
+
+class BusBusy(BusError):
+    """The database stayed locked by another writer past the busy timeout."""
+
+
+class BusClosed(BusError):
+    """The Bus was used after close()."""

@@ -1,0 +1,323 @@
+"""The message log: validation, encoding, and the SQL of publish and poll.
+
+`Bus` (bus/api.py) calls these functions with its connection; they hold the
+rules that decide what a valid message is and how it maps to a row.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from datetime import timezone
+from typing import Any
+from typing import Iterable
+from typing import Mapping
+
+import apsw
+import orjson
+
+from bus.errors import ValidationFailed
+
+AGENT_ID_MAX = 128
+TYPE_MAX = 128
+REFERENCE_MAX = 256  # correlation_id, in_reply_to
+_AGENT_ID = re.compile(r"[A-Za-z0-9._:-]+")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+PUBLISH_KEYS = ("from_agent", "type", "payload", "to", "id", "correlation_id", "in_reply_to")
+
+_COLUMNS = (
+    "seq, id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to, payload, payload_ref"
+)
+_INSERT_SQL = (
+    "INSERT INTO messages (id, ts_ms, from_agent, to_agent, type, correlation_id,"
+    " in_reply_to, payload, payload_ref) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (id) DO NOTHING RETURNING seq"
+)
+_SEQ_BY_ID_SQL = "SELECT seq FROM messages WHERE id = ?"
+# Two index range scans merged by seq: the cost follows `limit`, not the
+# backlog. The seed's `to_agent IS NULL OR to_agent = ?` sorts every waiting row.
+_POLL_SQL = (
+    f"SELECT {_COLUMNS} FROM messages WHERE to_agent = :agent AND seq > :after"
+    f" UNION ALL SELECT {_COLUMNS} FROM messages WHERE to_agent IS NULL AND seq > :after"
+    " ORDER BY seq LIMIT :limit"
+)
+_PENDING_COUNT_SQL = (
+    "SELECT (SELECT count(*) FROM messages WHERE to_agent = :agent AND seq > :after)"
+    " + (SELECT count(*) FROM messages WHERE to_agent IS NULL AND seq > :after)"
+)
+_LIST_SQL = f"SELECT {_COLUMNS} FROM messages WHERE seq > ? ORDER BY seq LIMIT ?"
+_TAIL_SQL = f"SELECT {_COLUMNS} FROM messages ORDER BY seq DESC LIMIT ?"
+_LAST_SEQ_SQL = "SELECT seq FROM sqlite_sequence WHERE name = 'messages'"
+_COUNT_SQL = "SELECT count(*) FROM messages"
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message as a consumer sees it; `payload` is decoded JSON.
+
+    `payload_error` is None, or says why the payload could not be read
+    ("decode_failed", "blob_missing", "blob_corrupt"); it never raises.
+    """
+
+    seq: int
+    id: str
+    ts_ms: int
+    from_agent: str
+    to_agent: str | None
+    type: str
+    correlation_id: str | None
+    in_reply_to: str | None
+    payload: Any
+    payload_error: str | None = None
+    payload_ref: str | None = None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The stable JSON form shared by `--json` output and the export."""
+        out = {
+            "seq": self.seq,
+            "id": self.id,
+            "ts_ms": self.ts_ms,
+            "ts": iso_utc(self.ts_ms),
+            "from": self.from_agent,
+            "to": self.to_agent,
+            "type": self.type,
+            "correlation_id": self.correlation_id,
+            "in_reply_to": self.in_reply_to,
+            "payload": self.payload,
+        }
+        if self.payload_ref is not None:
+            out["payload_ref"] = self.payload_ref
+        if self.payload_error is not None:
+            out["payload_error"] = self.payload_error
+        return out
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What publish did: the message's `seq` and `id`, whether it was already
+    there (`duplicate`), and what the commit survives (`durable`: "commit"
+    for a process crash, "fsync" for power loss too)."""
+
+    seq: int
+    id: str
+    duplicate: bool
+    durable: str
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "id": self.id, "duplicate": self.duplicate, "durable": self.durable}
+
+
+@dataclass(frozen=True)
+class Row:
+    """A validated message ready to insert, in column order."""
+
+    id: str
+    ts_ms: int
+    from_agent: str
+    to_agent: str | None
+    type: str
+    correlation_id: str | None
+    in_reply_to: str | None
+    payload: str | None
+    payload_ref: str | None = None
+    id_from_caller: bool = False
+
+    def bindings(self) -> tuple[Any, ...]:
+        return (self.id, self.ts_ms, self.from_agent, self.to_agent, self.type,
+                self.correlation_id, self.in_reply_to, self.payload, self.payload_ref)
+
+
+# --- validation -----------------------------------------------------------
+
+
+def validate_agent_id(value: object, field: str = "agent") -> str:
+    """An agent id: 1-128 characters of letters, digits and . _ : -"""
+    if isinstance(value, str) and 0 < len(value) <= AGENT_ID_MAX and _AGENT_ID.fullmatch(value):
+        return value
+    raise ValidationFailed(field, _agent_id_problem(value), value=value)
+
+
+def _agent_id_problem(value: object) -> str:
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    if not value:
+        return "must not be empty"
+    if len(value) > AGENT_ID_MAX:
+        return f"is {len(value)} characters long; the limit is {AGENT_ID_MAX}"
+    bad = next(ch for ch in value if not _AGENT_ID.fullmatch(ch))
+    return f"contains {bad!r}; allowed are letters, digits and . _ : -"
+
+
+def validate_text(value: object, field: str, limit: int, optional: bool = False) -> str | None:
+    """A non-empty string of at most `limit` characters (or None if optional)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ValidationFailed(field, f"must be a string, got {type(value).__name__}", value=value)
+    if not value:
+        raise ValidationFailed(field, "must not be empty", value=value)
+    if len(value) > limit:
+        raise ValidationFailed(field, f"is {len(value)} characters long; the limit is {limit}")
+    return value
+
+
+def validate_message_id(value: object, field: str = "id") -> str:
+    """A caller-chosen id must be a UUID string; it is stored in lower case."""
+    if isinstance(value, str) and _UUID.fullmatch(value):
+        return value.lower()
+    raise ValidationFailed(
+        field, f"{value!r} is not a UUID string like '{uuid.UUID(int=0)}'", value=value
+    )
+
+
+def validate_positive_int(value: object, field: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ValidationFailed(field, f"must be an integer >= 1, got {value!r}", value=value)
+
+
+def encode_payload(payload: Any, field: str = "payload") -> str | None:
+    """JSON text for a payload; None stays None. Refuses what JSON cannot hold."""
+    if payload is None:
+        return None
+    try:
+        text = orjson.dumps(payload)
+    except TypeError as exc:
+        raise ValidationFailed(field, f"is not JSON-serialisable: {exc}") from None
+    # orjson writes NaN and infinities as null: refuse rather than change the data.
+    if b"null" in text and _has_non_finite(payload):
+        raise ValidationFailed(field, "contains NaN or infinity, which JSON cannot represent")
+    return text.decode()
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return value != value or value in (float("inf"), float("-inf"))
+    if isinstance(value, Mapping):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_non_finite(v) for v in value)
+    return False
+
+
+def prepare_row(
+    from_agent: object,
+    type: object,
+    payload: Any = None,
+    *,
+    to: object = None,
+    id: object = None,
+    correlation_id: object = None,
+    in_reply_to: object = None,
+    prefix: str = "",
+) -> Row:
+    """Validate one publish's arguments and build its row; raises ValidationFailed.
+
+    `prefix` qualifies field names in errors, e.g. "messages[3]." for a batch.
+    """
+    return Row(
+        id=str(uuid.uuid4()) if id is None else validate_message_id(id, prefix + "id"),
+        ts_ms=now_ms(),
+        from_agent=validate_agent_id(from_agent, prefix + "from_agent"),
+        to_agent=None if to is None else validate_agent_id(to, prefix + "to"),
+        type=validate_text(type, prefix + "type", TYPE_MAX),
+        correlation_id=validate_text(correlation_id, prefix + "correlation_id", REFERENCE_MAX, True),
+        in_reply_to=validate_text(in_reply_to, prefix + "in_reply_to", REFERENCE_MAX, True),
+        payload=encode_payload(payload, prefix + "payload"),
+        id_from_caller=id is not None,
+    )
+
+
+def prepare_batch(messages: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Validate every message of a batch before any is written."""
+    rows = []
+    for index, message in enumerate(messages):
+        prefix = f"messages[{index}]."
+        if not isinstance(message, Mapping):
+            raise ValidationFailed(f"messages[{index}]", "must be a dict of publish arguments")
+        unknown = sorted(set(message) - set(PUBLISH_KEYS))
+        if unknown:
+            raise ValidationFailed(
+                prefix + str(unknown[0]), f"unknown key; accepted keys: {', '.join(PUBLISH_KEYS)}"
+            )
+        for required in ("from_agent", "type"):
+            if required not in message:
+                raise ValidationFailed(prefix + required, "is required")
+        rows.append(prepare_row(**message, prefix=prefix))
+    return rows
+
+
+# --- SQL --------------------------------------------------------------------
+
+
+def insert_row(conn: apsw.Connection, row: Row) -> tuple[int, bool]:
+    """Insert inside the caller's transaction; return (seq, duplicate).
+
+    A row whose id exists already is not written: the original seq comes back.
+    Only a caller's id can already exist, and it is looked up before the
+    insert because a conflicting insert still uses up an AUTOINCREMENT seq.
+    """
+    if row.id_from_caller:
+        seq = conn.execute(_SEQ_BY_ID_SQL, (row.id,)).get
+        if seq is not None:
+            return seq, True
+    seq = conn.execute(_INSERT_SQL, row.bindings()).get
+    if seq is not None:
+        return seq, False
+    return conn.execute(_SEQ_BY_ID_SQL, (row.id,)).get, True
+
+
+def select_for_agent(conn: apsw.Connection, agent: str, after: int, limit: int) -> list[Message]:
+    rows = conn.execute(_POLL_SQL, {"agent": agent, "after": after, "limit": limit})
+    return [row_to_message(row) for row in rows]
+
+
+def pending_count(conn: apsw.Connection, agent: str, after: int) -> int:
+    return conn.execute(_PENDING_COUNT_SQL, {"agent": agent, "after": after}).get
+
+
+def select_after(conn: apsw.Connection, after: int, limit: int) -> list[Message]:
+    """Every message with seq above `after`, whoever it is for, in seq order."""
+    return [row_to_message(row) for row in conn.execute(_LIST_SQL, (after, limit))]
+
+
+def select_last(conn: apsw.Connection, count: int) -> list[Message]:
+    """The newest `count` messages, oldest first."""
+    return [row_to_message(row) for row in reversed(conn.execute(_TAIL_SQL, (count,)).fetchall())]
+
+
+def last_seq(conn: apsw.Connection) -> int:
+    """The highest seq ever assigned (0 for an empty log); seqs are never reused."""
+    return conn.execute(_LAST_SEQ_SQL).get or 0
+
+
+def message_count(conn: apsw.Connection) -> int:
+    return conn.execute(_COUNT_SQL).get
+
+
+def row_to_message(row: tuple[Any, ...]) -> Message:
+    seq, id_, ts_ms, from_agent, to_agent, type_, correlation_id, in_reply_to, text, ref = row
+    payload, error = None, None
+    if ref is not None:
+        # The blob store resolves references; until it does, say so on the message.
+        error = "blob_missing"
+    elif text is not None:
+        try:
+            payload = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            error = "decode_failed"
+    return Message(seq, id_, ts_ms, from_agent, to_agent, type_, correlation_id,
+                   in_reply_to, payload, error, ref)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def iso_utc(ts_ms: int) -> str:
+    """Epoch milliseconds as ISO 8601 UTC with millisecond precision."""
+    moment = datetime.fromtimestamp(ts_ms / 1000, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts_ms % 1000:03d}Z"

@@ -1,0 +1,100 @@
+"""The migration runner: applies migrations/NNNN_name.sql in order.
+
+The schema version lives in `PRAGMA user_version` and the file is marked as
+ours with `PRAGMA application_id`, both in the same transaction as the
+migration's DDL, so a crash leaves the file at the old version or the new one,
+never between. `meta.schema_version` mirrors the version for people reading
+the file with plain SQL.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import apsw
+
+from bus.db import APPLICATION_ID
+from bus.db import write_transaction
+from bus.errors import SchemaTooNew
+
+_HERE = Path(__file__).resolve().parent
+# Installed from a wheel the files sit in bus/migrations; in a checkout
+# (editable install) they are in the top-level migrations/ directory.
+MIGRATIONS_DIR = next(
+    (d for d in (_HERE / "migrations", _HERE.parent / "migrations") if d.is_dir()),
+    _HERE.parent / "migrations",
+)
+_MIGRATION_NAME = re.compile(r"(\d{4})_(\w+)\.sql")
+_VERSION_SQL = "PRAGMA user_version"
+_META_VERSION_SQL = (
+    "INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    path: Path
+
+    def sql(self) -> str:
+        return self.path.read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class SchemaStatus:
+    current: int
+    latest: int
+    pending: tuple[Migration, ...]
+
+
+def available_migrations(directory: Path = MIGRATIONS_DIR) -> tuple[Migration, ...]:
+    """The migration files in version order; numbering must run 1, 2, 3, ..."""
+    found = []
+    for path in directory.glob("*.sql"):
+        match = _MIGRATION_NAME.fullmatch(path.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), path))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migrations in {directory} are not numbered 1..n: {versions}")
+    return tuple(found)
+
+
+def current_version(conn: apsw.Connection) -> int:
+    return conn.execute(_VERSION_SQL).get
+
+
+def schema_status(conn: apsw.Connection, path: str = "") -> SchemaStatus:
+    """Where the database stands; raises SchemaTooNew if it is ahead of the code."""
+    migrations = available_migrations()
+    latest = migrations[-1].version if migrations else 0
+    current = current_version(conn)
+    if current > latest:
+        raise SchemaTooNew(current, latest, path)
+    return SchemaStatus(current, latest, tuple(m for m in migrations if m.version > current))
+
+
+def migrate(conn: apsw.Connection, path: str = "") -> list[Migration]:
+    """Apply every pending migration, each in its own transaction; return those applied.
+
+    Safe when several processes open a new file at once: each migration
+    re-reads the version under the write lock and skips work already done.
+    """
+    applied = []
+    for migration in schema_status(conn, path).pending:
+        with write_transaction(conn):
+            if current_version(conn) >= migration.version:
+                continue
+            # A script runs statement by statement as its cursor is consumed.
+            conn.execute(migration.sql()).fetchall()
+            # PRAGMAs take no bound parameters; both values are integers we own.
+            conn.execute(f"PRAGMA user_version = {int(migration.version)}")
+            conn.execute(f"PRAGMA application_id = {int(APPLICATION_ID)}")
+            conn.execute(_META_VERSION_SQL, (str(migration.version),))
+        applied.append(migration)
+    return applied
