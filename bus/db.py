@@ -10,11 +10,8 @@ taking the write lock up front lets busy_timeout do its job instead.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
-from typing import Iterator
-
 import apsw
 
 from bus.errors import BusBusy
@@ -95,7 +92,7 @@ def connection_apply_pragmas(conn: apsw.Connection, synchronous: str) -> None:
     conn.execute("PRAGMA foreign_keys = ON")
     # Only values from SYNCHRONOUS_BY_DURABILITY reach this line.
     conn.execute(f"PRAGMA synchronous = {synchronous}")
-    # Writers take the lock at BEGIN, see the module docstring.
+    # For code that uses `with conn:` directly; the bus itself uses write_transaction.
     conn.transaction_mode = "IMMEDIATE"
 
 
@@ -157,23 +154,82 @@ def filesystem_type(path: Path, mounts: str | None = None) -> str | None:
     return best_type
 
 
-@contextlib.contextmanager
-def translate_busy() -> Iterator[None]:
-    """Turn apsw's BusyError (the lock outlived busy_timeout) into BusBusy."""
-    try:
-        yield
-    except apsw.BusyError as exc:
-        raise BusBusy(
-            f"the bus database stayed locked by another writer for more than "
-            f"{BUSY_TIMEOUT_MS} ms ({exc}); retry later"
-        ) from None
+class translate_busy:
+    """Turn apsw's BusyError (the lock outlived busy_timeout) into BusBusy.
+
+    A class rather than a generator: it wraps every read on the hot path.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None and issubclass(exc_type, apsw.BusyError):
+            raise _busy(exc) from None
+        return False
 
 
-@contextlib.contextmanager
-def write_transaction(conn: apsw.Connection) -> Iterator[apsw.Connection]:
-    """A BEGIN IMMEDIATE transaction: committed on success, rolled back on error."""
-    with translate_busy(), conn:
-        yield conn
+def _busy(exc: apsw.BusyError) -> BusBusy:
+    return BusBusy(
+        f"the bus database stayed locked by another writer for more than "
+        f"{BUSY_TIMEOUT_MS} ms ({exc}); retry later"
+    )
+
+
+class write_transaction:
+    """A BEGIN IMMEDIATE transaction: committed on success, rolled back on error.
+
+    Nested inside another transaction on the same connection it becomes a
+    savepoint. BEGIN and COMMIT go through `execute`, not apsw's `with conn:`:
+    apsw keeps the GIL while its context manager runs BEGIN, so a thread
+    waiting there for the write lock froze every other thread of the process,
+    the lock holder included, until busy_timeout ran out (apsw issue #551 on
+    where the GIL is released; reproduced in tests/test_db.py).
+    """
+
+    __slots__ = ("conn", "nested")
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.conn = conn
+        self.nested = False
+
+    def __enter__(self) -> apsw.Connection:
+        self.nested = self.conn.in_transaction
+        try:
+            self.conn.execute(_SAVEPOINT_SQL if self.nested else _BEGIN_SQL)
+        except apsw.BusyError as exc:
+            raise _busy(exc) from None
+        return self.conn
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            try:
+                self.conn.execute(_RELEASE_SQL if self.nested else _COMMIT_SQL)
+                return False
+            except BaseException as failure:
+                self._rollback()
+                if isinstance(failure, apsw.BusyError):
+                    raise _busy(failure) from None
+                raise
+        self._rollback()
+        return False
+
+    def _rollback(self) -> None:
+        # Some errors (disk full, I/O) end the transaction by themselves.
+        if self.nested:
+            self.conn.execute(_ROLLBACK_SAVEPOINT_SQL)
+        elif self.conn.in_transaction:
+            self.conn.execute(_ROLLBACK_SQL)
+
+
+_BEGIN_SQL = "BEGIN IMMEDIATE"
+_COMMIT_SQL = "COMMIT"
+_ROLLBACK_SQL = "ROLLBACK"
+_SAVEPOINT_SQL = "SAVEPOINT bus_nested"
+_RELEASE_SQL = "RELEASE bus_nested"
+_ROLLBACK_SAVEPOINT_SQL = "ROLLBACK TO bus_nested; RELEASE bus_nested"
 
 
 def _open_flags(readonly: bool) -> int:

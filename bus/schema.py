@@ -51,8 +51,9 @@ class SchemaStatus:
     pending: tuple[Migration, ...]
 
 
-def available_migrations(directory: Path = MIGRATIONS_DIR) -> tuple[Migration, ...]:
+def available_migrations(directory: Path | None = None) -> tuple[Migration, ...]:
     """The migration files in version order; numbering must run 1, 2, 3, ..."""
+    directory = directory or MIGRATIONS_DIR
     found = []
     for path in directory.glob("*.sql"):
         match = _MIGRATION_NAME.fullmatch(path.name)

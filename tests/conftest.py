@@ -1,0 +1,50 @@
+"""Shared fixtures: every test gets its own bus file under tmp_path."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings
+
+from bus import Bus
+
+# SQLite commit times vary with the machine's load: no per-example deadline.
+# No example database either, so nothing is written to the working directory.
+settings.register_profile(
+    "agentbus", deadline=None, database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("agentbus")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "bus.db"
+
+
+@pytest.fixture
+def bus(db_path: Path):
+    opened = Bus.open(db_path)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def python_env() -> dict[str, str]:
+    """Environment for child Python processes that import this checkout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env.pop("BUS_DB", None)
+    return env
+
+
+@pytest.fixture
+def bus_command() -> list[str]:
+    """argv prefix that runs the `bus` CLI in a real subprocess."""
+    return [sys.executable, "-m", "bus.cli"]

@@ -1,0 +1,209 @@
+"""Connections: pragmas read back, file identity checks, filesystem checks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import apsw
+import pytest
+
+from bus import Bus
+from bus.db import APPLICATION_ID
+from bus.db import check_local_filesystem
+from bus.db import connect
+from bus.db import filesystem_type
+from bus.db import write_transaction
+from bus.errors import BusBusy
+from bus.errors import BusNotFound
+from bus.errors import NotABusDatabase
+from bus.errors import UnsupportedFilesystem
+from bus.errors import ValidationFailed
+
+
+def pragma(conn: apsw.Connection, name: str):
+    return conn.execute(f"PRAGMA {name}").get
+
+
+def test_connect_sets_wal_busy_timeout_foreign_keys_and_normal_sync(db_path):
+    conn = connect(db_path)
+    assert pragma(conn, "journal_mode") == "wal"
+    assert pragma(conn, "busy_timeout") == 5000
+    assert pragma(conn, "foreign_keys") == 1
+    assert pragma(conn, "synchronous") == 1  # NORMAL
+    assert conn.transaction_mode == "IMMEDIATE"
+    conn.close()
+
+
+def test_connect_full_durability_sets_synchronous_full(db_path):
+    conn = connect(db_path, "full")
+    assert pragma(conn, "synchronous") == 2  # FULL
+    conn.close()
+
+
+def test_connect_rejects_unknown_durability(db_path):
+    with pytest.raises(ValidationFailed) as info:
+        connect(db_path, "paranoid")
+    assert info.value.field == "durability"
+    assert "normal, full" in str(info.value)
+    assert not db_path.exists()
+
+
+def test_connect_creates_missing_parent_directories(tmp_path):
+    path = tmp_path / "a" / "b" / "bus.db"
+    connect(path).close()
+    assert path.exists()
+
+
+def test_connect_without_create_refuses_missing_file(db_path):
+    with pytest.raises(BusNotFound):
+        connect(db_path, create=False)
+    with pytest.raises(BusNotFound):
+        connect(db_path, readonly=True)
+    assert not db_path.exists()
+
+
+def test_connect_refuses_non_sqlite_file_untouched(db_path):
+    db_path.write_bytes(b"hello, I am a text file\n" * 10)
+    before = db_path.read_bytes()
+    with pytest.raises(NotABusDatabase) as info:
+        Bus.open(db_path)
+    assert "not a SQLite database" in str(info.value)
+    assert db_path.read_bytes() == before
+    assert not Path(str(db_path) + "-wal").exists()
+
+
+def test_connect_refuses_directory(tmp_path):
+    with pytest.raises(NotABusDatabase, match="directory"):
+        Bus.open(tmp_path)
+
+
+def foreign_database(path: Path, application_id: int = 0) -> bytes:
+    conn = apsw.Connection(str(path))
+    conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.execute("INSERT INTO customers (name) VALUES ('ada')")
+    if application_id:
+        conn.execute(f"PRAGMA application_id = {application_id}")
+    conn.close()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("application_id", [0, 0x12345678])
+def test_connect_refuses_foreign_sqlite_database_untouched(db_path, application_id):
+    before = foreign_database(db_path, application_id)
+    with pytest.raises(NotABusDatabase) as info:
+        Bus.open(db_path)
+    assert "left untouched" in str(info.value)
+    assert db_path.read_bytes() == before
+    conn = apsw.Connection(str(db_path))
+    assert pragma(conn, "journal_mode") == "delete"
+    conn.close()
+
+
+def test_connect_accepts_empty_file_as_new_bus(db_path):
+    db_path.touch()
+    with Bus.open(db_path) as bus:
+        assert bus.schema_version() == 1
+    conn = connect(db_path)
+    assert pragma(conn, "application_id") == APPLICATION_ID
+    conn.close()
+
+
+def test_write_transaction_rolls_back_on_error(bus):
+    conn = bus.conn
+    with pytest.raises(RuntimeError):
+        with write_transaction(conn):
+            conn.execute("INSERT INTO meta (key, value) VALUES ('k', 'v')")
+            raise RuntimeError("boom")
+    assert conn.execute("SELECT count(*) FROM meta WHERE key = 'k'").get == 0
+
+
+def test_write_transaction_turns_a_held_lock_into_bus_busy(db_path, bus):
+    holder = connect(db_path)
+    holder.execute("BEGIN IMMEDIATE")
+    other = connect(db_path)
+    other.set_busy_timeout(50)  # keep the test short; the default is 5000 ms
+    try:
+        with pytest.raises(BusBusy, match="retry later"):
+            with write_transaction(other):
+                pass
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        other.close()
+
+
+MOUNTS = """\
+/dev/sda1 / ext4 rw,relatime 0 0
+server:/export /mnt/shared nfs4 rw,relatime 0 0
+/dev/sdb1 /mnt/shared/local ext4 rw 0 0
+//host/share /mnt/my\\040share cifs rw 0 0
+"""
+
+
+@pytest.mark.parametrize("path, expected", [
+    ("/home/u/bus.db", "ext4"),
+    ("/mnt/shared/bus.db", "nfs4"),
+    ("/mnt/shared/team/bus.db", "nfs4"),
+    ("/mnt/shared/local/bus.db", "ext4"),
+    ("/mnt/sharedx/bus.db", "ext4"),
+    ("/mnt/my share/bus.db", "cifs"),
+])
+def test_filesystem_type_picks_longest_mount_prefix(path, expected):
+    assert filesystem_type(Path(path), MOUNTS) == expected
+
+
+def test_check_local_filesystem_refuses_network_mounts():
+    with pytest.raises(UnsupportedFilesystem) as info:
+        check_local_filesystem(Path("/mnt/shared/bus.db"), MOUNTS)
+    assert info.value.fstype == "nfs4"
+    assert "local disk" in str(info.value)
+    check_local_filesystem(Path("/home/u/bus.db"), MOUNTS)
+
+
+def test_write_transaction_nested_is_a_savepoint(bus):
+    conn = bus.conn
+    with write_transaction(conn):
+        conn.execute("INSERT INTO meta (key, value) VALUES ('outer', '1')")
+        with pytest.raises(RuntimeError):
+            with write_transaction(conn):
+                conn.execute("INSERT INTO meta (key, value) VALUES ('inner', '1')")
+                raise RuntimeError("inner fails")
+        with write_transaction(conn):
+            conn.execute("INSERT INTO meta (key, value) VALUES ('inner2', '1')")
+    keys = {k for (k,) in conn.execute("SELECT key FROM meta")}
+    assert {"outer", "inner2"} <= keys and "inner" not in keys
+    assert not conn.in_transaction
+
+
+def test_write_transaction_waiting_for_the_lock_lets_other_threads_run(db_path, bus):
+    """A writer blocked on the lock must not stall the thread that holds it."""
+    holder = connect(db_path)
+    waiter = connect(db_path)
+    waiter.set_busy_timeout(3000)
+    holding, waiting = threading.Event(), threading.Event()
+    outcome = {}
+
+    def wait_for_lock():
+        waiting.set()
+        try:
+            with write_transaction(waiter):
+                waiter.execute("INSERT INTO meta (key, value) VALUES ('waiter', '1')")
+            outcome["waiter"] = "committed"
+        except BusBusy:
+            outcome["waiter"] = "busy"
+
+    with write_transaction(holder):
+        holder.execute("INSERT INTO meta (key, value) VALUES ('holder', '1')")
+        thread = threading.Thread(target=wait_for_lock)
+        thread.start()
+        waiting.wait()
+        time.sleep(0.2)  # let the waiter reach BEGIN; a shorter wait only weakens the test
+        started = time.monotonic()
+    # Committing needed this thread to run while the waiter waited.
+    thread.join()
+    assert outcome["waiter"] == "committed"
+    assert time.monotonic() - started < 2.5
+    holder.close()
+    waiter.close()

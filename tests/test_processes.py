@@ -1,0 +1,402 @@
+"""The bus used by real OS processes on one real file.
+
+Every child is a separate Python interpreter running tests/procs.py. The
+parent and children synchronise only through pipes (stdout lines, a start
+barrier pipe whose write end the parent closes) and files, never by sleeping
+for a guessed time. Every wait has a generous deadline so a broken bus fails
+the test instead of hanging it; children that outlive their test are killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import apsw
+import pytest
+
+from bus import Bus
+
+PROCS = Path(__file__).resolve().parent / "procs.py"
+STARTUP_TIMEOUT = 60.0  # for a child to import bus, open the file and say "ready"
+SHORT_TIMEOUT = 60.0
+LOAD_TIMEOUT = 300.0
+
+
+class Child:
+    """One child process: stdout read as lines with a deadline, stderr kept in a file."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], stderr_path: Path,
+                 pass_fds: tuple[int, ...] = ()) -> None:
+        self.name = name
+        self.stderr_path = stderr_path
+        self._stderr_file = open(stderr_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(PROCS), *argv], env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._stderr_file, pass_fds=pass_fds, bufsize=0,
+        )
+        self._buffer = b""
+        self._eof = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stderr_text(self) -> str:
+        self._stderr_file.flush()
+        return self.stderr_path.read_text(errors="replace")
+
+    def describe(self) -> str:
+        return (f"child {self.name} (pid {self.pid}, returncode {self.proc.returncode});"
+                f" stderr:\n{self.stderr_text()}")
+
+    def read_line(self, timeout: float) -> str:
+        """The next complete stdout line; fails the test on EOF or after `timeout` seconds."""
+        line = self._next_line(time.monotonic() + timeout)
+        if line is None:
+            self.proc.poll()
+            pytest.fail(f"no line from {self.describe()}")
+        return line
+
+    def _next_line(self, deadline: float) -> str | None:
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            if self._eof:
+                return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if ready:
+                chunk = os.read(fd, 65536)
+                if chunk:
+                    self._buffer += chunk
+                else:
+                    self._eof = True
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+    def remaining_lines(self) -> tuple[list[str], bytes]:
+        """After the child died: every complete line still in the pipe, and any partial tail."""
+        assert self.proc.poll() is not None, "only for a child that has exited"
+        lines = []
+        while (line := self._next_line(time.monotonic() + SHORT_TIMEOUT)) is not None:
+            lines.append(line)
+        return lines, self._buffer
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail(f"did not finish within {timeout:.0f} s: {self.describe()}")
+
+    def wait_ok(self, timeout: float) -> None:
+        returncode = self.wait(timeout)
+        assert returncode == 0, self.describe()
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no atexit, no flushing, like a crash."""
+        os.kill(self.pid, signal.SIGKILL)
+        returncode = self.wait(SHORT_TIMEOUT)
+        assert returncode == -signal.SIGKILL, self.describe()
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+        self._stderr_file.close()
+
+
+class Barrier:
+    """Start children together: each blocks reading the pipe until the parent closes it.
+
+    Only children get the read end (via pass_fds); the write end is the
+    parent's alone, so closing it gives every waiting child EOF at once.
+    """
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+
+    def release(self, children: list[Child]) -> None:
+        for child in children:
+            assert child.read_line(STARTUP_TIMEOUT) == "ready", child.describe()
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+        self.read_fd = self.write_fd = -1
+
+    def close(self) -> None:
+        for fd in (self.read_fd, self.write_fd):
+            if fd >= 0:
+                os.close(fd)
+
+
+@pytest.fixture
+def spawn(tmp_path: Path, python_env: dict[str, str]):
+    """spawn(name, *argv, pass_fds=()) starts tests/procs.py; leftovers are killed at teardown."""
+    env = dict(python_env, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
+    logs = tmp_path / "stderr"
+    logs.mkdir()
+    started: list[Child] = []
+
+    def start(name: str, *argv: str, pass_fds: tuple[int, ...] = ()) -> Child:
+        child = Child(name, list(argv), env, logs / f"{name}.txt", pass_fds)
+        started.append(child)
+        return child
+
+    yield start
+    for child in started:
+        child.cleanup()
+
+
+@pytest.fixture
+def barrier():
+    made = Barrier()
+    yield made
+    made.close()
+
+
+def all_messages(bus: Bus) -> list:
+    found, after = [], 0
+    while batch := bus.list_messages(after, 10_000):
+        found.extend(batch)
+        after = batch[-1].seq
+    return found
+
+
+# --- many publishers and consumers at once ------------------------------------------
+
+PUBLISHERS = 4
+PER_PUBLISHER = 5_000
+CONSUMERS = ("consumer-a", "consumer-b")
+
+
+@pytest.mark.slow
+def test_processes_publishers_and_consumers_see_everything(tmp_path, db_path, spawn, barrier):
+    Bus.open(db_path).close()  # migrated up front: concurrent first open has its own test
+    total = PUBLISHERS * PER_PUBLISHER
+    done_file = tmp_path / "publishers-done"
+    publishers = [
+        spawn(f"publisher-{p}", "publisher", str(db_path), "--publisher", str(p),
+              "--count", str(PER_PUBLISHER), "--go-fd", str(barrier.read_fd),
+              pass_fds=(barrier.read_fd,))
+        for p in range(PUBLISHERS)
+    ]
+    consumers = {
+        agent: spawn(agent, "consumer", str(db_path), "--agent", agent,
+                     "--expected", str(total), "--done-file", str(done_file),
+                     "--out", str(tmp_path / f"{agent}.jsonl"), "--limit", "500",
+                     "--go-fd", str(barrier.read_fd), pass_fds=(barrier.read_fd,))
+        for agent in CONSUMERS
+    }
+    barrier.release(publishers + list(consumers.values()))
+    started = time.monotonic()
+    deadline = started + LOAD_TIMEOUT
+
+    for child in publishers:
+        child.wait_ok(deadline - time.monotonic())
+        assert child.read_line(SHORT_TIMEOUT) == f"done {PER_PUBLISHER}", child.describe()
+    published_in = time.monotonic() - started
+    done_file.touch()  # every publish has committed: consumers may stop once drained
+    for child in consumers.values():
+        child.wait_ok(max(deadline - time.monotonic(), 1.0))
+        summary = json.loads(child.read_line(SHORT_TIMEOUT))
+        assert summary["count"] == total, child.describe()
+    print(f"\n{total} messages from {PUBLISHERS} processes published in {published_in:.1f} s,"
+          f" consumed by {len(CONSUMERS)} processes in {time.monotonic() - started:.1f} s")
+
+    with Bus.open(db_path) as bus:
+        in_db = [(m.seq, m.id) for m in all_messages(bus)]
+        cursors = {agent: bus.cursor(agent) for agent in CONSUMERS}
+    assert len(in_db) == total
+
+    seen_by = {}
+    for agent in CONSUMERS:
+        rows = [json.loads(line)
+                for line in (tmp_path / f"{agent}.jsonl").read_text().splitlines()]
+        check_consumer_saw_each_message_once_in_order(agent, rows)
+        assert [(r["seq"], r["id"]) for r in rows] == in_db, f"{agent} differs from the log"
+        assert cursors[agent] == rows[-1]["seq"]
+        seen_by[agent] = rows
+    first, second = (seen_by[agent] for agent in CONSUMERS)
+    assert {r["id"] for r in first} == {r["id"] for r in second}
+    assert [(r["seq"], r["id"]) for r in first] == [(r["seq"], r["id"]) for r in second]
+
+
+def check_consumer_saw_each_message_once_in_order(agent: str, rows: list[dict]) -> None:
+    total = PUBLISHERS * PER_PUBLISHER
+    assert len(rows) == total, f"{agent} saw {len(rows)} messages, expected {total}"
+    seqs = [r["seq"] for r in rows]
+    assert all(a < b for a, b in zip(seqs, seqs[1:])), f"{agent}: seq not strictly increasing"
+    assert len({r["id"] for r in rows}) == total, f"{agent}: duplicate ids"
+    assert all(r["payload_error"] is None and r["to"] is None for r in rows)
+    counts = Counter((r["publisher"], r["n"]) for r in rows)
+    expected = {(p, n) for p in range(PUBLISHERS) for n in range(PER_PUBLISHER)}
+    missing = expected - counts.keys()
+    assert not missing, f"{agent} missed {len(missing)} messages, e.g. {sorted(missing)[:5]}"
+    duplicated = [key for key, count in counts.items() if count > 1]
+    assert not duplicated, f"{agent} saw {len(duplicated)} twice, e.g. {duplicated[:5]}"
+    assert counts.keys() == expected
+    for p in range(PUBLISHERS):
+        mine = [r for r in rows if r["publisher"] == p]
+        assert {r["from"] for r in mine} == {f"pub-{p}"}
+        # rows are in seq order, so this says n increases with seq
+        assert [r["n"] for r in mine] == list(range(PER_PUBLISHER)), (
+            f"{agent}: publisher {p}'s messages are out of publish order"
+        )
+
+
+# --- a consumer killed between poll and ack -------------------------------------------
+
+
+def publish_mixed(db_path: Path, agent: str, count: int = 60) -> list[tuple[int, str]]:
+    """Publish to `agent`, to everyone and to someone else in turn; return (seq, id) for `agent`."""
+    with Bus.open(db_path) as bus:
+        for n in range(count):
+            to = (agent, None, "someone-else")[n % 3]
+            bus.publish("producer", "work", {"n": n}, to=to)
+        return [(m.seq, m.id) for m in all_messages(bus) if m.to_agent in (agent, None)]
+
+
+def polled(child: Child) -> dict:
+    report = json.loads(child.read_line(SHORT_TIMEOUT))
+    report["pairs"] = list(zip(report["seqs"], report["ids"]))
+    return report
+
+
+def test_processes_consumer_killed_between_poll_and_ack_gets_messages_again(db_path, spawn):
+    expected = publish_mixed(db_path, "worker")
+    assert len(expected) == 40
+
+    first = spawn("first", "poll", str(db_path), "--agent", "worker", "--hang")
+    got_first = polled(first)
+    first.kill()
+    assert got_first["pairs"] == expected
+    assert "someone-else" not in got_first["to"]
+    with Bus.open(db_path) as bus:
+        assert bus.cursor("worker") == 0
+
+    second = spawn("second", "poll", str(db_path), "--agent", "worker")
+    got_second = polled(second)
+    second.wait_ok(SHORT_TIMEOUT)
+    assert got_second["pairs"] == got_first["pairs"]
+
+
+def test_processes_consumer_killed_after_partial_ack_gets_the_rest(db_path, spawn):
+    expected = publish_mixed(db_path, "worker")
+    acked = 7
+
+    first = spawn("first", "poll", str(db_path), "--agent", "worker", "--hang",
+                  "--ack-first", str(acked))
+    got_first = polled(first)  # printed after the acks committed
+    first.kill()
+    assert got_first["pairs"] == expected
+    assert got_first["acked"] == expected[acked - 1][0]
+    with Bus.open(db_path) as bus:
+        assert bus.cursor("worker") == expected[acked - 1][0]
+
+    second = spawn("second", "poll", str(db_path), "--agent", "worker")
+    got_second = polled(second)
+    second.wait_ok(SHORT_TIMEOUT)
+    assert got_second["pairs"] == expected[acked:]
+
+
+# --- a publisher killed mid-stream -------------------------------------------------------
+
+
+def test_processes_publisher_killed_mid_stream_loses_nothing_returned(db_path, spawn):
+    Bus.open(db_path).close()
+    publisher = spawn("publisher", "publish-stream", str(db_path), "--sender", "streamer")
+    reported = [publisher.read_line(SHORT_TIMEOUT) for _ in range(200)]
+    publisher.kill()
+    more, partial = publisher.remaining_lines()
+    reported += more
+    assert not partial, f"a line was cut short: {partial!r}"
+    triples = [tuple(line.split()) for line in reported]
+    returned = [(int(n), int(seq), id_) for n, seq, id_ in triples]
+    assert [n for n, _, _ in returned] == list(range(len(returned)))
+
+    with Bus.open(db_path) as bus:
+        assert bus.conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        rows = all_messages(bus)
+        by_seq = {m.seq: m for m in rows}
+        for n, seq, id_ in returned:
+            assert seq in by_seq, f"publish #{n} returned seq {seq}, which is not in the db"
+            assert by_seq[seq].id == id_
+            assert by_seq[seq].payload["n"] == n
+        assert all(m.payload_error is None and m.from_agent == "streamer" for m in rows)
+        # one publisher, one transaction per message: the rows are publishes 0..k-1
+        # in seq order, and at most one committed before the kill and was not yet printed
+        assert [m.payload["n"] for m in rows] == list(range(len(rows)))
+        assert [m.seq for m in rows] == list(range(1, len(rows) + 1))
+        assert len(rows) - len(returned) in (0, 1)
+        # the killed writer left no lock behind: the next publish goes straight through
+        after = bus.publish("parent", "after-kill")
+        assert after.seq == len(rows) + 1
+
+
+# --- several processes opening a new file at once ---------------------------------------
+
+OPENERS = 6
+# Each round races the openers on a fresh file. A given interleaving shows up
+# in only a few percent of rounds, so the children stay up and run many.
+OPEN_ROUNDS = 25
+
+
+def test_processes_concurrent_first_open_migrates_once(tmp_path, spawn):
+    barriers = [Barrier() for _ in range(OPEN_ROUNDS)]
+    try:
+        read_fds = tuple(b.read_fd for b in barriers)
+        template = str(tmp_path / "round-{round}" / "bus.db")
+        openers = [
+            spawn(f"opener-{i}", "open-and-publish", template, "--sender", f"opener-{i}",
+                  "--go-fds", ",".join(map(str, read_fds)), pass_fds=read_fds)
+            for i in range(OPENERS)
+        ]
+        errors = []
+        for round_, barrier in enumerate(barriers):
+            db_path = Path(template.format(round=round_))
+            assert not db_path.exists()
+            barrier.release(openers)  # all wait at this round's barrier, none has the file
+            reports = [json.loads(child.read_line(SHORT_TIMEOUT)) for child in openers]
+            assert all(r["round"] == round_ for r in reports)
+            failed = [r["error"] for r in reports if "error" in r]
+            if failed:
+                errors.append(f"round {round_}: {len(failed)} of {OPENERS} opens failed;"
+                              f" the first:\n{failed[0]}")
+                continue
+            assert all(r["schema_version"] == 1 for r in reports)
+            assert sorted(r["seq"] for r in reports) == list(range(1, OPENERS + 1))
+            check_migrated_once_with_messages_from(db_path, [f"opener-{i}" for i in range(OPENERS)])
+    finally:
+        for barrier in barriers:
+            barrier.close()
+    assert not errors, f"{len(errors)} of {OPEN_ROUNDS} rounds failed:\n" + "\n".join(errors)
+    for child in openers:
+        child.wait_ok(SHORT_TIMEOUT)
+
+
+def check_migrated_once_with_messages_from(db_path: Path, senders: list[str]) -> None:
+    conn = apsw.Connection(str(db_path))
+    try:
+        assert conn.execute("PRAGMA user_version").get == 1
+        assert conn.execute("PRAGMA application_id").get == 0x61627573
+        assert conn.execute("PRAGMA journal_mode").get == "wal"
+        assert conn.execute("SELECT key, value FROM meta").fetchall() == [("schema_version", "1")]
+        assert conn.execute("SELECT count(*) FROM export_state").get == 1
+        assert conn.execute("PRAGMA integrity_check").get == "ok"
+        found = conn.execute("SELECT from_agent FROM messages ORDER BY seq").fetchall()
+        assert sorted(s for (s,) in found) == sorted(senders)
+    finally:
+        conn.close()

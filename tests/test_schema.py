@@ -1,0 +1,92 @@
+"""The migration runner: versions, application id, refusing newer files."""
+
+from __future__ import annotations
+
+import apsw
+import pytest
+
+from bus import Bus
+from bus.db import APPLICATION_ID
+from bus.db import connect
+from bus.errors import SchemaTooNew
+from bus.schema import available_migrations
+from bus.schema import migrate
+from bus.schema import schema_status
+
+CORE_TABLES = {"messages", "cursors", "heartbeats", "task_claims", "meta", "export_state"}
+
+
+def table_names(conn: apsw.Connection) -> set[str]:
+    return {name for (name,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+
+
+def test_migrations_are_numbered_from_one():
+    migrations = available_migrations()
+    assert [m.version for m in migrations] == list(range(1, len(migrations) + 1))
+    assert migrations[0].name == "core"
+
+
+def test_migrate_new_file_creates_core_schema_and_marks_it(db_path):
+    conn = connect(db_path)
+    applied = migrate(conn)
+    assert [m.version for m in applied] == [m.version for m in available_migrations()]
+    assert CORE_TABLES <= table_names(conn)
+    assert conn.execute("PRAGMA user_version").get == len(available_migrations())
+    assert conn.execute("PRAGMA application_id").get == APPLICATION_ID
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").get == "1"
+    assert conn.execute("SELECT last_seq FROM export_state WHERE id = 1").get == 0
+    conn.close()
+
+
+def test_migrate_twice_applies_nothing(db_path):
+    conn = connect(db_path)
+    migrate(conn)
+    assert migrate(conn) == []
+    assert schema_status(conn).pending == ()
+    conn.close()
+
+
+def test_core_schema_indexes_exist(bus):
+    indexes = {name for (name,) in bus.conn.execute(
+        "SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'messages'"
+        " AND name NOT LIKE 'sqlite_%'")}
+    assert indexes == {"idx_messages_to_seq", "idx_messages_correlation_seq",
+                       "idx_messages_type_from_ts"}
+
+
+def test_core_schema_refuses_payload_and_payload_ref_together(bus):
+    with pytest.raises(apsw.ConstraintError):
+        bus.conn.execute(
+            "INSERT INTO messages (id, ts_ms, from_agent, type, payload, payload_ref)"
+            " VALUES ('x', 1, 'a', 't', '{}', 'sha256-00')")
+
+
+def test_open_refuses_newer_schema_naming_both_versions(db_path):
+    Bus.open(db_path).close()
+    conn = connect(db_path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    before = db_path.read_bytes()
+    with pytest.raises(SchemaTooNew) as info:
+        Bus.open(db_path)
+    assert (info.value.found, info.value.supported) == (99, len(available_migrations()))
+    assert "schema version 99" in str(info.value)
+    assert f"up to version {len(available_migrations())}" in str(info.value)
+    assert db_path.read_bytes() == before
+
+
+def test_failed_migration_leaves_version_unchanged(db_path, tmp_path, monkeypatch):
+    broken = tmp_path / "migrations"
+    broken.mkdir()
+    good = available_migrations()
+    for m in good:
+        (broken / m.path.name).write_text(m.sql())
+    (broken / f"{len(good) + 1:04d}_broken.sql").write_text(
+        "CREATE TABLE half_done (x);\nTHIS IS NOT SQL;\n")
+    monkeypatch.setattr("bus.schema.MIGRATIONS_DIR", broken)
+    conn = connect(db_path)
+    with pytest.raises(apsw.SQLError):
+        migrate(conn)
+    assert conn.execute("PRAGMA user_version").get == len(good)
+    assert "half_done" not in table_names(conn)
+    conn.close()
