@@ -128,8 +128,9 @@ class Bus:
         conn = self.conn
         results = []
         with write_transaction(conn):
+            ts_ms = messages.now_ms()
             for row in rows:
-                seq, duplicate = messages.insert_row(conn, row)
+                seq, duplicate = messages.insert_row(conn, row, ts_ms)
                 results.append(PublishResult(seq, row.id, duplicate, self.durable))
         return results
 

@@ -11,6 +11,7 @@ taking the write lock up front lets busy_timeout do its job instead.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 import apsw
 
@@ -87,13 +88,33 @@ def synchronous_for(durability: str) -> str:
 
 def connection_apply_pragmas(conn: apsw.Connection, synchronous: str) -> None:
     """Switch one writable connection to WAL and set its per-connection pragmas."""
-    with translate_busy():
-        conn.execute("PRAGMA journal_mode = WAL")
+    connection_enable_wal(conn)
     conn.execute("PRAGMA foreign_keys = ON")
     # Only values from SYNCHRONOUS_BY_DURABILITY reach this line.
     conn.execute(f"PRAGMA synchronous = {synchronous}")
     # For code that uses `with conn:` directly; the bus itself uses write_transaction.
     conn.transaction_mode = "IMMEDIATE"
+
+
+def connection_enable_wal(conn: apsw.Connection, timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+    """Put the file in WAL mode, retrying while other processes do the same.
+
+    Changing the journal mode of a new file can return SQLITE_BUSY at once,
+    without calling the busy handler (SQLite does so to avoid a deadlock
+    between lock upgrades), when several processes open it together. So the
+    busy timeout is applied here by hand.
+    """
+    deadline = time.monotonic() + timeout_ms / 1000
+    backoff = 0.001
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL").fetchall()
+            return
+        except apsw.BusyError as exc:
+            if time.monotonic() >= deadline:
+                raise _busy(exc) from None
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 0.05)
 
 
 def connection_check_identity(conn: apsw.Connection, path: Path) -> None:

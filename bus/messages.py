@@ -113,10 +113,9 @@ class PublishResult(NamedTuple):
 
 
 class Row(NamedTuple):
-    """A validated message ready to insert; the first nine fields are the bindings."""
+    """A validated message ready to insert (its time is taken when it is written)."""
 
     id: str
-    ts_ms: int
     from_agent: str
     to_agent: str | None
     type: str
@@ -126,8 +125,8 @@ class Row(NamedTuple):
     payload_ref: str | None = None
     id_from_caller: bool = False
 
-    def bindings(self) -> tuple[Any, ...]:
-        return self[:9]
+    def bindings(self, ts_ms: int) -> tuple[Any, ...]:
+        return (self.id, ts_ms, *self[1:8])
 
 
 # --- validation -----------------------------------------------------------
@@ -216,7 +215,6 @@ def prepare_row(
     """Validate one publish's arguments and build its row; raises ValidationFailed."""
     return Row(
         id=new_message_id() if id is None else validate_message_id(id),
-        ts_ms=now_ms(),
         from_agent=validate_agent_id(from_agent, "from_agent"),
         to_agent=None if to is None else validate_agent_id(to, "to"),
         type=validate_text(type, "type", TYPE_MAX),
@@ -256,8 +254,11 @@ def _prepare_item(message: Mapping[str, Any]) -> Row:
 # --- SQL --------------------------------------------------------------------
 
 
-def insert_row(conn: apsw.Connection, row: Row) -> tuple[int, bool]:
-    """Insert inside the caller's transaction; return (seq, duplicate).
+def insert_row(conn: apsw.Connection, row: Row, ts_ms: int) -> tuple[int, bool]:
+    """Insert inside the caller's write transaction; return (seq, duplicate).
+
+    The caller takes `ts_ms` after acquiring the write lock, so times follow
+    seq order across processes (as far as the clock allows).
 
     A row whose id exists already is not written: the original seq comes back.
     Only a caller's id can already exist, and it is looked up before the
@@ -267,7 +268,7 @@ def insert_row(conn: apsw.Connection, row: Row) -> tuple[int, bool]:
         seq = conn.execute(_SEQ_BY_ID_SQL, (row.id,)).get
         if seq is not None:
             return seq, True
-    seq = conn.execute(_INSERT_SQL, row.bindings()).get
+    seq = conn.execute(_INSERT_SQL, row.bindings(ts_ms)).get
     if seq is not None:
         return seq, False
     return conn.execute(_SEQ_BY_ID_SQL, (row.id,)).get, True

@@ -217,9 +217,13 @@ def test_processes_publishers_and_consumers_see_everything(tmp_path, db_path, sp
           f" consumed by {len(CONSUMERS)} processes in {time.monotonic() - started:.1f} s")
 
     with Bus.open(db_path) as bus:
-        in_db = [(m.seq, m.id) for m in all_messages(bus)]
+        log = all_messages(bus)
+        in_db = [(m.seq, m.id) for m in log]
         cursors = {agent: bus.cursor(agent) for agent in CONSUMERS}
     assert len(in_db) == total
+    # Times are taken under the write lock, so they follow seq order.
+    times = [m.ts_ms for m in log]
+    assert times == sorted(times)
 
     seen_by = {}
     for agent in CONSUMERS:
