@@ -14,6 +14,7 @@ from typing import Any
 from typing import Iterable
 
 import apsw
+import apsw.ext
 import click
 import orjson
 
@@ -187,14 +188,18 @@ def tail(obj: BusContext, follow: bool, since: int | None, lines: int, as_json: 
     Example: bus tail --follow --json
     """
     bus = obj.open()
-    if since is None:
-        shown = bus.last_messages(lines)
-        after = shown[-1].seq if shown else bus.last_seq()
-        _echo_messages(shown, as_json)
-    else:
-        after = _echo_all_after(bus, since, as_json)
-    if follow:
-        _follow(bus, after, as_json)
+    try:
+        if since is None:
+            shown = bus.last_messages(lines)
+            after = shown[-1].seq if shown else bus.last_seq()
+            _echo_messages(shown, as_json)
+        else:
+            after = _echo_all_after(bus, since, as_json)
+        if follow:
+            _follow(bus, after, as_json)
+    except KeyboardInterrupt:
+        if not follow:
+            raise
 
 
 @main.command()
@@ -212,17 +217,12 @@ def sql(obj: BusContext, query: str, as_json: bool) -> None:
     conn = connect(obj.db, readonly=True)
     obj.ctx.call_on_close(lambda: conn.close(True))
     try:
-        cursor = conn.execute(query)
-        # The description exists only while the statement has rows to give.
-        columns = [name for name, _decl in cursor.get_description()]
-        rows = cursor.fetchall()
-    except apsw.ReadOnlyError:
+        columns, rows = _run_read_only(conn, query)
+    except (apsw.ReadOnlyError, apsw.AuthError):
         raise click.ClickException(
             "bus sql is read-only and cannot change the database; "
             "use bus publish / bus ack / bus migrate to write"
         ) from None
-    except apsw.ExecutionCompleteError:
-        rows, columns = [], []
     except apsw.Error as exc:
         raise click.ClickException(f"SQL failed: {exc}") from None
     _echo_rows(columns, rows, as_json)
@@ -282,6 +282,19 @@ def status(obj: BusContext, as_json: bool) -> None:
 # --- helpers --------------------------------------------------------------
 
 
+def _run_read_only(conn: apsw.Connection, query: str) -> tuple[list[str], list[tuple]]:
+    """Run one statement; return its column names and rows."""
+    if apsw.ext.query_info(conn, query).query_remaining:
+        raise click.UsageError("bus sql runs one statement at a time; drop what follows the first ';'")
+    cursor = conn.execute(query)
+    try:
+        # The description exists only while the statement has rows to give.
+        columns = [name for name, _decl in cursor.get_description()]
+    except apsw.ExecutionCompleteError:
+        return [], []
+    return columns, cursor.fetchall()
+
+
 def _read_payload(payload: str | None, payload_file: Any) -> Any:
     if payload is not None and payload_file is not None:
         raise click.UsageError("give --payload or --payload-file, not both")
@@ -310,16 +323,14 @@ def _echo_all_after(bus: Bus, after: int, as_json: bool) -> int:
 
 
 def _follow(bus: Bus, after: int, as_json: bool) -> None:
+    """Print new messages as they are committed, until Ctrl-C."""
     backoff = Backoff(cap=0.25)
-    try:
-        while True:
-            last = _echo_all_after(bus, after, as_json)
-            if last != after:
-                backoff.reset()
-            after = last
-            time.sleep(backoff.next_delay())
-    except KeyboardInterrupt:
-        pass
+    while True:
+        last = _echo_all_after(bus, after, as_json)
+        if last != after:
+            backoff.reset()
+        after = last
+        time.sleep(backoff.next_delay())
 
 
 def _echo_json(obj: Any) -> None:
@@ -352,8 +363,9 @@ def format_message(message: Message) -> str:
 
 def _echo_rows(columns: list[str], rows: list[tuple[Any, ...]], as_json: bool) -> None:
     if as_json:
+        keys = _unique_names(columns)
         for row in rows:
-            _echo_json({c: _json_value(v) for c, v in zip(columns, row)})
+            _echo_json({k: _json_value(v) for k, v in zip(keys, row)})
         return
     if not columns:
         click.echo("(no rows)")
@@ -363,6 +375,16 @@ def _echo_rows(columns: list[str], rows: list[tuple[Any, ...]], as_json: bool) -
     click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
     for r in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+def _unique_names(columns: list[str]) -> list[str]:
+    """Column names as JSON keys: a repeated name gets a suffix (a, a_2) instead of vanishing."""
+    seen: dict[str, int] = {}
+    keys = []
+    for name in columns:
+        seen[name] = seen.get(name, 0) + 1
+        keys.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return keys
 
 
 def _cell(value: Any) -> str:

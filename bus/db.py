@@ -56,7 +56,7 @@ def connect(
     """
     path = Path(path)
     synchronous = synchronous_for(durability)
-    if not path.exists() and (readonly or not create):
+    if (readonly or not create) and not _has_content(path):
         raise BusNotFound(str(path))
     check_file_header(path)
     if not readonly:
@@ -67,7 +67,7 @@ def connect(
         conn.set_busy_timeout(BUSY_TIMEOUT_MS)
         connection_check_identity(conn, path)
         if readonly:
-            conn.execute("PRAGMA query_only = ON")
+            connection_read_only(conn)
         else:
             connection_apply_pragmas(conn, synchronous)
     except BaseException:
@@ -117,6 +117,36 @@ def connection_enable_wal(conn: apsw.Connection, timeout_ms: int = BUSY_TIMEOUT_
             backoff = min(backoff * 2, 0.05)
 
 
+def connection_read_only(conn: apsw.Connection) -> None:
+    """Make a connection refuse every statement that is not a plain read.
+
+    The file is already opened read-only; `query_only` also covers attached
+    files, and the authorizer refuses at prepare time what would still touch
+    the disk (ATTACH, VACUUM INTO, pragmas that set a value), so nothing is
+    half done. A refused statement raises apsw.AuthError.
+    """
+    conn.execute("PRAGMA query_only = ON")
+    conn.authorizer = _authorize_reads
+
+
+_READ_ACTIONS = frozenset({apsw.SQLITE_SELECT, apsw.SQLITE_READ, apsw.SQLITE_FUNCTION,
+                           apsw.SQLITE_RECURSIVE})
+# Pragmas that take an argument and still only read.
+_READ_PRAGMAS_WITH_ARGUMENT = frozenset({
+    "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
+    "foreign_key_list", "foreign_key_check", "integrity_check", "quick_check",
+})
+
+
+def _authorize_reads(action: int, arg1: str | None, arg2: str | None,
+                     _db: str | None, _trigger: str | None) -> int:
+    if action in _READ_ACTIONS:
+        return apsw.SQLITE_OK
+    if action == apsw.SQLITE_PRAGMA and (arg2 is None or arg1 in _READ_PRAGMAS_WITH_ARGUMENT):
+        return apsw.SQLITE_OK
+    return apsw.SQLITE_DENY
+
+
 def connection_check_identity(conn: apsw.Connection, path: Path) -> None:
     """Refuse a SQLite file that another application owns, before changing it."""
     try:
@@ -143,6 +173,8 @@ def check_file_header(path: Path) -> None:
         return
     except IsADirectoryError:
         raise NotABusDatabase(str(path), "a directory, not a database file") from None
+    except NotADirectoryError:
+        raise NotABusDatabase(str(path), "under a path that is a file, not a directory") from None
     if head and head != _SQLITE_MAGIC:
         raise NotABusDatabase(str(path), "not a SQLite database (wrong file header)")
 
@@ -251,6 +283,16 @@ _ROLLBACK_SQL = "ROLLBACK"
 _SAVEPOINT_SQL = "SAVEPOINT bus_nested"
 _RELEASE_SQL = "RELEASE bus_nested"
 _ROLLBACK_SAVEPOINT_SQL = "ROLLBACK TO bus_nested; RELEASE bus_nested"
+
+
+def _has_content(path: Path) -> bool:
+    """Whether `path` holds something: an empty file is no bus yet (and stays untouched)."""
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+    except NotADirectoryError:
+        raise NotABusDatabase(str(path), "under a path that is a file, not a directory") from None
 
 
 def _open_flags(readonly: bool) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import queue
 import re
+import select
 import signal
 import subprocess
 import threading
@@ -25,6 +26,7 @@ from click.testing import CliRunner
 
 from bus import Bus
 from bus.cli import main
+from bus.db import APPLICATION_ID
 from bus.db import connect
 
 MESSAGE_KEYS = ["seq", "id", "ts_ms", "ts", "from", "to", "type", "correlation_id",
@@ -321,15 +323,14 @@ def test_publish_json_has_exact_keys(bus: Bus, db_path: Path) -> None:
 
 
 def test_publish_durability_full_reports_fsync(bus: Bus, db_path: Path) -> None:
-    result = CliRunner().invoke(
-        main, ["--db", str(db_path), "--durability", "full", "publish", "--from", "a",
-               "--type", "t", "--json"], env={"BUS_DB": None, "BUS_DURABILITY": None})
+    result = run(["--durability", "full", "publish", "--from", "a", "--type", "t", "--json"],
+                 db_path)
     assert result.exit_code == 0
-    assert json.loads(result.stdout)["durable"] == "fsync"
-    human = run(["--durability", "full", "publish", "--from", "a", "--type", "t"], None,
-                env={"BUS_DB": str(db_path)})
+    assert json.loads(result.stdout) == {"seq": 1, "id": bus.list_messages()[0].id,
+                                         "duplicate": False, "durable": "fsync"}
+    human = run(["--durability", "full", "publish", "--from", "a", "--type", "t"], db_path)
     assert human.exit_code == 0
-    assert human.stdout.endswith("(durable: fsync)\n")
+    assert re.fullmatch(rf"published seq 2 id {UUID_RE} \(durable: fsync\)\n", human.stdout)
 
 
 def test_publish_durability_env_var(bus: Bus, db_path: Path) -> None:
@@ -826,11 +827,6 @@ def _follow_until_sigint(bus: Bus, db_path: Path, bus_command, python_env,
         reader = LineReader(proc.stdout)
         assert json.loads(reader.readline())["type"] == "first"
         assert json.loads(reader.readline())["type"] == "second"
-        # With --since the backlog is printed in a loop that ends when a batch comes
-        # back empty, outside the Ctrl-C handler: wait for the follow loop's sleep
-        # so the new message and the SIGINT both reach the follow loop.
-        if "--since" in tail_args and not wait_until_sleeping(proc):
-            pytest.skip("cannot tell when tail enters its follow loop on this platform")
         published = bus.publish("c", "third", {"late": True}, to="w2")
         row = json.loads(reader.readline())
         assert (row["seq"], row["id"], row["type"], row["payload"]) == (
@@ -860,6 +856,31 @@ def test_tail_follow_last_lines_subprocess_prints_new_messages_until_sigint(
     # Without --since the backlog is read in one query before printing, so the
     # third message can only come from the follow loop: no /proc needed.
     _follow_until_sigint(bus, db_path, bus_command, python_env, ["-n", "5"])
+
+
+@pytest.mark.slow
+def test_tail_follow_ctrl_c_while_printing_backlog_exits_0(
+        bus: Bus, db_path: Path, bus_command, python_env) -> None:
+    for start in range(0, 20_000, 1000):
+        bus.publish_many([{"from_agent": "a", "type": "t", "payload": n}
+                          for n in range(start, start + 1000)])
+    proc = subprocess.Popen(
+        bus_command + ["--db", str(db_path), "tail", "--follow", "--since", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(python_env),
+        preexec_fn=restore_sigint)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 15)
+        assert ready, "tail printed nothing within 15 s"
+        assert proc.stdout.readline().startswith(b"#1 ")
+        # Nobody reads the pipe now, so it fills: tail is still printing the backlog.
+        proc.send_signal(signal.SIGINT)
+        stdout_rest, stderr = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr
+    assert b"Aborted" not in stderr
 
 
 # --- sql --------------------------------------------------------------------
@@ -919,7 +940,8 @@ def test_sql_no_rows(bus: Bus, db_path: Path, query: str) -> None:
     "CREATE TABLE extra (x)",
     "INSERT INTO cursors VALUES ('w1', 1, 1)",
     "PRAGMA user_version = 5",
-    "SELECT 1; DELETE FROM messages",
+    "PRAGMA journal_mode = DELETE",
+    "ATTACH DATABASE 'other.db' AS other",
 ])
 def test_sql_refuses_writes_and_leaves_data_unchanged(bus: Bus, db_path: Path,
                                                       query: str) -> None:
@@ -934,6 +956,35 @@ def test_sql_refuses_writes_and_leaves_data_unchanged(bus: Bus, db_path: Path,
     assert after == before
     assert len(json_lines(after)) == 2
     assert bus.list_cursors() == []
+
+
+def test_sql_vacuum_into_is_refused_without_creating_the_copy(bus: Bus, db_path: Path) -> None:
+    copy = db_path.parent / "copy.db"
+    result = run(["sql", f"VACUUM INTO '{copy}'"], db_path)
+    assert result.exit_code == 1
+    assert "read-only" in result.stderr
+    assert not copy.exists()
+
+
+def test_sql_runs_one_statement_at_a_time(bus: Bus, db_path: Path) -> None:
+    _seed_for_sql(bus)
+    result = run(["sql", "SELECT 1; DELETE FROM messages"], db_path)
+    assert result.exit_code == 2
+    assert "one statement at a time" in result.stderr
+    assert bus.message_count() == 2
+
+
+def test_sql_json_keeps_repeated_column_names(bus: Bus, db_path: Path) -> None:
+    result = run(["sql", "SELECT 1 AS a, 2 AS a, 3 AS b", "--json"], db_path)
+    assert result.exit_code == 0
+    assert json_lines(result.stdout) == [{"a": 1, "a_2": 2, "b": 3}]
+
+
+def test_sql_reads_schema_pragmas(bus: Bus, db_path: Path) -> None:
+    result = run(["sql", "PRAGMA table_info(cursors)", "--json"], db_path)
+    assert result.exit_code == 0
+    assert [row["name"] for row in json_lines(result.stdout)] == [
+        "agent_id", "last_acked_seq", "updated_at_ms"]
     assert bus.schema_version() == 1
     tables = run(["sql", "SELECT name FROM sqlite_schema WHERE name = 'extra'"], db_path)
     assert tables.stdout == "(no rows)\n"
@@ -984,8 +1035,15 @@ def test_migrate_json(initialized: Path) -> None:
                                              "latest": 1, "pending": [], "applied": []}
 
 
-def test_migrate_status_lists_pending_on_empty_file(db_path: Path) -> None:
-    db_path.touch()
+def unmigrated_bus_file(path: Path) -> None:
+    """A file marked as an agentbus database whose migrations have not run yet."""
+    conn = apsw.Connection(str(path))
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.close()
+
+
+def test_migrate_status_lists_pending_without_applying(db_path: Path) -> None:
+    unmigrated_bus_file(db_path)
     result = run(["migrate", "--status"], db_path)
     assert result.exit_code == 0
     assert result.stdout == "schema version 0 (latest 1)\npending 0001_core\n"
@@ -995,7 +1053,7 @@ def test_migrate_status_lists_pending_on_empty_file(db_path: Path) -> None:
 
 
 def test_migrate_applies_pending_migrations(db_path: Path) -> None:
-    db_path.touch()
+    unmigrated_bus_file(db_path)
     result = run(["migrate"], db_path)
     assert result.exit_code == 0
     assert result.stdout == "schema version 1 (latest 1)\napplied 0001_core\n"
@@ -1006,11 +1064,22 @@ def test_migrate_applies_pending_migrations(db_path: Path) -> None:
 
 
 def test_migrate_json_lists_applied(db_path: Path) -> None:
-    db_path.touch()
+    unmigrated_bus_file(db_path)
     result = run(["migrate", "--json"], db_path)
     assert result.exit_code == 0
     assert json.loads(result.stdout) == {"path": str(db_path), "version": 1, "latest": 1,
                                          "pending": [], "applied": ["0001_core"]}
+
+
+@pytest.mark.parametrize("command", [["migrate", "--status"], ["poll", "--agent", "a"],
+                                     ["status"], ["tail"], ["sql", "SELECT 1"]])
+def test_commands_leave_an_empty_file_untouched(db_path: Path, command: list[str]) -> None:
+    db_path.touch()
+    result = run(command, db_path)
+    assert result.exit_code == 1
+    assert "no bus database at" in result.stderr
+    assert db_path.stat().st_size == 0
+    assert not Path(f"{db_path}-wal").exists()
 
 
 def test_migrate_missing_database_exits_1(tmp_path: Path) -> None:
