@@ -1,4 +1,9 @@
-"""Content-addressed storage for payloads too large for a message row.
+"""Content-addressed storage for payloads too large for a message row."""
 
-Built in a later issue; the package exists so the layout is fixed from the start.
-"""
+from __future__ import annotations
+
+from blobs.store import BlobCorrupt
+from blobs.store import BlobMissing
+from blobs.store import BlobStore
+
+__all__ = ["BlobCorrupt", "BlobMissing", "BlobStore"]

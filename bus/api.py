@@ -14,14 +14,22 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 from typing import Any
 from typing import Iterable
 from typing import Mapping
 
 import apsw
 
+from blobs.store import BlobStore
+from bus import claims
 from bus import cursors
+from bus import heartbeats
 from bus import messages
+from bus import retention
+from bus.claims import Claim
+from bus.claims import ClaimResult
+from bus.claims import DeadClaim
 from bus.cursors import Cursor
 from bus.db import DURABLE_BY_DURABILITY
 from bus.db import connect
@@ -30,38 +38,54 @@ from bus.db import translate_busy
 from bus.db import write_transaction
 from bus.errors import BusClosed
 from bus.errors import ValidationFailed
+from bus.heartbeats import Liveness
+from bus.heartbeats import Thresholds
 from bus.messages import Message
 from bus.messages import PublishResult
 from bus.schema import current_version
 from bus.schema import migrate
+from bus.wake import ChangeWatcher
 
 POLL_LIMIT_MAX = 10_000
+BLOB_THRESHOLD = 4096  # bytes of payload JSON above which it goes to the blob store
+GC_GRACE_SECONDS = 3600.0
+LEASE_MS_MAX = 7 * 24 * 3600 * 1000
+SYSTEM_AGENT = "bus"  # sender of the messages the bus publishes itself (task_released, ...)
+TASK_ID_MAX = 256
 
 
 class Bus:
     """An open bus database. Create with `Bus.open(path)`; close with `close()`."""
 
-    def __init__(self, path: str, durability: str, conn: apsw.Connection) -> None:
+    def __init__(self, path: str, durability: str, conn: apsw.Connection, *,
+                 blob_threshold: int = BLOB_THRESHOLD, blob_dir: str | None = None) -> None:
         self.path = path
         self.durability = durability
         self.durable = DURABLE_BY_DURABILITY[durability]
+        self.blob_threshold = blob_threshold
+        self.blobs = BlobStore(blob_dir or Path(path).absolute().parent / "blobs")
         self._local = threading.local()
         self._local.conn = conn
         self._connections = [conn]
+        self._watchers: list[ChangeWatcher] = []
         self._lock = threading.Lock()
         self._closed = False
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], durability: str = "normal", *,
-             create: bool = True) -> Bus:
+             create: bool = True, blob_threshold: int = BLOB_THRESHOLD,
+             blob_dir: str | os.PathLike[str] | None = None) -> Bus:
         """Open the bus at `path`, creating and migrating it as needed.
 
         `durability` is "normal" (a publish survives a process crash) or
         "full" (it survives power loss too, at the cost of an fsync per
         commit). With `create=False` a missing file raises BusNotFound.
+        Payloads whose JSON is longer than `blob_threshold` bytes are kept in
+        the blob store, `blobs/` beside the database unless `blob_dir` says.
         Raises NotABusDatabase or SchemaTooNew for files it must not touch.
         """
         synchronous_for(durability)
+        messages.validate_positive_int(blob_threshold, "blob_threshold")
         path = os.fspath(path)
         conn = connect(path, durability, create=create)
         try:
@@ -69,7 +93,8 @@ class Bus:
         except BaseException:
             conn.close()
             raise
-        return cls(path, durability, conn)
+        return cls(path, durability, conn, blob_threshold=blob_threshold,
+                   blob_dir=os.fspath(blob_dir) if blob_dir is not None else None)
 
     # --- connections ------------------------------------------------------
 
@@ -91,6 +116,9 @@ class Bus:
         with self._lock:
             self._closed = True
             connections, self._connections = self._connections, []
+            watchers, self._watchers = self._watchers, []
+        for watcher in watchers:
+            watcher.close()
         for conn in connections:
             conn.close()
 
@@ -125,6 +153,8 @@ class Bus:
         return self._insert(messages.prepare_batch(batch))
 
     def _insert(self, rows: list[messages.Row]) -> list[PublishResult]:
+        # Blobs are written (and fsynced) before the transaction, outside the lock.
+        rows = [self._move_large_payload(row) for row in rows]
         conn = self.conn
         results = []
         with write_transaction(conn):
@@ -133,6 +163,13 @@ class Bus:
                 seq, duplicate = messages.insert_row(conn, row, ts_ms)
                 results.append(PublishResult(seq, row.id, duplicate, self.durable))
         return results
+
+    def _move_large_payload(self, row: messages.Row) -> messages.Row:
+        if row.payload is None or len(row.payload) <= self.blob_threshold:
+            return row
+        # len() counts characters; bytes can only be more, so nothing large slips through.
+        ref = self.blobs.put(row.payload.encode())
+        return row._replace(payload=None, payload_ref=ref)
 
     # --- consuming --------------------------------------------------------
 
@@ -147,7 +184,7 @@ class Bus:
         conn = self.conn
         with translate_busy():
             after = cursors.position(conn, agent)
-            return messages.select_for_agent(conn, agent, after, limit)
+            return messages.select_for_agent(conn, agent, after, limit, self.blobs)
 
     def ack(self, agent: str, seq: int) -> int:
         """Mark everything up to `seq` handled for `agent`; return the cursor position.
@@ -165,6 +202,160 @@ class Bus:
                     "seq", f"no message has seq {seq}; the last seq is {messages.last_seq(conn)}"
                 )
         return moved_to
+
+    def wait_for_change(self, timeout: float) -> bool:
+        """Block until another connection or process commits, or `timeout` seconds pass.
+
+        Returns True when something changed (the first call on a thread
+        returns True at once), False on timeout. Uses inotify where Linux
+        has it, polling `PRAGMA data_version` every millisecond otherwise.
+        A typical consumer loop:
+
+            while True:
+                for message in bus.poll(agent):
+                    handle(message); bus.ack(agent, message.seq)
+                bus.wait_for_change(timeout=30)
+        """
+        watcher = getattr(self._local, "watcher", None)
+        if watcher is None:
+            watcher = ChangeWatcher(self.conn, self.path)
+            with self._lock:
+                self._watchers.append(watcher)
+            self._local.watcher = watcher
+        with translate_busy():
+            return watcher.wait(timeout)
+
+    # --- heartbeats -------------------------------------------------------
+
+    def heartbeat(self, agent: str, status: str = "idle", task: str | None = None,
+                  progress: float | None = None) -> int:
+        """Record that `agent` is alive; return the beat's time (epoch ms).
+
+        `status` is idle, working or blocked; `progress` a fraction from 0 to 1.
+        For beats that go on while the agent blocks, use `Heartbeat`.
+        """
+        fields = heartbeats.validate_beat(agent, status, task, progress)
+        return heartbeats.beat(self.conn, *fields)
+
+    def liveness(self, now: int | None = None,
+                 thresholds: Thresholds | None = None) -> list[Liveness]:
+        """Every agent that ever beat, with its silence and state (alive/warn/stale/dead).
+
+        `now` (epoch milliseconds) defaults to the clock; `thresholds` to
+        30 s warn, 100 s stale, 300 s dead. Most silent first.
+        """
+        with translate_busy():
+            return heartbeats.liveness(self.conn, _now_ms(now), thresholds or Thresholds())
+
+    # --- task claims ------------------------------------------------------
+
+    def claim(self, task_id: str, agent: str, lease_ms: int = 60_000, *,
+              max_attempts: int = 5, now: int | None = None) -> bool:
+        """Take the lease on `task_id` for `lease_ms`; True if `agent` now holds it.
+
+        See `try_claim` for who holds it when this returns False.
+        """
+        return self.try_claim(task_id, agent, lease_ms, max_attempts=max_attempts, now=now).granted
+
+    def try_claim(self, task_id: str, agent: str, lease_ms: int = 60_000, *,
+                  max_attempts: int = 5, now: int | None = None) -> ClaimResult:
+        """Claim a task and say what happened.
+
+        Granted when the task is free, its lease has expired (one more
+        attempt), or `agent` holds it already (the lease is extended). A task
+        taken `max_attempts` times whose lease expired again is declared dead
+        (`result.dead`), a `task_dead` message is published, and it can no
+        longer be claimed. Otherwise `result.claim` is the current holder's.
+        """
+        task_id, agent = _validate_task(task_id), messages.validate_agent_id(agent)
+        _validate_lease(lease_ms)
+        messages.validate_positive_int(max_attempts, "max_attempts")
+        conn = self.conn
+        with write_transaction(conn):
+            at = _now_ms(now)
+            result = claims.try_claim(conn, task_id, agent, lease_ms, max_attempts, at)
+            if result.dead is not None and result.dead.died_at_ms == at:
+                self._announce(conn, "task_dead", result.dead.to_json_dict(), task_id, at)
+        return result
+
+    def renew(self, task_id: str, agent: str, lease_ms: int | None = None, *,
+              now: int | None = None) -> bool:
+        """Extend `agent`'s lease by `lease_ms` (default: the claim's own) from now.
+
+        False, extending nothing, when the lease has expired or another agent holds it.
+        """
+        task_id, agent = _validate_task(task_id), messages.validate_agent_id(agent)
+        if lease_ms is not None:
+            _validate_lease(lease_ms)
+        conn = self.conn
+        with write_transaction(conn):
+            return claims.renew(conn, task_id, agent, lease_ms, _now_ms(now)) is not None
+
+    def release(self, task_id: str, agent: str) -> bool:
+        """Give the task back; False if `agent` does not hold it."""
+        task_id, agent = _validate_task(task_id), messages.validate_agent_id(agent)
+        conn = self.conn
+        with write_transaction(conn):
+            return claims.release(conn, task_id, agent)
+
+    def claims(self) -> list[Claim]:
+        """Every current claim, expired ones included (check `claim.expired(now)`)."""
+        with translate_busy():
+            return claims.list_claims(self.conn)
+
+    def dead_claims(self) -> list[DeadClaim]:
+        """Tasks that ran out of attempts, oldest first."""
+        with translate_busy():
+            return claims.list_dead(self.conn)
+
+    def reap(self, now: int | None = None, thresholds: Thresholds | None = None) -> list[Claim]:
+        """End the leases held by agents whose liveness is dead; return those claims.
+
+        Each task becomes claimable at once (keeping its attempt count) and a
+        `task_released` message is broadcast for it.
+        """
+        thresholds = thresholds or Thresholds()
+        conn = self.conn
+        with write_transaction(conn):
+            at = _now_ms(now)
+            silent = claims.held_by_silent_agents(conn, at - int(thresholds.dead * 1000), at)
+            for claim, last_beat in silent:
+                claims.expire(conn, claim.task_id, at)
+                self._announce(conn, "task_released", {
+                    "task": claim.task_id, "agent": claim.agent, "reason": "agent dead",
+                    "silent_s": round((at - last_beat) / 1000, 3)}, claim.task_id, at)
+        return [claim for claim, _ in silent]
+
+    def _announce(self, conn: apsw.Connection, type: str, payload: dict[str, Any],
+                  correlation_id: str, at: int) -> None:
+        """Broadcast a message from the bus itself, inside the caller's transaction."""
+        row = messages.prepare_row(SYSTEM_AGENT, type, payload, correlation_id=correlation_id)
+        messages.insert_row(conn, row, at)
+
+    # --- retention --------------------------------------------------------
+
+    def gc_blobs(self, grace_seconds: float = GC_GRACE_SECONDS) -> list[str]:
+        """Delete blobs no message references and untouched for `grace_seconds`."""
+        _validate_grace(grace_seconds)
+        with translate_busy():
+            referenced = messages.referenced_blobs(self.conn)
+        return self.blobs.gc(referenced, grace_seconds)
+
+    def compact(self, keep_days: float, *, dry_run: bool = False,
+                grace_seconds: float = GC_GRACE_SECONDS,
+                now: int | None = None) -> retention.CompactReport:
+        """Delete messages older than `keep_days` that every cursor has acked.
+
+        Then delete orphaned blobs (after `grace_seconds`) and checkpoint the
+        WAL with TRUNCATE. `dry_run` only counts the messages.
+        """
+        if isinstance(keep_days, bool) or not isinstance(keep_days, (int, float)) \
+                or not 0 <= keep_days < float("inf"):
+            raise ValidationFailed("keep_days", f"must be a number of days >= 0, got {keep_days!r}")
+        _validate_grace(grace_seconds)
+        cutoff = _now_ms(now) - int(keep_days * 86_400_000)
+        with translate_busy():
+            return retention.compact(self.conn, self.blobs, cutoff, grace_seconds, dry_run)
 
     # --- inspection -------------------------------------------------------
 
@@ -185,13 +376,13 @@ class Bus:
         """All messages above seq `after`, whoever they are for (for tail and tools)."""
         _validate_limit(limit)
         with translate_busy():
-            return messages.select_after(self.conn, after, limit)
+            return messages.select_after(self.conn, after, limit, self.blobs)
 
     def last_messages(self, count: int) -> list[Message]:
         """The newest `count` messages, oldest first."""
         _validate_limit(count)
         with translate_busy():
-            return messages.select_last(self.conn, count)
+            return messages.select_last(self.conn, count, self.blobs)
 
     def message_count(self) -> int:
         with translate_busy():
@@ -205,6 +396,33 @@ class Bus:
         """The highest seq assigned so far (0 for a new bus)."""
         with translate_busy():
             return messages.last_seq(self.conn)
+
+
+def _now_ms(now: object) -> int:
+    """The clock in epoch milliseconds, or the caller's `now` after a sanity check."""
+    if now is None:
+        return messages.now_ms()
+    # Anything before 1973 in milliseconds is surely seconds passed by mistake.
+    if isinstance(now, bool) or not isinstance(now, int) or now < 100_000_000_000:
+        raise ValidationFailed("now", f"must be epoch milliseconds (an int like "
+                                      f"{messages.now_ms()}), got {now!r}")
+    return now
+
+
+def _validate_task(task_id: object) -> str:
+    return messages.validate_text(task_id, "task_id", TASK_ID_MAX)
+
+
+def _validate_lease(lease_ms: object) -> None:
+    messages.validate_positive_int(lease_ms, "lease_ms")
+    if lease_ms > LEASE_MS_MAX:
+        raise ValidationFailed("lease_ms", f"is {lease_ms}; the longest lease is {LEASE_MS_MAX} (7 days)")
+
+
+def _validate_grace(grace_seconds: object) -> None:
+    if isinstance(grace_seconds, bool) or not isinstance(grace_seconds, (int, float)) \
+            or not 0 <= grace_seconds < float("inf"):
+        raise ValidationFailed("grace_seconds", f"must be seconds >= 0, got {grace_seconds!r}")
 
 
 def _validate_limit(limit: object) -> None:

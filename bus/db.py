@@ -23,6 +23,7 @@ from bus.errors import ValidationFailed
 
 APPLICATION_ID = 0x61627573  # "abus": marks a SQLite file as an agentbus database
 BUSY_TIMEOUT_MS = 5000
+JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024  # bytes
 SYNCHRONOUS_BY_DURABILITY = {"normal": "NORMAL", "full": "FULL"}
 # What a committed publish survives: with synchronous=NORMAL in WAL mode a
 # commit survives a process crash but not power loss; FULL fsyncs the WAL.
@@ -90,6 +91,9 @@ def connection_apply_pragmas(conn: apsw.Connection, synchronous: str) -> None:
     """Switch one writable connection to WAL and set its per-connection pragmas."""
     connection_enable_wal(conn)
     conn.execute("PRAGMA foreign_keys = ON")
+    # After a checkpoint resets the WAL, SQLite truncates it back to this size,
+    # so one burst of writes does not leave a huge -wal file behind for good.
+    conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}").fetchall()
     # Only values from SYNCHRONOUS_BY_DURABILITY reach this line.
     conn.execute(f"PRAGMA synchronous = {synchronous}")
     # For code that uses `with conn:` directly; the bus itself uses write_transaction.

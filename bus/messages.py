@@ -21,6 +21,9 @@ from typing import NamedTuple
 import apsw
 import orjson
 
+from blobs.store import BlobCorrupt
+from blobs.store import BlobMissing
+from blobs.store import BlobStore
 from bus.errors import ValidationFailed
 
 AGENT_ID_MAX = 128
@@ -55,6 +58,7 @@ _LIST_SQL = f"SELECT {_COLUMNS} FROM messages WHERE seq > ? ORDER BY seq LIMIT ?
 _TAIL_SQL = f"SELECT {_COLUMNS} FROM messages ORDER BY seq DESC LIMIT ?"
 _LAST_SEQ_SQL = "SELECT seq FROM sqlite_sequence WHERE name = 'messages'"
 _COUNT_SQL = "SELECT count(*) FROM messages"
+_REFERENCED_BLOBS_SQL = "SELECT DISTINCT payload_ref FROM messages WHERE payload_ref IS NOT NULL"
 
 
 @dataclass(frozen=True)
@@ -274,23 +278,26 @@ def insert_row(conn: apsw.Connection, row: Row, ts_ms: int) -> tuple[int, bool]:
     return conn.execute(_SEQ_BY_ID_SQL, (row.id,)).get, True
 
 
-def select_for_agent(conn: apsw.Connection, agent: str, after: int, limit: int) -> list[Message]:
+def select_for_agent(conn: apsw.Connection, agent: str, after: int, limit: int,
+                     blobs: BlobStore | None = None) -> list[Message]:
     rows = conn.execute(_POLL_SQL, {"agent": agent, "after": after, "limit": limit})
-    return [row_to_message(row) for row in rows]
+    return [row_to_message(row, blobs) for row in rows]
 
 
 def pending_count(conn: apsw.Connection, agent: str, after: int) -> int:
     return conn.execute(_PENDING_COUNT_SQL, {"agent": agent, "after": after}).get
 
 
-def select_after(conn: apsw.Connection, after: int, limit: int) -> list[Message]:
+def select_after(conn: apsw.Connection, after: int, limit: int,
+                 blobs: BlobStore | None = None) -> list[Message]:
     """Every message with seq above `after`, whoever it is for, in seq order."""
-    return [row_to_message(row) for row in conn.execute(_LIST_SQL, (after, limit))]
+    return [row_to_message(row, blobs) for row in conn.execute(_LIST_SQL, (after, limit))]
 
 
-def select_last(conn: apsw.Connection, count: int) -> list[Message]:
+def select_last(conn: apsw.Connection, count: int, blobs: BlobStore | None = None) -> list[Message]:
     """The newest `count` messages, oldest first."""
-    return [row_to_message(row) for row in reversed(conn.execute(_TAIL_SQL, (count,)).fetchall())]
+    rows = reversed(conn.execute(_TAIL_SQL, (count,)).fetchall())
+    return [row_to_message(row, blobs) for row in rows]
 
 
 def last_seq(conn: apsw.Connection) -> int:
@@ -302,19 +309,39 @@ def message_count(conn: apsw.Connection) -> int:
     return conn.execute(_COUNT_SQL).get
 
 
-def row_to_message(row: tuple[Any, ...]) -> Message:
+def row_to_message(row: tuple[Any, ...], blobs: BlobStore | None = None) -> Message:
+    """A row as a Message; a payload that cannot be read is reported, never raised."""
     seq, id_, ts_ms, from_agent, to_agent, type_, correlation_id, in_reply_to, text, ref = row
     payload, error = None, None
     if ref is not None:
-        # The blob store resolves references; until it does, say so on the message.
-        error = "blob_missing"
+        payload, error = _load_blob_payload(ref, blobs)
     elif text is not None:
-        try:
-            payload = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            error = "decode_failed"
+        payload, error = _decode(text)
     return Message(seq, id_, ts_ms, from_agent, to_agent, type_, correlation_id,
                    in_reply_to, payload, error, ref)
+
+
+def _load_blob_payload(ref: str, blobs: BlobStore | None) -> tuple[Any, str | None]:
+    if blobs is None:
+        return None, "blob_missing"
+    try:
+        return _decode(blobs.get(ref))
+    except BlobMissing:
+        return None, "blob_missing"
+    except (BlobCorrupt, ValidationFailed):
+        return None, "blob_corrupt"
+
+
+def _decode(text: str | bytes) -> tuple[Any, str | None]:
+    try:
+        return orjson.loads(text), None
+    except orjson.JSONDecodeError:
+        return None, "decode_failed"
+
+
+def referenced_blobs(conn: apsw.Connection) -> set[str]:
+    """Every blob reference a retained message holds."""
+    return {ref for (ref,) in conn.execute(_REFERENCED_BLOBS_SQL)}
 
 
 def new_message_id() -> str:

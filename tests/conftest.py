@@ -11,6 +11,7 @@ from hypothesis import HealthCheck
 from hypothesis import settings
 
 from bus import Bus
+from bus.schema import available_migrations
 
 # SQLite commit times vary with the machine's load: no per-example deadline.
 # No example database either, so nothing is written to the working directory.
@@ -21,6 +22,8 @@ settings.register_profile(
 settings.load_profile("agentbus")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+LATEST_VERSION = len(available_migrations())
+MIGRATION_NAMES = [f"{m.version:04d}_{m.name}" for m in available_migrations()]
 
 
 @pytest.fixture

@@ -27,6 +27,8 @@ from click.testing import CliRunner
 from bus import Bus
 from bus.cli import main
 from bus.db import APPLICATION_ID
+from tests.conftest import LATEST_VERSION
+from tests.conftest import MIGRATION_NAMES
 from bus.db import connect
 
 MESSAGE_KEYS = ["seq", "id", "ts_ms", "ts", "from", "to", "type", "correlation_id",
@@ -151,34 +153,34 @@ def test_init_creates_file_and_missing_parent_directory(tmp_path: Path) -> None:
     db = tmp_path / "state" / "nested" / "bus.db"
     result = run(["init"], db)
     assert result.exit_code == 0
-    assert result.stdout == f"bus created at {db} (schema version 1)\n"
+    assert result.stdout == f"bus created at {db} (schema version {LATEST_VERSION})\n"
     assert result.stderr == ""
     assert db.is_file()
     with Bus.open(db, create=False) as opened:
-        assert opened.schema_version() == 1
+        assert opened.schema_version() == LATEST_VERSION
 
 
 def test_init_second_time_reports_ready(db_path: Path) -> None:
     assert run(["init"], db_path).exit_code == 0
     result = run(["init"], db_path)
     assert result.exit_code == 0
-    assert result.stdout == f"bus ready at {db_path} (schema version 1)\n"
+    assert result.stdout == f"bus ready at {db_path} (schema version {LATEST_VERSION})\n"
 
 
 def test_init_json_reports_path_created_and_version(db_path: Path) -> None:
     first = run(["init", "--json"], db_path)
     second = run(["init", "--json"], db_path)
     assert first.exit_code == second.exit_code == 0
-    assert json.loads(first.stdout) == {"path": str(db_path), "created": True, "schema_version": 1}
+    assert json.loads(first.stdout) == {"path": str(db_path), "created": True, "schema_version": LATEST_VERSION}
     assert json.loads(second.stdout) == {"path": str(db_path), "created": False,
-                                         "schema_version": 1}
+                                         "schema_version": LATEST_VERSION}
 
 
 def test_init_defaults_to_worker_state_path(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     result = run(["init"])
     assert result.exit_code == 0
-    assert result.stdout == "bus created at .worker-state/bus.db (schema version 1)\n"
+    assert result.stdout == f"bus created at .worker-state/bus.db (schema version {LATEST_VERSION})\n"
     assert (tmp_path / ".worker-state" / "bus.db").is_file()
 
 
@@ -187,7 +189,7 @@ def test_init_respects_bus_db_env_var(tmp_path: Path, monkeypatch) -> None:
     target = tmp_path / "from-env" / "bus.db"
     result = run(["init"], env={"BUS_DB": str(target)})
     assert result.exit_code == 0
-    assert result.stdout == f"bus created at {target} (schema version 1)\n"
+    assert result.stdout == f"bus created at {target} (schema version {LATEST_VERSION})\n"
     assert target.is_file()
     assert not (tmp_path / ".worker-state").exists()
 
@@ -270,7 +272,7 @@ def test_commands_refuse_schema_newer_than_code(initialized: Path, args) -> None
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: ")
     assert "schema version 99" in result.stderr
-    assert "supports up to version 1" in result.stderr
+    assert f"supports up to version {LATEST_VERSION}" in result.stderr
     conn = apsw.Connection(str(initialized))
     try:
         assert conn.execute("PRAGMA user_version").get == 99
@@ -985,7 +987,7 @@ def test_sql_reads_schema_pragmas(bus: Bus, db_path: Path) -> None:
     assert result.exit_code == 0
     assert [row["name"] for row in json_lines(result.stdout)] == [
         "agent_id", "last_acked_seq", "updated_at_ms"]
-    assert bus.schema_version() == 1
+    assert bus.schema_version() == LATEST_VERSION
     tables = run(["sql", "SELECT name FROM sqlite_schema WHERE name = 'extra'"], db_path)
     assert tables.stdout == "(no rows)\n"
 
@@ -1017,22 +1019,22 @@ def test_sql_missing_query_is_usage_error(bus: Bus, db_path: Path) -> None:
 def test_migrate_status_on_current_database(initialized: Path) -> None:
     result = run(["migrate", "--status"], initialized)
     assert result.exit_code == 0
-    assert result.stdout == "schema version 1 (latest 1)\n"
+    assert result.stdout == f"schema version {LATEST_VERSION} (latest {LATEST_VERSION})\n"
     assert result.stderr == ""
 
 
 def test_migrate_on_current_database_applies_nothing(initialized: Path) -> None:
     result = run(["migrate"], initialized)
     assert result.exit_code == 0
-    assert result.stdout == "schema version 1 (latest 1)\n"
+    assert result.stdout == f"schema version {LATEST_VERSION} (latest {LATEST_VERSION})\n"
 
 
 def test_migrate_json(initialized: Path) -> None:
     for args in (["migrate", "--json"], ["migrate", "--status", "--json"]):
         result = run(args, initialized)
         assert result.exit_code == 0
-        assert json.loads(result.stdout) == {"path": str(initialized), "version": 1,
-                                             "latest": 1, "pending": [], "applied": []}
+        assert json.loads(result.stdout) == {"path": str(initialized), "version": LATEST_VERSION,
+                                             "latest": LATEST_VERSION, "pending": [], "applied": []}
 
 
 def unmigrated_bus_file(path: Path) -> None:
@@ -1046,29 +1048,33 @@ def test_migrate_status_lists_pending_without_applying(db_path: Path) -> None:
     unmigrated_bus_file(db_path)
     result = run(["migrate", "--status"], db_path)
     assert result.exit_code == 0
-    assert result.stdout == "schema version 0 (latest 1)\npending 0001_core\n"
+    assert result.stdout == f"schema version 0 (latest {LATEST_VERSION})\n" + "".join(
+        f"pending {name}\n" for name in MIGRATION_NAMES)
     as_json = run(["migrate", "--status", "--json"], db_path)
-    assert json.loads(as_json.stdout) == {"path": str(db_path), "version": 0, "latest": 1,
-                                          "pending": ["0001_core"], "applied": []}
+    assert json.loads(as_json.stdout) == {"path": str(db_path), "version": 0,
+                                          "latest": LATEST_VERSION,
+                                          "pending": MIGRATION_NAMES, "applied": []}
 
 
 def test_migrate_applies_pending_migrations(db_path: Path) -> None:
     unmigrated_bus_file(db_path)
     result = run(["migrate"], db_path)
     assert result.exit_code == 0
-    assert result.stdout == "schema version 1 (latest 1)\napplied 0001_core\n"
+    assert result.stdout == f"schema version {LATEST_VERSION} (latest {LATEST_VERSION})\n" + "".join(
+        f"applied {name}\n" for name in MIGRATION_NAMES)
     again = run(["migrate", "--json"], db_path)
     assert json.loads(again.stdout)["applied"] == []
     with Bus.open(db_path, create=False) as opened:
-        assert opened.schema_version() == 1
+        assert opened.schema_version() == LATEST_VERSION
 
 
 def test_migrate_json_lists_applied(db_path: Path) -> None:
     unmigrated_bus_file(db_path)
     result = run(["migrate", "--json"], db_path)
     assert result.exit_code == 0
-    assert json.loads(result.stdout) == {"path": str(db_path), "version": 1, "latest": 1,
-                                         "pending": [], "applied": ["0001_core"]}
+    assert json.loads(result.stdout) == {"path": str(db_path), "version": LATEST_VERSION,
+                                         "latest": LATEST_VERSION, "pending": [],
+                                         "applied": MIGRATION_NAMES}
 
 
 @pytest.mark.parametrize("command", [["migrate", "--status"], ["poll", "--agent", "a"],
@@ -1097,7 +1103,7 @@ def test_status_without_cursors(bus: Bus, db_path: Path) -> None:
     result = run(["status"], db_path)
     assert result.exit_code == 0
     assert result.stdout == (
-        f"bus {db_path} (schema version 1)\n"
+        f"bus {db_path} (schema version {LATEST_VERSION})\n"
         "messages: 0, last seq: 0\n"
         "no cursors yet (no agent has acked)\n"
     )
@@ -1118,7 +1124,7 @@ def test_status_shows_counts_and_cursor_lag(bus: Bus, db_path: Path) -> None:
     result = run(["status"], db_path)
     assert result.exit_code == 0
     assert result.stdout == (
-        f"bus {db_path} (schema version 1)\n"
+        f"bus {db_path} (schema version {LATEST_VERSION})\n"
         "messages: 5, last seq: 5\n"
         "agent  acked  lag\n"
         "w1     1      3\n"
@@ -1132,7 +1138,7 @@ def test_status_json(bus: Bus, db_path: Path) -> None:
     assert result.exit_code == 0
     out = json.loads(result.stdout)
     cursors = out.pop("cursors")
-    assert out == {"path": str(db_path), "schema_version": 1, "messages": 5, "last_seq": 5}
+    assert out == {"path": str(db_path), "schema_version": LATEST_VERSION, "messages": 5, "last_seq": 5}
     assert [(c["agent"], c["last_acked_seq"], c["pending"]) for c in cursors] == [
         ("w1", 1, 3), ("w2", 3, 1)]
     assert all(set(c) == {"agent", "last_acked_seq", "updated_at_ms", "pending"}
@@ -1197,7 +1203,7 @@ def test_cli_subprocess_smoke(tmp_path: Path, bus_command, python_env) -> None:
 
     init = bus_cli("init")
     assert init.returncode == 0, init.stderr
-    assert init.stdout == f"bus created at {db} (schema version 1)\n"
+    assert init.stdout == f"bus created at {db} (schema version {LATEST_VERSION})\n"
 
     publish = bus_cli("publish", "--from", "planner", "--to", "worker-1", "--type",
                       "task_assign", "--payload", '{"task": "t1"}')

@@ -10,6 +10,7 @@ import apsw
 import pytest
 
 from bus import Bus
+from tests.conftest import LATEST_VERSION
 from bus.db import APPLICATION_ID
 from bus.db import check_local_filesystem
 from bus.db import connect
@@ -104,7 +105,7 @@ def test_connect_refuses_foreign_sqlite_database_untouched(db_path, application_
 def test_connect_accepts_empty_file_as_new_bus(db_path):
     db_path.touch()
     with Bus.open(db_path) as bus:
-        assert bus.schema_version() == 1
+        assert bus.schema_version() == LATEST_VERSION
     conn = connect(db_path)
     assert pragma(conn, "application_id") == APPLICATION_ID
     conn.close()

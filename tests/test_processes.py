@@ -23,6 +23,7 @@ import apsw
 import pytest
 
 from bus import Bus
+from tests.conftest import LATEST_VERSION
 
 PROCS = Path(__file__).resolve().parent / "procs.py"
 STARTUP_TIMEOUT = 60.0  # for a child to import bus, open the file and say "ready"
@@ -380,7 +381,7 @@ def test_processes_concurrent_first_open_migrates_once(tmp_path, spawn):
                 errors.append(f"round {round_}: {len(failed)} of {OPENERS} opens failed;"
                               f" the first:\n{failed[0]}")
                 continue
-            assert all(r["schema_version"] == 1 for r in reports)
+            assert all(r["schema_version"] == LATEST_VERSION for r in reports)
             assert sorted(r["seq"] for r in reports) == list(range(1, OPENERS + 1))
             check_migrated_once_with_messages_from(db_path, [f"opener-{i}" for i in range(OPENERS)])
     finally:
@@ -394,10 +395,11 @@ def test_processes_concurrent_first_open_migrates_once(tmp_path, spawn):
 def check_migrated_once_with_messages_from(db_path: Path, senders: list[str]) -> None:
     conn = apsw.Connection(str(db_path))
     try:
-        assert conn.execute("PRAGMA user_version").get == 1
+        assert conn.execute("PRAGMA user_version").get == LATEST_VERSION
         assert conn.execute("PRAGMA application_id").get == 0x61627573
         assert conn.execute("PRAGMA journal_mode").get == "wal"
-        assert conn.execute("SELECT key, value FROM meta").fetchall() == [("schema_version", "1")]
+        assert conn.execute("SELECT key, value FROM meta").fetchall() == [
+            ("schema_version", str(LATEST_VERSION))]
         assert conn.execute("SELECT count(*) FROM export_state").get == 1
         assert conn.execute("PRAGMA integrity_check").get == "ok"
         found = conn.execute("SELECT from_agent FROM messages ORDER BY seq").fetchall()

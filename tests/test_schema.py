@@ -13,7 +13,8 @@ from bus.schema import available_migrations
 from bus.schema import migrate
 from bus.schema import schema_status
 
-CORE_TABLES = {"messages", "cursors", "heartbeats", "task_claims", "meta", "export_state"}
+CORE_TABLES = {"messages", "cursors", "heartbeats", "task_claims", "meta", "export_state",
+               "dead_claims"}
 
 
 def table_names(conn: apsw.Connection) -> set[str]:
@@ -33,7 +34,8 @@ def test_migrate_new_file_creates_core_schema_and_marks_it(db_path):
     assert CORE_TABLES <= table_names(conn)
     assert conn.execute("PRAGMA user_version").get == len(available_migrations())
     assert conn.execute("PRAGMA application_id").get == APPLICATION_ID
-    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").get == "1"
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").get == str(
+        len(available_migrations()))
     assert conn.execute("SELECT last_seq FROM export_state WHERE id = 1").get == 0
     conn.close()
 
@@ -51,7 +53,7 @@ def test_core_schema_indexes_exist(bus):
         "SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'messages'"
         " AND name NOT LIKE 'sqlite_%'")}
     assert indexes == {"idx_messages_to_seq", "idx_messages_correlation_seq",
-                       "idx_messages_type_from_ts"}
+                       "idx_messages_type_from_ts", "idx_messages_payload_ref"}
 
 
 def test_core_schema_refuses_payload_and_payload_ref_together(bus):

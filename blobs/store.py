@@ -1,0 +1,125 @@
+"""A directory of immutable blobs named by their SHA-256: `sha256-<hex>`.
+
+Writes are atomic and durable before `put` returns: temp file in the same
+directory, fsync, rename, fsync of the directory. So a message committed
+after `put` never points at a blob that a crash could lose or tear.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from bus.errors import BusError
+from bus.errors import ValidationFailed
+
+_REF = re.compile(r"sha256-[0-9a-f]{64}")
+_TEMP_PREFIX = ".tmp-"
+
+
+class BlobMissing(BusError):
+    """No blob is stored under the reference."""
+
+
+class BlobCorrupt(BusError):
+    """The stored bytes no longer hash to the reference."""
+
+
+class BlobStore:
+    """Blobs under `root`, created on first write."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def put(self, data: bytes) -> str:
+        """Store `data`; return its reference. Storing the same bytes again is a no-op.
+
+        An existing blob gets a fresh modification time, so gc's grace period
+        protects it while the message that now references it is being committed.
+        """
+        ref = "sha256-" + hashlib.sha256(data).hexdigest()
+        path = self.root / ref
+        try:
+            os.utime(path)
+            return ref
+        except FileNotFoundError:
+            pass
+        self.root.mkdir(parents=True, exist_ok=True)
+        _write_atomically(self.root, path, data)
+        return ref
+
+    def get(self, ref: str) -> bytes:
+        """The blob's bytes; raises BlobMissing, or BlobCorrupt if they fail the hash."""
+        try:
+            data = self.path(ref).read_bytes()
+        except FileNotFoundError:
+            raise BlobMissing(f"blob {ref} is not in {self.root}") from None
+        if "sha256-" + hashlib.sha256(data).hexdigest() != ref:
+            raise BlobCorrupt(f"blob {ref} in {self.root} does not match its hash")
+        return data
+
+    def exists(self, ref: str) -> bool:
+        return self.path(ref).is_file()
+
+    def path(self, ref: str) -> Path:
+        """Where the blob lives; raises ValidationFailed for a malformed reference."""
+        if not isinstance(ref, str) or not _REF.fullmatch(ref):
+            raise ValidationFailed("ref", f"{ref!r} is not a blob reference like 'sha256-<64 hex>'")
+        return self.root / ref
+
+    def list_refs(self) -> list[str]:
+        """Every stored reference (temp files of writes in progress excluded)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if _REF.fullmatch(p.name))
+
+    def gc(self, referenced: set[str], grace_seconds: float, now: float | None = None) -> list[str]:
+        """Delete blobs not in `referenced` and untouched for `grace_seconds`; return them.
+
+        Also removes temp files left by writers that crashed, after the same grace.
+        """
+        cutoff = (time.time() if now is None else now) - grace_seconds
+        removed = []
+        for path in self._candidates():
+            if path.name in referenced:
+                continue
+            try:
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed.append(path.name)
+            except FileNotFoundError:
+                continue
+        return removed
+
+    def _candidates(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return [p for p in self.root.iterdir()
+                if _REF.fullmatch(p.name) or p.name.startswith(_TEMP_PREFIX)]
+
+
+def _write_atomically(directory: Path, path: Path, data: bytes) -> None:
+    fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename durable: the directory entry lives in the directory's data."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,195 @@
+"""Heartbeats and liveness: who is alive, judged by the age of their last beat.
+
+Beats come from a dedicated thread (`Heartbeat`) with its own connection, so
+an agent blocked for minutes in an LLM call or a subprocess still beats and
+does not look dead. One row per agent, upserted: beats never grow the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from bus.db import connect
+from bus.db import write_transaction
+from bus.errors import BusError
+from bus.errors import ValidationFailed
+from bus.messages import now_ms
+from bus.messages import validate_agent_id
+from bus.messages import validate_text
+
+log = logging.getLogger("bus.heartbeat")
+
+STATUSES = ("idle", "working", "blocked")
+STATES = ("alive", "warn", "stale", "dead")  # in order of increasing silence
+TASK_MAX = 256
+_BEAT_SQL = (
+    "INSERT INTO heartbeats (agent_id, ts_ms, status, current_task, progress)"
+    " VALUES (?, ?, ?, ?, ?)"
+    " ON CONFLICT (agent_id) DO UPDATE SET ts_ms = excluded.ts_ms, status = excluded.status,"
+    " current_task = excluded.current_task, progress = excluded.progress"
+)
+_LIST_SQL = "SELECT agent_id, ts_ms, status, current_task, progress FROM heartbeats"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Seconds of silence after which an agent is warn, stale and dead."""
+
+    warn: float = 30.0
+    stale: float = 100.0
+    dead: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.warn <= self.stale <= self.dead:
+            raise ValidationFailed(
+                "thresholds", f"need 0 < warn <= stale <= dead, got {self.warn}, "
+                f"{self.stale}, {self.dead}")
+
+    def state(self, age_s: float) -> str:
+        if age_s >= self.dead:
+            return "dead"
+        if age_s >= self.stale:
+            return "stale"
+        if age_s >= self.warn:
+            return "warn"
+        return "alive"
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """One agent's last beat and what its age says about it."""
+
+    agent: str
+    state: str
+    age_s: float
+    status: str
+    task: str | None
+    progress: float | None
+    ts_ms: int
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"agent": self.agent, "state": self.state, "age_s": round(self.age_s, 3),
+                "status": self.status, "task": self.task, "progress": self.progress,
+                "ts_ms": self.ts_ms}
+
+
+def validate_beat(agent: object, status: object, task: object,
+                  progress: object) -> tuple[str, str, str | None, float | None]:
+    """Check a beat's fields; raises ValidationFailed naming the field."""
+    agent = validate_agent_id(agent)
+    if status not in STATUSES:
+        raise ValidationFailed("status", f"{status!r} is not one of: {', '.join(STATUSES)}")
+    task = validate_text(task, "task", TASK_MAX, optional=True)
+    if progress is not None:
+        if isinstance(progress, bool) or not isinstance(progress, (int, float)) \
+                or not math.isfinite(progress) or not 0 <= progress <= 1:
+            raise ValidationFailed(
+                "progress", f"is a fraction from 0 to 1, got {progress!r} (50% is 0.5)")
+        progress = float(progress)
+    return agent, status, task, progress
+
+
+def beat(conn: apsw.Connection, agent: str, status: str, task: str | None,
+         progress: float | None, now: int | None = None) -> int:
+    """Upsert the agent's row in its own short transaction; return the beat time."""
+    with write_transaction(conn):
+        ts = now_ms() if now is None else now
+        conn.execute(_BEAT_SQL, (agent, ts, status, task, progress))
+    return ts
+
+
+def liveness(conn: apsw.Connection, now: int, thresholds: Thresholds) -> list[Liveness]:
+    """Every agent that ever beat, most silent state first, then by age."""
+    found = []
+    for agent, ts, status, task, progress in conn.execute(_LIST_SQL):
+        age = max(0.0, (now - ts) / 1000)
+        found.append(Liveness(agent, thresholds.state(age), age, status, task, progress, ts))
+    found.sort(key=lambda item: (-STATES.index(item.state), -item.age_s, item.agent))
+    return found
+
+
+class Heartbeat:
+    """Beats for `agent` every `interval` seconds from a thread of its own.
+
+        with Heartbeat(db_path, "worker-1", interval=10) as hb:
+            hb.update(status="working", task="t1")
+            call_the_llm()              # may block for minutes; the beats go on
+            hb.update(progress=0.5)
+
+    The thread opens its own connection. A failed beat (database busy) is
+    logged and retried at the next interval; it never kills the thread.
+    Leaving the block, normally or by Ctrl-C, stops the thread at once.
+    """
+
+    def __init__(self, db_path: str | os.PathLike[str], agent: str, interval: float = 10.0, *,
+                 status: str = "idle", task: str | None = None,
+                 progress: float | None = None) -> None:
+        if not (isinstance(interval, (int, float)) and 0 < interval < math.inf):
+            raise ValidationFailed("interval", f"must be a positive number of seconds, got {interval!r}")
+        self.db_path = os.fspath(db_path)
+        self.interval = float(interval)
+        self._fields = validate_beat(agent, status, task, progress)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.beats = 0
+
+    def update(self, **changes: Any) -> None:
+        """Change status, task and/or progress; the next beat (sent now) carries them."""
+        unknown = set(changes) - {"status", "task", "progress"}
+        if unknown:
+            raise ValidationFailed(sorted(unknown)[0], "unknown field; use status, task or progress")
+        with self._lock:
+            agent, status, task, progress = self._fields
+            current = {"status": status, "task": task, "progress": progress, **changes}
+            self._fields = validate_beat(agent, current["status"], current["task"],
+                                         current["progress"])
+        self._wake.set()
+
+    def start(self) -> Heartbeat:
+        if self._thread is not None:
+            raise BusError("this Heartbeat is already started")
+        conn = connect(self.db_path, create=False)  # fail here, in the caller, not in the thread
+        self._thread = threading.Thread(target=self._run, args=(conn,), daemon=True,
+                                        name=f"heartbeat-{self._fields[0]}")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> Heartbeat:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _run(self, conn: apsw.Connection) -> None:
+        try:
+            while not self._stop.is_set():
+                self._beat_once(conn)
+                self._wake.wait(self.interval)
+                self._wake.clear()
+        finally:
+            conn.close()
+
+    def _beat_once(self, conn: apsw.Connection) -> None:
+        with self._lock:
+            fields = self._fields
+        try:
+            beat(conn, *fields)
+            self.beats += 1
+        except (BusError, apsw.Error) as exc:
+            log.warning("heartbeat for %s failed, retrying in %.1f s: %s",
+                        fields[0], self.interval, exc)

@@ -1,0 +1,99 @@
+"""Retention: delete old messages every consumer has acknowledged, gc blobs, shrink the WAL.
+
+A message may go only when it is older than the retention period AND at or
+below every cursor, so nothing any consumer still has to handle is lost.
+Once the exporter has exported anything, its position counts as one more
+cursor, so history reaches the JSONL export before it leaves the database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field
+from pathlib import Path
+
+import apsw
+
+from blobs.store import BlobStore
+from bus.db import write_transaction
+from bus.messages import referenced_blobs
+
+DELETE_BATCH = 5000  # rows per write transaction, so other writers get their turn
+_MIN_CURSOR_SQL = (
+    "SELECT min(seq) FROM (SELECT last_acked_seq AS seq FROM cursors"
+    " UNION ALL SELECT last_seq FROM export_state WHERE last_seq > 0)"
+)
+_CHECKPOINT_SQL = "PRAGMA wal_checkpoint(TRUNCATE)"
+_CANDIDATES_SQL = "SELECT count(*) FROM messages WHERE seq <= ? AND ts_ms < ?"
+_DELETE_BATCH_SQL = (
+    "DELETE FROM messages WHERE seq IN"
+    " (SELECT seq FROM messages WHERE seq <= ? AND ts_ms < ? ORDER BY seq LIMIT ?)"
+)
+
+
+@dataclass
+class CompactReport:
+    """What compact removed (or, with dry_run, would remove)."""
+
+    dry_run: bool
+    cutoff_ms: int
+    acked_through: int  # the lowest cursor: nothing above it is touched
+    messages: int = 0
+    blobs: list[str] = field(default_factory=list)
+    wal_bytes_before: int = 0
+    wal_bytes_after: int = 0
+
+    def to_json_dict(self) -> dict[str, object]:
+        return {"dry_run": self.dry_run, "cutoff_ms": self.cutoff_ms,
+                "acked_through": self.acked_through, "messages": self.messages,
+                "blobs": len(self.blobs), "wal_bytes_before": self.wal_bytes_before,
+                "wal_bytes_after": self.wal_bytes_after}
+
+
+def acked_through(conn: apsw.Connection) -> int:
+    """The highest seq that every cursor (and the exporter, once used) has passed; 0 if none."""
+    return conn.execute(_MIN_CURSOR_SQL).get or 0
+
+
+def compact(conn: apsw.Connection, blobs: BlobStore, cutoff_ms: int, grace_seconds: float,
+            dry_run: bool = False) -> CompactReport:
+    """Delete acknowledged messages older than `cutoff_ms`, orphaned blobs, and checkpoint."""
+    report = CompactReport(dry_run, cutoff_ms, acked_through(conn))
+    if dry_run:
+        report.messages = conn.execute(_CANDIDATES_SQL, (report.acked_through, cutoff_ms)).get
+        return report
+    report.messages = _delete_in_batches(conn, report.acked_through, cutoff_ms)
+    report.blobs = blobs.gc(referenced_blobs(conn), grace_seconds)
+    report.wal_bytes_before, report.wal_bytes_after = checkpoint(conn)
+    return report
+
+
+def _delete_in_batches(conn: apsw.Connection, through_seq: int, cutoff_ms: int) -> int:
+    deleted = 0
+    while True:
+        with write_transaction(conn):
+            conn.execute(_DELETE_BATCH_SQL, (through_seq, cutoff_ms, DELETE_BATCH))
+            batch = conn.changes()
+        deleted += batch
+        if batch < DELETE_BATCH:
+            return deleted
+
+
+def checkpoint(conn: apsw.Connection) -> tuple[int, int]:
+    """Copy the WAL into the database and truncate it; return its size before and after.
+
+    TRUNCATE waits (busy timeout) for readers to finish; if some still hold
+    old snapshots it does what it can and the WAL is truncated next time.
+    Run as a PRAGMA (a statement step) so apsw lets other threads run meanwhile.
+    """
+    wal = Path(conn.filename + "-wal")
+    before = _size(wal)
+    conn.execute(_CHECKPOINT_SQL).fetchall()
+    return before, _size(wal)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0

@@ -1,0 +1,133 @@
+"""Waking up when another connection commits, without a busy loop.
+
+`PRAGMA data_version` on a connection changes whenever another connection
+(in this process or any other) commits. It is the truth; how long we wait
+between looks is the only question:
+
+- With inotify (Linux), the waiter blocks on events in the database's
+  directory: every commit writes the `-wal` file, which wakes it at once.
+  A commit's last write reaches the WAL a moment before SQLite publishes the
+  new wal-index header, so after an event the waiter looks again every
+  0.5 ms for a short while, and it also looks every 50 ms whatever happens:
+  an event that came too early can delay a wake, never lose it.
+- Without inotify, it looks every millisecond.
+
+inotify is reached through ctypes (stdlib) rather than a package: three libc
+calls do the job and nothing needs to be compiled or installed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import select
+import time
+from pathlib import Path
+
+import apsw
+
+POLL_INTERVAL_S = 0.001
+RECHECK_INTERVAL_S = 0.05
+HOT_INTERVAL_S = 0.0005
+HOT_PERIOD_S = 0.02
+_IN_MODIFY = 0x002
+_IN_MOVED_TO = 0x080
+_IN_CREATE = 0x100
+_WATCH_MASK = _IN_MODIFY | _IN_MOVED_TO | _IN_CREATE
+
+
+class ChangeWatcher:
+    """Waits for commits by other connections to the database `conn` is open on.
+
+    One watcher per connection (and so per thread). The first `wait` returns
+    at once: it has no earlier version to compare with, and an extra wake is
+    harmless where a missed one is not.
+    """
+
+    def __init__(self, conn: apsw.Connection, db_path: str | os.PathLike[str],
+                 use_inotify: bool | None = None) -> None:
+        self.conn = conn
+        self._last_version: int | None = None
+        self._inotify_fd = -1
+        if use_inotify is not False:
+            self._inotify_fd = _inotify_watch(Path(db_path).absolute().parent)
+            if use_inotify and self._inotify_fd < 0:
+                raise OSError("inotify is not available on this system")
+
+    @property
+    def uses_inotify(self) -> bool:
+        return self._inotify_fd >= 0
+
+    def wait(self, timeout: float) -> bool:
+        """Block until another connection commits or `timeout` seconds pass.
+
+        Returns True on a change (or on the first call), False on timeout.
+        """
+        deadline = time.monotonic() + max(0.0, timeout)
+        hot_until = 0.0
+        while True:
+            version = self.conn.execute("PRAGMA data_version").get
+            if version != self._last_version:
+                self._last_version = version
+                return True
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            if self.uses_inotify:
+                interval = HOT_INTERVAL_S if now < hot_until else RECHECK_INTERVAL_S
+                if self._block(min(deadline - now, interval)):
+                    hot_until = time.monotonic() + HOT_PERIOD_S
+            else:
+                time.sleep(min(deadline - now, POLL_INTERVAL_S))
+
+    def close(self) -> None:
+        if self._inotify_fd >= 0:
+            os.close(self._inotify_fd)
+            self._inotify_fd = -1
+
+    def _block(self, timeout: float) -> bool:
+        """Wait for directory events; True if any arrived (they are drained)."""
+        ready, _, _ = select.select([self._inotify_fd], [], [], timeout)
+        if not ready:
+            return False
+        try:
+            while os.read(self._inotify_fd, 65536):
+                pass
+        except BlockingIOError:
+            pass
+        return True
+
+
+def _inotify_watch(directory: Path) -> int:
+    """A non-blocking inotify fd watching `directory`, or -1 where that is not possible."""
+    libc = _libc()
+    if libc is None:
+        return -1
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd < 0:
+        return -1
+    if libc.inotify_add_watch(fd, os.fsencode(directory), _WATCH_MASK) < 0:
+        os.close(fd)
+        return -1
+    return fd
+
+
+_LIBC: ctypes.CDLL | None | bool = False
+
+
+def _libc() -> ctypes.CDLL | None:
+    global _LIBC
+    if _LIBC is False:
+        _LIBC = None
+        name = ctypes.util.find_library("c")
+        try:
+            libc = ctypes.CDLL(name, use_errno=True)
+            libc.inotify_init1.argtypes = [ctypes.c_int]
+            libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+            _LIBC = libc
+        except (OSError, AttributeError):
+            pass  # not Linux, or a libc without inotify: polling it is
+    return _LIBC
+
+
