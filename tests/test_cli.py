@@ -89,7 +89,7 @@ def restore_sigint() -> None:
 
 
 def wait_until_sleeping(proc: subprocess.Popen, timeout: float = 15.0) -> bool:
-    """Block until `proc` sleeps in nanosleep, i.e. in the CLI's wait/follow backoff.
+    """Block until `proc` sleeps in select/poll/nanosleep, i.e. waiting for a commit.
 
     Linux only (/proc/<pid>/wchan); returns False where the kernel does not say
     what a process waits on, so the caller can skip or check less.
@@ -106,7 +106,7 @@ def wait_until_sleeping(proc: subprocess.Popen, timeout: float = 15.0) -> bool:
                 value = wchan.read_text().strip()
             except OSError:
                 return False
-            if "nanosleep" in value:
+            if any(word in value for word in ("nanosleep", "select", "poll")):
                 return True
             seen.add(value)
             deadline.wait(0.005)

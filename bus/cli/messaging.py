@@ -1,9 +1,4 @@
-"""The `bus` command: the bus from the shell.
-
-Human-readable output by default, JSON with --json (one object per line for
-message streams). Exit codes: 0 ok, 1 error (`Error: ...` on stderr),
-2 usage, 75 when the database stayed busy (retry later).
-"""
+"""`bus` commands for the message log: init, publish, poll, ack, tail, sql, migrate, status."""
 
 from __future__ import annotations
 
@@ -11,87 +6,31 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from typing import Iterable
 
 import apsw
 import apsw.ext
 import click
 import orjson
 
-from bus import __version__
 from bus.api import Bus
+from bus.cli.context import BusContext
+from bus.cli.context import json_option
+from bus.cli.context import pass_bus_context
+from bus.cli.output import echo_json
+from bus.cli.output import echo_messages
+from bus.cli.output import echo_rows
 from bus.db import connect
-from bus.errors import BusBusy
-from bus.errors import BusError
-from bus.messages import Message
-from bus.polling import Backoff
-from bus.polling import wait_until
 from bus.schema import migrate
 from bus.schema import schema_status
 
-DEFAULT_DB = ".worker-state/bus.db"
-EXIT_BUSY = 75  # EX_TEMPFAIL from sysexits.h: try again later
 FOLLOW_BATCH = 1000
-
-
-class BusyExit(click.ClickException):
-    exit_code = EXIT_BUSY
-
-
-class BusGroup(click.Group):
-    """Turns library errors into `Error: ...` with exit 1 (75 when busy)."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except BusBusy as exc:
-            raise BusyExit(str(exc)) from exc
-        except BusError as exc:
-            raise click.ClickException(str(exc)) from exc
-
-
-class BusContext:
-    """What the root command knows; opens the bus on first use, closes it at exit."""
-
-    def __init__(self, ctx: click.Context, db: str, durability: str) -> None:
-        self.ctx = ctx
-        self.db = db
-        self.durability = durability
-
-    def open(self, create: bool = False) -> Bus:
-        return self.ctx.with_resource(Bus.open(self.db, self.durability, create=create))
-
-
-pass_bus_context = click.make_pass_decorator(BusContext)
-json_option = click.option("--json", "as_json", is_flag=True,
-                           help="Print JSON; message streams print one object per line.")
-
-
-@click.group(cls=BusGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--db", envvar="BUS_DB", default=DEFAULT_DB, show_default=True,
-              type=click.Path(dir_okay=False), help="Bus database file (env: BUS_DB).")
-@click.option("--durability", envvar="BUS_DURABILITY", default="normal", show_default=True,
-              type=click.Choice(["normal", "full"]),
-              help="normal: a publish survives a crash; full: power loss too (fsync).")
-@click.version_option(__version__, "--version", prog_name="bus")
-@click.pass_context
-def main(ctx: click.Context, db: str, durability: str) -> None:
-    """agentbus: a message bus for agents in one SQLite file.
-
-    \b
-    Example:
-      bus init
-      bus publish --from planner --to worker-1 --type task_assign --payload '{"task": "t1"}'
-      bus poll --agent worker-1
-      bus ack --agent worker-1 --seq 1
-    """
-    ctx.obj = BusContext(ctx, db, durability)
+FOLLOW_WAKE_S = 1.0  # re-check at least this often even without a wake
 
 
 # --- commands -------------------------------------------------------------
 
 
-@main.command()
+@click.command()
 @json_option
 @pass_bus_context
 def init(obj: BusContext, as_json: bool) -> None:
@@ -103,13 +42,13 @@ def init(obj: BusContext, as_json: bool) -> None:
     bus = obj.open(create=True)
     version = bus.schema_version()
     if as_json:
-        _echo_json({"path": obj.db, "created": not existed, "schema_version": version})
+        echo_json({"path": obj.db, "created": not existed, "schema_version": version})
     else:
         verb = "ready" if existed else "created"
         click.echo(f"bus {verb} at {obj.db} (schema version {version})")
 
 
-@main.command()
+@click.command()
 @click.option("--from", "from_agent", required=True, help="Sending agent id.")
 @click.option("--type", "type_", required=True, help="Message type, e.g. task_assign.")
 @click.option("--to", help="Recipient agent id; omit to broadcast.")
@@ -131,14 +70,14 @@ def publish(obj: BusContext, from_agent: str, type_: str, to: str | None, payloa
     result = obj.open().publish(from_agent, type_, value, to=to, id=message_id,
                                 correlation_id=correlation_id, in_reply_to=in_reply_to)
     if as_json:
-        _echo_json(result.to_json_dict())
+        echo_json(result.to_json_dict())
     elif result.duplicate:
         click.echo(f"duplicate: id {result.id} was already published as seq {result.seq}")
     else:
         click.echo(f"published seq {result.seq} id {result.id} (durable: {result.durable})")
 
 
-@main.command()
+@click.command()
 @click.option("--agent", required=True, help="Consuming agent id.")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000),
               help="Most messages to return.")
@@ -152,13 +91,17 @@ def poll(obj: BusContext, agent: str, limit: int, wait: float, as_json: bool) ->
     Example: bus poll --agent worker-1 --wait 30
     """
     bus = obj.open()
-    found = wait_until(lambda: bus.poll(agent, limit), wait)
-    _echo_messages(found, as_json)
+    found = bus.poll(agent, limit)
+    deadline = time.monotonic() + wait
+    while not found and time.monotonic() < deadline:
+        bus.wait_for_change(deadline - time.monotonic())
+        found = bus.poll(agent, limit)
+    echo_messages(found, as_json)
     if not found and not as_json:
         click.echo(f"no messages for {agent} above seq {bus.cursor(agent)}", err=True)
 
 
-@main.command()
+@click.command()
 @click.option("--agent", required=True, help="Consuming agent id.")
 @click.option("--seq", required=True, type=int, help="Last seq the agent has handled.")
 @json_option
@@ -170,12 +113,12 @@ def ack(obj: BusContext, agent: str, seq: int, as_json: bool) -> None:
     """
     position = obj.open().ack(agent, seq)
     if as_json:
-        _echo_json({"agent": agent, "last_acked_seq": position})
+        echo_json({"agent": agent, "last_acked_seq": position})
     else:
         click.echo(f"{agent} acked up to seq {position}")
 
 
-@main.command()
+@click.command()
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new messages until Ctrl-C.")
 @click.option("--since", type=click.IntRange(0), help="Start after this seq (default: the last N).")
 @click.option("-n", "--lines", default=10, show_default=True, type=click.IntRange(1, 10_000),
@@ -192,7 +135,7 @@ def tail(obj: BusContext, follow: bool, since: int | None, lines: int, as_json: 
         if since is None:
             shown = bus.last_messages(lines)
             after = shown[-1].seq if shown else bus.last_seq()
-            _echo_messages(shown, as_json)
+            echo_messages(shown, as_json)
         else:
             after = _echo_all_after(bus, since, as_json)
         if follow:
@@ -202,7 +145,7 @@ def tail(obj: BusContext, follow: bool, since: int | None, lines: int, as_json: 
             raise
 
 
-@main.command()
+@click.command()
 @click.argument("query")
 @json_option
 @pass_bus_context
@@ -225,10 +168,10 @@ def sql(obj: BusContext, query: str, as_json: bool) -> None:
         ) from None
     except apsw.Error as exc:
         raise click.ClickException(f"SQL failed: {exc}") from None
-    _echo_rows(columns, rows, as_json)
+    echo_rows(columns, rows, as_json)
 
 
-@main.command("migrate")
+@click.command("migrate")
 @click.option("--status", "status_only", is_flag=True, help="Only report versions; change nothing.")
 @json_option
 @pass_bus_context
@@ -243,7 +186,7 @@ def migrate_command(obj: BusContext, status_only: bool, as_json: bool) -> None:
     applied = [] if status_only else migrate(conn, obj.db)
     after = schema_status(conn, obj.db)
     if as_json:
-        _echo_json({"path": obj.db, "version": after.current, "latest": after.latest,
+        echo_json({"path": obj.db, "version": after.current, "latest": after.latest,
                     "pending": [f"{m.version:04d}_{m.name}" for m in after.pending],
                     "applied": [f"{m.version:04d}_{m.name}" for m in applied]})
         return
@@ -255,7 +198,7 @@ def migrate_command(obj: BusContext, status_only: bool, as_json: bool) -> None:
             click.echo(f"pending {m.version:04d}_{m.name}")
 
 
-@main.command()
+@click.command()
 @json_option
 @pass_bus_context
 def status(obj: BusContext, as_json: bool) -> None:
@@ -268,13 +211,13 @@ def status(obj: BusContext, as_json: bool) -> None:
                "messages": bus.message_count(), "last_seq": bus.last_seq(),
                "cursors": [c.to_json_dict() for c in bus.list_cursors()]}
     if as_json:
-        _echo_json(summary)
+        echo_json(summary)
         return
     click.echo(f"bus {obj.db} (schema version {summary['schema_version']})")
     click.echo(f"messages: {summary['messages']}, last seq: {summary['last_seq']}")
     cursor_rows = [(c["agent"], c["last_acked_seq"], c["pending"]) for c in summary["cursors"]]
     if cursor_rows:
-        _echo_rows(["agent", "acked", "lag"], cursor_rows, False)
+        echo_rows(["agent", "acked", "lag"], cursor_rows, False)
     else:
         click.echo("no cursors yet (no agent has acked)")
 
@@ -316,7 +259,7 @@ def _echo_all_after(bus: Bus, after: int, as_json: bool) -> int:
     """Print every message above `after` in batches; return the last seq printed."""
     while True:
         batch = bus.list_messages(after, FOLLOW_BATCH)
-        _echo_messages(batch, as_json)
+        echo_messages(batch, as_json)
         if not batch:
             return after
         after = batch[-1].seq
@@ -324,80 +267,9 @@ def _echo_all_after(bus: Bus, after: int, as_json: bool) -> int:
 
 def _follow(bus: Bus, after: int, as_json: bool) -> None:
     """Print new messages as they are committed, until Ctrl-C."""
-    backoff = Backoff(cap=0.25)
     while True:
-        last = _echo_all_after(bus, after, as_json)
-        if last != after:
-            backoff.reset()
-        after = last
-        time.sleep(backoff.next_delay())
+        bus.wait_for_change(FOLLOW_WAKE_S)
+        after = _echo_all_after(bus, after, as_json)
 
 
-def _echo_json(obj: Any) -> None:
-    click.echo(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode())
-
-
-def _echo_messages(found: Iterable[Message], as_json: bool) -> None:
-    for message in found:
-        if as_json:
-            _echo_json(message.to_json_dict())
-        else:
-            click.echo(format_message(message))
-
-
-def format_message(message: Message) -> str:
-    """One line per message: #seq time from -> to type [refs] payload."""
-    to = message.to_agent if message.to_agent is not None else "*"
-    parts = [f"#{message.seq}", message.to_json_dict()["ts"], f"{message.from_agent} -> {to}",
-             message.type]
-    if message.correlation_id:
-        parts.append(f"corr={message.correlation_id}")
-    if message.in_reply_to:
-        parts.append(f"reply-to={message.in_reply_to}")
-    if message.payload_error:
-        parts.append(f"!{message.payload_error}")
-    elif message.payload is not None:
-        parts.append(orjson.dumps(message.payload).decode())
-    return "  ".join(parts)
-
-
-def _echo_rows(columns: list[str], rows: list[tuple[Any, ...]], as_json: bool) -> None:
-    if as_json:
-        keys = _unique_names(columns)
-        for row in rows:
-            _echo_json({k: _json_value(v) for k, v in zip(keys, row)})
-        return
-    if not columns:
-        click.echo("(no rows)")
-        return
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
-    for r in cells:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
-
-
-def _unique_names(columns: list[str]) -> list[str]:
-    """Column names as JSON keys: a repeated name gets a suffix (a, a_2) instead of vanishing."""
-    seen: dict[str, int] = {}
-    keys = []
-    for name in columns:
-        seen[name] = seen.get(name, 0) + 1
-        keys.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
-    return keys
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, bytes):
-        return "x'" + value.hex() + "'"
-    return str(value)
-
-
-def _json_value(value: Any) -> Any:
-    return "x'" + value.hex() + "'" if isinstance(value, bytes) else value
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
+COMMANDS = [init, publish, poll, ack, tail, sql, migrate_command, status]

@@ -1,0 +1,46 @@
+"""The `bus` command: the bus from the shell.
+
+Human-readable output by default, JSON with --json (one object per line for
+message streams). Exit codes: 0 ok, 1 error (`Error: ...` on stderr),
+2 usage, 75 when the database stayed busy (retry later).
+"""
+
+from __future__ import annotations
+
+import click
+
+from bus import __version__
+from bus.cli import coordination
+from bus.cli import messaging
+from bus.cli.context import DEFAULT_DB
+from bus.cli.context import BusContext
+from bus.cli.context import BusGroup
+from bus.cli.output import format_message
+
+__all__ = ["main", "format_message"]
+
+
+@click.group(cls=BusGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--db", envvar="BUS_DB", default=DEFAULT_DB, show_default=True,
+              type=click.Path(dir_okay=False), help="Bus database file (env: BUS_DB).")
+@click.option("--durability", envvar="BUS_DURABILITY", default="normal", show_default=True,
+              type=click.Choice(["normal", "full"]),
+              help="normal: a publish survives a crash; full: power loss too (fsync).")
+@click.version_option(__version__, "--version", prog_name="bus")
+@click.pass_context
+def main(ctx: click.Context, db: str, durability: str) -> None:
+    """agentbus: a message bus for agents in one SQLite file.
+
+    \b
+    Example:
+      bus init
+      bus publish --from planner --to worker-1 --type task_assign --payload '{"task": "t1"}'
+      bus poll --agent worker-1
+      bus ack --agent worker-1 --seq 1
+    """
+    ctx.obj = BusContext(ctx, db, durability)
+
+
+for _module in (messaging, coordination):
+    for _command in _module.COMMANDS:
+        main.add_command(_command)

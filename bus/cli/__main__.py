@@ -1,0 +1,3 @@
+from bus.cli import main
+
+main()

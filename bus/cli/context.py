@@ -1,0 +1,47 @@
+"""What every `bus` command shares: the root context, error mapping, --json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from bus.api import Bus
+from bus.errors import BusBusy
+from bus.errors import BusError
+
+DEFAULT_DB = ".worker-state/bus.db"
+EXIT_BUSY = 75  # EX_TEMPFAIL from sysexits.h: try again later
+
+
+class BusyExit(click.ClickException):
+    exit_code = EXIT_BUSY
+
+
+class BusGroup(click.Group):
+    """Turns library errors into `Error: ...` with exit 1 (75 when busy)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BusBusy as exc:
+            raise BusyExit(str(exc)) from exc
+        except BusError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+class BusContext:
+    """What the root command knows; opens the bus on first use, closes it at exit."""
+
+    def __init__(self, ctx: click.Context, db: str, durability: str) -> None:
+        self.ctx = ctx
+        self.db = db
+        self.durability = durability
+
+    def open(self, create: bool = False) -> Bus:
+        return self.ctx.with_resource(Bus.open(self.db, self.durability, create=create))
+
+
+pass_bus_context = click.make_pass_decorator(BusContext)
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print JSON; streams print one object per line.")

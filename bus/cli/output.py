@@ -1,0 +1,77 @@
+"""How the `bus` command prints: human lines and tables, or JSON (one object per line)."""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import Iterable
+
+import click
+import orjson
+
+from bus.messages import Message
+
+
+def echo_json(obj: Any) -> None:
+    click.echo(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode())
+
+
+def echo_messages(found: Iterable[Message], as_json: bool) -> None:
+    for message in found:
+        if as_json:
+            echo_json(message.to_json_dict())
+        else:
+            click.echo(format_message(message))
+
+
+def format_message(message: Message) -> str:
+    """One line per message: #seq time from -> to type [refs] payload."""
+    to = message.to_agent if message.to_agent is not None else "*"
+    parts = [f"#{message.seq}", message.to_json_dict()["ts"], f"{message.from_agent} -> {to}",
+             message.type]
+    if message.correlation_id:
+        parts.append(f"corr={message.correlation_id}")
+    if message.in_reply_to:
+        parts.append(f"reply-to={message.in_reply_to}")
+    if message.payload_error:
+        parts.append(f"!{message.payload_error}")
+    elif message.payload is not None:
+        parts.append(orjson.dumps(message.payload).decode())
+    return "  ".join(parts)
+
+
+def echo_rows(columns: list[str], rows: list[tuple[Any, ...]], as_json: bool) -> None:
+    if as_json:
+        keys = _unique_names(columns)
+        for row in rows:
+            echo_json({k: _json_value(v) for k, v in zip(keys, row)})
+        return
+    if not columns:
+        click.echo("(no rows)")
+        return
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for r in cells:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+def _unique_names(columns: list[str]) -> list[str]:
+    """Column names as JSON keys: a repeated name gets a suffix (a, a_2) instead of vanishing."""
+    seen: dict[str, int] = {}
+    keys = []
+    for name in columns:
+        seen[name] = seen.get(name, 0) + 1
+        keys.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return keys
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bytes):
+        return "x'" + value.hex() + "'"
+    return str(value)
+
+
+def _json_value(value: Any) -> Any:
+    return "x'" + value.hex() + "'" if isinstance(value, bytes) else value
