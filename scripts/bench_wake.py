@@ -1,0 +1,146 @@
+"""Wake latency: how soon a waiter notices a commit made by another process.
+
+The waiter (this process) tells a publisher child to go and starts waiting;
+the child reads the monotonic clock, publishes one message and reports the
+reading. Latency = wake time - that reading, so it includes the publish
+itself: an upper bound of commit-to-wake. CLOCK_MONOTONIC is one clock for
+all processes of a host, so the two readings compare.
+
+    python scripts/bench_wake.py [--commits 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import apsw
+
+from bus import Bus
+from bus.wake import ChangeWatcher
+
+TARGET_P50_MS = 1.0  # with inotify
+_LAST_SEQ_SQL = "SELECT max(seq) FROM messages"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def wake_rows(workdir: Path, commits: int = 500) -> list[dict]:
+    """p50/p99 wake latency for inotify, agentbus polling and a raw polling loop."""
+    path = workdir / "wake.db"
+    Bus.open(path).close()
+    rows = []
+    for name, make_wait, target in (
+        ("agentbus wait_for_change, inotify", _watcher_wait(True), TARGET_P50_MS),
+        ("agentbus wait_for_change, polling", _watcher_wait(False), None),
+        ("raw apsw: data_version every 1 ms", _raw_poll_wait, None),
+    ):
+        conn = apsw.Connection(str(path))
+        try:
+            latencies = measure(path, commits, conn, make_wait(conn, path))
+        finally:
+            conn.close()
+        p50, p99 = _percentile(latencies, 50), _percentile(latencies, 99)
+        rows.append({"case": name, "commits": commits, "p50_ms": round(p50, 3),
+                     "p99_ms": round(p99, 3), "target_p50_ms": target,
+                     "ok": target is None or p50 < target})
+    return rows
+
+
+def measure(path: Path, commits: int, conn: apsw.Connection,
+            wait: Callable[[float], int]) -> list[float]:
+    """Latencies in milliseconds of `commits` wakes after commits by a child process.
+
+    A wake counts only once the new message is visible to the waiter; an
+    earlier (spurious) wake just means waiting again, and its cost is included.
+    """
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    child = subprocess.Popen([sys.executable, __file__, "--publisher", str(path)], env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        wait(0)  # a watcher's first wait returns at once
+        latencies = []
+        for _ in range(commits):
+            expected = (conn.execute(_LAST_SEQ_SQL).get or 0) + 1
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            woke_ns = wait(5.0)
+            while (conn.execute(_LAST_SEQ_SQL).get or 0) < expected:
+                woke_ns = wait(5.0)
+            started_ns = int(child.stdout.readline())
+            latencies.append((woke_ns - started_ns) / 1e6)
+        return latencies
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+
+
+def _watcher_wait(use_inotify: bool):
+    def make(conn: apsw.Connection, path: Path) -> Callable[[float], int]:
+        watcher = ChangeWatcher(conn, path, use_inotify=use_inotify)
+
+        def wait(timeout: float) -> int:
+            if not watcher.wait(timeout) and timeout:
+                raise RuntimeError("no wake within the timeout: a missed wake")
+            return time.monotonic_ns()
+        return wait
+    return make
+
+
+def _raw_poll_wait(conn: apsw.Connection, path: Path) -> Callable[[float], int]:
+    """The obvious hand-written loop: look at data_version every millisecond."""
+    state = {"version": None}
+
+    def wait(timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while True:
+            version = conn.execute("PRAGMA data_version").get
+            if version != state["version"]:
+                state["version"] = version
+                return time.monotonic_ns()
+            if time.monotonic() >= deadline:
+                return time.monotonic_ns()
+            time.sleep(0.001)
+    return wait
+
+
+def _percentile(values: list[float], pct: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[pct - 1]
+
+
+def publisher(path: str) -> None:
+    """The child: publish one message per "go" line, reporting the time just before."""
+    with Bus.open(path, create=False) as bus:
+        for line in sys.stdin:
+            started = time.monotonic_ns()
+            bus.publish("bench", "tick")
+            print(started, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commits", type=int, default=500)
+    parser.add_argument("--publisher", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.publisher:
+        publisher(args.publisher)
+        return 0
+    workdir = Path(tempfile.mkdtemp(prefix="agentbus-wake-"))
+    try:
+        rows = wake_rows(workdir, args.commits)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    for row in rows:
+        print(f"{row['case']:40} p50 {row['p50_ms']:.3f} ms  p99 {row['p99_ms']:.3f} ms")
+    return 0 if all(row["ok"] for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
