@@ -165,11 +165,13 @@ class Bus:
         return results
 
     def _move_large_payload(self, row: messages.Row) -> messages.Row:
-        if row.payload is None or len(row.payload) <= self.blob_threshold:
+        # A character is at most 4 bytes in UTF-8: short payloads skip the encode.
+        if row.payload is None or len(row.payload) * 4 <= self.blob_threshold:
             return row
-        # len() counts characters; bytes can only be more, so nothing large slips through.
-        ref = self.blobs.put(row.payload.encode())
-        return row._replace(payload=None, payload_ref=ref)
+        data = row.payload.encode()
+        if len(data) <= self.blob_threshold:
+            return row
+        return row._replace(payload=None, payload_ref=self.blobs.put(data))
 
     # --- consuming --------------------------------------------------------
 
@@ -274,7 +276,7 @@ class Bus:
         with write_transaction(conn):
             at = _now_ms(now)
             result = claims.try_claim(conn, task_id, agent, lease_ms, max_attempts, at)
-            if result.dead is not None and result.dead.died_at_ms == at:
+            if result.just_died:
                 self._announce(conn, "task_dead", result.dead.to_json_dict(), task_id, at)
         return result
 

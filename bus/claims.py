@@ -97,11 +97,13 @@ class DeadClaim:
 @dataclass(frozen=True)
 class ClaimResult:
     """The outcome of a claim: `granted`, the current `claim` (whoever holds
-    it), or `dead` when the task ran out of attempts."""
+    it), or `dead` when the task ran out of attempts (`just_died` when this
+    very call declared it dead)."""
 
     granted: bool
     claim: Claim | None = None
     dead: DeadClaim | None = None
+    just_died: bool = False
 
 
 def try_claim(conn: apsw.Connection, task: str, agent: str, lease_ms: int,
@@ -116,7 +118,7 @@ def try_claim(conn: apsw.Connection, task: str, agent: str, lease_ms: int,
     current = get(conn, task)
     if current.expired(now) and current.attempts >= current.max_attempts:
         reason = f"lease expired {current.attempts} times (max_attempts {current.max_attempts})"
-        return ClaimResult(False, dead=bury(conn, current, reason, now))
+        return ClaimResult(False, dead=bury(conn, current, reason, now), just_died=True)
     return ClaimResult(False, claim=current)
 
 
