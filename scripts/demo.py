@@ -1,4 +1,4 @@
-"""A short scripted session on a fresh bus file: publish, poll, ack.
+"""A short scripted session on a fresh bus file: publish, poll, ack, claims, heartbeats.
 
 Run with `make demo`. The bus file is kept in demo/ so you can look at it
 afterwards with `bus --db demo/bus.db tail` or `bus --db demo/bus.db sql ...`.
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bus import Bus
 from bus.cli import format_message
+from bus.heartbeats import Heartbeat
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
 
@@ -24,6 +25,7 @@ def main() -> None:
         work(bus, "worker-1")
         work(bus, "worker-2")
         redeliver(bus)
+        coordinate(bus, db_path)
         print("\n== the whole log (what `bus tail` shows)")
         for message in bus.list_messages(0, 100):
             print("  " + format_message(message))
@@ -67,6 +69,24 @@ def redeliver(bus: Bus) -> None:
     print(f"  first poll {first}, second poll {again} (at-least-once)")
     bus.ack("planner", again[-1])
     print(f"  after ack: {len(bus.poll('planner'))} waiting")
+
+
+def coordinate(bus: Bus, db_path: Path) -> None:
+    print("\n== two workers race for one task; the lease decides")
+    with Heartbeat(db_path, "worker-1", interval=0.05, status="working", task="deploy"):
+        print(f"  worker-1 claims deploy: {bus.claim('deploy', 'worker-1', lease_ms=2000)}")
+        refused = bus.try_claim("deploy", "worker-2")
+        print(f"  worker-2 claims deploy: {refused.granted} (held by {refused.claim.agent})")
+        report = {"log": "x" * 10_000}  # large: goes to the blob store
+        sent = bus.publish("worker-1", "task_done", report, to="planner", correlation_id="deploy")
+        print(f"  worker-1 publishes a 10 kB report as seq {sent.seq};"
+              f" released: {bus.release('deploy', 'worker-1')}")
+    got = bus.poll("planner")[-1]
+    print(f"  planner reads it back: {len(got.payload['log'])} characters via {got.payload_ref[:15]}...")
+    bus.ack("planner", got.seq)
+    print("\n== liveness (what `bus alive` shows)")
+    for item in bus.liveness():
+        print(f"  {item.agent}: {item.state}, silent {item.age_s:.2f} s, {item.status} on {item.task}")
 
 
 if __name__ == "__main__":

@@ -1232,3 +1232,11 @@ def test_cli_subprocess_smoke(tmp_path: Path, bus_command, python_env) -> None:
     assert missing.returncode == 1
     assert missing.stderr.startswith("Error: no bus database at")
     assert list(tmp_path.iterdir()) == [tmp_path / "smoke"]
+
+
+def test_poll_human_line_shortens_long_payload_but_json_keeps_it(bus: Bus, db_path: Path) -> None:
+    bus.publish("a", "report", {"log": "x" * 10_000}, to="w1")
+    line = run(["poll", "--agent", "w1"], db_path).stdout.rstrip("\n")
+    assert line.endswith('{"log":"' + "x" * 192 + '... (10010 bytes, see --json)')
+    [row] = json_lines(run(["poll", "--agent", "w1", "--json"], db_path).stdout)
+    assert row["payload"] == {"log": "x" * 10_000}

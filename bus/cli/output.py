@@ -10,6 +10,8 @@ import orjson
 
 from bus.messages import Message
 
+PAYLOAD_PREVIEW = 200  # characters of payload JSON on a human-readable line
+
 
 def echo_json(obj: Any) -> None:
     click.echo(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode())
@@ -35,8 +37,15 @@ def format_message(message: Message) -> str:
     if message.payload_error:
         parts.append(f"!{message.payload_error}")
     elif message.payload is not None:
-        parts.append(orjson.dumps(message.payload).decode())
+        parts.append(_shortened(orjson.dumps(message.payload).decode()))
     return "  ".join(parts)
+
+
+def _shortened(text: str) -> str:
+    """Keep a line readable: long payloads are cut (--json prints them whole)."""
+    if len(text) <= PAYLOAD_PREVIEW:
+        return text
+    return f"{text[:PAYLOAD_PREVIEW]}... ({len(text.encode())} bytes, see --json)"
 
 
 def echo_rows(columns: list[str], rows: list[tuple[Any, ...]], as_json: bool) -> None:
