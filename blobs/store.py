@@ -10,15 +10,15 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
 
 from bus.errors import BusError
 from bus.errors import ValidationFailed
+from bus.files import TEMP_PREFIX
+from bus.files import write_atomically
 
 _REF = re.compile(r"sha256-[0-9a-f]{64}")
-_TEMP_PREFIX = ".tmp-"
 
 
 class BlobMissing(BusError):
@@ -49,7 +49,7 @@ class BlobStore:
         except FileNotFoundError:
             pass
         self.root.mkdir(parents=True, exist_ok=True)
-        _write_atomically(self.root, path, data)
+        write_atomically(path, data)
         return ref
 
     def get(self, ref: str) -> bytes:
@@ -99,27 +99,4 @@ class BlobStore:
         if not self.root.is_dir():
             return []
         return [p for p in self.root.iterdir()
-                if _REF.fullmatch(p.name) or p.name.startswith(_TEMP_PREFIX)]
-
-
-def _write_atomically(directory: Path, path: Path, data: bytes) -> None:
-    fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    _fsync_directory(directory)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename durable: the directory entry lives in the directory's data."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+                if _REF.fullmatch(p.name) or p.name.startswith(TEMP_PREFIX)]

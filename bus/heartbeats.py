@@ -13,6 +13,7 @@ import os
 import threading
 from dataclasses import dataclass
 from typing import Any
+from typing import Callable
 
 import apsw
 
@@ -125,12 +126,14 @@ class Heartbeat:
 
     The thread opens its own connection. A failed beat (database busy) is
     logged and retried at the next interval; it never kills the thread.
+    `on_beat`, if given, runs in the thread after each beat (to renew a lease, say).
     Leaving the block, normally or by Ctrl-C, stops the thread at once.
     """
 
     def __init__(self, db_path: str | os.PathLike[str], agent: str, interval: float = 10.0, *,
                  status: str = "idle", task: str | None = None,
-                 progress: float | None = None) -> None:
+                 progress: float | None = None,
+                 on_beat: Callable[[], object] | None = None) -> None:
         if not (isinstance(interval, (int, float)) and 0 < interval < math.inf):
             raise ValidationFailed("interval", f"must be a positive number of seconds, got {interval!r}")
         self.db_path = os.fspath(db_path)
@@ -140,6 +143,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._on_beat = on_beat
         self.beats = 0
 
     def update(self, **changes: Any) -> None:
@@ -190,6 +194,8 @@ class Heartbeat:
         try:
             beat(conn, *fields)
             self.beats += 1
+            if self._on_beat is not None:
+                self._on_beat()
         except (BusError, apsw.Error) as exc:
             log.warning("heartbeat for %s failed, retrying in %.1f s: %s",
                         fields[0], self.interval, exc)
