@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from blobs.store import BlobCorrupt
-from blobs.store import BlobMissing
 from blobs.store import BlobStore
+from bus.errors import BlobCorrupt
+from bus.errors import BlobMissing
 
 __all__ = ["BlobCorrupt", "BlobMissing", "BlobStore"]

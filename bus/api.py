@@ -21,7 +21,7 @@ from typing import Mapping
 
 import apsw
 
-from blobs.store import BlobStore
+import blobs.store
 from bus import claims
 from bus import cursors
 from bus import heartbeats
@@ -63,7 +63,8 @@ class Bus:
         self.durability = durability
         self.durable = DURABLE_BY_DURABILITY[durability]
         self.blob_threshold = blob_threshold
-        self.blobs = BlobStore(blob_dir or Path(path).absolute().parent / "blobs")
+        # Looked up at run time: `import blobs` first imports bus, which imports this.
+        self.blobs = blobs.store.BlobStore(blob_dir or Path(path).absolute().parent / "blobs")
         self._local = threading.local()
         self._local.conn = conn
         self._connections = [conn]
@@ -218,9 +219,10 @@ class Bus:
                     handle(message); bus.ack(agent, message.seq)
                 bus.wait_for_change(timeout=30)
         """
+        conn = self.conn  # raises BusClosed after close()
         watcher = getattr(self._local, "watcher", None)
         if watcher is None:
-            watcher = ChangeWatcher(self.conn, self.path)
+            watcher = ChangeWatcher(conn, self.path)
             with self._lock:
                 self._watchers.append(watcher)
             self._local.watcher = watcher
@@ -356,6 +358,7 @@ class Bus:
             raise ValidationFailed("keep_days", f"must be a number of days >= 0, got {keep_days!r}")
         _validate_grace(grace_seconds)
         cutoff = _now_ms(now) - int(keep_days * 86_400_000)
+        # The blobs' grace period runs on the real clock: it protects real writes in flight.
         with translate_busy():
             return retention.compact(self.conn, self.blobs, cutoff, grace_seconds, dry_run)
 

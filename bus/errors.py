@@ -81,3 +81,11 @@ class BusBusy(BusError):
 
 class BusClosed(BusError):
     """The Bus was used after close()."""
+
+
+class BlobMissing(BusError):
+    """No blob is stored under the reference."""
+
+
+class BlobCorrupt(BusError):
+    """The stored bytes no longer hash to the reference."""

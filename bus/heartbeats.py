@@ -53,6 +53,17 @@ class Thresholds:
                 "thresholds", f"need 0 < warn <= stale <= dead, got {self.warn}, "
                 f"{self.stale}, {self.dead}")
 
+    @classmethod
+    def given(cls, warn: float | None = None, stale: float | None = None,
+              dead: float | None = None) -> Thresholds:
+        """Thresholds from the values given; a missing one defaults, lowered if
+        needed to stay at or below the next one given (so `dead=60` alone works)."""
+        defaults = cls()
+        dead = defaults.dead if dead is None else dead
+        stale = min(defaults.stale, dead) if stale is None else stale
+        warn = min(defaults.warn, stale) if warn is None else warn
+        return cls(warn, stale, dead)
+
     def state(self, age_s: float) -> str:
         if age_s >= self.dead:
             return "dead"

@@ -16,15 +16,18 @@ from datetime import timezone
 from typing import Any
 from typing import Iterable
 from typing import Mapping
+from typing import TYPE_CHECKING
 from typing import NamedTuple
 
 import apsw
 import orjson
 
-from blobs.store import BlobCorrupt
-from blobs.store import BlobMissing
-from blobs.store import BlobStore
+from bus.errors import BlobCorrupt
+from bus.errors import BlobMissing
 from bus.errors import ValidationFailed
+
+if TYPE_CHECKING:
+    from blobs.store import BlobStore
 
 AGENT_ID_MAX = 128
 TYPE_MAX = 128

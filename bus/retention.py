@@ -11,10 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import apsw
 
-from blobs.store import BlobStore
+if TYPE_CHECKING:
+    from blobs.store import BlobStore
+
 from bus.db import write_transaction
 from bus.messages import referenced_blobs
 

@@ -51,9 +51,12 @@ class ChangeWatcher:
         self._last_version: int | None = None
         self._inotify_fd = -1
         if use_inotify is not False:
-            self._inotify_fd = _inotify_watch(Path(db_path).absolute().parent)
+            # SQLite writes the WAL beside the real file, wherever a symlink points.
+            directory = Path(db_path).resolve().parent
+            self._inotify_fd = _inotify_watch(directory)
             if use_inotify and self._inotify_fd < 0:
-                raise OSError("inotify is not available on this system")
+                raise OSError(f"cannot watch {directory} with inotify (not Linux, or no such"
+                              " directory, or the inotify watch limit is reached)")
 
     @property
     def uses_inotify(self) -> bool:

@@ -23,14 +23,21 @@ grace_option = click.option("--grace-seconds", default=GC_GRACE_SECONDS, show_de
                             help="Keep unreferenced blobs younger than this (writes in flight).")
 
 
-def threshold_options(command):
-    """--warn/--stale/--dead: seconds of silence for each liveness state."""
+def threshold_options(*names: str):
+    """--warn/--stale/--dead: seconds of silence for each liveness state.
+
+    One not given takes its default, lowered to fit the ones given.
+    """
     defaults = Thresholds()
-    for name in ("dead", "stale", "warn"):
-        command = click.option(f"--{name}", f"{name}_s", default=getattr(defaults, name),
-                               show_default=True, type=click.FloatRange(0, min_open=True),
-                               help=f"Seconds of silence after which an agent is {name}.")(command)
-    return command
+
+    def decorate(command):
+        for name in reversed(names):
+            command = click.option(
+                f"--{name}", f"{name}_s", type=click.FloatRange(0, min_open=True),
+                help=f"Seconds of silence after which an agent is {name}"
+                     f" (default {getattr(defaults, name):g}).")(command)
+        return command
+    return decorate
 
 
 @click.command()
@@ -55,17 +62,18 @@ def heartbeat(obj: BusContext, agent: str, status: str, task: str | None,
 
 
 @click.command()
-@threshold_options
+@threshold_options("warn", "stale", "dead")
 @json_option
 @pass_bus_context
-def alive(obj: BusContext, warn_s: float, stale_s: float, dead_s: float, as_json: bool) -> None:
+def alive(obj: BusContext, warn_s: float | None, stale_s: float | None, dead_s: float | None,
+          as_json: bool) -> None:
     """Show every agent's liveness from its last heartbeat, most silent first.
 
     States: alive, warn (30 s silent), stale (100 s), dead (300 s).
 
     Example: bus alive --json
     """
-    found = obj.open().liveness(thresholds=Thresholds(warn_s, stale_s, dead_s))
+    found = obj.open().liveness(thresholds=Thresholds.given(warn_s, stale_s, dead_s))
     if as_json:
         for item in found:
             echo_json(item.to_json_dict())
@@ -180,15 +188,15 @@ def claims(obj: BusContext, dead: bool, as_json: bool) -> None:
 
 
 @click.command()
-@threshold_options
+@threshold_options("dead")
 @json_option
 @pass_bus_context
-def reap(obj: BusContext, warn_s: float, stale_s: float, dead_s: float, as_json: bool) -> None:
+def reap(obj: BusContext, dead_s: float | None, as_json: bool) -> None:
     """Release the claims of dead agents and announce each with task_released.
 
     Example: bus reap --dead 300
     """
-    reaped = obj.open().reap(thresholds=Thresholds(warn_s, stale_s, dead_s))
+    reaped = obj.open().reap(thresholds=Thresholds.given(dead=dead_s))
     if as_json:
         for c in reaped:
             echo_json(c.to_json_dict())
