@@ -284,9 +284,10 @@ class Bus:
 
     def renew(self, task_id: str, agent: str, lease_ms: int | None = None, *,
               now: int | None = None) -> bool:
-        """Extend `agent`'s lease by `lease_ms` (default: the claim's own) from now.
+        """Set `agent`'s lease to run `lease_ms` (default: the claim's own) from now.
 
-        False, extending nothing, when the lease has expired or another agent holds it.
+        False, changing nothing, when the lease has expired or another agent
+        holds it. A `lease_ms` shorter than what is left shortens the lease.
         """
         task_id, agent = _validate_task(task_id), messages.validate_agent_id(agent)
         if lease_ms is not None:
@@ -296,7 +297,12 @@ class Bus:
             return claims.renew(conn, task_id, agent, lease_ms, _now_ms(now)) is not None
 
     def release(self, task_id: str, agent: str) -> bool:
-        """Give the task back; False if `agent` does not hold it."""
+        """Give the task back; False if `agent` does not hold it.
+
+        A holder whose lease expired without anyone taking over still holds
+        the row and may release it; the next claim then starts at attempt 1
+        (attempts count expiries, and a release is a deliberate hand-back).
+        """
         task_id, agent = _validate_task(task_id), messages.validate_agent_id(agent)
         conn = self.conn
         with write_transaction(conn):
@@ -322,7 +328,8 @@ class Bus:
         conn = self.conn
         with write_transaction(conn):
             at = _now_ms(now)
-            silent = claims.held_by_silent_agents(conn, at - int(thresholds.dead * 1000), at)
+            cutoff = at - Thresholds.to_ms(thresholds.dead)  # liveness's own boundary
+            silent = claims.held_by_silent_agents(conn, cutoff, at)
             for claim, last_beat in silent:
                 claims.expire(conn, claim.task_id, at)
                 self._announce(conn, "task_released", {

@@ -64,12 +64,21 @@ class Thresholds:
         warn = min(defaults.warn, stale) if warn is None else warn
         return cls(warn, stale, dead)
 
+    @staticmethod
+    def to_ms(seconds: float) -> int:
+        """Whole milliseconds, rounding float noise away (1.001 s is 1001 ms, not 1000)."""
+        return math.ceil(round(seconds * 1000, 6))
+
     def state(self, age_s: float) -> str:
-        if age_s >= self.dead:
+        return self.state_ms(round(age_s * 1000))
+
+    def state_ms(self, age_ms: int) -> str:
+        """The state after `age_ms` of silence; reap uses the same dead boundary."""
+        if age_ms >= self.to_ms(self.dead):
             return "dead"
-        if age_s >= self.stale:
+        if age_ms >= self.to_ms(self.stale):
             return "stale"
-        if age_s >= self.warn:
+        if age_ms >= self.to_ms(self.warn):
             return "warn"
         return "alive"
 
@@ -121,8 +130,9 @@ def liveness(conn: apsw.Connection, now: int, thresholds: Thresholds) -> list[Li
     """Every agent that ever beat, most silent state first, then by age."""
     found = []
     for agent, ts, status, task, progress in conn.execute(_LIST_SQL):
-        age = max(0.0, (now - ts) / 1000)
-        found.append(Liveness(agent, thresholds.state(age), age, status, task, progress, ts))
+        age_ms = max(0, now - ts)
+        found.append(Liveness(agent, thresholds.state_ms(age_ms), age_ms / 1000, status, task,
+                              progress, ts))
     found.sort(key=lambda item: (-STATES.index(item.state), -item.age_s, item.agent))
     return found
 
@@ -145,7 +155,8 @@ class Heartbeat:
                  status: str = "idle", task: str | None = None,
                  progress: float | None = None,
                  on_beat: Callable[[], object] | None = None) -> None:
-        if not (isinstance(interval, (int, float)) and 0 < interval < math.inf):
+        if isinstance(interval, bool) or not (isinstance(interval, (int, float))
+                                              and 0 < interval < math.inf):
             raise ValidationFailed("interval", f"must be a positive number of seconds, got {interval!r}")
         self.db_path = os.fspath(db_path)
         self.interval = float(interval)
@@ -193,9 +204,10 @@ class Heartbeat:
     def _run(self, conn: apsw.Connection) -> None:
         try:
             while not self._stop.is_set():
+                # Cleared before the beat: an update() from now on gets its own beat.
+                self._wake.clear()
                 self._beat_once(conn)
                 self._wake.wait(self.interval)
-                self._wake.clear()
         finally:
             conn.close()
 
