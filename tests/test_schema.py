@@ -14,7 +14,7 @@ from bus.schema import migrate
 from bus.schema import schema_status
 
 CORE_TABLES = {"messages", "cursors", "heartbeats", "task_claims", "meta", "export_state",
-               "dead_claims"}
+               "dead_claims", "workers"}
 
 
 def table_names(conn: apsw.Connection) -> set[str]:

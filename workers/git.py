@@ -1,0 +1,164 @@
+"""The git side of branch-per-worker: branches, worktrees, merges.
+
+Every call runs the `git` command (no library), with the repository given
+explicitly (`git -C`), so nothing depends on the current directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from bus.errors import BusError
+
+
+class GitError(BusError):
+    """git is missing, the path is not a repository, or a git command failed."""
+
+
+class DirtyWorktree(GitError):
+    """Uncommitted changes where a clean tree is needed."""
+
+    def __init__(self, path: Path, changes: list[str]) -> None:
+        shown = ", ".join(changes[:5]) + (" ..." if len(changes) > 5 else "")
+        super().__init__(f"{path} has uncommitted changes ({shown}); commit or stash them first")
+        self.path = path
+        self.changes = changes
+
+
+class MergeConflict(GitError):
+    """The merge stopped on conflicts; it was aborted and the repository is as it was."""
+
+    def __init__(self, branch: str, base: str, files: list[str]) -> None:
+        super().__init__(f"merging {branch} into {base} conflicts in: {', '.join(files)};"
+                         " the merge was aborted and nothing changed. Resolve on the branch"
+                         " (merge or rebase the base into it), then approve and merge again")
+        self.files = files
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    commit: str
+    fast_forward: bool
+
+
+def git(*args: str, cwd: Path | str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run git in `cwd`; raises GitError with git's own message on failure."""
+    if shutil.which("git") is None:
+        raise GitError("git is not installed or not on PATH; install git to use worker branches")
+    env = dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+    done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, env=env)
+    if check and done.returncode != 0:
+        message = (done.stderr or done.stdout).strip().splitlines()
+        raise GitError(f"git {' '.join(args)} failed: {message[-1] if message else done.returncode}")
+    return done
+
+
+def repo_root(path: Path | str) -> Path:
+    """The top of the work tree containing `path`; GitError if it is not in a repository."""
+    if not Path(path).is_dir():
+        raise GitError(f"{path} is not a directory; pass --repo with a git repository")
+    done = git("rev-parse", "--show-toplevel", cwd=path, check=False)
+    if done.returncode != 0:
+        raise GitError(f"{path} is not inside a git repository; pass --repo or run git init")
+    return Path(done.stdout.strip())
+
+
+def current_branch(repo: Path) -> str:
+    done = git("symbolic-ref", "--quiet", "--short", "HEAD", cwd=repo, check=False)
+    if done.returncode != 0:
+        raise GitError(f"{repo} has a detached HEAD; pass --base with the branch to work from")
+    return done.stdout.strip()
+
+
+def check_branch_name(repo: Path, name: str) -> None:
+    if git("check-ref-format", "--branch", name, cwd=repo, check=False).returncode != 0:
+        raise GitError(f"{name!r} is not a valid branch name; choose task and worker ids "
+                       "without spaces, '..', '~', '^', ':' or a trailing '.lock'")
+
+
+def branch_exists(repo: Path, name: str) -> bool:
+    return git("rev-parse", "--verify", "--quiet", f"refs/heads/{name}",
+               cwd=repo, check=False).returncode == 0
+
+
+def add_worktree(repo: Path, path: Path, branch: str, base: str) -> None:
+    """Create `branch` from `base` and check it out in a new worktree at `path`."""
+    if not branch_exists(repo, base):
+        raise GitError(f"base branch {base!r} does not exist in {repo}")
+    if branch_exists(repo, branch):
+        raise GitError(f"branch {branch!r} already exists in {repo}; choose another worker id")
+    if path.exists():
+        raise GitError(f"{path} already exists; remove it or choose another worker id")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    git("worktree", "add", "-b", branch, str(path), base, cwd=repo)
+
+
+def remove_worktree(repo: Path, path: Path) -> None:
+    if path.exists():
+        git("worktree", "remove", "--force", str(path), cwd=repo)
+    git("worktree", "prune", cwd=repo, check=False)
+
+
+def uncommitted_changes(path: Path, untracked: bool = True) -> list[str]:
+    """Paths with uncommitted changes (untracked files too, unless told not to)."""
+    mode = "--untracked-files=normal" if untracked else "--untracked-files=no"
+    lines = git("status", "--porcelain", mode, cwd=path).stdout.splitlines()
+    return [line[3:] for line in lines if line.strip()]
+
+
+def require_clean(path: Path, untracked: bool = True) -> None:
+    changes = uncommitted_changes(path, untracked)
+    if changes:
+        raise DirtyWorktree(path, changes)
+
+
+def head_commit(path: Path, ref: str = "HEAD") -> str:
+    return git("rev-parse", ref, cwd=path).stdout.strip()
+
+
+def worktree_of(repo: Path, branch: str) -> Path | None:
+    """The worktree where `branch` is checked out, if any."""
+    current = None
+    for line in git("worktree", "list", "--porcelain", cwd=repo).stdout.splitlines():
+        if line.startswith("worktree "):
+            current = Path(line[len("worktree "):])
+        elif line == f"branch refs/heads/{branch}":
+            return current
+    return None
+
+
+def merge(repo: Path, branch: str, base: str, scratch: Path) -> MergeResult:
+    """Merge `branch` into `base`: fast-forward when possible, else a merge commit.
+
+    Done in the worktree where `base` is checked out (it must be clean, apart
+    from untracked files), or in a temporary worktree at `scratch` when it is
+    checked out nowhere. On a conflict the merge is aborted and MergeConflict
+    names the files; the repository is left as it was.
+    """
+    where = worktree_of(repo, base)
+    if where is not None:
+        require_clean(where, untracked=False)
+        return _merge_in(where, branch, base)
+    git("worktree", "add", str(scratch), base, cwd=repo)
+    try:
+        return _merge_in(scratch, branch, base)
+    finally:
+        remove_worktree(repo, scratch)
+
+
+def _merge_in(worktree: Path, branch: str, base: str) -> MergeResult:
+    done = git("merge", "--no-edit", "-m", f"Merge {branch} into {base}", branch,
+               cwd=worktree, check=False)
+    if done.returncode != 0:
+        conflicts = git("diff", "--name-only", "--diff-filter=U", cwd=worktree).stdout.split()
+        git("merge", "--abort", cwd=worktree, check=False)
+        if conflicts:
+            raise MergeConflict(branch, base, conflicts)
+        raise GitError(f"git merge {branch} failed: {(done.stderr or done.stdout).strip()}")
+    after = head_commit(worktree)
+    # A fast-forward leaves the base exactly at the branch head; a merge commit does not.
+    return MergeResult(after, after == head_commit(worktree, branch))

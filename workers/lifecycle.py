@@ -1,0 +1,264 @@
+"""Worker operations: each is one transition of the state machine.
+
+A transition is ONE transaction: it re-reads the worker, checks the command
+against the machine (workers/machine.py), does what must be atomic with it
+(claiming or releasing the task), updates the row and publishes
+`state_change` plus the command's own messages. Git work that a transition
+depends on (a clean worktree, the merge) happens just before it; work that
+follows from it (removing a merged worktree) just after.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from typing import Callable
+
+from bus.api import Bus
+from bus.db import write_transaction
+from bus.errors import BusError
+from bus.heartbeats import Heartbeat
+from bus.messages import now_ms
+from bus.messages import validate_agent_id
+from bus.messages import validate_text
+from workers import git
+from workers import registry
+from workers.machine import ASSIGNED
+from workers.machine import TERMINAL
+from workers.machine import WORKING
+from workers.machine import InvalidTransition
+from workers.machine import next_state
+from workers.registry import Worker
+
+DEFAULT_LEASE_MS = 10 * 60 * 1000  # shell-driven agents renew with `worker heartbeat`
+ORCHESTRATOR = "orchestrator"  # sender of task_assign and review_result
+TASK_MAX = 200
+
+
+class ClaimRefused(BusError):
+    """`start` could not take the task's lease: another worker holds it, or it is dead."""
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    worker: Worker
+    heartbeat_age_s: float | None
+    liveness: str | None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {**self.worker.to_json_dict(), "heartbeat_age_s": self.heartbeat_age_s,
+                "liveness": self.liveness}
+
+
+class Workers:
+    """The worker lifecycle on an open bus."""
+
+    def __init__(self, bus: Bus, worktrees: Path | None = None) -> None:
+        self.bus = bus
+        state_dir = Path(bus.path).absolute().parent
+        self.worktrees = worktrees or state_dir / "worktrees"
+        self.mirrors = state_dir / "workers"
+
+    # --- reading ----------------------------------------------------------
+
+    def get(self, worker: str) -> Worker:
+        return registry.get(self.bus.conn, worker)
+
+    def status(self, worker: str | None = None) -> list[WorkerStatus]:
+        """Workers with their last heartbeat's age and, while unfinished, their liveness."""
+        found = [self.get(worker)] if worker else registry.list_workers(self.bus.conn)
+        beats = {b.agent: b for b in self.bus.liveness()}
+        return [WorkerStatus(w, beats[w.worker].age_s if w.worker in beats else None,
+                             beats[w.worker].state
+                             if w.worker in beats and w.state not in TERMINAL else None)
+                for w in found]
+
+    # --- transitions ------------------------------------------------------
+
+    def spawn(self, task: str, worker: str | None = None, repo: str | os.PathLike[str] | None = None,
+              base: str | None = None) -> Worker:
+        """Create a worker for `task` on a new branch `<worker>/<task>` in its own worktree."""
+        task = validate_text(task, "task", TASK_MAX)
+        worker = validate_agent_id(worker, "worker") if worker is not None else _new_worker_id()
+        if registry.exists(self.bus.conn, worker):
+            raise registry.WorkerExists(worker)
+        root = git.repo_root(repo if repo is not None else Path.cwd())
+        base = base or git.current_branch(root)
+        branch = f"{worker}/{task}"
+        git.check_branch_name(root, branch)
+        worktree = self.worktrees / worker
+        git.add_worktree(root, worktree, branch, base)
+        at = now_ms()
+        created = Worker(worker, task, ASSIGNED, str(root), base, branch, str(worktree),
+                         None, None, None, at, at)
+        try:
+            with write_transaction(self.bus.conn):
+                registry.insert(self.bus.conn, created)
+                self.bus.publish(worker, "state_change",
+                                 {"from": None, "to": ASSIGNED, "command": "spawn"},
+                                 correlation_id=task)
+                self.bus.publish(ORCHESTRATOR, "task_assign",
+                                 {"task": task, "branch": branch, "base": base,
+                                  "worktree": str(worktree)}, to=worker, correlation_id=task)
+        except BaseException:
+            _undo_spawn(root, worktree, branch)
+            raise
+        registry.write_mirror(self.mirrors, created)
+        return created
+
+    def start(self, worker: str, lease_ms: int = DEFAULT_LEASE_MS) -> Worker:
+        """ASSIGNED -> WORKING, taking the task's lease in the same transaction."""
+        return self._transition(worker, "start", within=lambda w: self._claim(w, lease_ms))
+
+    def done(self, worker: str, message: str | None = None) -> Worker:
+        """WORKING -> IN_REVIEW: record the branch head; refuse a dirty worktree."""
+        current = self._expect(worker, "done")
+        git.require_clean(Path(current.worktree))
+        head = git.head_commit(Path(current.worktree))
+        details = {"branch": current.branch, "commit": head, "message": message}
+        return self._transition(
+            worker, "done", head_commit=head, note=message,
+            within=lambda w: self.bus.release(w.task, w.worker),
+            announce=[("task_done", details, None), ("review_request", details, None)])
+
+    def approve(self, worker: str) -> Worker:
+        return self._transition(worker, "approve", announce=[
+            ("review_result", {"approved": True}, worker)], sender=ORCHESTRATOR)
+
+    def reject(self, worker: str, reason: str, lease_ms: int = DEFAULT_LEASE_MS) -> Worker:
+        """IN_REVIEW -> WORKING with the reviewer's reason; the worker takes its lease again."""
+        reason = validate_text(reason, "reason", 2000)
+        return self._transition(
+            worker, "reject", note=reason, within=lambda w: self._claim(w, lease_ms),
+            announce=[("review_result", {"approved": False, "reason": reason}, worker)],
+            sender=ORCHESTRATOR)
+
+    def merge(self, worker: str) -> Worker:
+        """APPROVED -> COMPLETED: merge the branch into its base, then remove the worktree.
+
+        On a conflict the merge is aborted, the worker stays APPROVED and
+        git.MergeConflict names the files.
+        """
+        current = self._expect(worker, "merge")
+        repo = Path(current.repo)
+        merged = git.merge(repo, current.branch, current.base,
+                           scratch=self.worktrees / f".merge-{worker}")
+        done = self._transition(
+            worker, "merge", merge_commit=merged.commit,
+            within=lambda w: self.bus.release(w.task, w.worker),
+            announce=[("task_merged", {"branch": current.branch, "base": current.base,
+                                       "commit": merged.commit,
+                                       "fast_forward": merged.fast_forward}, None)])
+        git.remove_worktree(repo, Path(current.worktree))
+        return done
+
+    def cancel(self, worker: str, reason: str | None = None) -> Worker:
+        """Stop a worker for good; its claim is released, its branch kept."""
+        return self._transition(worker, "cancel", note=reason,
+                                within=lambda w: self.bus.release(w.task, w.worker))
+
+    def fail(self, worker: str, reason: str) -> Worker:
+        """Mark a worker failed; its claim is released, its branch kept."""
+        reason = validate_text(reason, "reason", 2000)
+        return self._transition(worker, "fail", note=reason,
+                                within=lambda w: self.bus.release(w.task, w.worker),
+                                announce=[("task_failed", {"reason": reason}, None)])
+
+    # --- in place ---------------------------------------------------------
+
+    def heartbeat(self, worker: str, status: str = "working", progress: float | None = None,
+                  lease_ms: int = DEFAULT_LEASE_MS) -> Worker:
+        """One beat, and for a WORKING worker a lease renewal (or re-claim once expired)."""
+        current = self._expect(worker, "heartbeat")
+        self.bus.heartbeat(worker, status, current.task, progress)
+        if current.state == WORKING:
+            self._keep_lease(current, lease_ms)
+        return current
+
+    def run(self, worker: str, argv: list[str], interval: float = 10.0,
+            lease_ms: int = DEFAULT_LEASE_MS) -> tuple[Worker, int]:
+        """Run `argv` in the worktree with beats and lease renewal going; then done or fail.
+
+        Returns the worker after the transition and the command's exit code.
+        """
+        if not argv:
+            raise BusError("worker run needs a command after --")
+        current = self._expect(worker, "run")
+        if current.state == ASSIGNED:
+            current = self.start(worker, lease_ms)
+        command = shlex.join(argv)
+        with Heartbeat(self.bus.path, worker, interval, status="working", task=current.task,
+                       on_beat=lambda: self._keep_lease(current, lease_ms)):
+            try:
+                code = subprocess.run(argv, cwd=current.worktree).returncode
+            except KeyboardInterrupt:
+                self.fail(worker, f"`{command}` was interrupted")
+                raise
+            except OSError as exc:
+                return self.fail(worker, f"`{command}` could not start: {exc}"), 127
+        if code == 0:
+            return self.done(worker, f"`{command}` exited 0"), 0
+        return self.fail(worker, f"`{command}` exited with {code}"), code
+
+    # --- the mechanism ----------------------------------------------------
+
+    def _expect(self, worker: str, command: str) -> Worker:
+        """The worker, if `command` is allowed in its state (checked again in the transaction)."""
+        current = self.get(worker)
+        next_state(worker, current.state, command)
+        return current
+
+    def _transition(self, worker: str, command: str, *, within: Callable[[Worker], Any] = None,
+                    announce: list[tuple[str, dict, str | None]] = (), sender: str | None = None,
+                    **changes: Any) -> Worker:
+        conn = self.bus.conn
+        with write_transaction(conn):
+            current = registry.get(conn, worker)
+            to = next_state(worker, current.state, command)
+            if within is not None:
+                within(current)
+            new = replace(current, state=to, updated_at_ms=now_ms(), **changes)
+            registry.update(conn, current, new)
+            self.bus.publish(worker, "state_change",
+                             {"from": current.state, "to": to, "command": command},
+                             correlation_id=current.task)
+            for type_, payload, to_agent in announce:
+                self.bus.publish(sender or worker, type_, {"worker": worker, **payload},
+                                 to=to_agent, correlation_id=current.task)
+        registry.write_mirror(self.mirrors, new)
+        return new
+
+    def _claim(self, worker: Worker, lease_ms: int) -> None:
+        result = self.bus.try_claim(worker.task, worker.worker, lease_ms)
+        if result.granted:
+            return
+        if result.dead is not None:
+            raise ClaimRefused(f"task {worker.task} is dead ({result.dead.reason});"
+                               " see bus claims --dead")
+        raise ClaimRefused(f"task {worker.task} is held by {result.claim.agent}"
+                           f" until its lease ends; try again later")
+
+    def _keep_lease(self, worker: Worker, lease_ms: int) -> None:
+        if not self.bus.renew(worker.task, worker.worker, lease_ms):
+            self._claim(worker, lease_ms)
+
+
+def _new_worker_id() -> str:
+    return "w-" + os.urandom(3).hex()
+
+
+def _undo_spawn(repo: Path, worktree: Path, branch: str) -> None:
+    """Take back the branch and worktree of a spawn whose transaction failed."""
+    try:
+        git.remove_worktree(repo, worktree)
+        git.git("branch", "-D", branch, cwd=repo, check=False)
+    except git.GitError:
+        pass  # the original error matters more
+
+
+__all__ = ["ClaimRefused", "InvalidTransition", "Workers", "WorkerStatus", "DEFAULT_LEASE_MS"]

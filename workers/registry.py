@@ -1,0 +1,97 @@
+"""The `workers` table: one row per worker, and its JSON mirror for people and git.
+
+The row is the truth. After each transition the mirror
+`<db dir>/workers/<worker>.json` is rewritten atomically; a crash between
+the commit and the rewrite leaves it one step behind until the next one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import apsw
+import orjson
+
+from bus.errors import BusError
+from bus.files import write_atomically
+
+_COLUMNS = ("worker_id, task_id, state, repo, base, branch, worktree, head_commit,"
+            " merge_commit, note, created_at_ms, updated_at_ms")
+_GET_SQL = f"SELECT {_COLUMNS} FROM workers WHERE worker_id = ?"
+_LIST_SQL = f"SELECT {_COLUMNS} FROM workers ORDER BY created_at_ms, worker_id"
+_INSERT_SQL = f"INSERT INTO workers ({_COLUMNS}) VALUES ({', '.join('?' * 12)})"
+_UPDATE_SQL = (
+    "UPDATE workers SET state = ?, head_commit = ?, merge_commit = ?, note = ?,"
+    " updated_at_ms = ? WHERE worker_id = ? AND state = ?"
+)
+
+
+class UnknownWorker(BusError):
+    def __init__(self, worker: str) -> None:
+        super().__init__(f"no worker {worker!r}; `worker status` lists them")
+        self.worker = worker
+
+
+class WorkerExists(BusError):
+    def __init__(self, worker: str) -> None:
+        super().__init__(f"worker {worker!r} exists already; choose another --worker id")
+        self.worker = worker
+
+
+@dataclass(frozen=True)
+class Worker:
+    worker: str
+    task: str
+    state: str
+    repo: str
+    base: str
+    branch: str
+    worktree: str
+    head_commit: str | None
+    merge_commit: str | None
+    note: str | None
+    created_at_ms: int
+    updated_at_ms: int
+
+    def to_json_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def get(conn: apsw.Connection, worker: str) -> Worker:
+    row = conn.execute(_GET_SQL, (worker,)).fetchone()
+    if row is None:
+        raise UnknownWorker(worker)
+    return Worker(*row)
+
+
+def exists(conn: apsw.Connection, worker: str) -> bool:
+    return conn.execute(_GET_SQL, (worker,)).fetchone() is not None
+
+
+def list_workers(conn: apsw.Connection) -> list[Worker]:
+    return [Worker(*row) for row in conn.execute(_LIST_SQL)]
+
+
+def insert(conn: apsw.Connection, worker: Worker) -> None:
+    try:
+        conn.execute(_INSERT_SQL, tuple(asdict(worker).values()))
+    except apsw.ConstraintError:
+        raise WorkerExists(worker.worker) from None
+
+
+def update(conn: apsw.Connection, old: Worker, new: Worker) -> None:
+    """Write `new` over `old`; the state must still be old's (checked, not assumed)."""
+    conn.execute(_UPDATE_SQL, (new.state, new.head_commit, new.merge_commit, new.note,
+                               new.updated_at_ms, old.worker, old.state))
+    if conn.changes() != 1:
+        raise BusError(f"worker {old.worker} changed while it was being updated; try again")
+
+
+def write_mirror(directory: Path, worker: Worker) -> Path:
+    """Rewrite `<directory>/<worker>.json` atomically; return its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{worker.worker}.json"
+    write_atomically(path, orjson.dumps(worker.to_json_dict(), option=orjson.OPT_INDENT_2) + b"\n")
+    return path
