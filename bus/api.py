@@ -38,6 +38,7 @@ from bus.db import translate_busy
 from bus.db import write_transaction
 from bus.errors import BusClosed
 from bus.errors import ValidationFailed
+from bus.export import JsonlExporter
 from bus.heartbeats import Liveness
 from bus.heartbeats import Thresholds
 from bus.messages import Message
@@ -368,6 +369,26 @@ class Bus:
         # The blobs' grace period runs on the real clock: it protects real writes in flight.
         with translate_busy():
             return retention.compact(self.conn, self.blobs, cutoff, grace_seconds, dry_run)
+
+    # --- export -------------------------------------------------------------
+
+    def export_path(self) -> Path:
+        """Where the JSONL export goes: the file it went to before, else bus.jsonl beside the db."""
+        with translate_busy():
+            recorded = self.conn.execute("SELECT path FROM export_state WHERE id = 1").get
+        return Path(recorded) if recorded else Path(self.path).absolute().parent / "bus.jsonl"
+
+    def exporter(self, path: str | os.PathLike[str] | None = None) -> JsonlExporter:
+        """A JsonlExporter for `path` (default: `export_path()`), not yet opened."""
+        return JsonlExporter(self.conn, path if path is not None else self.export_path())
+
+    def export_jsonl(self, path: str | os.PathLike[str] | None = None) -> int:
+        """Append every message not exported yet to the JSONL file; return how many.
+
+        Exactly once across crashes (see bus/export.py); one exporter at a time.
+        """
+        with translate_busy(), self.exporter(path) as exporter:
+            return exporter.export()
 
     # --- inspection -------------------------------------------------------
 

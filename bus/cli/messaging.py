@@ -25,6 +25,7 @@ from bus.schema import schema_status
 
 FOLLOW_BATCH = 1000
 FOLLOW_WAKE_S = 1.0  # re-check at least this often even without a wake
+PROGRESS_MIN = 50_000  # messages of backlog that earn a progress bar
 
 
 # --- commands -------------------------------------------------------------
@@ -272,4 +273,45 @@ def _follow(bus: Bus, after: int, as_json: bool) -> None:
         after = _echo_all_after(bus, after, as_json)
 
 
-COMMANDS = [init, publish, poll, ack, tail, sql, migrate_command, status]
+@click.command()
+@click.option("--out", type=click.Path(dir_okay=False),
+              help="JSONL file (default: where it went before, else bus.jsonl beside the db).")
+@click.option("-f", "--follow", is_flag=True, help="Keep exporting as messages arrive, until Ctrl-C.")
+@json_option
+@pass_bus_context
+def export(obj: BusContext, out: str | None, follow: bool, as_json: bool) -> None:
+    """Append new messages to the JSONL export, once each, in seq order.
+
+    Safe to kill at any moment: the next run neither loses nor repeats a line.
+
+    Example: bus export --follow & tail -f .worker-state/bus.jsonl
+    """
+    bus = obj.open()
+    with bus.exporter(out) as exporter:
+        total = _export_with_progress(exporter)
+        if as_json:
+            echo_json({"path": str(exporter.path), "exported": total})
+        else:
+            click.echo(f"exported {total} message(s) to {exporter.path}")
+        try:
+            while follow:
+                bus.wait_for_change(FOLLOW_WAKE_S)
+                exporter.export()
+        except KeyboardInterrupt:
+            pass
+
+
+def _export_with_progress(exporter) -> int:
+    """Export the backlog, with a progress bar on a terminal when it is large."""
+    pending = exporter.pending()
+    if pending < PROGRESS_MIN or not sys.stderr.isatty():
+        return exporter.export()
+    total = 0
+    with click.progressbar(length=pending, label="exporting", file=sys.stderr) as bar:
+        for done in exporter.export_batches():
+            total += done
+            bar.update(done)
+    return total
+
+
+COMMANDS = [init, publish, poll, ack, tail, sql, migrate_command, status, export]
