@@ -4,16 +4,17 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
 
 .PHONY: demo test bench clean
 
-demo: $(VENV)/.installed-run
+demo: $(INSTALLED)
 	$(BIN)/python scripts/demo.py
 
-test: $(VENV)/.installed-dev
+test: $(INSTALLED)
 	$(BIN)/python -m pytest
 
-bench: $(VENV)/.installed-run
+bench: $(INSTALLED)
 	$(BIN)/python scripts/bench.py
 
 $(BIN)/python:
@@ -21,13 +22,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed-run: setup.cfg pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+# One environment for both: the demo's history report needs pyspark (the
+# `spark` extra), the tests need pytest and hypothesis (`dev`) and test Spark too.
+$(INSTALLED): setup.cfg pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
 	touch $@
-
-$(VENV)/.installed-dev: setup.cfg pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $@ $(VENV)/.installed-run
 
 clean:
 	rm -rf $(VENV) build *.egg-info demo

@@ -1,93 +1,188 @@
-"""A short scripted session on a fresh bus file: publish, poll, ack, claims, heartbeats.
+"""The agentbus demo: agents coordinating on a real bus file, then a history report.
 
-Run with `make demo`. The bus file is kept in demo/ so you can look at it
-afterwards with `bus --db demo/bus.db tail` or `bus --db demo/bus.db sql ...`.
+Run with `make demo`. Everything lands in demo/ (git-ignored): the bus
+(demo/bus.db), a throwaway git repository (demo/repo) whose branches the
+workers commit to, and the export (demo/bus.jsonl).
+
+1. The orchestrator spawns three workers: a branch and a worktree each.
+2. Each runs as its own OS process (`worker run`): it takes its task's lease,
+   beats from a thread, does a small real task and commits it.
+3. One worker is killed mid-task with SIGKILL. Its lease keeps the task
+   until it runs out; then a replacement worker takes the task over.
+4. Review: approve (one is rejected first and redone), then merge into main.
+5. The log is exported to JSONL and the Spark history report runs on it.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from bus import Bus
-from bus.cli import format_message
-from bus.heartbeats import Heartbeat
 
-DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
-
-
-def main() -> None:
-    shutil.rmtree(DEMO_DIR, ignore_errors=True)
-    db_path = DEMO_DIR / "bus.db"
-    with Bus.open(db_path) as bus:
-        print(f"== a fresh bus at {db_path}")
-        assign(bus)
-        work(bus, "worker-1")
-        work(bus, "worker-2")
-        redeliver(bus)
-        coordinate(bus, db_path)
-        print("\n== the whole log (what `bus tail` shows)")
-        for message in bus.list_messages(0, 100):
-            print("  " + format_message(message))
-        print("\n== cursors (what `bus status` shows)")
-        for cursor in bus.list_cursors():
-            print(f"  {cursor.agent}: acked up to seq {cursor.last_acked_seq}, {cursor.pending} waiting")
-    print(f"\nInspect it yourself: bus --db {db_path} status")
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "demo"
+DB = DEMO / "bus.db"
+REPO = DEMO / "repo"
+TASKS = ROOT / "scripts" / "demo_tasks.py"
+LEASE_MS = 3000
+BEAT_S = 0.2
+CLI = {"bus": "bus.cli", "worker": "workers.cli"}
 
 
-def assign(bus: Bus) -> None:
-    print("\n== planner assigns two tasks and broadcasts a notice")
-    results = bus.publish_many([
-        {"from_agent": "planner", "type": "task_assign", "to": "worker-1",
-         "payload": {"task": "parse-logs"}, "correlation_id": "parse-logs"},
-        {"from_agent": "planner", "type": "task_assign", "to": "worker-2",
-         "payload": {"task": "write-report"}, "correlation_id": "write-report"},
-        {"from_agent": "planner", "type": "agent_started", "payload": {"note": "sprint 1"}},
-    ])
-    for r in results:
-        print(f"  published seq {r.seq} ({r.durable})")
-    retry = bus.publish("planner", "task_assign", {"task": "parse-logs"}, to="worker-1",
-                        id=results[0].id)
-    print(f"  retrying seq {results[0].seq} with its id: duplicate={retry.duplicate}, seq={retry.seq}")
+def main() -> int:
+    started = time.monotonic()
+    shutil.rmtree(DEMO, ignore_errors=True)
+    make_repo()
+    section("1. The orchestrator spawns three workers, each on its own branch and worktree")
+    for worker, task in (("w1", "wordcount"), ("w2", "primes"), ("w3", "fibonacci")):
+        cli("worker", "spawn", "--task", task, "--worker", worker, "--repo", str(REPO))
+    section("2. Each worker runs as its own OS process: lease, heartbeats, a real task, a commit")
+    runs = {w: launch(w, task, slow) for w, task, slow in
+            (("w1", "wordcount", 0.5), ("w2", "primes", 60.0), ("w3", "fibonacci", 0.5))}
+    for worker in ("w1", "w3"):
+        finish(worker, runs[worker])
+    with Bus.open(DB, create=False) as bus:
+        wait_for(lambda: holder(bus, "primes") == "w2", "w2 to take the primes lease")
+        kill_and_reclaim(bus, runs["w2"])
+    review_and_merge()
+    section("5. The log goes to JSONL (tail -f demo/bus.jsonl) and Spark reads it")
+    cli("bus", "export")
+    history_report()
+    print(f"\nDone in {time.monotonic() - started:.0f} s. Try next:\n"
+          f"  tail -f demo/bus.jsonl                 (and `bus --db demo/bus.db export --follow`)\n"
+          f"  .venv/bin/bus --db demo/bus.db tail -n 20\n"
+          f"  .venv/bin/worker --db demo/bus.db status\n"
+          f"  .venv/bin/bus --db demo/bus.db sql \"SELECT type, count(*) FROM messages GROUP BY type\"\n"
+          f"  .venv/bin/bus --db demo/bus.db history --query lifecycle\n"
+          f"  git -C demo/repo log --graph --oneline --all")
+    return 0
 
 
-def work(bus: Bus, agent: str) -> None:
-    print(f"\n== {agent} polls, handles, acks, and reports back")
-    for message in bus.poll(agent):
-        print(f"  {agent} got #{message.seq} {message.type} {message.payload}")
-        if message.type == "task_assign":
-            bus.publish(agent, "task_done", {"task": message.payload["task"]}, to="planner",
-                        correlation_id=message.correlation_id, in_reply_to=message.id)
-        bus.ack(agent, message.seq)
-    print(f"  {agent} cursor is at seq {bus.cursor(agent)}; next poll returns {len(bus.poll(agent))}")
+def kill_and_reclaim(bus: Bus, run: subprocess.Popen) -> None:
+    section("3. w2 is killed mid-task; its lease holds the task until it runs out")
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    print(f"  killed w2 (pid {run.pid}) with SIGKILL while it was computing primes")
+    cli("bus", "claims")
+    cli("worker", "spawn", "--task", "primes", "--worker", "w4", "--repo", str(REPO))
+    refused_at = time.monotonic()
+    first = cli("worker", "start", "w4", "--lease-ms", str(LEASE_MS), check=False)
+    while first.returncode != 0:
+        time.sleep(0.25)
+        first = cli("worker", "start", "w4", "--lease-ms", str(LEASE_MS), check=False, quiet=True)
+    print(f"  ... w4 took the task over {time.monotonic() - refused_at:.1f} s later,"
+          " when w2's lease ran out (attempt 2)")
+    cli("bus", "claims")
+    cli("worker", "fail", "w2", "--reason", "process died (SIGKILL)")
+    finish("w4", launch("w4", "primes", 0.0))
 
 
-def redeliver(bus: Bus) -> None:
-    print("\n== planner polls but crashes before acking: the messages come back")
-    first = [m.seq for m in bus.poll("planner")]
-    again = [m.seq for m in bus.poll("planner")]
-    print(f"  first poll {first}, second poll {again} (at-least-once)")
-    bus.ack("planner", again[-1])
-    print(f"  after ack: {len(bus.poll('planner'))} waiting")
+def review_and_merge() -> None:
+    section("4. Review: w3 is rejected once and redoes its work; then everything merges")
+    cli("worker", "reject", "w3", "--reason", "also list the first 80 numbers")
+    finish("w3", launch("w3", "fibonacci", 0.0, ["--count", "80"]))
+    for worker in ("w1", "w3", "w4"):
+        cli("worker", "approve", worker)
+        cli("worker", "merge", worker)
+    cli("worker", "status")
+    show("git", "-C", str(REPO), "log", "--oneline", "--graph", "main")
 
 
-def coordinate(bus: Bus, db_path: Path) -> None:
-    print("\n== two workers race for one task; the lease decides")
-    with Heartbeat(db_path, "worker-1", interval=0.05, status="working", task="deploy"):
-        print(f"  worker-1 claims deploy: {bus.claim('deploy', 'worker-1', lease_ms=2000)}")
-        refused = bus.try_claim("deploy", "worker-2")
-        print(f"  worker-2 claims deploy: {refused.granted} (held by {refused.claim.agent})")
-        report = {"log": "x" * 10_000}  # large: goes to the blob store
-        sent = bus.publish("worker-1", "task_done", report, to="planner", correlation_id="deploy")
-        print(f"  worker-1 publishes a 10 kB report as seq {sent.seq};"
-              f" released: {bus.release('deploy', 'worker-1')}")
-    got = bus.poll("planner")[-1]
-    print(f"  planner reads it back: {len(got.payload['log'])} characters via {got.payload_ref[:15]}...")
-    bus.ack("planner", got.seq)
-    print("\n== liveness (what `bus alive` shows)")
-    for item in bus.liveness():
-        print(f"  {item.agent}: {item.state}, silent {item.age_s:.2f} s, {item.status} on {item.task}")
+def history_report() -> None:
+    try:
+        import pyspark  # noqa: F401 - only checking that the report can run
+    except ImportError:
+        print("  (PySpark is not installed: `make demo` installs it; skipping the report)")
+        return
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        print("  (Java is not installed: Spark needs it; skipping the report)")
+        return
+    for query in ("volume", "lifecycle", "threads", "silence", "dead_tasks"):
+        cli("bus", "history", "--query", query, check=False)
+
+
+# --- plumbing -----------------------------------------------------------------------
+
+
+def make_repo() -> None:
+    REPO.mkdir(parents=True)
+    for args in (("init", "-q", "-b", "main"), ("config", "user.name", "Demo"),
+                 ("config", "user.email", "demo@example.com")):
+        subprocess.run(["git", "-C", str(REPO), *args], check=True)
+    (REPO / "README.md").write_text("A throwaway repository for the agentbus demo.\n"
+                                    "Workers commit their results here, one branch each.\n")
+    subprocess.run(["git", "-C", str(REPO), "add", "README.md"], check=True)
+    subprocess.run(["git", "-C", str(REPO), "commit", "-q", "-m", "initial"], check=True)
+
+
+def launch(worker: str, task: str, slow: float, extra: list[str] = ()) -> subprocess.Popen:
+    """`worker run` in its own process group, so a kill takes its task process too."""
+    argv = ["run", worker, "--interval", str(BEAT_S), "--lease-ms", str(LEASE_MS), "--",
+            sys.executable, str(TASKS), task, "--slow", str(slow), *extra]
+    print(f"$ worker {' '.join(argv[:6])} -- python demo_tasks.py {task} ...")
+    return subprocess.Popen(_argv("worker", argv), start_new_session=True, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(worker: str, run: subprocess.Popen) -> None:
+    output, _ = run.communicate(timeout=120)
+    for line in output.splitlines():
+        print(f"  [{worker}] {line}")
+    if run.returncode != 0:
+        raise SystemExit(f"demo: worker {worker} failed (exit {run.returncode})")
+
+
+def cli(program: str, *args: str, check: bool = True, quiet: bool = False):
+    if not quiet:
+        print(f"$ {program} {' '.join(_quote(a) for a in args)}")
+    done = subprocess.run(_argv(program, list(args)), env=_env(), capture_output=True, text=True)
+    if not quiet:
+        for line in (done.stdout + done.stderr).splitlines():
+            print(f"  {line}")
+    if check and done.returncode != 0:
+        raise SystemExit(f"demo: `{program} {' '.join(args)}` failed (exit {done.returncode})")
+    return done
+
+
+def show(*argv: str) -> None:
+    print(f"$ {' '.join(argv)}")
+    for line in subprocess.run(argv, capture_output=True, text=True, check=True).stdout.splitlines():
+        print(f"  {line}")
+
+
+def holder(bus: Bus, task: str) -> str | None:
+    return next((c.agent for c in bus.claims() if c.task_id == task), None)
+
+
+def wait_for(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"demo: gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+def section(title: str) -> None:
+    print(f"\n== {title}")
+
+
+def _argv(program: str, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", CLI[program], "--db", str(DB), *args]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+
+
+def _quote(arg: str) -> str:
+    return f'"{arg}"' if " " in arg else arg
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
