@@ -378,16 +378,21 @@ class Bus:
             recorded = self.conn.execute("SELECT path FROM export_state WHERE id = 1").get
         return Path(recorded) if recorded else Path(self.path).absolute().parent / "bus.jsonl"
 
-    def exporter(self, path: str | os.PathLike[str] | None = None) -> JsonlExporter:
+    def exporter(self, path: str | os.PathLike[str] | None = None,
+                 partition_by: str | None = None) -> JsonlExporter:
         """A JsonlExporter for `path` (default: `export_path()`), not yet opened."""
-        return JsonlExporter(self.conn, path if path is not None else self.export_path())
+        return JsonlExporter(self.conn, path if path is not None else self.export_path(),
+                             partition_by)
 
-    def export_jsonl(self, path: str | os.PathLike[str] | None = None) -> int:
-        """Append every message not exported yet to the JSONL file; return how many.
+    def export_jsonl(self, path: str | os.PathLike[str] | None = None,
+                     partition_by: str | None = None) -> int:
+        """Append every message not exported yet to the JSONL export; return how many.
 
-        Exactly once across crashes (see bus/export.py); one exporter at a time.
+        `partition_by="date"` writes `date=YYYY-MM-DD/part-*.jsonl` under the
+        directory `path` (for Spark). Exactly once across crashes (see
+        bus/export.py); one exporter at a time.
         """
-        with translate_busy(), self.exporter(path) as exporter:
+        with translate_busy(), self.exporter(path, partition_by) as exporter:
             return exporter.export()
 
     # --- inspection -------------------------------------------------------

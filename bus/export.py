@@ -29,11 +29,14 @@ import orjson
 
 from bus.db import write_transaction
 from bus.errors import BusError
+from bus.errors import ValidationFailed
+from bus.files import fsync_directory
 
 BATCH = 20_000  # messages per write + fsync + state update
-_STATE_SQL = "SELECT last_seq, path, bytes FROM export_state WHERE id = 1"
+_STATE_SQL = "SELECT last_seq, path, part, bytes FROM export_state WHERE id = 1"
 _SAVE_SQL = (
-    "UPDATE export_state SET last_seq = ?, path = ?, bytes = ? WHERE id = 1 AND last_seq = ?"
+    "UPDATE export_state SET last_seq = ?, path = ?, part = ?, bytes = ?"
+    " WHERE id = 1 AND last_seq = ?"
 )
 _ROWS_SQL = (
     "SELECT seq, id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to,"
@@ -68,15 +71,27 @@ def format_line(row: tuple) -> bytes:
 
 
 class JsonlExporter:
-    """Appends new messages to one JSONL file; holds an exclusive lock on it while open.
+    """Appends new messages to a JSONL file, or to date partitions of a directory.
 
         with JsonlExporter(conn, path) as exporter:
             exporter.export()          # everything new; returns the count
+
+    With `partition_by="date"`, `path` is a directory of
+    `date=YYYY-MM-DD/part-<first seq>.jsonl` files (Spark's partition
+    layout); a part is named by its first message, so after a crash the next
+    part is found and checked like the tail of the current one. An exclusive
+    lock (flock) keeps a second exporter out while this one is open.
     """
 
-    def __init__(self, conn: apsw.Connection, path: str | os.PathLike[str]) -> None:
+    def __init__(self, conn: apsw.Connection, path: str | os.PathLike[str],
+                 partition_by: str | None = None) -> None:
+        if partition_by not in (None, "date"):
+            raise ValidationFailed("partition_by", f"{partition_by!r} is not one of: date")
         self.conn = conn
         self.path = Path(path).absolute()
+        self.partitioned = partition_by == "date"
+        self._lock_fd = -1
+        self._part: str | None = None  # relative name of the file being appended to
         self._fd = -1
 
     def __enter__(self) -> JsonlExporter:
@@ -87,11 +102,17 @@ class JsonlExporter:
         self.close()
 
     def open(self) -> None:
-        """Lock the file, check it against the recorded position, repair a torn tail."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        """Lock the export, check it against the recorded position, repair a torn tail."""
+        if self.partitioned and self.path.is_file():
+            raise ExportError(f"{self.path} is a file; a partitioned export needs a directory")
+        if not self.partitioned and self.path.is_dir():
+            raise ExportError(f"{self.path} is a directory; export into it with"
+                              " --partition-by date, or name a file")
+        lock_path = self.path / ".export.lock" if self.partitioned else self.path
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.close()
             raise ExportError(f"another exporter is writing {self.path}; stop it first") from None
@@ -102,9 +123,10 @@ class JsonlExporter:
             raise
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # releases the lock
-            self._fd = -1
+        self._switch(None)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the lock
+            self._lock_fd = -1
 
     def export(self, batch: int = BATCH) -> int:
         """Append every message not exported yet; return how many."""
@@ -113,13 +135,18 @@ class JsonlExporter:
     def export_batches(self, batch: int = BATCH) -> Iterator[int]:
         """Export batch by batch, yielding each batch's size once it is recorded."""
         while True:
-            last_seq, _path, written = self._state()
+            last_seq, _path, _part, written = self._state()
             rows = self.conn.execute(_ROWS_SQL, (last_seq, batch)).fetchall()
             if not rows:
                 return
-            data = b"".join(format_line(row) for row in rows)
-            self._append(written, data)
-            self._save(last_seq, rows[-1][0], written + len(data))
+            for part, lines in self._by_part(rows):
+                if part != self._part:
+                    self._switch(part)
+                    written = 0
+                data = b"".join(lines)
+                self._append(written, data)
+                written += len(data)
+            self._save(last_seq, rows[-1][0], written)
             yield len(rows)
 
     def pending(self) -> int:
@@ -127,30 +154,94 @@ class JsonlExporter:
         return self.conn.execute("SELECT count(*) FROM messages WHERE seq > ?",
                                  (self._state()[0],)).get
 
+    # --- where lines go -----------------------------------------------------
+
+    def _by_part(self, rows: list[tuple]) -> Iterator[tuple[str, list[bytes]]]:
+        """Consecutive runs of rows that go to the same file, with their lines."""
+        part, lines = self._part, []
+        for row in rows:
+            line = format_line(row)
+            target = self._part_for(row[0], line, part)
+            if target != part and lines:
+                yield part, lines
+                lines = []
+            part = target
+            lines.append(line)
+        if lines:
+            yield part, lines
+
+    def _part_for(self, seq: int, line: bytes, current: str | None) -> str:
+        if not self.partitioned:
+            return ""
+        date = _line_date(line)
+        if current is not None and current.startswith(f"date={date}/"):
+            return current
+        return f"date={date}/part-{seq:012d}.jsonl"
+
+    def _switch(self, part: str | None) -> None:
+        """Make `part` the file being appended to (None: close it)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._part = part
+        if part is None:
+            return
+        file = self.path / part if part else self.path
+        created = not file.exists()
+        file.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        if created:
+            fsync_directory(file.parent)  # the new name must survive a crash too
+
     # --- recovery -----------------------------------------------------------
 
     def _recover(self) -> None:
-        last_seq, recorded_path, recorded = self._state()
-        size = os.fstat(self._fd).st_size
+        last_seq, recorded_path, part, recorded = self._state()
         if recorded_path is None:
-            if size:
-                raise ExportError(f"{self.path} already holds data this bus did not write;"
-                                  " export to a new file")
-            self._save(last_seq, last_seq, 0)
+            self._start_fresh(last_seq)
             return
         if recorded_path != str(self.path):
-            raise ExportError(f"this bus exports to {recorded_path}; use that file"
-                              " (bus export --out) or move it there")
-        if size < recorded:
-            raise ExportError(f"{self.path} has {size} bytes but {recorded} were exported to it;"
-                              " it was truncated or replaced. Move it away and restore it")
-        if size > recorded:
-            self._adopt_tail(last_seq, recorded, size)
+            raise ExportError(f"this bus exports to {recorded_path}; use that"
+                              f" {'directory' if part else 'file'} or move it there")
+        if (part is not None) != self.partitioned and (part or recorded):
+            raise ExportError(f"{self.path} was exported {'with' if part else 'without'}"
+                              " --partition-by date; export it the same way")
+        seq, end = last_seq, recorded
+        if part is not None or not self.partitioned:
+            self._switch(part if self.partitioned else "")
+            seq, end = self._adopt(seq, recorded)
+        while self.partitioned:  # parts a crashed run created after the recorded one
+            expected = self._expected_line(seq)
+            if expected is None:
+                break
+            following = self._part_for(orjson.loads(expected)["seq"], expected, self._part)
+            if following == self._part or not (self.path / following).exists():
+                break
+            self._switch(following)
+            seq, end = self._adopt(seq, 0)
+        self._save(last_seq, seq, end)
 
-    def _adopt_tail(self, last_seq: int, recorded: int, size: int) -> None:
-        """Keep whole lines written after the last recorded export; finish a torn one."""
+    def _start_fresh(self, last_seq: int) -> None:
+        if self.partitioned:
+            leftovers = [p for p in self.path.iterdir() if p.name != ".export.lock"]
+            if leftovers:
+                raise ExportError(f"{self.path} already holds files this bus did not write;"
+                                  " export to a new directory")
+        else:
+            self._switch("")
+            if os.fstat(self._fd).st_size:
+                raise ExportError(f"{self.path} already holds data this bus did not write;"
+                                  " export to a new file")
+        self._save(last_seq, last_seq, 0)
+
+    def _adopt(self, seq: int, recorded: int) -> tuple[int, int]:
+        """Keep whole lines written after `recorded` bytes; finish a torn last line."""
+        size = os.fstat(self._fd).st_size
+        if size < recorded:
+            raise ExportError(f"{self._file_name()} has {size} bytes but {recorded} were"
+                              " exported to it; it was truncated or replaced. Restore it")
         tail = os.pread(self._fd, size - recorded, recorded)
-        end, seq = recorded, last_seq
+        end = recorded
         for line in _complete_lines(tail):
             seq = self._check_line(line, seq)
             end += len(line)
@@ -158,36 +249,40 @@ class JsonlExporter:
         if torn:
             expected = self._expected_line(seq)
             if expected is None or not expected.startswith(torn):
-                raise ExportError(f"{self.path} ends in {len(torn)} bytes that are not part of"
-                                  f" message {seq + 1}'s line; it was changed by hand")
+                raise ExportError(f"{self._file_name()} ends in {len(torn)} bytes that are not"
+                                  f" part of the next record; it was changed by hand")
             self._append(size, expected[len(torn):])
             end += len(expected)
             seq = orjson.loads(expected)["seq"]
-        self._save(last_seq, seq, end)
+        return seq, end
 
     def _check_line(self, line: bytes, previous: int) -> int:
         try:
             seq = orjson.loads(line)["seq"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
-            raise ExportError(f"{self.path} has a line after the exported part that is not"
-                              " an export record; it was changed by hand") from None
+            raise ExportError(f"{self._file_name()} has a line after the exported part that"
+                              " is not an export record; it was changed by hand") from None
         if not isinstance(seq, int) or seq <= previous or self._expected_line(previous) != line:
-            raise ExportError(f"{self.path} has a record (seq {seq}) that does not match the"
-                              " bus; it was changed by hand or belongs to another bus")
+            raise ExportError(f"{self._file_name()} has a record (seq {seq}) that does not match"
+                              " the bus; it was changed by hand or belongs to another bus")
         return seq
 
     def _expected_line(self, after: int) -> bytes | None:
         row = self.conn.execute(_ROWS_SQL, (after, 1)).fetchone()
         return format_line(row) if row else None
 
+    def _file_name(self) -> Path:
+        return self.path / self._part if self._part else self.path
+
     # --- state and file -----------------------------------------------------
 
-    def _state(self) -> tuple[int, str | None, int]:
+    def _state(self) -> tuple[int, str | None, str | None, int]:
         return self.conn.execute(_STATE_SQL).fetchone()
 
     def _save(self, old_seq: int, new_seq: int, size: int) -> None:
+        part = self._part if self.partitioned else None
         with write_transaction(self.conn):
-            self.conn.execute(_SAVE_SQL, (new_seq, str(self.path), size, old_seq))
+            self.conn.execute(_SAVE_SQL, (new_seq, str(self.path), part, size, old_seq))
             if self.conn.changes() != 1:
                 raise ExportError("the export position moved under this exporter;"
                                   " only one exporter may run per bus")
@@ -199,6 +294,12 @@ class JsonlExporter:
             written = os.pwrite(self._fd, view, offset)
             view, offset = view[written:], offset + written
         os.fsync(self._fd)
+
+
+def _line_date(line: bytes) -> str:
+    """The UTC date of an export line, from its "ts" field."""
+    at = line.index(b'"ts":"') + 6
+    return line[at:at + 10].decode()
 
 
 def _complete_lines(data: bytes) -> Iterator[bytes]:

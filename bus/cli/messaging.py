@@ -274,12 +274,16 @@ def _follow(bus: Bus, after: int, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--out", type=click.Path(dir_okay=False),
-              help="JSONL file (default: where it went before, else bus.jsonl beside the db).")
+@click.option("--out", type=click.Path(),
+              help="JSONL file, or directory with --partition-by (default: where the export"
+                   " went before, else bus.jsonl beside the db).")
 @click.option("-f", "--follow", is_flag=True, help="Keep exporting as messages arrive, until Ctrl-C.")
+@click.option("--partition-by", type=click.Choice(["date"]),
+              help="Write date=YYYY-MM-DD/part-*.jsonl under the --out directory (for Spark).")
 @json_option
 @pass_bus_context
-def export(obj: BusContext, out: str | None, follow: bool, as_json: bool) -> None:
+def export(obj: BusContext, out: str | None, follow: bool, partition_by: str | None,
+           as_json: bool) -> None:
     """Append new messages to the JSONL export, once each, in seq order.
 
     Safe to kill at any moment: the next run neither loses nor repeats a line.
@@ -287,7 +291,7 @@ def export(obj: BusContext, out: str | None, follow: bool, as_json: bool) -> Non
     Example: bus export --follow & tail -f .worker-state/bus.jsonl
     """
     bus = obj.open()
-    with bus.exporter(out) as exporter:
+    with bus.exporter(out, partition_by) as exporter:
         total = _export_with_progress(exporter)
         if as_json:
             echo_json({"path": str(exporter.path), "exported": total})
