@@ -18,6 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from typing import Callable
+from typing import Optional
+from typing import Union
 
 from bus.api import Bus
 from bus.db import write_transaction
@@ -38,6 +40,12 @@ from workers.registry import Worker
 DEFAULT_LEASE_MS = 10 * 60 * 1000  # shell-driven agents renew with `worker heartbeat`
 ORCHESTRATOR = "orchestrator"  # sender of task_assign and review_result
 TASK_MAX = 200
+
+
+# Messages a transition publishes after its state_change: (type, payload, to),
+# or a function of the updated worker that returns them.
+Announcements = Union[list[tuple[str, dict, Optional[str]]],
+                      Callable[[Worker], list[tuple[str, dict, Optional[str]]]]]
 
 
 class ClaimRefused(BusError):
@@ -123,7 +131,7 @@ class Workers:
         details = {"branch": current.branch, "commit": head, "message": message}
         return self._transition(
             worker, "done", head_commit=head, note=message,
-            within=lambda w: self.bus.release(w.task, w.worker),
+            within=self._release,
             announce=[("task_done", details, None), ("review_request", details, None)])
 
     def approve(self, worker: str) -> Worker:
@@ -141,32 +149,38 @@ class Workers:
     def merge(self, worker: str) -> Worker:
         """APPROVED -> COMPLETED: merge the branch into its base, then remove the worktree.
 
-        On a conflict the merge is aborted, the worker stays APPROVED and
-        git.MergeConflict names the files.
+        The git merge runs inside the transition's transaction, so a cancel
+        or fail racing it waits and the base is never merged for a worker
+        that did not complete (other writers wait meanwhile, at most the busy
+        timeout). On a conflict the merge is aborted, the worker stays
+        APPROVED and git.MergeConflict names the files.
         """
         current = self._expect(worker, "merge")
-        repo = Path(current.repo)
-        merged = git.merge(repo, current.branch, current.base,
-                           scratch=self.worktrees / f".merge-{worker}")
-        done = self._transition(
-            worker, "merge", merge_commit=merged.commit,
-            within=lambda w: self.bus.release(w.task, w.worker),
-            announce=[("task_merged", {"branch": current.branch, "base": current.base,
-                                       "commit": merged.commit,
-                                       "fast_forward": merged.fast_forward}, None)])
-        git.remove_worktree(repo, Path(current.worktree))
+        scratch = self.worktrees / f".merge-{worker}"
+
+        merged: list[git.MergeResult] = []
+
+        def merge_and_release(w: Worker) -> dict[str, Any]:
+            merged.append(git.merge(Path(w.repo), w.branch, w.base, scratch=scratch))
+            self._release(w)
+            return {"merge_commit": merged[0].commit}
+
+        done = self._transition(worker, "merge", within=merge_and_release, announce=lambda w: [
+            ("task_merged", {"branch": w.branch, "base": w.base, "commit": w.merge_commit,
+                             "fast_forward": merged[0].fast_forward}, None)])
+        git.remove_worktree(Path(current.repo), Path(current.worktree))
         return done
 
     def cancel(self, worker: str, reason: str | None = None) -> Worker:
         """Stop a worker for good; its claim is released, its branch kept."""
         return self._transition(worker, "cancel", note=reason,
-                                within=lambda w: self.bus.release(w.task, w.worker))
+                                within=self._release)
 
     def fail(self, worker: str, reason: str) -> Worker:
         """Mark a worker failed; its claim is released, its branch kept."""
         reason = validate_text(reason, "reason", 2000)
         return self._transition(worker, "fail", note=reason,
-                                within=lambda w: self.bus.release(w.task, w.worker),
+                                within=self._release,
                                 announce=[("task_failed", {"reason": reason}, None)])
 
     # --- in place ---------------------------------------------------------
@@ -192,18 +206,24 @@ class Workers:
         if current.state == ASSIGNED:
             current = self.start(worker, lease_ms)
         command = shlex.join(argv)
+        outcome: int | str
         with Heartbeat(self.bus.path, worker, interval, status="working", task=current.task,
-                       on_beat=lambda: self._keep_lease(current, lease_ms)):
+                       on_beat=lambda: self._keep_lease(current, lease_ms, only_while_working=True)):
             try:
-                code = subprocess.run(argv, cwd=current.worktree).returncode
+                outcome = subprocess.run(argv, cwd=current.worktree).returncode
             except KeyboardInterrupt:
-                self.fail(worker, f"`{command}` was interrupted")
-                raise
+                outcome = "interrupted"
             except OSError as exc:
-                return self.fail(worker, f"`{command}` could not start: {exc}"), 127
-        if code == 0:
+                outcome = f"could not start: {exc}"
+        # The heartbeat has stopped: nothing renews or re-takes the lease after this.
+        if outcome == "interrupted":
+            self.fail(worker, f"`{command}` was interrupted")
+            raise KeyboardInterrupt
+        if isinstance(outcome, str):
+            return self.fail(worker, f"`{command}` {outcome}"), 127
+        if outcome == 0:
             return self.done(worker, f"`{command}` exited 0"), 0
-        return self.fail(worker, f"`{command}` exited with {code}"), code
+        return self.fail(worker, f"`{command}` exited with {outcome}"), outcome
 
     # --- the mechanism ----------------------------------------------------
 
@@ -213,25 +233,29 @@ class Workers:
         next_state(worker, current.state, command)
         return current
 
-    def _transition(self, worker: str, command: str, *, within: Callable[[Worker], Any] = None,
-                    announce: list[tuple[str, dict, str | None]] = (), sender: str | None = None,
+    def _transition(self, worker: str, command: str, *,
+                    within: Callable[[Worker], dict[str, Any] | None] | None = None,
+                    announce: Announcements = (), sender: str | None = None,
                     **changes: Any) -> Worker:
         conn = self.bus.conn
         with write_transaction(conn):
             current = registry.get(conn, worker)
             to = next_state(worker, current.state, command)
             if within is not None:
-                within(current)
+                changes.update(within(current) or {})
             new = replace(current, state=to, updated_at_ms=now_ms(), **changes)
             registry.update(conn, current, new)
             self.bus.publish(worker, "state_change",
                              {"from": current.state, "to": to, "command": command},
                              correlation_id=current.task)
-            for type_, payload, to_agent in announce:
+            for type_, payload, to_agent in announce(new) if callable(announce) else announce:
                 self.bus.publish(sender or worker, type_, {"worker": worker, **payload},
                                  to=to_agent, correlation_id=current.task)
         registry.write_mirror(self.mirrors, new)
         return new
+
+    def _release(self, worker: Worker) -> None:
+        self.bus.release(worker.task, worker.worker)
 
     def _claim(self, worker: Worker, lease_ms: int) -> None:
         result = self.bus.try_claim(worker.task, worker.worker, lease_ms)
@@ -243,9 +267,17 @@ class Workers:
         raise ClaimRefused(f"task {worker.task} is held by {result.claim.agent}"
                            f" until its lease ends; try again later")
 
-    def _keep_lease(self, worker: Worker, lease_ms: int) -> None:
-        if not self.bus.renew(worker.task, worker.worker, lease_ms):
-            self._claim(worker, lease_ms)
+    def _keep_lease(self, worker: Worker, lease_ms: int, only_while_working: bool = False) -> None:
+        """Renew the lease, or take it again once expired (if nobody else has).
+
+        From `run`'s heartbeat thread only while the worker is still WORKING:
+        a fail or cancel meanwhile released the task, and it must stay released.
+        """
+        if self.bus.renew(worker.task, worker.worker, lease_ms):
+            return
+        if only_while_working and self.get(worker.worker).state != WORKING:
+            return
+        self._claim(worker, lease_ms)
 
 
 def _new_worker_id() -> str:
