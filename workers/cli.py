@@ -107,8 +107,9 @@ def heartbeat(obj: WorkerContext, worker: str, status: str, progress: float | No
 
     Example: worker heartbeat w1 --progress 0.5
     """
-    _report(obj.workers().heartbeat(worker, status, progress, lease_ms), as_json,
-            f"{worker} beat ({status}); lease on its task renewed")
+    w = obj.workers().heartbeat(worker, status, progress, lease_ms)
+    lease = "lease on its task renewed" if w.state == "WORKING" else "no lease yet (not started)"
+    _report(w, as_json, f"{worker} beat ({status}); {lease}")
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

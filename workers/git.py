@@ -34,8 +34,9 @@ class MergeConflict(GitError):
 
     def __init__(self, branch: str, base: str, files: list[str]) -> None:
         super().__init__(f"merging {branch} into {base} conflicts in: {', '.join(files)};"
-                         " the merge was aborted and nothing changed. Resolve on the branch"
-                         " (merge or rebase the base into it), then approve and merge again")
+                         " the merge was aborted and nothing changed. Reject the worker,"
+                         " resolve on its branch (merge the base into it), and let it go"
+                         " through done and review again")
         self.files = files
 
 

@@ -48,6 +48,10 @@ Announcements = Union[list[tuple[str, dict, Optional[str]]],
                       Callable[[Worker], list[tuple[str, dict, Optional[str]]]]]
 
 
+class BranchMoved(BusError):
+    """The branch has commits that were not reviewed; merge refuses them."""
+
+
 class ClaimRefused(BusError):
     """`start` could not take the task's lease: another worker holds it, or it is dead."""
 
@@ -161,6 +165,11 @@ class Workers:
         merged: list[git.MergeResult] = []
 
         def merge_and_release(w: Worker) -> dict[str, Any]:
+            now_at = git.head_commit(Path(w.repo), w.branch)
+            if now_at != w.head_commit:  # only what was reviewed may be merged
+                raise BranchMoved(f"{w.branch} moved since it was reviewed (reviewed"
+                                  f" {w.head_commit[:12]}, now {now_at[:12]}); reject {w.worker}"
+                                  " and let it go through done and review again")
             merged.append(git.merge(Path(w.repo), w.branch, w.base, scratch=scratch))
             self._release(w)
             return {"merge_commit": merged[0].commit}
@@ -275,9 +284,10 @@ class Workers:
         """
         if self.bus.renew(worker.task, worker.worker, lease_ms):
             return
-        if only_while_working and self.get(worker.worker).state != WORKING:
-            return
-        self._claim(worker, lease_ms)
+        with write_transaction(self.bus.conn):  # the state check and the claim, together
+            if only_while_working and self.get(worker.worker).state != WORKING:
+                return
+            self._claim(worker, lease_ms)
 
 
 def _new_worker_id() -> str:
@@ -293,4 +303,4 @@ def _undo_spawn(repo: Path, worktree: Path, branch: str) -> None:
         pass  # the original error matters more
 
 
-__all__ = ["ClaimRefused", "InvalidTransition", "Workers", "WorkerStatus", "DEFAULT_LEASE_MS"]
+__all__ = ["BranchMoved", "ClaimRefused", "InvalidTransition", "Workers", "WorkerStatus", "DEFAULT_LEASE_MS"]
