@@ -36,7 +36,7 @@ BATCH = 20_000  # messages per write + fsync + state update
 _STATE_SQL = "SELECT last_seq, path, part, bytes FROM export_state WHERE id = 1"
 _SAVE_SQL = (
     "UPDATE export_state SET last_seq = ?, path = ?, part = ?, bytes = ?"
-    " WHERE id = 1 AND last_seq = ?"
+    " WHERE id = 1 AND last_seq = ? AND path IS ?"
 )
 _ROWS_SQL = (
     "SELECT seq, id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to,"
@@ -103,6 +103,10 @@ class JsonlExporter:
 
     def open(self) -> None:
         """Lock the export, check it against the recorded position, repair a torn tail."""
+        _seq, recorded_path, part, _bytes = self._state()
+        if recorded_path is not None and recorded_path != str(self.path):
+            raise ExportError(f"this bus exports to {recorded_path}; use that"
+                              f" {'directory' if part else 'file'} or move it there")
         if self.partitioned and self.path.is_file():
             raise ExportError(f"{self.path} is a file; a partitioned export needs a directory")
         if not self.partitioned and self.path.is_dir():
@@ -200,9 +204,6 @@ class JsonlExporter:
         if recorded_path is None:
             self._start_fresh(last_seq)
             return
-        if recorded_path != str(self.path):
-            raise ExportError(f"this bus exports to {recorded_path}; use that"
-                              f" {'directory' if part else 'file'} or move it there")
         if (part is not None) != self.partitioned and (part or recorded):
             raise ExportError(f"{self.path} was exported {'with' if part else 'without'}"
                               " --partition-by date; export it the same way")
@@ -232,7 +233,7 @@ class JsonlExporter:
             if os.fstat(self._fd).st_size:
                 raise ExportError(f"{self.path} already holds data this bus did not write;"
                                   " export to a new file")
-        self._save(last_seq, last_seq, 0)
+        self._save(last_seq, last_seq, 0, old_path=None)
 
     def _adopt(self, seq: int, recorded: int) -> tuple[int, int]:
         """Keep whole lines written after `recorded` bytes; finish a torn last line."""
@@ -279,10 +280,13 @@ class JsonlExporter:
     def _state(self) -> tuple[int, str | None, str | None, int]:
         return self.conn.execute(_STATE_SQL).fetchone()
 
-    def _save(self, old_seq: int, new_seq: int, size: int) -> None:
+    def _save(self, old_seq: int, new_seq: int, size: int, old_path: str | None = "") -> None:
+        """Record the new position if nobody else moved it (seq and path both checked)."""
         part = self._part if self.partitioned else None
+        expected_path = str(self.path) if old_path == "" else old_path
         with write_transaction(self.conn):
-            self.conn.execute(_SAVE_SQL, (new_seq, str(self.path), part, size, old_seq))
+            self.conn.execute(_SAVE_SQL, (new_seq, str(self.path), part, size, old_seq,
+                                          expected_path))
             if self.conn.changes() != 1:
                 raise ExportError("the export position moved under this exporter;"
                                   " only one exporter may run per bus")

@@ -101,10 +101,11 @@ def test_export_partitions_and_single_file_do_not_mix(bus: Bus, tmp_path: Path) 
     bus.export_jsonl(out, partition_by="date")
     with pytest.raises(ExportError, match="is a directory; export into it with --partition-by"):
         bus.export_jsonl(out)
-    single = tmp_path / "bus.jsonl"
-    single.write_text("")
-    with pytest.raises(ExportError, match="is a file; a partitioned export needs a directory"):
-        JsonlExporter(bus.conn, single, "date").open()
+    with Bus.open(tmp_path / "other.db") as other:
+        single = tmp_path / "bus.jsonl"
+        single.write_text("")
+        with pytest.raises(ExportError, match="is a file; a partitioned export needs a directory"):
+            JsonlExporter(other.conn, single, "date").open()
 
 
 def test_export_partitions_refuses_a_directory_with_foreign_files(bus: Bus, tmp_path: Path) -> None:
