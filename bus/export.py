@@ -114,7 +114,10 @@ class JsonlExporter:
                               " --partition-by date, or name a file")
         lock_path = self.path / ".export.lock" if self.partitioned else self.path
         lock_path.parent.mkdir(parents=True, exist_ok=True)
+        created = not lock_path.exists()
         self._lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        if created:  # for a single file the lock is the export itself: its name must last
+            fsync_directory(lock_path.parent)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

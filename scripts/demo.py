@@ -103,8 +103,7 @@ def history_report() -> None:
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         print("  (Java is not installed: Spark needs it; skipping the report)")
         return
-    for query in ("volume", "lifecycle", "threads", "silence", "dead_tasks"):
-        cli("bus", "history", "--query", query, check=False)
+    cli("bus", "history", check=False)  # every query, one Spark session
 
 
 # --- plumbing -----------------------------------------------------------------------

@@ -11,6 +11,7 @@ import click
 
 from bus import __version__
 from bus.cli import coordination
+from bus.cli import history
 from bus.cli import messaging
 from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
@@ -41,6 +42,6 @@ def main(ctx: click.Context, db: str, durability: str) -> None:
     ctx.obj = BusContext(ctx, db, durability)
 
 
-for _module in (messaging, coordination):
+for _module in (messaging, coordination, history):
     for _command in _module.COMMANDS:
         main.add_command(_command)

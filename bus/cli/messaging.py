@@ -292,17 +292,18 @@ def export(obj: BusContext, out: str | None, follow: bool, partition_by: str | N
     """
     bus = obj.open()
     with bus.exporter(out, partition_by) as exporter:
-        total = _export_with_progress(exporter)
-        if as_json:
-            echo_json({"path": str(exporter.path), "exported": total})
-        else:
-            click.echo(f"exported {total} message(s) to {exporter.path}")
         try:
+            total = _export_with_progress(exporter)
+            if as_json:
+                echo_json({"path": str(exporter.path), "exported": total})
+            else:
+                click.echo(f"exported {total} message(s) to {exporter.path}")
             while follow:
                 bus.wait_for_change(FOLLOW_WAKE_S)
                 exporter.export()
         except KeyboardInterrupt:
-            pass
+            if not follow:
+                raise
 
 
 def _export_with_progress(exporter) -> int:

@@ -1,0 +1,478 @@
+"""Spark history queries over the agentbus JSONL export.
+
+    spark-submit --master local[*] scripts/history.py --export bus.jsonl --query lifecycle
+    spark-submit --master spark://host:7077 scripts/history.py --export hdfs:///bus/ --query all
+    python scripts/history.py --export .worker-state/bus.jsonl --format json
+
+The job is extract (read the export with an explicit schema), transform (one
+pure DataFrame -> DataFrame function per query, registered in QUERIES) and
+load (print a table, JSON lines or CSV). It imports nothing from the bus, so
+the same file runs on a cluster where agentbus is not installed. The export
+is one JSONL file or a directory of them (`date=YYYY-MM-DD/part-*.jsonl`,
+read recursively).
+
+Times in results are ISO 8601 UTC strings like the export's `ts`: the
+transforms format them with the session time zone, which `start_spark` sets
+to UTC (a caller bringing its own session must do the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from typing import Callable
+from typing import Iterator
+from typing import Sequence
+from typing import TextIO
+
+from pyspark.sql import Column
+from pyspark.sql import DataFrame
+from pyspark.sql import SparkSession
+from pyspark.sql import Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+APP_NAME = "agentbus-history"
+TERMINAL_STATES = ("COMPLETED", "CANCELLED", "FAILED")  # workers/machine.py TERMINAL
+HEARTBEAT_TYPE = "heartbeat"
+STUCK_AFTER_SECONDS = 3600.0
+SILENCE_TOP = 3  # largest gaps reported per agent
+ISO_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"  # the export's `ts` format (session time zone UTC)
+HOUR_FORMAT = "yyyy-MM-dd'T'HH:00'Z'"
+LOCAL_SPLIT_BYTES = "32m"
+
+# One export line (bus/export.py). `payload` is any JSON value; typed as a
+# string, Spark's JSON reader keeps objects and arrays as their raw JSON text,
+# which get_json_object then reads field by field.
+EXPORT_SCHEMA = T.StructType([
+    T.StructField("seq", T.LongType()),
+    T.StructField("id", T.StringType()),
+    T.StructField("ts_ms", T.LongType()),
+    T.StructField("ts", T.StringType()),
+    T.StructField("from", T.StringType()),
+    T.StructField("to", T.StringType()),
+    T.StructField("type", T.StringType()),
+    T.StructField("correlation_id", T.StringType()),
+    T.StructField("in_reply_to", T.StringType()),
+    T.StructField("payload_ref", T.StringType()),
+    T.StructField("payload", T.StringType()),
+])
+
+# What the transforms take: the export with `from`/`to` named as the bus's
+# Message names them (and no SQL keywords as column names).
+MESSAGES_SCHEMA = T.StructType([
+    T.StructField("seq", T.LongType(), False),
+    T.StructField("id", T.StringType()),
+    T.StructField("ts_ms", T.LongType()),
+    T.StructField("ts", T.StringType()),
+    T.StructField("from_agent", T.StringType()),
+    T.StructField("to_agent", T.StringType()),
+    T.StructField("type", T.StringType()),
+    T.StructField("correlation_id", T.StringType()),
+    T.StructField("in_reply_to", T.StringType()),
+    T.StructField("payload_ref", T.StringType()),
+    T.StructField("payload", T.StringType()),
+])
+
+
+# --- session ----------------------------------------------------------------------
+
+
+def start_spark(quiet: bool = False) -> SparkSession:
+    """The active session, or a new one.
+
+    No master is set when spark-submit (or spark-defaults.conf) gives one;
+    otherwise SPARK_MASTER, else local[*]. `quiet` keeps the JVM's start-up
+    chatter (log4j banners, native-library warnings) and the progress bar off
+    the terminal: the JVM's stderr goes to an anonymous file that is shown
+    only if Java fails to start.
+    """
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.conf.set("spark.sql.session.timeZone", "UTC")
+        return active
+    builder = (SparkSession.builder.appName(APP_NAME)
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.showConsoleProgress", "false"))
+    master = _configured_master()
+    if master is not None:
+        builder = builder.master(master)
+    if master is not None and master.startswith("local"):
+        # One machine: files split by default into 128 MB pieces, so a 300 MB
+        # export is 3 tasks on 2 cores and one core idles for the last third.
+        builder = builder.config("spark.sql.files.maxPartitionBytes", LOCAL_SPLIT_BYTES)
+    if quiet:
+        builder = builder.config("spark.log.level", "ERROR")
+        with _jvm_stderr_captured() as captured:
+            try:
+                return builder.getOrCreate()
+            except Exception as exc:
+                raise SparkStartError(captured()) from exc
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+class SparkStartError(RuntimeError):
+    """Java could not start Spark; the message is the tail of what the JVM printed."""
+
+
+def _configured_master() -> str | None:
+    """The master to set ourselves, or None when spark-submit's choice stands."""
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # launched by spark-submit: it chose
+        return None
+    if os.environ.get("SPARK_MASTER"):
+        return os.environ["SPARK_MASTER"]
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+    if "--master" in submit_args or _defaults_set_master():
+        return None
+    return "local[*]"
+
+
+def _defaults_set_master() -> bool:
+    """Does spark-defaults.conf (SPARK_CONF_DIR, else SPARK_HOME/conf) name a master?"""
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(
+        os.environ.get("SPARK_HOME", ""), "conf")
+    try:
+        with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as conf:
+            return any(line.split()[:1] == ["spark.master"] for line in conf)
+    except OSError:
+        return False
+
+
+@contextmanager
+def _jvm_stderr_captured() -> Iterator[Callable[[], str]]:
+    """Point fd 2 at an anonymous file while the JVM is spawned (it inherits it)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lambda: _tail(sink)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _tail(sink: Any, limit: int = 4000) -> str:
+    sink.flush()
+    sink.seek(0)
+    return sink.read().decode(errors="replace")[-limit:].strip()
+
+
+# --- extract ----------------------------------------------------------------------
+
+
+def extract(spark: SparkSession, path: str) -> DataFrame:
+    """The export at `path` (file or directory, any Hadoop URI) as MESSAGES_SCHEMA rows.
+
+    Directories are read recursively, which also switches partition discovery
+    off: a `date=` directory level adds no column. Lines that are not export
+    records (a torn last line while the exporter writes) are dropped.
+    """
+    raw = (spark.read.schema(EXPORT_SCHEMA)
+           .option("mode", "PERMISSIVE")
+           .option("recursiveFileLookup", "true")
+           .json(path))
+    return to_messages(raw)
+
+
+def to_messages(raw: DataFrame) -> DataFrame:
+    """Export columns -> MESSAGES_SCHEMA, whatever extra columns a reader added."""
+    return (raw.where(F.col("seq").isNotNull())
+            .select(F.col("seq"), "id", "ts_ms", "ts", F.col("from").alias("from_agent"),
+                    F.col("to").alias("to_agent"), "type", "correlation_id", "in_reply_to",
+                    "payload_ref", "payload"))
+
+
+# --- transforms (pure: DataFrame in, DataFrame out) -------------------------------
+
+
+def volume(messages: DataFrame) -> DataFrame:
+    """Messages per hour, sending agent and type."""
+    hour = F.date_trunc("hour", F.timestamp_millis("ts_ms"))
+    return (messages.groupBy(hour.alias("hour"), F.col("from_agent").alias("agent"), "type")
+            .agg(F.count(F.lit(1)).alias("messages"))
+            .orderBy("hour", "agent", "type")
+            # Formatted once per group, not once per message: it is the costly part.
+            .withColumn("hour", F.date_format("hour", HOUR_FORMAT)))
+
+
+def state_changes(messages: DataFrame) -> DataFrame:
+    """state_change messages as (worker, task, state, from_state, command, ts_ms, seq)."""
+    return (messages.where(F.col("type") == "state_change")
+            .select(F.col("from_agent").alias("worker"), F.col("correlation_id").alias("task"),
+                    F.get_json_object("payload", "$.to").alias("state"),
+                    F.get_json_object("payload", "$.from").alias("from_state"),
+                    F.get_json_object("payload", "$.command").alias("command"),
+                    "ts_ms", "seq"))
+
+
+def time_in_state(messages: DataFrame) -> DataFrame:
+    """Each state a worker's task entered, until the worker's next state_change for it.
+
+    `left_ms` and `seconds` are null for the state it is still in.
+    """
+    by_task = Window.partitionBy("worker", "task").orderBy("ts_ms", "seq")
+    return (state_changes(messages)
+            .withColumn("left_ms", F.lead("ts_ms").over(by_task))
+            .select("worker", "task", "state", F.col("ts_ms").alias("entered_ms"), "left_ms",
+                    ((F.col("left_ms") - F.col("ts_ms")) / 1000.0).alias("seconds")))
+
+
+def lifecycle(messages: DataFrame) -> DataFrame:
+    """p50/p95 time in each state per worker, over the states it has left."""
+    left = time_in_state(messages).where(F.col("seconds").isNotNull())
+    quantiles = F.percentile_approx("seconds", [0.5, 0.95])  # one sketch for both
+    return (left.groupBy("worker", "state")
+            .agg(F.count(F.lit(1)).alias("visits"), quantiles.alias("q"),
+                 F.max("seconds").alias("max_s"), F.sum("seconds").alias("total_s"))
+            .select("worker", "state", "visits", F.col("q")[0].alias("p50_s"),
+                    F.col("q")[1].alias("p95_s"), "max_s", F.round("total_s", 3).alias("total_s"))
+            .orderBy("worker", "state"))
+
+
+def stuck(messages: DataFrame, after_seconds: float = STUCK_AFTER_SECONDS) -> DataFrame:
+    """Tasks whose last state is not terminal and older than `after_seconds`.
+
+    Age is measured against the newest message in the data, not the clock, so
+    an old export gives the same answer tomorrow.
+    """
+    newest = messages.agg(F.max("ts_ms").alias("newest_ms"))
+    latest_first = Window.partitionBy("worker", "task").orderBy(F.desc("ts_ms"), F.desc("seq"))
+    last = (state_changes(messages)
+            .withColumn("rank", F.row_number().over(latest_first))
+            .where((F.col("rank") == 1) & ~F.col("state").isin(*TERMINAL_STATES)))
+    return (last.crossJoin(newest)
+            .withColumn("stuck_s", (F.col("newest_ms") - F.col("ts_ms")) / 1000.0)
+            .where(F.col("stuck_s") > F.lit(after_seconds))
+            .select("worker", "task", "state", _iso("ts_ms").alias("since"), "stuck_s")
+            .orderBy(F.desc("stuck_s"), "worker", "task"))
+
+
+def reply_latencies(messages: DataFrame) -> DataFrame:
+    """Each reply (in_reply_to names a message in the data) with its latency in ms."""
+    requests = messages.select(F.col("id").alias("request_id"),
+                               F.col("ts_ms").alias("request_ms"),
+                               F.col("correlation_id").alias("request_correlation_id"))
+    replies = messages.where(F.col("in_reply_to").isNotNull())
+    return (replies.join(requests, replies["in_reply_to"] == requests["request_id"])
+            .select(F.coalesce("correlation_id", "request_correlation_id").alias("correlation_id"),
+                    F.col("id").alias("reply_id"), "request_id",
+                    (F.col("ts_ms") - F.col("request_ms")).alias("latency_ms")))
+
+
+def threads(messages: DataFrame) -> DataFrame:
+    """Request-to-reply latency per correlation_id, then over all replies (scope "all")."""
+    quantiles = F.percentile_approx("latency_ms", [0.5, 0.95])
+    per_thread = (reply_latencies(messages).rollup("correlation_id")
+                  .agg(F.grouping("correlation_id").alias("total"),
+                       F.count(F.lit(1)).alias("replies"), quantiles.alias("q"),
+                       F.max("latency_ms").alias("max_ms")))
+    return (per_thread
+            .select(F.when(F.col("total") == 1, "all").otherwise("thread").alias("scope"),
+                    "correlation_id", "replies", F.col("q")[0].alias("p50_ms"),
+                    F.col("q")[1].alias("p95_ms"), "max_ms", "total")
+            .orderBy("total", "correlation_id")
+            .drop("total"))
+
+
+def silence(messages: DataFrame, top: int = SILENCE_TOP) -> DataFrame:
+    """The `top` longest gaps between consecutive messages of each agent.
+
+    An agent that sends heartbeat messages is judged by those alone (its
+    other messages are not proof of a live loop); any other by all it sends.
+    """
+    per_agent = Window.partitionBy("from_agent")
+    in_order = per_agent.orderBy("ts_ms", "seq")
+    is_beat = F.col("type") == HEARTBEAT_TYPE
+    # Agents are few: a broadcast list of the beating ones is cheaper than a
+    # whole-partition window over every message.
+    beaters = (messages.where(is_beat).select("from_agent").distinct()
+               .withColumn("beats", F.lit(True)))
+    basis = (messages.select("from_agent", "ts_ms", "seq", is_beat.alias("beat"))
+             .join(F.broadcast(beaters), "from_agent", "left")
+             .withColumn("beats", F.coalesce("beats", F.lit(False)))
+             .where(F.col("beat") | ~F.col("beats")))
+    gaps = (basis.withColumn("start_ms", F.lag("ts_ms").over(in_order))
+            .where(F.col("start_ms").isNotNull())
+            .withColumn("gap_s", (F.col("ts_ms") - F.col("start_ms")) / 1000.0))
+    longest_first = per_agent.orderBy(F.desc("gap_s"), "ts_ms")
+    return (gaps.withColumn("rank", F.row_number().over(longest_first))
+            .where(F.col("rank") <= top)
+            .select(F.col("from_agent").alias("agent"),
+                    F.when(F.col("beats"), "heartbeat").otherwise("any").alias("basis"),
+                    _iso("start_ms").alias("start"), _iso("ts_ms").alias("end"), "gap_s")
+            .orderBy(F.desc("gap_s"), "agent", "start"))
+
+
+def dead_tasks(messages: DataFrame) -> DataFrame:
+    """Tasks the bus released from a dead holder (taken over later) or declared dead."""
+    events = (messages.where(F.col("type").isin("task_released", "task_dead"))
+              .select(F.coalesce(_field("task"), F.col("correlation_id")).alias("task"),
+                      F.coalesce(_field("agent"), _field("last_holder")).alias("agent"),
+                      _field("reason").alias("reason"), "type", "ts_ms", "seq"))
+    return (events.groupBy("task")
+            .agg(F.sum((F.col("type") == "task_released").cast("long")).alias("released"),
+                 F.max(F.col("type") == "task_dead").alias("dead"),
+                 F.array_join(F.array_sort(F.collect_set("agent")), ",").alias("agents"),
+                 F.max_by("type", "seq").alias("last_event"),
+                 F.max_by("reason", "seq").alias("last_reason"),
+                 F.max("ts_ms").alias("last_ms"))
+            .select("task", "released", "dead", "agents", "last_event", "last_reason",
+                    _iso("last_ms").alias("last_at"))
+            .orderBy("last_at", "task"))
+
+
+def _iso(ms_column: str) -> Column:
+    return F.date_format(F.timestamp_millis(F.col(ms_column)), ISO_FORMAT)
+
+
+def _field(name: str) -> Column:
+    return F.get_json_object("payload", f"$.{name}")
+
+
+@dataclass(frozen=True)
+class Options:
+    stuck_after_seconds: float = STUCK_AFTER_SECONDS
+    silence_top: int = SILENCE_TOP
+
+
+@dataclass(frozen=True)
+class Query:
+    run: Callable[[DataFrame, Options], DataFrame]
+    title: str
+
+
+QUERIES: dict[str, Query] = {
+    "volume": Query(lambda m, o: volume(m), "messages per hour, agent and type"),
+    "lifecycle": Query(lambda m, o: lifecycle(m), "time in state per worker (seconds)"),
+    "stuck": Query(lambda m, o: stuck(m, o.stuck_after_seconds),
+                   "tasks stuck in a non-terminal state"),
+    "threads": Query(lambda m, o: threads(m), "request-to-reply latency (ms)"),
+    "silence": Query(lambda m, o: silence(m, o.silence_top), "longest silences per agent"),
+    "dead_tasks": Query(lambda m, o: dead_tasks(m), "tasks released or declared dead"),
+}
+
+
+# --- load -------------------------------------------------------------------------
+
+
+def collect(result: DataFrame, limit: int | None = None) -> tuple[list[str], list[tuple]]:
+    """Column names and rows (a result is an aggregate: small enough for the driver)."""
+    rows = (result.limit(limit) if limit else result).collect()
+    return result.columns, [tuple(row) for row in rows]
+
+
+def write_table(columns: list[str], rows: list[tuple], out: TextIO) -> None:
+    if not rows:
+        out.write("(no rows)\n")
+        return
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    right = [all(isinstance(row[i], (int, float)) or row[i] is None for row in rows)
+             and not all(row[i] is None for row in rows) for i in range(len(columns))]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if r else v.ljust(w)
+                         for v, w, r in zip(values, widths, right)).rstrip()
+
+    out.write(line(columns) + "\n")
+    out.write(line(["-" * w for w in widths]) + "\n")
+    for r in cells:
+        out.write(line(r) + "\n")
+
+
+def write_json(columns: list[str], rows: list[tuple], out: TextIO,
+               extra: dict[str, Any] | None = None) -> None:
+    for row in rows:
+        out.write(json.dumps({**(extra or {}), **dict(zip(columns, row))}) + "\n")
+
+
+def write_csv(columns: list[str], rows: list[tuple], out: TextIO) -> None:
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(rows)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3f}".rstrip("0").rstrip(".") if value % 1 else f"{value:.0f}"
+    return str(value)
+
+
+# --- the job ----------------------------------------------------------------------
+
+
+def run(spark: SparkSession, export: str, names: Sequence[str], fmt: str = "table",
+        options: Options = Options(), out: TextIO | None = None,
+        limit: int | None = None) -> None:
+    """Extract once, run each named query, print each result to `out`."""
+    out = out or sys.stdout
+    messages = extract(spark, export)
+    if len(names) > 1:  # every query reads it: parse the JSON once
+        messages = messages.persist()
+    try:
+        for index, name in enumerate(names):
+            columns, rows = collect(QUERIES[name].run(messages, options), limit)
+            _write(name, columns, rows, fmt, out, several=len(names) > 1, first=index == 0)
+    finally:
+        if len(names) > 1:
+            messages.unpersist()
+
+
+def _write(name: str, columns: list[str], rows: list[tuple], fmt: str, out: TextIO,
+           several: bool, first: bool) -> None:
+    if fmt == "json":  # several queries in one stream: each line says which
+        write_json(columns, rows, out, {"query": name} if several else None)
+        return
+    if several:
+        out.write(("" if first else "\n") + (f"# {name}" if fmt == "csv" else
+                                             f"== {name}: {QUERIES[name].title} ==") + "\n")
+    (write_csv if fmt == "csv" else write_table)(columns, rows, out)
+
+
+def query_names(query: str) -> list[str]:
+    return list(QUERIES) if query == "all" else [query]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="History queries over the agentbus export.")
+    parser.add_argument("--export", required=True,
+                        help="export JSONL file or directory (date=YYYY-MM-DD/part-*.jsonl)")
+    parser.add_argument("--query", default="all", choices=[*QUERIES, "all"])
+    parser.add_argument("--format", default="table", choices=["table", "json", "csv"])
+    parser.add_argument("--stuck-after-seconds", type=float, default=STUCK_AFTER_SECONDS,
+                        help="a non-terminal state older than this is stuck (default %(default)s)")
+    parser.add_argument("--silence-top", type=int, default=SILENCE_TOP,
+                        help="gaps reported per agent (default %(default)s)")
+    parser.add_argument("--limit", type=int, help="print at most this many rows per query")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    created = SparkSession.getActiveSession() is None
+    spark = start_spark()
+    try:
+        run(spark, args.export, query_names(args.query), args.format,
+            Options(args.stuck_after_seconds, args.silence_top), limit=args.limit)
+    finally:
+        if created:  # ours to end; an embedding caller keeps its session
+            spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
