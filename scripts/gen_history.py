@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import itertools
-import os
 import random
 import sys
 import time
@@ -214,7 +213,7 @@ class Worker:
         self._change(task, "COMPLETED", "merge")
         sim.emit(Message(self.name, "task_merged",
                          {"worker": self.name, "branch": f"{self.name}/{task.name}",
-                          "base": "main", "commit": sim.new_id().replace("-", "")[:40],
+                          "base": "main", "commit": f"{rng.getrandbits(160):040x}",
                           "fast_forward": rng.random() < 0.7}, correlation_id=task.name))
         return False
 
@@ -314,24 +313,24 @@ def simulate(seed: int, start_ms: int, workers: int) -> Iterator[tuple[int, Mess
 # --- output ---------------------------------------------------------------------
 
 
-class _IsoSeconds:
-    """ts strings of the export ("YYYY-MM-DDTHH:MM:SS.mmmZ"): one strftime per second."""
+class _IsoTimes:
+    """ts strings of the export ("YYYY-MM-DDTHH:MM:SS.mmmZ"): one strftime per minute."""
 
     def __init__(self) -> None:
-        self._second = -1
+        self._minute = -1
         self._prefix = ""
 
     def __call__(self, ts_ms: int) -> str:
-        second = ts_ms // 1000
-        if second != self._second:  # times only go forward: one cached second is enough
-            moment = datetime.fromtimestamp(second, tz=timezone.utc)
-            self._second, self._prefix = second, moment.strftime("%Y-%m-%dT%H:%M:%S.")
-        return f"{self._prefix}{ts_ms % 1000:03d}Z"
+        minute, rest = divmod(ts_ms, 60_000)
+        if minute != self._minute:  # times only go forward: one cached minute is enough
+            moment = datetime.fromtimestamp(minute * 60, tz=timezone.utc)
+            self._minute, self._prefix = minute, moment.strftime("%Y-%m-%dT%H:%M:")
+        return f"{self._prefix}{rest // 1000:02d}.{rest % 1000:03d}Z"
 
 
 def export_lines(history: Iterator[tuple[int, Message]], count: int) -> Iterator[tuple[str, bytes]]:
     """(date, line) for the first `count` messages, numbered from seq 1 like a fresh bus."""
-    iso = _IsoSeconds()
+    iso = _IsoTimes()
     dumps = orjson.dumps
     for seq, (ts_ms, m) in enumerate(itertools.islice(history, count), start=1):
         ts = iso(ts_ms)

@@ -22,6 +22,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -46,7 +47,6 @@ STUCK_AFTER_SECONDS = 3600.0
 SILENCE_TOP = 3  # largest gaps reported per agent
 ISO_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"  # the export's `ts` format (session time zone UTC)
 HOUR_FORMAT = "yyyy-MM-dd'T'HH:00'Z'"
-LOCAL_SPLIT_BYTES = "32m"
 
 # One export line (bus/export.py). `payload` is any JSON value; typed as a
 # string, Spark's JSON reader keeps objects and arrays as their raw JSON text,
@@ -89,10 +89,11 @@ def start_spark(quiet: bool = False) -> SparkSession:
     """The active session, or a new one.
 
     No master is set when spark-submit (or spark-defaults.conf) gives one;
-    otherwise SPARK_MASTER, else local[*]. `quiet` keeps the JVM's start-up
-    chatter (log4j banners, native-library warnings) and the progress bar off
+    otherwise SPARK_MASTER, else local[*]. On a local master a few SQL
+    settings suit one machine better (tune_for_one_machine). `quiet` keeps
+    the JVM's start-up chatter (log4j banners, native-library warnings) off
     the terminal: the JVM's stderr goes to an anonymous file that is shown
-    only if Java fails to start.
+    only if Java fails to start. The progress bar is always off.
     """
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -104,20 +105,39 @@ def start_spark(quiet: bool = False) -> SparkSession:
     master = _configured_master()
     if master is not None:
         builder = builder.master(master)
-    if master is not None and master.startswith("local"):
-        # One machine: files split by default into 128 MB pieces, so a 300 MB
-        # export is 3 tasks on 2 cores and one core idles for the last third.
-        builder = builder.config("spark.sql.files.maxPartitionBytes", LOCAL_SPLIT_BYTES)
     if quiet:
         builder = builder.config("spark.log.level", "ERROR")
         with _jvm_stderr_captured() as captured:
             try:
-                return builder.getOrCreate()
+                spark = builder.getOrCreate()
             except Exception as exc:
                 raise SparkStartError(captured()) from exc
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    else:
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
+    tune_for_one_machine(spark)
     return spark
+
+
+def tune_for_one_machine(spark: SparkSession) -> None:
+    """On a local master, SQL settings that suit one small machine (unless set already).
+
+    Spark's defaults are for clusters: 200 shuffle partitions are 200 tasks
+    per stage, run a few at a time here; 128 MB file splits make a 300 MB
+    export 3 tasks on 2 cores (one idles for the last third); compressing
+    the cached export costs more CPU than the 20% of memory it saves.
+    """
+    context = spark.sparkContext
+    if not context.master.startswith("local"):
+        return
+    given = context.getConf()
+    for key, value in {
+        "spark.sql.shuffle.partitions": str(4 * context.defaultParallelism),
+        "spark.sql.files.maxPartitionBytes": "32m",
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    }.items():
+        if not given.contains(key):
+            spark.conf.set(key, value)
 
 
 class SparkStartError(RuntimeError):
@@ -142,7 +162,9 @@ def _defaults_set_master() -> bool:
         os.environ.get("SPARK_HOME", ""), "conf")
     try:
         with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as conf:
-            return any(line.split()[:1] == ["spark.master"] for line in conf)
+            # A Java properties file: "key value", "key=value" or "key: value".
+            return any(re.split(r"[\s=:]", line.strip(), maxsplit=1)[0] == "spark.master"
+                       for line in conf)
     except OSError:
         return False
 

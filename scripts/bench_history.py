@@ -1,0 +1,99 @@
+"""The Spark history job's wall time over a generated export, against Spark's floor.
+
+Generates N messages with scripts/gen_history.py, then times two runs of a
+fresh Python process each, one after the other:
+
+- the job: `scripts/history.py --query all` (all six queries, as a user runs it);
+- the floor: the same Spark start and the same `extract`, then a plain count,
+  which is what any query over the export must at least do.
+
+Both include the JVM's start, so the ratio (floor / job) says how much the
+queries add on top of reading the file, whatever the machine's speed.
+
+    python scripts/bench_history.py [--messages 1000000] [--master local[*]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+SCRIPTS = Path(__file__).resolve().parent
+TARGET_SECONDS = 60.0  # the job over 1,000,000 messages on 2 cores
+_FLOOR_CODE = ("import sys; sys.path.insert(0, {scripts!r}); import history;"
+               " spark = history.start_spark(quiet=True);"
+               " print(history.extract(spark, {export!r}).count()); spark.stop()")
+
+
+def history_row(workdir: Path, messages: int, master: str = "local[*]") -> dict:
+    """Wall seconds of the whole job and of Spark's read-and-count floor."""
+    export = workdir / "history.jsonl"
+    started = time.perf_counter()
+    _run([sys.executable, str(SCRIPTS / "gen_history.py"), "--out", str(export),
+          "-n", str(messages), "--seed", "7"], master)
+    generated = time.perf_counter() - started
+    floor, counted = _timed([sys.executable, "-c",
+                             _FLOOR_CODE.format(scripts=str(SCRIPTS), export=str(export))], master)
+    job, _ = _timed([sys.executable, str(SCRIPTS / "history.py"), "--export", str(export),
+                     "--query", "all", "--format", "json"], master)
+    if int(counted.strip()) != messages:
+        raise SystemExit(f"the floor counted {counted.strip()} messages, not {messages}")
+    return {"case": "Spark history job, all queries", "messages": messages, "master": master,
+            "generate_s": round(generated, 1), "floor_s": round(floor, 1),
+            "job_s": round(job, 1), "ratio": round(floor / job, 3),
+            "target_s": TARGET_SECONDS if messages == 1_000_000 else None}
+
+
+def _timed(argv: list[str], master: str) -> tuple[float, str]:
+    started = time.perf_counter()
+    stdout = _run(argv, master)
+    return time.perf_counter() - started, stdout
+
+
+def _run(argv: list[str], master: str) -> str:
+    env = {**os.environ, "SPARK_MASTER": master}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:2])} failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def print_row(row: dict) -> None:
+    verdict = ""
+    if row["target_s"] is not None:
+        verdict = f" (target < {row['target_s']:.0f} s: "
+        verdict += ("ok)" if row["job_s"] < row["target_s"] else "ABOVE)")
+    print(f"Spark history over {row['messages']:,} messages on {row['master']}:"
+          f" job {row['job_s']:.1f} s{verdict}; read-and-count floor {row['floor_s']:.1f} s"
+          f" (ratio {row['ratio']:.2f}); generating the export took {row['generate_s']:.1f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--dir", type=Path, help="where to put the export (default: a temp dir)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="agentbus-bench-history-", dir=args.dir))
+    try:
+        row = history_row(workdir, args.messages, args.master)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        print(orjson.dumps(row).decode())
+    else:
+        print_row(row)
+    return 0 if row["target_s"] is None or row["job_s"] < row["target_s"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
