@@ -31,6 +31,7 @@ from bus.claims import Claim
 from bus.claims import ClaimResult
 from bus.claims import DeadClaim
 from bus.cursors import Cursor
+from bus.engine import Channels
 from bus.db import DURABLE_BY_DURABILITY
 from bus.db import connect
 from bus.db import synchronous_for
@@ -72,6 +73,7 @@ class Bus:
         self._watchers: list[ChangeWatcher] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._channels: Channels | None = None
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], durability: str = "normal", *,
@@ -130,6 +132,13 @@ class Bus:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    @property
+    def channels(self) -> Channels:
+        """The message engine on this bus (seed 004): channels, delivery, acks, dead letters."""
+        if self._channels is None:
+            self._channels = Channels(self)
+        return self._channels
+
     # --- publishing -------------------------------------------------------
 
     def publish(self, from_agent: str, type: str, payload: Any = None, *, to: str | None = None,
@@ -156,7 +165,7 @@ class Bus:
 
     def _insert(self, rows: list[messages.Row]) -> list[PublishResult]:
         # Blobs are written (and fsynced) before the transaction, outside the lock.
-        rows = [self._move_large_payload(row) for row in rows]
+        rows = [self.move_large_payload(row) for row in rows]
         conn = self.conn
         results = []
         with write_transaction(conn):
@@ -166,7 +175,8 @@ class Bus:
                 results.append(PublishResult(seq, row.id, duplicate, self.durable))
         return results
 
-    def _move_large_payload(self, row: messages.Row) -> messages.Row:
+    def move_large_payload(self, row: messages.Row) -> messages.Row:
+        """The row, with a payload over blob_threshold bytes moved to the blob store."""
         # A character is at most 4 bytes in UTF-8: short payloads skip the encode.
         if row.payload is None or len(row.payload) * 4 <= self.blob_threshold:
             return row

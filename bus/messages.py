@@ -315,13 +315,19 @@ def message_count(conn: apsw.Connection) -> int:
 def row_to_message(row: tuple[Any, ...], blobs: BlobStore | None = None) -> Message:
     """A row as a Message; a payload that cannot be read is reported, never raised."""
     seq, id_, ts_ms, from_agent, to_agent, type_, correlation_id, in_reply_to, text, ref = row
-    payload, error = None, None
-    if ref is not None:
-        payload, error = _load_blob_payload(ref, blobs)
-    elif text is not None:
-        payload, error = _decode(text)
+    payload, error = load_payload(text, ref, blobs)
     return Message(seq, id_, ts_ms, from_agent, to_agent, type_, correlation_id,
                    in_reply_to, payload, error, ref)
+
+
+def load_payload(text: str | None, ref: str | None,
+                 blobs: BlobStore | None) -> tuple[Any, str | None]:
+    """(payload, error) of a row's payload column or blob reference; never raises."""
+    if ref is not None:
+        return _load_blob_payload(ref, blobs)
+    if text is not None:
+        return _decode(text)
+    return None, None
 
 
 def _load_blob_payload(ref: str, blobs: BlobStore | None) -> tuple[Any, str | None]:

@@ -27,10 +27,20 @@ _MIN_CURSOR_SQL = (
     " UNION ALL SELECT last_seq FROM export_state WHERE last_seq > 0)"
 )
 _CHECKPOINT_SQL = "PRAGMA wal_checkpoint(TRUNCATE)"
-_CANDIDATES_SQL = "SELECT count(*) FROM messages WHERE seq <= ? AND ts_ms < ?"
+# A channel message stays while a delivery of it is unfinished or a dead
+# letter: the channel tables cascade from `messages`, so deleting it would
+# drop work nobody has acknowledged.
+_KEPT_FOR_CHANNELS = (
+    " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.seq = messages.seq"
+    " AND (d.status = 'pending' OR d.deadline_ms IS NOT NULL))"
+    " AND NOT EXISTS (SELECT 1 FROM dead_letters dl WHERE dl.seq = messages.seq)"
+)
+_CANDIDATES_SQL = (
+    "SELECT count(*) FROM messages WHERE seq <= ? AND ts_ms < ?" + _KEPT_FOR_CHANNELS
+)
 _DELETE_BATCH_SQL = (
-    "DELETE FROM messages WHERE seq IN"
-    " (SELECT seq FROM messages WHERE seq <= ? AND ts_ms < ? ORDER BY seq LIMIT ?)"
+    "DELETE FROM messages WHERE seq IN (SELECT seq FROM messages WHERE seq <= ? AND ts_ms < ?"
+    + _KEPT_FOR_CHANNELS + " ORDER BY seq LIMIT ?)"
 )
 
 

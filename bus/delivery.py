@@ -1,0 +1,267 @@
+"""Handing deliveries out, acknowledging them, and the timers (seed 004).
+
+Every timer is a stored deadline, evaluated by `tick(conn, now_ms)`, which
+receive runs first and `bus channel tick` runs on demand, so nothing is
+lost across restarts and tests step an injected clock:
+
+- a delivery handed out on an at_least_once or exactly_once channel has
+  `deadline_ms` = delivery time + ack_timeout. Past it, unacknowledged, it
+  goes back to pending, visible again `retry_backoff_ms * 2^(retry - 1)`
+  after the deadline; after max_retries retries it becomes a dead letter;
+- `received` and `in_progress` acks push the deadline on by ack_timeout
+  (the receiver is alive and working), `completed` and `failed` end it;
+- a query's timeout marks it expired when no response came;
+- exactly_once dedup entries expire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import replace
+from typing import Any
+from typing import Callable
+
+import apsw
+import orjson
+
+from bus import messages
+from bus.channels import DELIVERING_STATES
+from bus.errors import ValidationFailed
+from bus.queries import FROM_SQL
+from bus.queries import MESSAGE_COLUMNS
+from bus.queries import ChannelMessage
+from bus.queries import MessageFilter
+from bus.queries import QueryResult
+from bus.queries import filter_sql
+from bus.queries import order_sql
+from bus.queries import row_to_message
+
+ACK_STATUSES = ("received", "in_progress", "completed", "failed")
+FINAL_STATUSES = frozenset({"completed", "failed"})
+NOTE_MAX = 65536
+TICK_BATCH = 1000
+DEADLETTER_TYPE = "_system.message.deadletter"  # the notification's message type
+SYSTEM_AGENT = "bus"
+
+_RECEIVE_FROM_SQL = FROM_SQL + " JOIN deliveries d ON d.seq = cm.seq"
+_RECEIVE_WHERE = [
+    "d.recipient = :agent", "d.status = 'pending'", "d.visible_at_ms <= :now",
+    "c.state IN (SELECT value FROM json_each(:states))",
+    "d.channel_id NOT IN (SELECT value FROM json_each(:held))",
+]
+_RECEIVE_EXTRA_COLUMNS = ", d.recipient, d.status, d.attempts + 1, d.retry_count, d.channel_id"
+_HELD_CHANNELS_SQL = (
+    "SELECT c.id, c.max_pending, (SELECT count(*) FROM deliveries i WHERE i.channel_id = c.id"
+    " AND i.deadline_ms IS NOT NULL) FROM channels c JOIN participants p ON p.channel_id = c.id"
+    " WHERE p.agent = ? AND c.max_pending IS NOT NULL"
+)
+_HAND_OUT_SQL = (
+    "UPDATE deliveries SET status = 'delivered', attempts = attempts + 1, delivered_at_ms = :now,"
+    " deadline_ms = CASE WHEN :timeout IS NULL THEN NULL ELSE :now + :timeout END"
+    " WHERE seq = :seq AND recipient = :agent"
+)
+_CHANNEL_MODE_SQL = "SELECT delivery_mode, ack_timeout_ms FROM channels WHERE id = ?"
+_MARK_DELIVERED_SQL = (
+    "UPDATE channel_messages SET status = 'delivered' WHERE seq = ? AND status = 'sent'"
+)
+_ADD_OPEN_SQL = "UPDATE channels SET open_deliveries = open_deliveries + ? WHERE id = ?"
+_REFRESH_DEDUP_SQL = (
+    "UPDATE dedup SET expires_at_ms = ? WHERE correlation_id = ? AND recipient = ? AND seq = ?"
+)
+_DELIVERY_SQL = (
+    "SELECT d.status, d.attempts, d.deadline_ms, d.channel_id, c.delivery_mode, c.ack_timeout_ms,"
+    " m.correlation_id FROM deliveries d JOIN channels c ON c.id = d.channel_id"
+    " JOIN messages m ON m.seq = d.seq WHERE d.seq = ? AND d.recipient = ?"
+)
+_ACK_SQL = (
+    "UPDATE deliveries SET status = :status, note = coalesce(:note, note), acked_at_ms = :now,"
+    " deadline_ms = :deadline WHERE seq = :seq AND recipient = :agent"
+)
+_OUTCOMES_SQL = (
+    "SELECT coalesce(sum(status = 'pending' OR deadline_ms IS NOT NULL), 0),"
+    " coalesce(sum(status = 'failed'), 0), coalesce(sum(status = 'dead_letter'), 0)"
+    " FROM deliveries WHERE seq = ?"
+)
+_SET_MESSAGE_STATUS_SQL = "UPDATE channel_messages SET status = ? WHERE seq = ?"
+_EXPIRED_SQL = (
+    "SELECT d.seq, d.recipient, d.channel_id, d.retry_count, d.deadline_ms, c.max_retries,"
+    " c.retry_backoff_ms, c.ack_timeout_ms FROM deliveries d JOIN channels c ON c.id = d.channel_id"
+    " WHERE d.deadline_ms <= ? ORDER BY d.deadline_ms LIMIT ?"
+)
+_RETRY_SQL = (
+    "UPDATE deliveries SET status = 'pending', retry_count = retry_count + 1, deadline_ms = NULL,"
+    " visible_at_ms = ?, last_error = ? WHERE seq = ? AND recipient = ?"
+)
+_BURY_SQL = (
+    "UPDATE deliveries SET status = 'dead_letter', deadline_ms = NULL, last_error = ?"
+    " WHERE seq = ? AND recipient = ?"
+)
+_INSERT_DEAD_LETTER_SQL = (
+    "INSERT INTO dead_letters (seq, recipient, channel_id, retry_count, last_error,"
+    " dead_lettered_at_ms) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (seq, recipient) DO UPDATE SET"
+    " retry_count = excluded.retry_count, last_error = excluded.last_error,"
+    " dead_lettered_at_ms = excluded.dead_lettered_at_ms RETURNING id"
+)
+_EXPIRE_QUERIES_SQL = (
+    "UPDATE channel_messages SET status = 'expired', expires_at_ms = NULL"
+    " WHERE expires_at_ms <= ?"
+)
+_PURGE_DEDUP_SQL = "DELETE FROM dedup WHERE expires_at_ms <= ?"
+
+
+@dataclass
+class TickReport:
+    """What one tick did."""
+
+    redelivered: int = 0
+    dead_lettered: int = 0
+    expired_queries: int = 0
+
+    def to_json_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+# --- receive ------------------------------------------------------------------
+
+
+def receive(conn: apsw.Connection, agent: str, flt: MessageFilter, now_ms: int,
+            load_content: Callable[[Any, Any], Any]) -> QueryResult:
+    """Hand out `agent`'s deliverable messages matching `flt`, inside the caller's transaction."""
+    budgets, held = _pending_budgets(conn, agent)
+    clauses, params = filter_sql(flt)
+    where = " WHERE " + " AND ".join(_RECEIVE_WHERE + clauses)
+    params.update(agent=agent, now=now_ms, states=orjson.dumps(sorted(DELIVERING_STATES)).decode(),
+                  held=orjson.dumps(held).decode(), limit=flt.limit, offset=flt.offset)
+    total = conn.execute("SELECT count(*)" + _RECEIVE_FROM_SQL + where, params).get
+    rows = list(conn.execute(
+        "SELECT " + MESSAGE_COLUMNS + _RECEIVE_EXTRA_COLUMNS + _RECEIVE_FROM_SQL + where
+        + order_sql(flt, "asc", priority_first=True) + " LIMIT :limit OFFSET :offset", params))
+    handed: list[ChannelMessage] = []
+    for row in rows:
+        channel_id = row[-1]
+        if budgets.get(channel_id, 1) <= 0:
+            continue  # max_pending reached during this call: the rest waits
+        budgets[channel_id] = budgets.get(channel_id, 1) - (channel_id in budgets)
+        _hand_out(conn, row[0], agent, channel_id, row[9], now_ms)
+        message = row_to_message(row[:-1], load_content)
+        handed.append(_replace_status(message, "delivered"))
+    return QueryResult(handed, total, total > flt.offset + len(handed))
+
+
+def _replace_status(message: ChannelMessage, delivery_status: str) -> ChannelMessage:
+    status = "delivered" if message.status == "sent" else message.status
+    return replace(message, delivery_status=delivery_status, status=status)
+
+
+def _pending_budgets(conn: apsw.Connection, agent: str) -> tuple[dict[int, int], list[int]]:
+    """Per channel with max_pending: how many more may be in flight; the full ones."""
+    budgets = {channel_id: limit - in_flight
+               for channel_id, limit, in_flight in conn.execute(_HELD_CHANNELS_SQL, (agent,))}
+    return budgets, [channel_id for channel_id, left in budgets.items() if left <= 0]
+
+
+def _hand_out(conn: apsw.Connection, seq: int, agent: str, channel_id: int,
+              correlation_id: str | None, now_ms: int) -> None:
+    mode, ack_timeout_ms = conn.execute(_CHANNEL_MODE_SQL, (channel_id,)).fetchone()
+    timeout = None if mode == "at_most_once" else ack_timeout_ms
+    conn.execute(_HAND_OUT_SQL, {"now": now_ms, "timeout": timeout, "seq": seq, "agent": agent})
+    conn.execute(_MARK_DELIVERED_SQL, (seq,))
+    if mode == "at_most_once":  # handed out is done: nothing is ever retried
+        conn.execute(_ADD_OPEN_SQL, (-1, channel_id))
+    elif mode == "exactly_once":
+        conn.execute(_REFRESH_DEDUP_SQL, (now_ms + 2 * ack_timeout_ms, correlation_id, agent, seq))
+
+
+# --- acknowledge ---------------------------------------------------------------
+
+
+def acknowledge(conn: apsw.Connection, seq: int, agent: str, status: str, note: str | None,
+                now_ms: int) -> str:
+    """Record `agent`'s ack of message `seq`; return the delivery's status afterwards."""
+    if status not in ACK_STATUSES:
+        raise ValidationFailed("status", f"{status!r} is not one of {', '.join(ACK_STATUSES)}")
+    if note is not None:
+        messages.validate_text(note, "note", NOTE_MAX)
+    found = conn.execute(_DELIVERY_SQL, (seq, agent)).fetchone()
+    if found is None:
+        raise ValidationFailed("message", f"message {seq} has no delivery to {agent}; ack only"
+                                          " messages you received")
+    current, attempts, deadline, channel_id, mode, ack_timeout_ms, correlation_id = found
+    if attempts == 0:
+        raise ValidationFailed("message", f"message {seq} has not been received by {agent} yet;"
+                                          " receive it before acknowledging it")
+    _check_ack_transition(seq, agent, current, status)
+    if current == status and current in FINAL_STATUSES:
+        return current  # a repeated final ack is a no-op
+    was_open = current == "pending" or deadline is not None
+    final = status in FINAL_STATUSES
+    new_deadline = None if final or mode == "at_most_once" else now_ms + ack_timeout_ms
+    conn.execute(_ACK_SQL, {"status": status, "note": note, "now": now_ms,
+                            "deadline": new_deadline, "seq": seq, "agent": agent})
+    if final and was_open:
+        conn.execute(_ADD_OPEN_SQL, (-1, channel_id))
+    if final:
+        _settle_message(conn, seq)
+    if mode == "exactly_once" and correlation_id is not None:
+        conn.execute(_REFRESH_DEDUP_SQL, (now_ms + 2 * ack_timeout_ms, correlation_id, agent, seq))
+    return status
+
+
+def _check_ack_transition(seq: int, agent: str, current: str, status: str) -> None:
+    if current == "dead_letter":
+        raise ValidationFailed("message", f"message {seq} to {agent} is a dead letter; replay it"
+                                          " (bus dlq replay) to deliver it again")
+    if current == "duplicate":
+        raise ValidationFailed("message", f"message {seq} was not delivered to {agent}: it"
+                                          " repeats a correlation id already delivered (exactly_once)")
+    if current in FINAL_STATUSES and current != status:
+        raise ValidationFailed("status", f"message {seq} to {agent} is already {current};"
+                                         " a final status cannot change")
+
+
+def _settle_message(conn: apsw.Connection, seq: int) -> None:
+    """Once no delivery of `seq` is open: dead_letter, failed or acknowledged, worst first."""
+    still_open, failed, dead = conn.execute(_OUTCOMES_SQL, (seq,)).fetchone()
+    if not still_open:
+        status = "dead_letter" if dead else "failed" if failed else "acknowledged"
+        conn.execute(_SET_MESSAGE_STATUS_SQL, (status, seq))
+
+
+# --- timers --------------------------------------------------------------------
+
+
+def tick(conn: apsw.Connection, now_ms: int) -> TickReport:
+    """Evaluate every stored deadline up to `now_ms`, inside the caller's transaction."""
+    report = TickReport()
+    while True:
+        expired = conn.execute(_EXPIRED_SQL, (now_ms, TICK_BATCH)).fetchall()
+        for seq, recipient, channel_id, retries, deadline, max_retries, backoff, timeout in expired:
+            error = f"not acknowledged within {timeout / 1000:g} s"
+            if retries < max_retries:
+                visible = deadline + backoff * 2 ** retries  # retry n waits backoff * 2^(n-1)
+                conn.execute(_RETRY_SQL, (visible, error, seq, recipient))
+                report.redelivered += 1
+            else:
+                bury(conn, seq, recipient, channel_id, retries, error, now_ms)
+                report.dead_lettered += 1
+        if len(expired) < TICK_BATCH:
+            break
+    conn.execute(_EXPIRE_QUERIES_SQL, (now_ms,))
+    report.expired_queries = conn.changes()
+    conn.execute(_PURGE_DEDUP_SQL, (now_ms,))
+    return report
+
+
+def bury(conn: apsw.Connection, seq: int, recipient: str, channel_id: int, retries: int,
+         error: str, now_ms: int) -> int:
+    """Make the delivery a dead letter and announce it; return the dead letter's id."""
+    conn.execute(_BURY_SQL, (error, seq, recipient))
+    dead_id = conn.execute(_INSERT_DEAD_LETTER_SQL, (seq, recipient, channel_id, retries, error,
+                                                     now_ms)).get
+    conn.execute(_ADD_OPEN_SQL, (-1, channel_id))
+    _settle_message(conn, seq)
+    notice = messages.prepare_row(SYSTEM_AGENT, DEADLETTER_TYPE, {
+        "dead_letter": dead_id, "seq": seq, "recipient": recipient, "retry_count": retries,
+        "last_error": error})
+    messages.insert_row(conn, notice, now_ms)
+    return dead_id

@@ -1,0 +1,391 @@
+"""`bus.channels`: the message engine's facade (seed 004) on an open Bus.
+
+    ch = bus.channels
+    ch.create_channel("ci-events", "pubsub", "ci-agent")
+    ch.subscribe("ci-events", "deploy-agent", "build.*.success")
+    ch.publish("ci-events", "ci-agent", "build.frontend.success", "847 tests passed")
+    for message in ch.receive_messages("deploy-agent"):
+        ch.acknowledge_message(message, "deploy-agent", "completed")
+
+Every operation is one short transaction on the calling thread's connection
+(`BEGIN IMMEDIATE` for writes), so any number of processes can use one bus
+file. Method names are the seed's; messages come back as `ChannelMessage`.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from dataclasses import replace
+from datetime import timedelta
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Callable
+from typing import Iterator
+
+import apsw
+
+from bus import channels as store
+from bus import deadletters
+from bus import delivery
+from bus import sending
+from bus.channels import CHANNEL_TYPES
+from bus.channels import ROLES
+from bus.channels import STATES
+from bus.channels import Channel
+from bus.channels import ChannelConfig
+from bus.channels import Participant
+from bus.channels import validate_choice
+from bus.channels import validate_name
+from bus.db import translate_busy
+from bus.db import write_transaction
+from bus.deadletters import DeadLetter
+from bus.delivery import TickReport
+from bus.errors import StoreCapacity
+from bus.errors import StoreFull
+from bus.errors import ValidationFailed
+from bus.messages import load_payload
+from bus.messages import new_message_id
+from bus.messages import now_ms
+from bus.messages import validate_agent_id
+from bus.messages import validate_positive_int
+from bus.queries import FROM_SQL
+from bus.queries import MESSAGE_COLUMNS
+from bus.queries import ChannelMessage
+from bus.queries import MessageFilter
+from bus.queries import QueryResult
+from bus.queries import connection_register_functions
+from bus.queries import filter_sql
+from bus.queries import order_sql
+from bus.queries import row_to_message
+from bus.topics import TopicIndex
+
+if TYPE_CHECKING:
+    from bus.api import Bus
+
+_ACTIVE_SQL = "SELECT coalesce(sum(open_deliveries), 0) FROM channels"
+_FILE_BYTES_SQL = "SELECT page_count * page_size FROM pragma_page_count, pragma_page_size"
+_THREAD_SQL = (
+    "SELECT " + MESSAGE_COLUMNS + FROM_SQL + " WHERE m.correlation_id = ? ORDER BY cm.seq"
+)
+_DELIVERIES_SQL = (
+    "SELECT recipient, status, attempts, retry_count, delivered_at_ms, acked_at_ms, note,"
+    " last_error FROM deliveries WHERE seq = ? ORDER BY recipient"
+)
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    """Backpressure on the whole bus (seed 004, "Memory/Disk Pressure").
+
+    `max_active`: unfinished deliveries (waiting or unacknowledged) beyond
+    which sends fail with StoreFull. `max_file_bytes` and `reserve_bytes`:
+    sends fail with StoreCapacity once the file is within `reserve_bytes` of
+    `max_file_bytes`.
+    """
+
+    max_active: int = 100_000
+    max_file_bytes: int = 2 * 1024 ** 3
+    reserve_bytes: int = 100 * 1024 ** 2
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One recipient's copy of a message and where it stands."""
+
+    recipient: str
+    status: str
+    attempts: int
+    retry_count: int
+    delivered_at_ms: int | None
+    acked_at_ms: int | None
+    note: str | None
+    last_error: str | None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Channels:
+    """Channels, delivery, acks, retries and dead letters on one Bus.
+
+    `clock` returns epoch milliseconds (tests inject one and step it);
+    `limits` is the store's backpressure.
+    """
+
+    def __init__(self, bus: Bus, clock: Callable[[], int] = now_ms,
+                 limits: StoreLimits = StoreLimits()) -> None:
+        self.bus = bus
+        self.clock = clock
+        self.limits = limits
+        self._indexes: dict[int, tuple[int, TopicIndex]] = {}
+        self._indexes_lock = threading.Lock()
+        self._local = threading.local()
+
+    # --- connections ---------------------------------------------------------
+
+    @property
+    def conn(self) -> apsw.Connection:
+        """The calling thread's connection, with the filter functions registered."""
+        conn = self.bus.conn
+        if getattr(self._local, "registered", None) is not conn:
+            connection_register_functions(conn, self._load_content)
+            self._local.registered = conn
+        return conn
+
+    def _load_content(self, payload: str | None, ref: str | None) -> tuple[Any, str | None]:
+        return load_payload(payload, ref, self.bus.blobs)
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group several operations into one transaction and one commit.
+
+        The flush policy of the seed: one commit per message by default
+        (each survives a crash once its call returns; with durability
+        "full", power loss too), or one per batch, for throughput.
+        """
+        with write_transaction(self.conn):
+            yield
+
+    # --- channels ------------------------------------------------------------
+
+    def create_channel(self, name: str, type: str, owner: str, **config: Any) -> Channel:
+        """Create a channel owned (and joined) by `owner`; settings as in ChannelConfig."""
+        validate_name(name, "name")
+        validate_choice(type, "type", CHANNEL_TYPES)
+        validate_agent_id(owner, "owner")
+        settings = ChannelConfig.build(**config)
+        conn = self.conn
+        with write_transaction(conn):
+            return store.insert_channel(conn, name, type, owner, settings, self.clock())
+
+    def get_channel(self, name: str) -> Channel:
+        validate_name(name)
+        with translate_busy():
+            return store.get_channel(self.conn, name)
+
+    def list_channels(self) -> list[Channel]:
+        with translate_busy():
+            return store.list_channels(self.conn)
+
+    def participants(self, channel: str) -> list[Participant]:
+        return store.participants(self.conn, self.get_channel(channel))
+
+    def subscriptions(self, channel: str) -> list[tuple[str, str]]:
+        """(topic_pattern, agent) pairs of a pubsub channel."""
+        return store.subscriptions(self.conn, self.get_channel(channel))
+
+    def join_channel(self, channel: str, agent: str, role: str = "member") -> None:
+        validate_agent_id(agent)
+        validate_choice(role, "role", ROLES)
+        self._write_on(channel, lambda conn, c: store.add_participant(conn, c, agent, role,
+                                                                       self.clock()))
+
+    def leave_channel(self, channel: str, agent: str) -> bool:
+        """Leave (dropping the agent's subscriptions); False if it was not a participant."""
+        validate_agent_id(agent)
+        return self._write_on(channel, lambda conn, c: store.remove_participant(conn, c, agent))
+
+    def subscribe(self, channel: str, agent: str, topic_pattern: str) -> bool:
+        """Subscribe `agent` (joining it as a member if needed); False if it already was."""
+        validate_agent_id(agent)
+        return self._write_on(channel, lambda conn, c: store.add_subscription(
+            conn, c, agent, topic_pattern, self.clock()))
+
+    def unsubscribe(self, channel: str, agent: str, topic_pattern: str) -> bool:
+        validate_agent_id(agent)
+        return self._write_on(channel, lambda conn, c: store.remove_subscription(
+            conn, c, agent, topic_pattern))
+
+    def set_channel_state(self, channel: str, state: str) -> None:
+        """active, paused (no sends, no deliveries), draining (deliveries only) or closed."""
+        validate_choice(state, "state", STATES)
+        self._write_on(channel, lambda conn, c: store.set_state(conn, c, state))
+
+    def _write_on(self, name: str, action: Callable[[apsw.Connection, Channel], Any]) -> Any:
+        validate_name(name)
+        conn = self.conn
+        with write_transaction(conn):
+            return action(conn, store.get_channel(conn, name))
+
+    # --- sending -------------------------------------------------------------
+
+    def send_message(self, channel: str, sender: str, type: str, content: Any, *,
+                     topic: str | None = None, priority: int = sending.DEFAULT_PRIORITY,
+                     correlation_id: str | None = None,
+                     in_reply_to: str | None = None) -> ChannelMessage:
+        """Validate, route and persist one message with its deliveries, in one transaction.
+
+        Raises ValidationFailed (naming the field) or UnknownChannel and writes
+        nothing; StoreFull / StoreCapacity when the store is under pressure.
+        """
+        return self._send(sending.prepare(channel, sender, type, content, topic=topic,
+                                          priority=priority, correlation_id=correlation_id,
+                                          in_reply_to=in_reply_to))
+
+    def publish(self, channel: str, sender: str, topic: str, content: Any,
+                priority: int = sending.DEFAULT_PRIORITY) -> ChannelMessage:
+        """Publish an event on a pubsub channel to every matching subscription."""
+        return self._send(sending.prepare(channel, sender, "event", content, topic=topic,
+                                          priority=priority))
+
+    def send_query(self, channel: str, sender: str, content: Any,
+                   timeout: float | None = None) -> ChannelMessage:
+        """Ask a question; its `correlation_id` (new) is what responses quote.
+
+        With `timeout` (seconds) the query is marked expired if no response
+        came by then.
+        """
+        return self._send(sending.prepare(channel, sender, "query", content,
+                                          correlation_id=new_message_id(), timeout=timeout))
+
+    def send_response(self, channel: str, sender: str, correlation_id: str,
+                      content: Any) -> ChannelMessage:
+        """Answer the query with `correlation_id` on the same channel."""
+        return self._send(sending.prepare(channel, sender, "response", content,
+                                          correlation_id=correlation_id))
+
+    def _send(self, out: sending.Outgoing) -> ChannelMessage:
+        # A large content goes to the blob store before the transaction, outside the lock.
+        out = replace(out, row=self.bus.move_large_payload(out.row))
+        conn = self.conn
+        with write_transaction(conn):
+            channel = store.get_channel(conn, out.channel)
+            sending.check_channel(conn, channel, out)
+            answered = sending.answered(conn, channel, out)
+            if answered and out.row.in_reply_to is None:
+                out = replace(out, row=out.row._replace(in_reply_to=answered[0]))
+            targets = sending.recipients(conn, channel, out, lambda: self._topic_index(channel))
+            self._check_limits(conn, len(targets))
+            now = self.clock()
+            seq, correlation_id = sending.insert(conn, channel, out, targets, now)
+            if answered and out.type == "response":
+                sending.close_query_deadline(conn, answered[1])
+        content, error = self._load_content(out.row.payload, out.row.payload_ref)
+        return ChannelMessage(seq, out.row.id, channel.name, out.sender, out.type, content,
+                              out.topic, out.priority, correlation_id, out.row.in_reply_to, now,
+                              "sent", error)
+
+    def _topic_index(self, channel: Channel) -> TopicIndex:
+        """The channel's subscriptions as a TopicIndex, rebuilt only when they changed."""
+        with self._indexes_lock:
+            cached = self._indexes.get(channel.id)
+        if cached is not None and cached[0] == channel.subscriptions_version:
+            return cached[1]
+        index = TopicIndex(store.subscriptions(self.conn, channel))
+        with self._indexes_lock:
+            self._indexes[channel.id] = (channel.subscriptions_version, index)
+        return index
+
+    def _check_limits(self, conn: apsw.Connection, new_deliveries: int) -> None:
+        limits = self.limits
+        active = conn.execute(_ACTIVE_SQL).get
+        if active + new_deliveries > limits.max_active:
+            raise StoreFull(active, limits.max_active)
+        size = conn.execute(_FILE_BYTES_SQL).get
+        if size > limits.max_file_bytes - limits.reserve_bytes:
+            raise StoreCapacity(size, limits.max_file_bytes, limits.reserve_bytes)
+
+    # --- receiving and acknowledging -------------------------------------------
+
+    def receive_messages(self, agent: str,
+                         filter: MessageFilter | dict[str, Any] | None = None) -> QueryResult:
+        """Hand out `agent`'s waiting messages (oldest first unless the filter sorts).
+
+        Each returned message counts as delivered: on an at_least_once or
+        exactly_once channel it comes back after ack_timeout unless
+        acknowledged. Runs `tick` first, so due retries are included.
+        """
+        validate_agent_id(agent)
+        flt = MessageFilter.coerce(filter)
+        conn = self.conn
+        with write_transaction(conn):
+            now = self.clock()
+            delivery.tick(conn, now)
+            return delivery.receive(conn, agent, flt, now, self._load_content)
+
+    def acknowledge_message(self, message: ChannelMessage | int, agent: str, status: str,
+                            note: str | None = None) -> str:
+        """Record `agent`'s ack (received, in_progress, completed, failed) of a message.
+
+        received / in_progress keep an unfinished delivery alive for another
+        ack_timeout; completed / failed end it. Returns the delivery's status.
+        """
+        seq = message.seq if isinstance(message, ChannelMessage) else message
+        validate_positive_int(seq, "message")
+        validate_agent_id(agent)
+        conn = self.conn
+        with write_transaction(conn):
+            return delivery.acknowledge(conn, seq, agent, status, note, self.clock())
+
+    def deliveries(self, message: ChannelMessage | int) -> list[Delivery]:
+        """Every recipient's delivery of a message: the sender's view of its acks."""
+        seq = message.seq if isinstance(message, ChannelMessage) else message
+        validate_positive_int(seq, "message")
+        with translate_busy():
+            return [Delivery(*row) for row in self.conn.execute(_DELIVERIES_SQL, (seq,))]
+
+    def tick(self, now: int | None = None) -> TickReport:
+        """Run every timer due by `now` (default: the clock): retries, dead letters, expiries."""
+        conn = self.conn
+        with write_transaction(conn):
+            return delivery.tick(conn, self.clock() if now is None else now)
+
+    # --- queries ---------------------------------------------------------------
+
+    def query_messages(self, filter: MessageFilter | dict[str, Any] | None = None) -> QueryResult:
+        """Messages of every channel matching the filter, newest first by default."""
+        flt = MessageFilter.coerce(filter)
+        clauses, params = filter_sql(flt)
+        where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+        params.update(limit=flt.limit, offset=flt.offset)
+        conn = self.conn
+        with translate_busy():
+            total = conn.execute("SELECT count(*)" + FROM_SQL + where, params).get
+            rows = conn.execute("SELECT " + MESSAGE_COLUMNS + FROM_SQL + where
+                                + order_sql(flt, "desc") + " LIMIT :limit OFFSET :offset", params)
+            found = [row_to_message(row, self._load_content) for row in rows]
+        return QueryResult(found, total, total > flt.offset + len(found))
+
+    def get_thread(self, correlation_id: str) -> list[ChannelMessage]:
+        """The messages sharing `correlation_id` (a query and its responses), oldest first."""
+        if not isinstance(correlation_id, str) or not correlation_id:
+            raise ValidationFailed("correlation_id", "must be a non-empty string")
+        with translate_busy():
+            rows = self.conn.execute(_THREAD_SQL, (correlation_id,))
+            return [row_to_message(row, self._load_content) for row in rows]
+
+    # --- dead letters ----------------------------------------------------------
+
+    def dead_letters(self, limit: int = 1000) -> list[DeadLetter]:
+        validate_positive_int(limit, "limit")
+        with translate_busy():
+            return deadletters.list_dead_letters(self.conn, self._load_content, limit)
+
+    def dead_letter(self, dead_letter_id: int) -> DeadLetter:
+        validate_positive_int(dead_letter_id, "id")
+        with translate_busy():
+            return deadletters.get_dead_letter(self.conn, dead_letter_id, self._load_content)
+
+    def replay_dead_letter(self, dead_letter_id: int) -> tuple[int, str]:
+        """Deliver it again, retries reset; returns (seq, recipient)."""
+        validate_positive_int(dead_letter_id, "id")
+        conn = self.conn
+        with write_transaction(conn):
+            return deadletters.replay(conn, dead_letter_id, self.clock())
+
+    def discard_dead_letter(self, dead_letter_id: int) -> None:
+        validate_positive_int(dead_letter_id, "id")
+        conn = self.conn
+        with write_transaction(conn):
+            deadletters.discard(conn, dead_letter_id)
+
+    def purge_dead_letters(self, older_than: float | timedelta) -> int:
+        """Discard dead letters older than `older_than` (seconds or a timedelta)."""
+        seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
+            raise ValidationFailed("older_than", f"must be seconds >= 0, got {older_than!r}")
+        conn = self.conn
+        with write_transaction(conn):
+            return deadletters.purge(conn, self.clock() - round(seconds * 1000))
