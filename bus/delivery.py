@@ -139,9 +139,10 @@ def receive(conn: apsw.Connection, agent: str, flt: MessageFilter, now_ms: int,
     handed: list[ChannelMessage] = []
     for row in rows:
         channel_id = row[-1]
-        if budgets.get(channel_id, 1) <= 0:
-            continue  # max_pending reached during this call: the rest waits
-        budgets[channel_id] = budgets.get(channel_id, 1) - (channel_id in budgets)
+        if channel_id in budgets:
+            if budgets[channel_id] <= 0:
+                continue  # max_pending reached during this call: the rest waits
+            budgets[channel_id] -= 1
         _hand_out(conn, row[0], agent, channel_id, row[9], now_ms)
         message = row_to_message(row[:-1], load_content)
         handed.append(_replace_status(message, "delivered"))

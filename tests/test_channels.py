@@ -1,0 +1,472 @@
+"""The message engine through its Python API (seed 004): the seed's three
+workflows, the send pipeline's checks, routing per channel type, filters and
+their indexes, channel states and the store's backpressure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bus import Bus
+from bus.engine import Channels
+from bus.engine import StoreLimits
+from bus.errors import StoreCapacity
+from bus.errors import StoreFull
+from bus.errors import UnknownChannel
+from bus.errors import ValidationFailed
+
+
+class Clock:
+    """An injected clock in epoch milliseconds that tests step by hand."""
+
+    def __init__(self, start: int = 1_700_000_000_000) -> None:
+        self.now = start
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def ch(bus: Bus, clock: Clock) -> Channels:
+    return Channels(bus, clock=clock)
+
+
+def row_counts(bus: Bus) -> tuple[int, ...]:
+    return tuple(bus.conn.execute(f"SELECT count(*) FROM {table}").get for table in (
+        "messages", "channel_messages", "deliveries", "dedup", "dead_letters"))
+
+
+# --- the seed's workflows --------------------------------------------------------
+
+
+def test_workflow_one_to_one_task_delegation(ch: Channels) -> None:
+    ch.create_channel("planner-executor", "direct", "agent-planner")
+    ch.join_channel("planner-executor", "agent-executor")
+    sent = ch.send_message("planner-executor", "agent-planner", "command",
+                           "Deploy the authentication service to staging")
+    got = ch.receive_messages("agent-executor")
+    assert [m.content for m in got] == ["Deploy the authentication service to staging"]
+    assert (got[0].seq, got[0].sender, got[0].type, got[0].attempt) == (
+        sent.seq, "agent-planner", "command", 1)
+    assert ch.acknowledge_message(got[0], "agent-executor", "received") == "received"
+    assert ch.acknowledge_message(got[0], "agent-executor", "completed",
+                                  "Deployed successfully. Health check passing.") == "completed"
+    [delivery] = ch.deliveries(sent)
+    assert (delivery.recipient, delivery.status, delivery.note) == (
+        "agent-executor", "completed", "Deployed successfully. Health check passing.")
+    assert ch.query_messages().messages[0].status == "acknowledged"
+    assert ch.receive_messages("agent-planner").total_count == 0  # not to the sender
+
+
+def test_workflow_pub_sub_event_notification(ch: Channels) -> None:
+    ch.create_channel("ci-events", "pubsub", "ci-agent")
+    ch.subscribe("ci-events", "deploy-agent", "build.*.success")
+    ch.subscribe("ci-events", "monitor-agent", "deploy.#")
+    ch.subscribe("ci-events", "alert-agent", "*.failure")
+    ch.publish("ci-events", "ci-agent", "build.frontend.success",
+               "Frontend build completed: 847 tests passed, bundle size 2.1 MB")
+    assert len(ch.receive_messages("deploy-agent")) == 1
+    assert len(ch.receive_messages("alert-agent")) == 0
+    assert len(ch.receive_messages("monitor-agent")) == 0
+    ch.publish("ci-events", "ci-agent", "deploy.staging.done", "staging is up")
+    [event] = ch.receive_messages("monitor-agent")
+    assert (event.topic, event.type, event.content) == (
+        "deploy.staging.done", "event", "staging is up")
+
+
+def test_workflow_threaded_conversation(ch: Channels) -> None:
+    ch.create_channel("discussion", "group", "agent-lead")
+    ch.join_channel("discussion", "agent-researcher")
+    ch.join_channel("discussion", "agent-reviewer")
+    query = ch.send_query("discussion", "agent-lead",
+                          "What is the recommended connection pool size?", timeout=30)
+    ch.send_response("discussion", "agent-researcher", query.correlation_id, "20 connections.")
+    ch.send_response("discussion", "agent-reviewer", query.correlation_id, "Consider PgBouncer.")
+    thread = ch.get_thread(query.correlation_id)
+    assert [(m.sender, m.type) for m in thread] == [
+        ("agent-lead", "query"), ("agent-researcher", "response"), ("agent-reviewer", "response")]
+    assert all(m.in_reply_to == query.id for m in thread[1:])
+    # Everyone else in the group hears each message: the lead gets both responses.
+    assert [m.sender for m in ch.receive_messages("agent-lead")] == [
+        "agent-researcher", "agent-reviewer"]
+
+
+# --- the send pipeline refuses and writes nothing ---------------------------------
+
+
+@pytest.fixture
+def populated(ch: Channels) -> Channels:
+    ch.create_channel("team", "group", "lead", max_message_size=64)
+    ch.join_channel("team", "dev")
+    ch.join_channel("team", "watcher", role="observer")
+    ch.create_channel("news", "broadcast", "editor")
+    ch.join_channel("news", "reader")
+    ch.create_channel("events", "pubsub", "ci")
+    ch.create_channel("held", "group", "lead")
+    ch.set_channel_state("held", "paused")
+    return ch
+
+
+@pytest.mark.parametrize("call,field,reason", [
+    (lambda c: c.send_message("team", "bad id", "text", "x"), "sender", "contains ' '"),
+    (lambda c: c.send_message("team", "lead", "shout", "x"), "type", "'shout' is not one of"),
+    (lambda c: c.send_message("team", "lead", "text", ""), "content", "must not be empty"),
+    (lambda c: c.send_message("team", "lead", "text", "x" * 65), "content",
+     "exceeds channel max_message_size (64 bytes)"),
+    (lambda c: c.send_message("team", "lead", "text", "x", priority=5), "priority",
+     "must be an integer 0-4"),
+    (lambda c: c.send_message("team", "stranger", "text", "x"), "sender",
+     "not a participant of channel 'team'"),
+    (lambda c: c.send_message("team", "watcher", "text", "x"), "sender", "observes"),
+    (lambda c: c.send_message("news", "reader", "text", "x"), "sender",
+     "only the owner (editor)"),
+    (lambda c: c.send_message("held", "lead", "text", "x"), "channel", "is paused"),
+    (lambda c: c.send_message("events", "ci", "event", "x"), "topic", "needs a topic"),
+    (lambda c: c.send_response("team", "dev", "no-such-query", "x"), "correlation_id",
+     "no query with correlation_id 'no-such-query'"),
+    (lambda c: c.send_message("team", "dev", "acknowledgment", "x", correlation_id="c1"),
+     "correlation_id", "no command with correlation_id 'c1'"),
+    (lambda c: c.send_message("team", "dev", "response", "x"), "correlation_id",
+     "needs the correlation_id of the query"),
+    (lambda c: c.send_message("team", "lead", "text", "x", topic="a.*"), "topic", "segment '*'"),
+])
+def test_send_refusals_name_the_field_and_write_nothing(populated: Channels, bus: Bus,
+                                                        call, field: str, reason: str) -> None:
+    before = row_counts(bus)
+    with pytest.raises(ValidationFailed) as caught:
+        call(populated)
+    assert caught.value.field == field
+    assert reason in caught.value.reason
+    assert row_counts(bus) == before
+
+
+def test_oversized_content_reports_its_length(populated: Channels) -> None:
+    with pytest.raises(ValidationFailed) as caught:
+        populated.send_message("team", "lead", "text", "é" * 40)  # 80 bytes in UTF-8
+    assert caught.value.details == {"value_length": len('"' + "é" * 40 + '"') + 40}
+
+
+def test_send_to_an_unknown_channel_raises_unknown_channel(ch: Channels, bus: Bus) -> None:
+    with pytest.raises(UnknownChannel, match="no channel named 'nope'"):
+        ch.send_message("nope", "a", "text", "x")
+    assert row_counts(bus) == (0, 0, 0, 0, 0)
+
+
+def test_channel_settings_are_validated(ch: Channels) -> None:
+    with pytest.raises(ValidationFailed, match="delivery_mode: 'twice' is not one of"):
+        ch.create_channel("c", "group", "o", delivery_mode="twice")
+    with pytest.raises(ValidationFailed, match="colour: unknown channel setting"):
+        ch.create_channel("c", "group", "o", colour="red")
+    with pytest.raises(ValidationFailed, match="type: 'mesh' is not one of direct, group"):
+        ch.create_channel("c", "mesh", "o")
+    ch.create_channel("c", "group", "o")
+    with pytest.raises(ValidationFailed, match="a channel named 'c' exists already"):
+        ch.create_channel("c", "group", "o")
+
+
+# --- routing ----------------------------------------------------------------------
+
+
+def recipients(ch: Channels, message) -> list[str]:
+    return [d.recipient for d in ch.deliveries(message)]
+
+
+def test_direct_channel_takes_two_participants(ch: Channels) -> None:
+    ch.create_channel("dm", "direct", "a")
+    ch.join_channel("dm", "b")
+    with pytest.raises(ValidationFailed, match="has its two participants already"):
+        ch.join_channel("dm", "c")
+    assert recipients(ch, ch.send_message("dm", "b", "text", "hi")) == ["a"]
+
+
+def test_group_routes_to_all_but_the_sender_unless_echo(ch: Channels) -> None:
+    ch.create_channel("g", "group", "a")
+    ch.create_channel("e", "group", "a", echo=True)
+    for name in ("g", "e"):
+        ch.join_channel(name, "b")
+        ch.join_channel(name, "c", role="observer")
+    assert recipients(ch, ch.send_message("g", "b", "text", "x")) == ["a", "c"]
+    assert recipients(ch, ch.send_message("e", "b", "text", "x")) == ["a", "b", "c"]
+
+
+def test_broadcast_reaches_members_and_observers_not_the_owner(ch: Channels) -> None:
+    ch.create_channel("news", "broadcast", "editor")
+    ch.join_channel("news", "m")
+    ch.join_channel("news", "o", role="observer")
+    assert recipients(ch, ch.send_message("news", "editor", "notification", "x")) == ["m", "o"]
+
+
+def test_pubsub_delivers_once_per_subscriber_with_overlapping_patterns(ch: Channels) -> None:
+    ch.create_channel("ps", "pubsub", "pub")
+    for pattern in ("build.#", "build.*.ok", "build.web.ok"):
+        ch.subscribe("ps", "s1", pattern)
+    ch.subscribe("ps", "s2", "deploy.#")
+    ch.subscribe("ps", "pub", "#")  # the publisher's own subscription: no echo
+    assert recipients(ch, ch.publish("ps", "pub", "build.web.ok", "x")) == ["s1"]
+
+
+def test_subscription_changes_reach_a_cached_topic_index(ch: Channels, bus: Bus,
+                                                         clock: Clock) -> None:
+    other = Channels(bus, clock=clock)  # a second process's view, with its own cache
+    ch.create_channel("ps", "pubsub", "pub")
+    ch.subscribe("ps", "s1", "a.#")
+    assert recipients(other, other.publish("ps", "pub", "a.b", "x")) == ["s1"]
+    ch.subscribe("ps", "s2", "a.*")
+    ch.unsubscribe("ps", "s1", "a.#")
+    assert recipients(other, other.publish("ps", "pub", "a.b", "x")) == ["s2"]
+
+
+def test_leave_drops_subscriptions_and_the_owner_cannot_leave(ch: Channels) -> None:
+    ch.create_channel("ps", "pubsub", "pub")
+    ch.subscribe("ps", "s1", "a.#")
+    assert ch.leave_channel("ps", "s1") is True
+    assert ch.subscriptions("ps") == []
+    assert ch.leave_channel("ps", "s1") is False
+    with pytest.raises(ValidationFailed, match="owns channel 'ps' and cannot leave"):
+        ch.leave_channel("ps", "pub")
+
+
+def test_subscribe_needs_a_pubsub_channel(ch: Channels) -> None:
+    ch.create_channel("g", "group", "a")
+    with pytest.raises(ValidationFailed, match="topic subscriptions need a pubsub channel"):
+        ch.subscribe("g", "b", "x.#")
+
+
+# --- channel states ---------------------------------------------------------------------
+
+
+def test_paused_holds_deliveries_and_draining_delivers_without_new_sends(ch: Channels) -> None:
+    ch.create_channel("g", "group", "a")
+    ch.join_channel("g", "b")
+    ch.send_message("g", "a", "text", "one")
+    ch.set_channel_state("g", "paused")
+    assert ch.receive_messages("b").total_count == 0
+    ch.set_channel_state("g", "draining")
+    with pytest.raises(ValidationFailed, match="is draining; it accepts messages only while"):
+        ch.send_message("g", "a", "text", "two")
+    assert [m.content for m in ch.receive_messages("b")] == ["one"]
+    ch.set_channel_state("g", "closed")
+    with pytest.raises(ValidationFailed, match="a closed channel cannot be reopened"):
+        ch.set_channel_state("g", "active")
+
+
+# --- receive filters ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def history(ch: Channels, clock: Clock) -> Channels:
+    ch.create_channel("g", "group", "a")
+    ch.create_channel("h", "group", "a")
+    ch.create_channel("ps", "pubsub", "a")
+    for name in ("g", "h"):
+        ch.join_channel(name, "b")
+        ch.join_channel(name, "r")
+    ch.subscribe("ps", "r", "#")
+    sends = [("g", "a", "text", "alpha", None, 2), ("g", "b", "command", "beta", None, 4),
+             ("h", "a", "text", "gamma", None, 0), ("ps", "a", "event", "delta", "build.web.ok", 3),
+             ("ps", "a", "event", "epsilon", "deploy.prod", 1)]
+    for channel, sender, type_, content, topic, priority in sends:
+        clock.now += 1000
+        ch.send_message(channel, sender, type_, content, topic=topic, priority=priority)
+    return ch
+
+
+@pytest.mark.parametrize("flt,expected", [
+    ({}, ["alpha", "beta", "gamma", "delta", "epsilon"]),
+    ({"channel": "g"}, ["alpha", "beta"]),
+    ({"sender": "b"}, ["beta"]),
+    ({"types": ["text", "event"]}, ["alpha", "gamma", "delta", "epsilon"]),
+    ({"topic": "build.web.ok"}, ["delta"]),
+    ({"topic": "*.prod"}, ["epsilon"]),
+    ({"topic": "#"}, ["delta", "epsilon"]),
+    ({"content_pattern": "^(al|ga)"}, ["alpha", "gamma"]),
+    ({"after_ms": 1_700_000_002_000, "before_ms": 1_700_000_004_000}, ["beta", "gamma"]),
+    ({"sort_by": "priority", "sort_order": "desc"}, ["beta", "delta", "alpha", "epsilon", "gamma"]),
+    ({"sort_order": "desc", "limit": 2}, ["epsilon", "delta"]),
+    ({"limit": 2, "offset": 1}, ["beta", "gamma"]),
+    ({"status": ["sent"], "channel": "h"}, ["gamma"]),
+])
+def test_receive_filters(history: Channels, flt: dict, expected: list[str]) -> None:
+    result = history.receive_messages("r", flt)
+    assert [m.content for m in result] == expected
+
+
+def test_receive_reports_total_count_and_has_more(history: Channels) -> None:
+    page = history.receive_messages("r", {"limit": 2})
+    assert (len(page), page.total_count, page.has_more) == (2, 5, True)
+    rest = history.receive_messages("r", {"limit": 10})  # the first two are handed out now
+    assert (len(rest), rest.total_count, rest.has_more) == (3, 3, False)
+
+
+def test_query_messages_sees_every_channel_newest_first(history: Channels) -> None:
+    result = history.query_messages({"limit": 3})
+    assert [m.content for m in result] == ["epsilon", "delta", "gamma"]
+    assert (result.total_count, result.has_more) == (5, True)
+    assert history.query_messages({"status": ["sent"]}).total_count == 5
+
+
+def test_priority_ordering_puts_higher_priorities_first(ch: Channels) -> None:
+    ch.create_channel("p", "group", "a", priority_ordering=True)
+    ch.join_channel("p", "b")
+    for content, priority in (("low", 0), ("urgent", 4), ("normal", 2), ("urgent2", 4)):
+        ch.send_message("p", "a", "text", content, priority=priority)
+    assert [m.content for m in ch.receive_messages("b")] == ["urgent", "urgent2", "normal", "low"]
+
+
+@pytest.mark.parametrize("flt,field", [
+    ({"types": ["nope"]}, "filter.types"), ({"status": ["lost"]}, "filter.status"),
+    ({"sort_by": "colour"}, "filter.sort_by"), ({"sort_order": "up"}, "filter.sort_order"),
+    ({"limit": 0}, "filter.limit"), ({"offset": -1}, "filter.offset"),
+    ({"content_pattern": "("}, "filter.content_pattern"), ({"topic": "a.#.b"}, "filter.topic"),
+    ({"colour": 1}, "filter.colour"), ({"after_ms": "yesterday"}, "filter.after_ms"),
+])
+def test_bad_filters_name_the_field(ch: Channels, flt: dict, field: str) -> None:
+    with pytest.raises(ValidationFailed) as caught:
+        ch.receive_messages("r", flt)
+    assert caught.value.field == field
+
+
+@pytest.mark.parametrize("flt", [
+    {"channel": "g"}, {"sender": "b"}, {"topic": "build.web.ok"}, {"correlation_id": "c"},
+])
+def test_filters_use_an_index_not_a_table_scan(history: Channels, bus: Bus, flt: dict) -> None:
+    from bus.queries import FROM_SQL
+    from bus.queries import MessageFilter
+    from bus.queries import filter_sql
+    clauses, params = filter_sql(MessageFilter.coerce(flt))
+    plan = [row[3] for row in history.conn.execute(
+        "EXPLAIN QUERY PLAN SELECT cm.seq" + FROM_SQL + " WHERE " + " AND ".join(clauses),
+        params)]
+    assert not [step for step in plan if step.startswith("SCAN")], plan
+
+
+def test_receive_uses_the_pending_index(history: Channels) -> None:
+    plan = [row[3] for row in history.conn.execute(
+        "EXPLAIN QUERY PLAN SELECT d.seq FROM deliveries d WHERE d.recipient = 'r'"
+        " AND d.status = 'pending' AND d.visible_at_ms <= 1")]
+    assert plan == ["SEARCH d USING INDEX idx_deliveries_pending (recipient=?)"]
+
+
+# --- content ----------------------------------------------------------------------------------
+
+
+def test_large_content_goes_to_the_blob_store_and_comes_back(ch: Channels, bus: Bus) -> None:
+    ch.create_channel("g", "group", "a")
+    ch.join_channel("g", "b")
+    big = "x" * 10_000
+    ch.send_message("g", "a", "text", big)
+    assert bus.conn.execute("SELECT payload IS NULL AND payload_ref IS NOT NULL"
+                            " FROM messages").get == 1
+    [got] = ch.receive_messages("b", {"content_pattern": "^x+$"})
+    assert got.content == big and got.content_error is None
+
+
+def test_json_content_round_trips(ch: Channels) -> None:
+    ch.create_channel("g", "group", "a")
+    ch.join_channel("g", "b")
+    ch.send_message("g", "a", "command", {"task": "t1", "files": ["a.py"]})
+    assert ch.receive_messages("b")[0].content == {"task": "t1", "files": ["a.py"]}
+
+
+def test_channel_messages_are_bus_messages_that_poll_never_returns(ch: Channels,
+                                                                   bus: Bus) -> None:
+    ch.create_channel("g", "group", "a")
+    ch.join_channel("g", "b")
+    sent = ch.send_message("g", "a", "text", "hello")
+    [row] = bus.last_messages(1)
+    assert (row.seq, row.to_agent, row.from_agent, row.payload) == (sent.seq, "#g", "a", "hello")
+    assert bus.poll("b") == [] and bus.poll("a") == []
+
+
+def test_query_timeout_marks_an_unanswered_query_expired(ch: Channels, clock: Clock) -> None:
+    ch.create_channel("g", "group", "a")
+    ch.join_channel("g", "b")
+    unanswered = ch.send_query("g", "a", "anyone?", timeout=5)
+    answered = ch.send_query("g", "a", "and you?", timeout=5)
+    ch.send_response("g", "b", answered.correlation_id, "yes")
+    clock.now += 4999
+    assert ch.tick().expired_queries == 0
+    clock.now += 1
+    assert ch.tick().expired_queries == 1
+    statuses = {m.seq: m.status for m in ch.query_messages({"types": ["query"]})}
+    assert statuses[unanswered.seq] == "expired" and statuses[answered.seq] != "expired"
+
+
+# --- backpressure -------------------------------------------------------------------------------
+
+
+def test_max_pending_pauses_delivery_but_accepts_sends(ch: Channels) -> None:
+    ch.create_channel("slow", "group", "a", max_pending=2)
+    ch.join_channel("slow", "b")
+    for i in range(5):
+        ch.send_message("slow", "a", "text", f"m{i}")
+    first = ch.receive_messages("b")
+    assert [m.content for m in first] == ["m0", "m1"]
+    assert ch.receive_messages("b").total_count == 0  # held while two are unacknowledged
+    ch.acknowledge_message(first[0], "b", "completed")
+    assert [m.content for m in ch.receive_messages("b")] == ["m2"]
+    ch.acknowledge_message(first[1], "b", "received")  # still in flight
+    assert len(ch.receive_messages("b")) == 0
+
+
+def test_store_full_refuses_sends_until_deliveries_finish(ch: Channels, bus: Bus) -> None:
+    ch.limits = StoreLimits(max_active=3)
+    ch.create_channel("g", "group", "a")
+    ch.join_channel("g", "b")
+    ch.join_channel("g", "c")
+    ch.send_message("g", "a", "text", "one")  # two deliveries
+    before = row_counts(bus)
+    with pytest.raises(StoreFull) as caught:
+        ch.send_message("g", "a", "text", "two")
+    assert (caught.value.active, caught.value.limit) == (2, 3)
+    assert row_counts(bus) == before
+    for agent in ("b", "c"):
+        [m] = ch.receive_messages(agent)
+        ch.acknowledge_message(m, agent, "completed")
+    ch.send_message("g", "a", "text", "two")
+
+
+def test_store_capacity_refuses_sends_near_the_file_limit(ch: Channels, bus: Bus) -> None:
+    ch.create_channel("g", "group", "a")
+    ch.join_channel("g", "b")
+    size = bus.conn.execute("SELECT page_count * page_size FROM pragma_page_count,"
+                            " pragma_page_size").get
+    ch.limits = StoreLimits(max_file_bytes=size + 1000, reserve_bytes=2000)
+    with pytest.raises(StoreCapacity, match="within 2000 bytes of its"):
+        ch.send_message("g", "a", "text", "x")
+
+
+def test_batch_commits_several_sends_together(ch: Channels, bus: Bus, db_path: Path) -> None:
+    ch.create_channel("g", "group", "a")
+    ch.join_channel("g", "b")
+    with Bus.open(db_path) as other:
+        with ch.batch():
+            ch.send_message("g", "a", "text", "one")
+            ch.send_message("g", "a", "text", "two")
+            assert other.channels.query_messages().total_count == 0  # not committed yet
+        assert other.channels.query_messages().total_count == 2
+    with pytest.raises(ValidationFailed):
+        with ch.batch():
+            ch.send_message("g", "a", "text", "three")
+            ch.send_message("g", "a", "text", "")
+    assert ch.query_messages().total_count == 2  # the failed batch wrote nothing
+
+
+def test_compact_keeps_channel_messages_with_unfinished_deliveries(ch: Channels,
+                                                                   bus: Bus) -> None:
+    ch.create_channel("g", "group", "a")
+    ch.join_channel("g", "b")
+    done = ch.send_message("g", "a", "text", "done")
+    ch.send_message("g", "a", "text", "waiting")
+    [first, _second] = ch.receive_messages("b")
+    ch.acknowledge_message(first, "b", "completed")
+    bus.ack("b", done.seq + 1)  # every cursor is past both
+    report = bus.compact(0, now=ch.clock() + 1)
+    assert report.messages == 1
+    assert [m.content for m in ch.query_messages()] == ["waiting"]
