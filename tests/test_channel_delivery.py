@@ -1,0 +1,298 @@
+"""Acks, retries, dead letters and delivery modes, stepped with an injected clock.
+
+Every timer is a stored deadline, so these tests move the clock by hand and
+call receive or tick: no sleeping, and the same results after a reopen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bus import Bus
+from bus.engine import Channels
+from bus.errors import ValidationFailed
+
+T0 = 1_700_000_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def ch(bus: Bus, clock: Clock) -> Channels:
+    return Channels(bus, clock=clock)
+
+
+def make_pair(ch: Channels, mode: str = "at_least_once", **config) -> None:
+    ch.create_channel("work", "direct", "boss", delivery_mode=mode, **config)
+    ch.join_channel("work", "worker")
+
+
+def received_at(ch: Channels, clock: Clock, when: int) -> list:
+    clock.now = T0 + when
+    return list(ch.receive_messages("worker"))
+
+
+# --- the retry schedule -------------------------------------------------------------
+
+
+def test_retry_schedule_is_one_three_seven_seconds_of_backoff_then_dead_letter(
+        ch: Channels, clock: Clock, bus: Bus) -> None:
+    # ack_timeout 0.5 s, backoff 1 s, 3 retries (the seed's defaults but the timeout).
+    make_pair(ch, ack_timeout=0.5, retry_backoff_ms=1000, max_retries=3)
+    sent = ch.send_message("work", "boss", "command", "do it")
+    deliveries = []
+    # Each attempt times out 500 ms after it is handed out; the retry is
+    # visible backoff * 2^(n-1) after that deadline: waits of 1 s, 2 s, 4 s,
+    # so 1 s, 3 s and 7 s of backoff in all (seed 004, "Backoff Schedule").
+    for handed_at, visible_again in ((0, 1500), (1500, 4000), (4000, 8500)):
+        [got] = received_at(ch, clock, handed_at)
+        deliveries.append((handed_at, got.attempt, got.retry_count))
+        assert received_at(ch, clock, visible_again - 1) == []
+        clock.now = T0 + visible_again - 1
+        assert ch.tick().redelivered == 0  # due at the deadline, already counted
+    [last] = received_at(ch, clock, 8500)
+    deliveries.append((8500, last.attempt, last.retry_count))
+    assert deliveries == [(0, 1, 0), (1500, 2, 1), (4000, 3, 2), (8500, 4, 3)]
+    backoff_waits = [1500 - 500, 4000 - 2000, 8500 - 4500]
+    assert [sum(backoff_waits[:n]) for n in (1, 2, 3)] == [1000, 3000, 7000]
+
+    clock.now = T0 + 8999
+    assert ch.tick().dead_lettered == 0
+    clock.now = T0 + 9000  # the last attempt's ack timeout
+    assert ch.tick().dead_lettered == 1
+    [dead] = ch.dead_letters()
+    assert (dead.recipient, dead.retry_count, dead.dead_lettered_at_ms, dead.message.seq) == (
+        "worker", 3, T0 + 9000, sent.seq)
+    assert dead.last_error == "not acknowledged within 0.5 s"
+    assert dead.message.status == "dead_letter" and dead.message.content == "do it"
+    [notice] = [m for m in bus.last_messages(5) if m.type == "_system.message.deadletter"]
+    assert notice.payload == {"dead_letter": dead.id, "seq": sent.seq, "recipient": "worker",
+                              "retry_count": 3, "last_error": "not acknowledged within 0.5 s"}
+    assert received_at(ch, clock, 60_000) == []
+
+
+def test_a_late_tick_keeps_the_schedule_of_the_stored_deadlines(ch: Channels,
+                                                                clock: Clock) -> None:
+    make_pair(ch, ack_timeout=0.5, retry_backoff_ms=1000, max_retries=3)
+    ch.send_message("work", "boss", "command", "do it")
+    received_at(ch, clock, 0)
+    clock.now = T0 + 1499  # nobody ran tick at 500 ms: it runs now, late
+    assert ch.tick().redelivered == 1
+    assert received_at(ch, clock, 1499) == []
+    assert [m.attempt for m in received_at(ch, clock, 1500)] == [2]
+
+
+def test_timers_survive_a_restart(ch: Channels, clock: Clock, db_path: Path) -> None:
+    make_pair(ch, ack_timeout=0.5, retry_backoff_ms=1000, max_retries=0)
+    ch.send_message("work", "boss", "command", "do it")
+    received_at(ch, clock, 0)
+    ch.bus.close()
+    with Bus.open(db_path) as reopened:
+        again = Channels(reopened, clock=clock)
+        clock.now = T0 + 500
+        assert again.tick().dead_lettered == 1
+        assert [d.recipient for d in again.dead_letters()] == ["worker"]
+
+
+# --- acknowledgments ----------------------------------------------------------------
+
+
+def test_completed_ack_stops_retries(ch: Channels, clock: Clock) -> None:
+    make_pair(ch, ack_timeout=0.5)
+    ch.send_message("work", "boss", "command", "do it")
+    [got] = received_at(ch, clock, 0)
+    ch.acknowledge_message(got, "worker", "completed")
+    clock.now = T0 + 600_000
+    assert ch.tick().to_json_dict() == {"redelivered": 0, "dead_lettered": 0,
+                                        "expired_queries": 0}
+    assert received_at(ch, clock, 600_000) == []
+
+
+def test_in_progress_ack_extends_the_deadline(ch: Channels, clock: Clock) -> None:
+    make_pair(ch, ack_timeout=0.5)
+    ch.send_message("work", "boss", "command", "do it")
+    [got] = received_at(ch, clock, 0)
+    clock.now = T0 + 400
+    ch.acknowledge_message(got, "worker", "in_progress")
+    clock.now = T0 + 899
+    assert ch.tick().redelivered == 0  # deadline moved to 900
+    clock.now = T0 + 900
+    assert ch.tick().redelivered == 1
+
+
+def test_a_late_completed_ack_cancels_a_scheduled_retry(ch: Channels, clock: Clock) -> None:
+    make_pair(ch, ack_timeout=0.5)
+    ch.send_message("work", "boss", "command", "do it")
+    [got] = received_at(ch, clock, 0)
+    clock.now = T0 + 700
+    ch.tick()  # retry scheduled for 1500
+    ch.acknowledge_message(got, "worker", "completed", "finished after all")
+    assert received_at(ch, clock, 1500) == []
+    assert ch.query_messages().messages[0].status == "acknowledged"
+
+
+def test_ack_refusals(ch: Channels, clock: Clock) -> None:
+    make_pair(ch)
+    sent = ch.send_message("work", "boss", "command", "do it")
+    with pytest.raises(ValidationFailed, match="has not been received by worker yet"):
+        ch.acknowledge_message(sent, "worker", "completed")
+    with pytest.raises(ValidationFailed, match="has no delivery to stranger"):
+        ch.acknowledge_message(sent, "stranger", "completed")
+    received_at(ch, clock, 0)
+    with pytest.raises(ValidationFailed, match="'done' is not one of received, in_progress"):
+        ch.acknowledge_message(sent, "worker", "done")
+    assert ch.acknowledge_message(sent, "worker", "failed", "disk full") == "failed"
+    assert ch.acknowledge_message(sent, "worker", "failed") == "failed"  # repeated: no-op
+    with pytest.raises(ValidationFailed, match="already failed; a final status cannot change"):
+        ch.acknowledge_message(sent, "worker", "completed")
+    [delivery] = ch.deliveries(sent)
+    assert (delivery.status, delivery.note) == ("failed", "disk full")
+    assert ch.query_messages().messages[0].status == "failed"
+
+
+def test_message_is_acknowledged_only_when_every_recipient_completed(ch: Channels) -> None:
+    ch.create_channel("g", "group", "a")
+    ch.join_channel("g", "b")
+    ch.join_channel("g", "c")
+    ch.send_message("g", "a", "command", "x")
+    [for_b] = ch.receive_messages("b")
+    [for_c] = ch.receive_messages("c")
+    ch.acknowledge_message(for_b, "b", "completed")
+    assert ch.query_messages().messages[0].status == "delivered"
+    ch.acknowledge_message(for_c, "c", "completed")
+    assert ch.query_messages().messages[0].status == "acknowledged"
+    assert ch.get_channel("g").open_deliveries == 0
+
+
+# --- delivery modes -----------------------------------------------------------------
+
+
+def test_at_most_once_never_redelivers(ch: Channels, clock: Clock) -> None:
+    make_pair(ch, "at_most_once", ack_timeout=0.5)
+    ch.send_message("work", "boss", "command", "do it")
+    assert len(received_at(ch, clock, 0)) == 1
+    assert received_at(ch, clock, 600_000) == []
+    assert ch.get_channel("work").open_deliveries == 0
+
+
+def test_exactly_once_suppresses_a_repeated_correlation_id(ch: Channels, clock: Clock) -> None:
+    make_pair(ch, "exactly_once", ack_timeout=1)
+    first = ch.send_message("work", "boss", "command", "pay invoice 7", correlation_id="inv-7")
+    clock.now = T0 + 100
+    repeat = ch.send_message("work", "boss", "command", "pay invoice 7", correlation_id="inv-7")
+    assert [d.status for d in ch.deliveries(repeat)] == ["duplicate"]
+    got = received_at(ch, clock, 100)
+    assert [m.seq for m in got] == [first.seq]
+    ch.acknowledge_message(got[0], "worker", "completed")
+    # The entry lives 2 x ack_timeout after the last delivery or ack.
+    clock.now = T0 + 2099
+    again = ch.send_message("work", "boss", "command", "pay invoice 7", correlation_id="inv-7")
+    assert [d.status for d in ch.deliveries(again)] == ["duplicate"]
+    clock.now = T0 + 2100
+    ch.tick()
+    later = ch.send_message("work", "boss", "command", "pay invoice 7", correlation_id="inv-7")
+    assert [d.status for d in ch.deliveries(later)] == ["pending"]
+
+
+def test_exactly_once_gives_every_send_a_correlation_id(ch: Channels) -> None:
+    make_pair(ch, "exactly_once")
+    sent = ch.send_message("work", "boss", "command", "a")
+    assert sent.correlation_id == sent.id
+    other = ch.send_message("work", "boss", "command", "a")  # same content, new message
+    assert [d.status for d in ch.deliveries(other)] == ["pending"]
+
+
+def test_exactly_once_dedup_survives_a_restart(ch: Channels, clock: Clock,
+                                               db_path: Path) -> None:
+    make_pair(ch, "exactly_once", ack_timeout=30)
+    ch.send_message("work", "boss", "command", "x", correlation_id="c-1")
+    ch.bus.close()
+    with Bus.open(db_path) as reopened:
+        again = Channels(reopened, clock=clock)
+        repeat = again.send_message("work", "boss", "command", "x", correlation_id="c-1")
+        assert [d.status for d in again.deliveries(repeat)] == ["duplicate"]
+
+
+def test_exactly_once_still_redelivers_an_unacknowledged_delivery(ch: Channels,
+                                                                  clock: Clock) -> None:
+    make_pair(ch, "exactly_once", ack_timeout=0.5, retry_backoff_ms=100)
+    ch.send_message("work", "boss", "command", "x", correlation_id="c-1")
+    assert [m.attempt for m in received_at(ch, clock, 0)] == [1]
+    assert [m.attempt for m in received_at(ch, clock, 600)] == [2]
+
+
+# --- dead letters ---------------------------------------------------------------------
+
+
+def bury_one(ch: Channels, clock: Clock, content: str = "x") -> int:
+    ch.send_message("work", "boss", "command", content)
+    received_at(ch, clock, clock.now - T0)
+    clock.now += 500
+    assert ch.tick().dead_lettered == 1
+    return ch.dead_letters()[-1].id
+
+
+def test_replay_delivers_a_dead_letter_again(ch: Channels, clock: Clock) -> None:
+    make_pair(ch, ack_timeout=0.5, max_retries=0)
+    dead_id = bury_one(ch, clock)
+    seq, recipient = ch.replay_dead_letter(dead_id)
+    assert recipient == "worker" and ch.dead_letters() == []
+    [got] = received_at(ch, clock, clock.now - T0)
+    assert (got.seq, got.retry_count, got.status) == (seq, 0, "delivered")
+    ch.acknowledge_message(got, "worker", "completed")
+    assert ch.query_messages().messages[0].status == "acknowledged"
+
+
+def test_replay_refuses_a_closed_channel_or_a_departed_recipient(ch: Channels,
+                                                                 clock: Clock) -> None:
+    ch.create_channel("work", "group", "boss", ack_timeout=0.5, max_retries=0)
+    ch.join_channel("work", "worker")
+    dead_id = bury_one(ch, clock)
+    ch.leave_channel("work", "worker")
+    with pytest.raises(ValidationFailed, match="worker has left channel 'work'"):
+        ch.replay_dead_letter(dead_id)
+    ch.set_channel_state("work", "closed")
+    with pytest.raises(ValidationFailed, match="is closed; replay needs it active"):
+        ch.replay_dead_letter(dead_id)
+    with pytest.raises(ValidationFailed, match="no dead letter with id 999"):
+        ch.replay_dead_letter(999)
+
+
+def test_discard_and_purge_remove_only_what_they_name(ch: Channels, clock: Clock) -> None:
+    make_pair(ch, ack_timeout=0.5, max_retries=0)
+    old = bury_one(ch, clock, "old")
+    clock.now += 10_000
+    middle = bury_one(ch, clock, "middle")
+    clock.now += 10_000
+    new = bury_one(ch, clock, "new")
+    ch.discard_dead_letter(middle)
+    with pytest.raises(ValidationFailed, match=f"no dead letter with id {middle}"):
+        ch.discard_dead_letter(middle)
+    # `old` is 20.5 s old, `new` 0 s: purging what is older than 5 s leaves `new`.
+    assert ch.purge_dead_letters(5) == 1
+    assert [d.id for d in ch.dead_letters()] == [new]
+    assert old != new
+    with pytest.raises(ValidationFailed, match="older_than: must be seconds >= 0"):
+        ch.purge_dead_letters(-1)
+
+
+def test_dead_letter_json_keeps_the_whole_message(ch: Channels, clock: Clock) -> None:
+    make_pair(ch, ack_timeout=0.5, max_retries=0)
+    dead = ch.dead_letter(bury_one(ch, clock, "payload"))
+    data = orjson.loads(orjson.dumps(dead.to_json_dict()))
+    assert data["message"]["content"] == "payload" and data["retry_count"] == 0
+    assert data["dead_lettered_at"].endswith("Z")
