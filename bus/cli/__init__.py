@@ -10,6 +10,8 @@ from __future__ import annotations
 import click
 
 from bus import __version__
+from bus.cli import channel_messages
+from bus.cli import channels
 from bus.cli import coordination
 from bus.cli import history
 from bus.cli import messaging
@@ -42,6 +44,6 @@ def main(ctx: click.Context, db: str, durability: str) -> None:
     ctx.obj = BusContext(ctx, db, durability)
 
 
-for _module in (messaging, coordination, history):
+for _module in (messaging, coordination, history, channels, channel_messages):
     for _command in _module.COMMANDS:
         main.add_command(_command)
