@@ -646,8 +646,7 @@ def test_receive_limit_reports_total_and_more_on_stderr(group: Path) -> None:
     sent = send_texts(group, "one", "two", "three")
     first = ok(["receive", "--agent", "reviewer", "--limit", "2"], group)
     assert first.stdout == line(sent[0]) + "\n" + line(sent[1]) + "\n"
-    assert first.stderr == ("2 of 3 message(s) for reviewer; more follow"
-                            " (use --offset or receive again)\n")
+    assert first.stderr == "2 of 3 message(s) for reviewer; more are waiting: receive again\n"
     rest = ok(["receive", "--agent", "reviewer", "--json"], group)
     assert [m["content"] for m in json_lines(rest.stdout)] == ["three"]
     assert json.loads(rest.stderr) == {"returned": 1, "total_count": 1, "has_more": False}
@@ -748,7 +747,7 @@ def test_query_newest_first_and_nothing_is_delivered(group: Path) -> None:
     assert result.stderr == "3 of 3 message(s) matching\n"
     page = ok(["query", "--sort-order", "asc", "--limit", "1", "--offset", "1"], group)
     assert page.stdout == line(sent[1]) + "\n"
-    assert page.stderr == "1 of 3 message(s) matching; more follow (use --offset or receive again)\n"
+    assert page.stderr == "1 of 3 message(s) matching; more follow: page with --offset\n"
     assert len(ok(["receive", "--agent", "reviewer"], group).stdout.splitlines()) == 3
 
 

@@ -1,4 +1,4 @@
-"""`bus send`, `receive`, `acknowledge`, `deliveries`, `query`, `thread`: channel messages (seed 004).
+"""Channel messages (seed 004): `bus send`, receive, acknowledge, deliveries, query, thread.
 
 Message streams (receive, query, thread) print one line per message, or
 with --json one object per line, on stdout. receive and query then print a
@@ -187,7 +187,7 @@ def receive(obj: BusContext, agent: str, wait: float, as_json: bool, **options: 
     while not found.messages and time.monotonic() < deadline:
         bus.wait_for_change(min(WAIT_SLICE_S, deadline - time.monotonic()))
         found = engine.receive_messages(agent, flt)
-    _echo_result(found, as_json, f"for {agent}")
+    _echo_result(found, as_json, f"for {agent}", "more are waiting: receive again")
 
 
 @click.command()
@@ -244,7 +244,8 @@ def query(obj: BusContext, as_json: bool, **options: Any) -> None:
     Example: bus query --type command --after-ms 1767225600000 --limit 50
     """
     engine = engine_of(obj)
-    _echo_result(engine.query_messages(_filter(engine, options)), as_json, "matching")
+    found = engine.query_messages(_filter(engine, options))
+    _echo_result(found, as_json, "matching", "more follow: page with --offset")
 
 
 @click.command()
@@ -262,7 +263,7 @@ def thread(obj: BusContext, correlation_id: str, as_json: bool) -> None:
         click.echo(f"no messages with correlation id {correlation_id}", err=True)
 
 
-def _echo_result(found: QueryResult, as_json: bool, what: str) -> None:
+def _echo_result(found: QueryResult, as_json: bool, what: str, hint: str) -> None:
     _echo_channel_messages(found.messages, as_json)
     shown = len(found.messages)
     if as_json:
@@ -271,7 +272,7 @@ def _echo_result(found: QueryResult, as_json: bool, what: str) -> None:
     elif not found.total_count:
         click.echo(f"no messages {what}", err=True)
     else:
-        more = "; more follow (use --offset or receive again)" if found.has_more else ""
+        more = f"; {hint}" if found.has_more else ""
         click.echo(f"{shown} of {found.total_count} message(s) {what}{more}", err=True)
 
 

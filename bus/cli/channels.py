@@ -120,7 +120,8 @@ def channel_leave(obj: BusContext, name: str, agent: str, as_json: bool) -> None
 @channel.command("subscribe")
 @channel_argument
 @agent_option
-@click.option("--pattern", required=True, help="Topic pattern: segments, * for one, # for the rest.")
+@click.option("--pattern", required=True,
+              help="Topic pattern: segments, * for one, # for the rest.")
 @json_option
 @pass_bus_context
 def channel_subscribe(obj: BusContext, name: str, agent: str, pattern: str, as_json: bool) -> None:
@@ -293,7 +294,8 @@ def dlq_list(obj: BusContext, limit: int, as_json: bool) -> None:
     elif not found:
         click.echo("no dead letters")
     else:
-        echo_rows(["id", "seq", "channel", "recipient", "retries", "dead_lettered_at", "last_error"],
+        echo_rows(["id", "seq", "channel", "recipient", "retries", "dead_lettered_at",
+                   "last_error"],
                   [(d.id, d.message.seq, d.message.channel, d.recipient, d.retry_count,
                     iso_utc(d.dead_lettered_at_ms), d.last_error) for d in found], False)
 
