@@ -888,3 +888,15 @@ def test_help_has_summary_and_example(tmp_path: Path, command: list[str]) -> Non
     if command not in (["channel"], ["dlq"]):
         assert "--json" in result.stdout
     assert not (tmp_path / "unused.db").exists()
+
+
+@pytest.mark.parametrize("args", [["channel", "list"], ["receive", "--agent", "a"],
+                                  ["dlq", "list"], ["query"]], ids=" ".join)
+def test_commands_on_missing_database_exit_1_without_creating_it(tmp_path: Path,
+                                                                  args: list[str]) -> None:
+    db = tmp_path / "missing" / "bus.db"
+    result = run(args, db)
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr == (f"Error: no bus database at {db}; create it with `bus init` or point"
+                             " --db (or BUS_DB) at an existing one\n")
+    assert not db.parent.exists()
