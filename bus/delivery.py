@@ -43,24 +43,35 @@ TICK_BATCH = 1000
 DEADLETTER_TYPE = "_system.message.deadletter"  # the notification's message type
 SYSTEM_AGENT = "bus"
 
+_DELIVERING = orjson.dumps(sorted(DELIVERING_STATES)).decode()
 _RECEIVE_FROM_SQL = FROM_SQL + " JOIN deliveries d ON d.seq = cm.seq"
+# Only the deliveries index: how many are waiting, when the filter is empty.
+_RECEIVE_COUNT_SQL = (
+    "SELECT count(*) FROM deliveries d WHERE d.recipient = :agent AND d.status = 'pending'"
+    " AND d.visible_at_ms <= :now AND d.channel_id IN (SELECT value FROM json_each(:channels))"
+)
 _RECEIVE_WHERE = [
     "d.recipient = :agent", "d.status = 'pending'", "d.visible_at_ms <= :now",
-    "c.state IN (SELECT value FROM json_each(:states))",
-    "d.channel_id NOT IN (SELECT value FROM json_each(:held))",
+    "d.channel_id IN (SELECT value FROM json_each(:channels))",
 ]
-_RECEIVE_EXTRA_COLUMNS = ", d.recipient, d.status, d.attempts + 1, d.retry_count, d.channel_id"
-_HELD_CHANNELS_SQL = (
-    "SELECT c.id, c.max_pending, (SELECT count(*) FROM deliveries i WHERE i.channel_id = c.id"
-    " AND i.deadline_ms IS NOT NULL) FROM channels c JOIN participants p ON p.channel_id = c.id"
-    " WHERE p.agent = ? AND c.max_pending IS NOT NULL"
+# The delivery's fields of a ChannelMessage, then what handing it out needs.
+_RECEIVE_EXTRA_COLUMNS = (
+    ", d.recipient, d.status, d.attempts + 1, d.retry_count,"
+    " d.channel_id, c.delivery_mode, c.ack_timeout_ms"
+)
+_HAND_OUT_COLUMNS = 3
+# The agent's channels that hand out deliveries now, with what receive needs of each.
+_OPEN_CHANNELS_SQL = (
+    "SELECT c.id, c.priority_ordering, c.max_pending, CASE WHEN c.max_pending IS NULL THEN 0"
+    " ELSE (SELECT count(*) FROM deliveries i WHERE i.channel_id = c.id"
+    " AND i.deadline_ms IS NOT NULL) END FROM participants p JOIN channels c ON c.id = p.channel_id"
+    " WHERE p.agent = ? AND c.state IN (SELECT value FROM json_each(?))"
 )
 _HAND_OUT_SQL = (
     "UPDATE deliveries SET status = 'delivered', attempts = attempts + 1, delivered_at_ms = :now,"
     " deadline_ms = CASE WHEN :timeout IS NULL THEN NULL ELSE :now + :timeout END"
     " WHERE seq = :seq AND recipient = :agent"
 )
-_CHANNEL_MODE_SQL = "SELECT delivery_mode, ack_timeout_ms FROM channels WHERE id = ?"
 _MARK_DELIVERED_SQL = (
     "UPDATE channel_messages SET status = 'delivered' WHERE seq = ? AND status = 'sent'"
 )
@@ -126,25 +137,35 @@ class TickReport:
 
 def receive(conn: apsw.Connection, agent: str, flt: MessageFilter, now_ms: int,
             load_content: Callable[[Any, Any], Any]) -> QueryResult:
-    """Hand out `agent`'s deliverable messages matching `flt`, inside the caller's transaction."""
-    budgets, held = _pending_budgets(conn, agent)
+    """Hand out `agent`'s deliverable messages matching `flt`, inside the caller's transaction.
+
+    Deliverable: pending, visible by now, on a channel the agent belongs to
+    that is active or draining and below its max_pending. In the common case
+    (oldest first, no priority ordering) rows come in the pending index's
+    order, so a receive reads `limit` rows whatever the backlog.
+    """
+    budgets, channel_ids, prioritised = _open_channels(conn, agent)
     clauses, params = filter_sql(flt)
+    params.update(agent=agent, now=now_ms, channels=orjson.dumps(channel_ids).decode(),
+                  limit=flt.limit, offset=flt.offset)
     where = " WHERE " + " AND ".join(_RECEIVE_WHERE + clauses)
-    params.update(agent=agent, now=now_ms, states=orjson.dumps(sorted(DELIVERING_STATES)).decode(),
-                  held=orjson.dumps(held).decode(), limit=flt.limit, offset=flt.offset)
-    total = conn.execute("SELECT count(*)" + _RECEIVE_FROM_SQL + where, params).get
-    rows = list(conn.execute(
-        "SELECT " + MESSAGE_COLUMNS + _RECEIVE_EXTRA_COLUMNS + _RECEIVE_FROM_SQL + where
-        + order_sql(flt, "asc", priority_first=True) + " LIMIT :limit OFFSET :offset", params))
+    count_sql = "SELECT count(*)" + _RECEIVE_FROM_SQL + where if clauses else _RECEIVE_COUNT_SQL
+    total = conn.execute(count_sql, params).get
+    in_index_order = flt.sort_by == "created_at" and flt.sort_order in (None, "asc")
+    order = " ORDER BY d.seq" if in_index_order and not prioritised else \
+        order_sql(flt, "asc", priority_first=prioritised)
+    rows = list(conn.execute("SELECT " + MESSAGE_COLUMNS + _RECEIVE_EXTRA_COLUMNS
+                             + _RECEIVE_FROM_SQL + where + order
+                             + " LIMIT :limit OFFSET :offset", params))
     handed: list[ChannelMessage] = []
     for row in rows:
-        channel_id = row[-1]
+        message = row_to_message(row[:-_HAND_OUT_COLUMNS], load_content)
+        channel_id, mode, ack_timeout_ms = row[-_HAND_OUT_COLUMNS:]
         if channel_id in budgets:
             if budgets[channel_id] <= 0:
                 continue  # max_pending reached during this call: the rest waits
             budgets[channel_id] -= 1
-        _hand_out(conn, row[0], agent, channel_id, row[9], now_ms)
-        message = row_to_message(row[:-1], load_content)
+        _hand_out(conn, message, agent, channel_id, mode, ack_timeout_ms, now_ms)
         handed.append(_replace_status(message, "delivered"))
     return QueryResult(handed, total, total > flt.offset + len(handed))
 
@@ -154,23 +175,34 @@ def _replace_status(message: ChannelMessage, delivery_status: str) -> ChannelMes
     return replace(message, delivery_status=delivery_status, status=status)
 
 
-def _pending_budgets(conn: apsw.Connection, agent: str) -> tuple[dict[int, int], list[int]]:
-    """Per channel with max_pending: how many more may be in flight; the full ones."""
-    budgets = {channel_id: limit - in_flight
-               for channel_id, limit, in_flight in conn.execute(_HELD_CHANNELS_SQL, (agent,))}
-    return budgets, [channel_id for channel_id, left in budgets.items() if left <= 0]
+def _open_channels(conn: apsw.Connection, agent: str) -> tuple[dict[int, int], list[int], bool]:
+    """(max_pending budgets left, ids of channels that deliver now, any priority ordering)."""
+    budgets: dict[int, int] = {}
+    channel_ids: list[int] = []
+    prioritised = False
+    rows = conn.execute(_OPEN_CHANNELS_SQL, (agent, _DELIVERING))
+    for channel_id, ordering, max_pending, in_flight in rows:
+        if max_pending is not None:
+            budgets[channel_id] = max_pending - in_flight
+            if budgets[channel_id] <= 0:
+                continue  # paused by backpressure until acks bring it below max_pending
+        channel_ids.append(channel_id)
+        prioritised = prioritised or bool(ordering)
+    return budgets, channel_ids, prioritised
 
 
-def _hand_out(conn: apsw.Connection, seq: int, agent: str, channel_id: int,
-              correlation_id: str | None, now_ms: int) -> None:
-    mode, ack_timeout_ms = conn.execute(_CHANNEL_MODE_SQL, (channel_id,)).fetchone()
+def _hand_out(conn: apsw.Connection, message: ChannelMessage, agent: str, channel_id: int,
+              mode: str, ack_timeout_ms: int, now_ms: int) -> None:
+    seq = message.seq
     timeout = None if mode == "at_most_once" else ack_timeout_ms
     conn.execute(_HAND_OUT_SQL, {"now": now_ms, "timeout": timeout, "seq": seq, "agent": agent})
-    conn.execute(_MARK_DELIVERED_SQL, (seq,))
+    if message.status == "sent":
+        conn.execute(_MARK_DELIVERED_SQL, (seq,))
     if mode == "at_most_once":  # handed out is done: nothing is ever retried
         conn.execute(_ADD_OPEN_SQL, (-1, channel_id))
     elif mode == "exactly_once":
-        conn.execute(_REFRESH_DEDUP_SQL, (now_ms + 2 * ack_timeout_ms, correlation_id, agent, seq))
+        conn.execute(_REFRESH_DEDUP_SQL, (now_ms + 2 * ack_timeout_ms, message.correlation_id,
+                                          agent, seq))
 
 
 # --- acknowledge ---------------------------------------------------------------

@@ -64,8 +64,10 @@ from bus.topics import TopicIndex
 if TYPE_CHECKING:
     from bus.api import Bus
 
-_ACTIVE_SQL = "SELECT coalesce(sum(open_deliveries), 0) FROM channels"
-_FILE_BYTES_SQL = "SELECT page_count * page_size FROM pragma_page_count, pragma_page_size"
+_PRESSURE_SQL = (
+    "SELECT (SELECT coalesce(sum(open_deliveries), 0) FROM channels),"
+    " (SELECT page_count * page_size FROM pragma_page_count, pragma_page_size)"
+)
 _THREAD_SQL = (
     "SELECT " + MESSAGE_COLUMNS + FROM_SQL + " WHERE m.correlation_id = ? ORDER BY cm.seq"
 )
@@ -280,10 +282,9 @@ class Channels:
 
     def _check_limits(self, conn: apsw.Connection, new_deliveries: int) -> None:
         limits = self.limits
-        active = conn.execute(_ACTIVE_SQL).get
+        active, size = conn.execute(_PRESSURE_SQL).fetchone()
         if active + new_deliveries > limits.max_active:
             raise StoreFull(active, limits.max_active)
-        size = conn.execute(_FILE_BYTES_SQL).get
         if size > limits.max_file_bytes - limits.reserve_bytes:
             raise StoreCapacity(size, limits.max_file_bytes, limits.reserve_bytes)
 

@@ -7,8 +7,8 @@ segment may be `#` (zero or more segments): `build.*.complete`, `deploy.#`.
 `matches` is the seed's algorithm, kept as the plain reference; `TopicIndex`
 answers the same question for many subscriptions at once without checking
 each one, tiered as the seed describes: exact patterns by dictionary lookup,
-`*` patterns grouped by segment count and literal prefix, `#` patterns by
-literal prefix.
+`*` patterns by segment count (a trie per count), `#` patterns by prefix (a
+prefix trie).
 """
 
 from __future__ import annotations
@@ -75,20 +75,39 @@ def matches(topic: str, pattern: str) -> bool:
     return all(p in (SINGLE, t) for p, t in zip(pattern_segments, topic_segments))
 
 
-def _literal_prefix(segments: Segments) -> Segments:
-    """The segments before the first wildcard."""
-    for index, segment in enumerate(segments):
-        if segment in (SINGLE, MULTI):
-            return segments[:index]
-    return segments
+class _Node:
+    """A trie node: children by segment (a literal or '*') and who ends here."""
 
+    __slots__ = ("children", "subscribers")
 
-def _fits(pattern: Segments, topic: Segments) -> bool:
-    return all(p == SINGLE or p == t for p, t in zip(pattern, topic))
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] = {}
+        self.subscribers: set[str] = set()
+
+    def insert(self, segments: Segments, subscriber: str) -> None:
+        node = self
+        for segment in segments:
+            node = node.children.get(segment) or node.children.setdefault(segment, _Node())
+        node.subscribers.add(subscriber)
+
+    def step(self, segment: str) -> list[_Node]:
+        """The children a topic segment leads to: its literal and '*'."""
+        found = []
+        for key in (segment, SINGLE):
+            child = self.children.get(key)
+            if child is not None:
+                found.append(child)
+        return found
 
 
 class TopicIndex:
     """Which subscribers a topic reaches, for many (pattern, subscriber) pairs.
+
+    Three tiers, as the seed's performance notes describe: exact patterns in
+    a dictionary; `*` patterns in one trie per segment count, so a topic
+    only meets patterns of its own length; `#` patterns in a prefix trie
+    whose nodes hold the patterns that end there. A topic walks its literal
+    and `*` branches only, never the whole subscription list.
 
     >>> index = TopicIndex([("build.*.success", "deploy"), ("deploy.#", "monitor")])
     >>> index.match("build.frontend.success")
@@ -97,39 +116,32 @@ class TopicIndex:
 
     def __init__(self, subscriptions: Iterable[tuple[str, str]] = ()) -> None:
         self._exact: dict[str, set[str]] = defaultdict(set)
-        # (segment count, literal prefix) -> [(pattern segments, subscriber)]
-        self._single: dict[tuple[int, Segments], list[tuple[Segments, str]]] = defaultdict(list)
-        # literal prefix -> [(segments before '#', subscriber)]
-        self._multi: dict[Segments, list[tuple[Segments, str]]] = defaultdict(list)
-        self._longest_prefix = 0
+        self._single: dict[int, _Node] = defaultdict(_Node)  # by segment count
+        self._multi = _Node()  # the segments before '#'; subscribers where '#' starts
         for pattern, subscriber in subscriptions:
             self.add(pattern, subscriber)
 
     def add(self, pattern: str, subscriber: str) -> None:
         segments = tuple(pattern.split("."))
         if segments[-1] == MULTI:
-            segments = segments[:-1]
-            prefix = _literal_prefix(segments)
-            self._multi[prefix].append((segments, subscriber))
+            self._multi.insert(segments[:-1], subscriber)
         elif SINGLE in segments:
-            prefix = _literal_prefix(segments)
-            self._single[(len(segments), prefix)].append((segments, subscriber))
+            self._single[len(segments)].insert(segments, subscriber)
         else:
             self._exact[pattern].add(subscriber)
-            return
-        self._longest_prefix = max(self._longest_prefix, len(prefix))
 
     def match(self, topic: str) -> set[str]:
         """Every subscriber with at least one pattern matching `topic`."""
         found = set(self._exact.get(topic, ()))
-        segments = tuple(topic.split("."))
-        count = len(segments)
-        for length in range(min(count, self._longest_prefix) + 1):
-            prefix = segments[:length]
-            for pattern, subscriber in self._single.get((count, prefix), ()):
-                if subscriber not in found and _fits(pattern, segments):
-                    found.add(subscriber)
-            for pattern, subscriber in self._multi.get(prefix, ()):
-                if subscriber not in found and len(pattern) <= count and _fits(pattern, segments):
-                    found.add(subscriber)
+        segments = topic.split(".")
+        single = self._single.get(len(segments))
+        level = [single] if single is not None else []
+        multi = [self._multi]
+        for segment in segments:
+            for node in multi:  # '#' matches the rest, zero segments or more
+                found |= node.subscribers
+            multi = [child for node in multi for child in node.step(segment)]
+            level = [child for node in level for child in node.step(segment)]
+        for node in multi + level:
+            found |= node.subscribers
         return found

@@ -92,8 +92,10 @@ CREATE TABLE deliveries (
     PRIMARY KEY (seq, recipient)
 ) WITHOUT ROWID;
 -- receive: a recipient's waiting deliveries in seq order; only pending rows
--- are in the index, so finished history costs receive nothing.
-CREATE INDEX idx_deliveries_pending ON deliveries (recipient, seq) WHERE status = 'pending';
+-- are in the index, so finished history costs receive nothing, and it
+-- covers channel and visibility, so counting them never reads the table.
+CREATE INDEX idx_deliveries_pending ON deliveries (recipient, seq, channel_id, visible_at_ms)
+    WHERE status = 'pending';
 -- tick: handed-out deliveries whose ack deadline passed; max_pending counts per channel.
 CREATE INDEX idx_deliveries_deadline ON deliveries (deadline_ms) WHERE deadline_ms IS NOT NULL;
 CREATE INDEX idx_deliveries_inflight ON deliveries (channel_id) WHERE deadline_ms IS NOT NULL;

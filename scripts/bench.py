@@ -5,6 +5,7 @@ process, on fresh files in the same directory, alternating for several
 rounds; the best round of each counts. The figure to watch is the ratio
 (agentbus / baseline throughput): it cancels most of a noisy machine's drift.
 Wake latency (scripts/bench_wake.py) is measured against a raw polling loop;
+the message engine (scripts/bench_channels.py) against raw apsw and plain Python;
 the Spark history job (scripts/bench_history.py) against Spark's read-and-count.
 
     python scripts/bench.py [--rounds 3] [--scale 1.0] [--spark-messages 1000000] [--json]
@@ -26,6 +27,8 @@ from typing import Callable
 import apsw
 import orjson
 
+from bench_channels import channel_rows
+from bench_channels import print_rows as print_channel_rows
 from bench_history import history_row
 from bench_history import print_row as print_history_row
 from bench_wake import wake_rows
@@ -276,10 +279,17 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(export_figures(workdir, max(10_000, int(200_000 * args.scale)), args.rounds))
         small, large = backlog_figures(workdir, 100), backlog_figures(workdir, 100_000)
         wakes = wake_rows(workdir, commits=max(100, int(500 * args.scale)))
+        channels = channel_rows(workdir, args.rounds, args.scale)
         spark = history_row(workdir, args.spark_messages) if args.spark_messages else None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report(rows, small, large, wakes, args.json)
+    if args.json:
+        for row in channels:
+            print(orjson.dumps(row).decode())
+    else:
+        print("")
+        print_channel_rows(channels)
     met = [r["ratio"] >= r["target"] for r in rows if r["target"] is not None]
     if spark is not None:
         if args.json:

@@ -346,11 +346,36 @@ def test_filters_use_an_index_not_a_table_scan(history: Channels, bus: Bus, flt:
     assert not [step for step in plan if step.startswith("SCAN")], plan
 
 
-def test_receive_uses_the_pending_index(history: Channels) -> None:
-    plan = [row[3] for row in history.conn.execute(
-        "EXPLAIN QUERY PLAN SELECT d.seq FROM deliveries d WHERE d.recipient = 'r'"
-        " AND d.status = 'pending' AND d.visible_at_ms <= 1")]
-    assert plan == ["SEARCH d USING INDEX idx_deliveries_pending (recipient=?)"]
+def traced_selects(conn, action) -> list[tuple[str, object]]:
+    """The SELECT statements (with bindings) that `action` ran on `conn`."""
+    seen: list[tuple[str, object]] = []
+
+    def tracer(_cursor, sql: str, bindings) -> bool:
+        if sql.lstrip().upper().startswith("SELECT"):
+            seen.append((sql, bindings))
+        return True
+
+    conn.exec_trace = tracer
+    try:
+        action()
+    finally:
+        conn.exec_trace = None
+    return seen
+
+
+def test_receive_reads_the_pending_index_in_order_whatever_the_backlog(
+        history: Channels) -> None:
+    conn = history.conn
+    statements = traced_selects(conn, lambda: history.receive_messages("r", {"limit": 1}))
+    assert statements
+    for sql, bindings in statements:
+        plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, bindings)]
+        table_scans = [step for step in plan
+                       if step.startswith("SCAN") and "json_each" not in step]
+        assert not table_scans and not [s for s in plan if "TEMP B-TREE" in s], (sql, plan)
+    [count_plan] = [[row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, b)]
+                    for sql, b in statements if sql.startswith("SELECT count(*) FROM deliveries")]
+    assert "SEARCH d USING COVERING INDEX idx_deliveries_pending (recipient=?)" in count_plan
 
 
 # --- content ----------------------------------------------------------------------------------
