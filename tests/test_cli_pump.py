@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 import json
+import stat
+import subprocess
+import threading
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from bus import Bus
 from bus import threads
 from bus.cli import main
+from bus.pump import oob
 from tests.test_organism import GOOD
 from tests.test_organism import TOOLS
 
@@ -127,3 +132,99 @@ def test_organism_check_of_a_missing_file_exits_1(tmp_path: Path):
     result = run(["organism", "check", str(tmp_path / "none.yaml")])
     assert result.exit_code == 1
     assert "(file): cannot be read" in result.stderr
+
+
+# --- bus oob keygen / send ----------------------------------------------------------------
+
+
+def test_oob_keygen_writes_the_pair_beside_the_bus(db_path: Path):
+    result = run(["oob", "keygen"], db_path)
+    assert result.exit_code == 0, result.output
+    private, public = db_path.parent / "oob_ed25519", db_path.parent / "oob_ed25519.pub"
+    key_id = oob.key_id(oob.load_public_key(public))
+    assert result.stdout == (
+        f"private key: {private} (mode 0600, keep it secret)\n"
+        f"public key:  {public} (key id {key_id})\n"
+        "list the public key under oob.authorized_keys in organism.yaml\n")
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    assert not db_path.exists()  # keygen does not need the bus
+
+
+def test_oob_keygen_json_and_refusal_to_overwrite(tmp_path: Path):
+    out = tmp_path / "keys"
+    result = run(["oob", "keygen", "--out", str(out), "--json"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == {
+        "private_key": str(out / "oob_ed25519"), "public_key": str(out / "oob_ed25519.pub"),
+        "key_id": oob.key_id(oob.load_public_key(out / "oob_ed25519.pub"))}
+    again = run(["oob", "keygen", "--out", str(out)])
+    assert again.exit_code == 1
+    assert again.stderr == (f"Error: key file {out / 'oob_ed25519'}: exists already; keygen "
+                            "never overwrites a key: remove it or choose another --out "
+                            "directory\n")
+
+
+@pytest.fixture
+def serving(bus: Bus, db_path: Path, tmp_path: Path):
+    """An OobServer on the default socket beside the bus, trusting keys/oob_ed25519."""
+    pair = oob.generate_keys(tmp_path / "keys")
+    requests: list[oob.OobRequest] = []
+    server = oob.OobServer(bus, oob.socket_path_for(db_path),
+                           [oob.load_public_key(pair.public_path)],
+                           lambda request: requests.append(request) or {"listeners": 2})
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, args=(stop, 0.02))
+    thread.start()
+    yield pair, requests
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_oob_send_as_a_real_process(serving, db_path: Path, bus_command, python_env):
+    pair, requests = serving
+    result = subprocess.run(
+        [*bus_command, "--db", str(db_path), "oob", "send", "remove-listener",
+         '{"name": "calc.add"}', "--key", str(pair.private_path)],
+        env=python_env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    [request] = requests
+    assert request.args == {"name": "calc.add"}
+    assert result.stdout == (f"remove-listener accepted (nonce {request.nonce}): "
+                             '{"listeners":2}\n')
+
+
+def test_oob_send_json(serving, db_path: Path):
+    pair, requests = serving
+    result = run(["oob", "send", "hot-reload", "--key", str(pair.private_path), "--json"],
+                 db_path)
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == {"ok": True, "nonce": requests[0].nonce,
+                                         "result": {"listeners": 2}}
+
+
+def test_oob_send_refused_exits_1(serving, db_path: Path, tmp_path: Path):
+    stranger = oob.generate_keys(tmp_path / "stranger")
+    result = run(["oob", "send", "hot-reload", "--key", str(stranger.private_path)], db_path)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: hot-reload refused (bad_signature): signature: "
+                                    "no authorized key made it")
+    as_json = run(["oob", "send", "hot-reload", "--key", str(stranger.private_path), "--json"],
+                  db_path)
+    assert as_json.exit_code == 1
+    assert json.loads(as_json.stdout)["error"] == "bad_signature"
+    assert serving[1] == []
+
+
+def test_oob_send_usage_and_connection_errors(db_path: Path, tmp_path: Path):
+    pair = oob.generate_keys(tmp_path / "keys")
+    key = ["--key", str(pair.private_path)]
+    assert run(["oob", "send", "shutdown", *key], db_path).exit_code == 2
+    bad_args = run(["oob", "send", "hot-reload", "[1]", *key], db_path)
+    assert bad_args.exit_code == 2
+    assert "ARGS" in bad_args.stderr and "must be a JSON object" in bad_args.stderr
+    assert run(["oob", "send", "hot-reload", "{", *key], db_path).exit_code == 2
+    nobody = run(["oob", "send", "hot-reload", *key], db_path)
+    assert nobody.exit_code == 1
+    assert nobody.stderr.startswith(f"Error: oob socket {db_path.parent / 'oob.sock'}: "
+                                    "nobody is listening")
