@@ -8,8 +8,7 @@ from bus import threads as registry
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
-from bus.cli.output import echo_json
-from bus.cli.output import echo_rows
+from bus.cli.output import echo_listing
 from bus.messages import iso_utc
 
 
@@ -25,17 +24,10 @@ def threads(obj: BusContext, status: str | None, limit: int, as_json: bool) -> N
     Example: bus threads --status open --json
     """
     found = registry.list_threads(obj.open().conn, status, limit)
-    if as_json:
-        for thread in found:
-            echo_json(thread.to_json_dict())
-    elif not found:
-        click.echo("no threads")
-    else:
-        echo_rows(["uuid", "path", "parent", "status", "created", "closed"],
-                  [(t.uuid, registry.PATH_SEPARATOR.join(t.path), t.parent_uuid or "-", t.status,
-                    iso_utc(t.created_at_ms),
-                    "-" if t.closed_at_ms is None else iso_utc(t.closed_at_ms)) for t in found],
-                  False)
-
+    echo_listing(found, as_json, "no threads",
+                 ["uuid", "path", "parent", "status", "created", "closed"],
+                 lambda t: (t.uuid, registry.PATH_SEPARATOR.join(t.path), t.parent_uuid or "-",
+                            t.status, iso_utc(t.created_at_ms),
+                            "-" if t.closed_at_ms is None else iso_utc(t.closed_at_ms)))
 
 COMMANDS = (threads,)
