@@ -174,7 +174,8 @@ def list_threads(conn: apsw.Connection, status: str | None = None,
     _validate_status(status)
     validate_positive_int(limit, "limit")
     if limit > LIST_LIMIT_MAX:
-        raise ValidationFailed("limit", f"is {limit}; the most one call returns is {LIST_LIMIT_MAX}")
+        raise ValidationFailed("limit", f"is {limit}; the most one call returns is "
+                                        f"{LIST_LIMIT_MAX}")
     with translate_busy():
         ids = [row[0] for row in conn.execute(_LATEST_IDS_SQL, {"status": status, "limit": limit})]
         return _load(conn, ids)
@@ -263,7 +264,8 @@ def register_thread(conn: apsw.Connection, thread_id: str, initiator: str, targe
     raises ThreadConflict.
     """
     thread_id = validate_message_id(thread_id, "thread_id")
-    wanted = _validate_path((organism, initiator, target))
+    wanted = tuple(validate_agent_id(value, field) for value, field in (
+        (organism, "organism"), (initiator, "initiator"), (target, "target")))
     with write_transaction(conn):
         existing = conn.execute(_BY_UUID_SQL, (thread_id,)).fetchone()
         if existing is not None:

@@ -297,8 +297,9 @@ def test_register_thread_for_another_path_raises_conflict(conn):
 
 @pytest.mark.parametrize("args, field", [
     (("not-a-uuid", "console", "greeter", ORG), "thread_id"),
-    ((EXTERNAL, "con sole", "greeter", ORG), "path[1]"),
-    ((EXTERNAL, "console", "", ORG), "path[2]"),
+    ((EXTERNAL, "con sole", "greeter", ORG), "initiator"),
+    ((EXTERNAL, "console", "", ORG), "target"),
+    ((EXTERNAL, "console", "greeter", "my org"), "organism"),
 ])
 def test_register_thread_rejects_bad_arguments(conn, args, field):
     with pytest.raises(ValidationFailed) as info:
