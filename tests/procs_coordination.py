@@ -304,12 +304,12 @@ class Child:
     """One child process: stdout read as lines with a deadline, stderr kept in a file."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], stderr_path: Path,
-                 pass_fds: tuple[int, ...] = ()) -> None:
+                 pass_fds: tuple[int, ...] = (), program: Path = PROGRAM) -> None:
         self.name = name
         self.stderr_path = stderr_path
         self._stderr_file = open(stderr_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, str(PROGRAM), *argv], env=env, stdin=subprocess.PIPE,
+            [sys.executable, str(program), *argv], env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._stderr_file, pass_fds=pass_fds, bufsize=0,
         )
         self._buffer = b""
@@ -411,8 +411,10 @@ class Children:
         self.logs.mkdir(exist_ok=True)
         self.started: list[Child] = []
 
-    def start(self, name: str, *argv: str, pass_fds: tuple[int, ...] = ()) -> Child:
-        child = Child(name, list(argv), self.env, self.logs / f"{name}.txt", pass_fds)
+    def start(self, name: str, *argv: str, pass_fds: tuple[int, ...] = (),
+              program: Path = PROGRAM) -> Child:
+        """Start `program` (default: this file) with `argv`; stderr goes to logs/<name>.txt."""
+        child = Child(name, list(argv), self.env, self.logs / f"{name}.txt", pass_fds, program)
         self.started.append(child)
         return child
 

@@ -22,7 +22,7 @@ from bus.cli.context import BusContext
 from bus.cli.context import BusGroup
 from bus.cli.context import json_option
 from bus.cli.output import echo_json
-from bus.cli.output import echo_rows
+from bus.cli.output import echo_listing
 from bus.heartbeats import STATUSES
 from workers.lifecycle import DEFAULT_LEASE_MS
 from workers.lifecycle import Workers
@@ -224,16 +224,11 @@ def status(obj: WorkerContext, worker: str | None, as_json: bool) -> None:
     Example: worker status --json
     """
     found = obj.workers().status(worker)
-    if as_json:
-        for item in found:
-            echo_json(item.to_json_dict())
-    elif not found:
-        click.echo("no workers yet; create one with worker spawn --task T")
-    else:
-        echo_rows(["worker", "task", "state", "branch", "heartbeat", "liveness"],
-                  [(s.worker.worker, s.worker.task, s.worker.state, s.worker.branch,
-                    "-" if s.heartbeat_age_s is None else f"{s.heartbeat_age_s:.0f}s ago",
-                    s.liveness or "-") for s in found], False)
+    echo_listing(found, as_json, "no workers yet; create one with worker spawn --task T",
+                 ["worker", "task", "state", "branch", "heartbeat", "liveness"],
+                 lambda s: (s.worker.worker, s.worker.task, s.worker.state, s.worker.branch,
+                            "-" if s.heartbeat_age_s is None else f"{s.heartbeat_age_s:.0f}s ago",
+                            s.liveness or "-"))
 
 
 def _report(w: Worker, as_json: bool, text: str | None = None) -> None:

@@ -15,6 +15,8 @@ from bus.cli import channels
 from bus.cli import coordination
 from bus.cli import history
 from bus.cli import messaging
+from bus.cli import pump
+from bus.cli import threads
 from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
 from bus.cli.context import BusGroup
@@ -44,6 +46,6 @@ def main(ctx: click.Context, db: str, durability: str) -> None:
     ctx.obj = BusContext(ctx, db, durability)
 
 
-for _module in (messaging, coordination, history, channels, channel_messages):
+for _module in (messaging, coordination, history, channels, channel_messages, threads, pump):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -10,6 +10,7 @@ from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
+from bus.cli.output import echo_listing
 from bus.cli.output import echo_rows
 from bus.heartbeats import STATUSES
 from bus.heartbeats import Thresholds
@@ -74,15 +75,10 @@ def alive(obj: BusContext, warn_s: float | None, stale_s: float | None, dead_s: 
     Example: bus alive --json
     """
     found = obj.open().liveness(thresholds=Thresholds.given(warn_s, stale_s, dead_s))
-    if as_json:
-        for item in found:
-            echo_json(item.to_json_dict())
-    elif not found:
-        click.echo("no heartbeats yet")
-    else:
-        echo_rows(["agent", "state", "silent_s", "status", "task", "progress"],
-                  [(i.agent, i.state, f"{i.age_s:.1f}", i.status, i.task or "",
-                    "" if i.progress is None else f"{i.progress:.2f}") for i in found], False)
+    echo_listing(found, as_json, "no heartbeats yet",
+                 ["agent", "state", "silent_s", "status", "task", "progress"],
+                 lambda i: (i.agent, i.state, f"{i.age_s:.1f}", i.status, i.task or "",
+                            "" if i.progress is None else f"{i.progress:.2f}"))
 
 
 @click.command()

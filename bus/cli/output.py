@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from typing import Any
+from typing import Callable
 from typing import Iterable
+from typing import Sequence
 
 import click
 import orjson
@@ -62,6 +64,18 @@ def echo_rows(columns: list[str], rows: list[tuple[Any, ...]], as_json: bool) ->
     click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
     for r in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+def echo_listing(found: Sequence[Any], as_json: bool, empty: str, columns: list[str],
+                 row: Callable[[Any], tuple[Any, ...]]) -> None:
+    """Items with `to_json_dict()`: one JSON object per line, else a table (or `empty`)."""
+    if as_json:
+        for item in found:
+            echo_json(item.to_json_dict())
+    elif not found:
+        click.echo(empty)
+    else:
+        echo_rows(columns, [row(item) for item in found], False)
 
 
 def _unique_names(columns: list[str]) -> list[str]:

@@ -1,0 +1,380 @@
+"""The thread registry: call chains behind opaque UUIDs (seeds 001 and 002).
+
+A conversation is a chain of rows linked by parent id. The root row names
+the organism; each child names the listener the call went to:
+
+    my-org                      (root, from initialize_root)
+      console                   (the client that started a conversation)
+        greeter                 (console called greeter)
+          calc.add              (greeter called calc.add)
+
+Handlers only ever see a row's UUID. `extend_chain` makes a new row with a
+new random UUID on every call, so two conversations on the same path have
+different threads and a reply bubbles back (`prune_for_response`) to the
+parent of the thread it answers, never to the other conversation. Chains are
+tuples of names, not dotted strings: listener names may contain '.'.
+Answered threads are closed, not deleted: the table is the history.
+
+Every function takes a connection. Writes run in `write_transaction`, which
+is BEGIN IMMEDIATE on its own and a savepoint inside a caller's transaction,
+so the pump can record thread rows in the same commit as its replies:
+
+    with write_transaction(conn):
+        pruned = threads.prune_for_response(conn, thread_uuid)
+        ...insert the reply on pruned.thread.uuid, ack the input...
+
+`ThreadRegistry` wraps the same functions around a `Bus` and an organism
+name for callers that do not manage transactions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Iterable
+from typing import Sequence
+
+import apsw
+import orjson
+
+from bus.db import translate_busy
+from bus.db import write_transaction
+from bus.errors import ThreadAmbiguous
+from bus.errors import ThreadClosed
+from bus.errors import ThreadConflict
+from bus.errors import ThreadNotFound
+from bus.errors import ValidationFailed
+from bus.messages import iso_utc
+from bus.messages import new_message_id
+from bus.messages import now_ms
+from bus.messages import validate_agent_id
+from bus.messages import validate_message_id
+from bus.messages import validate_positive_int
+
+if TYPE_CHECKING:
+    from bus.api import Bus
+
+STATUSES = ("open", "closed")
+LIST_LIMIT_MAX = 10_000
+PATH_SEPARATOR = "/"  # for display only: names cannot contain it
+
+_INSERT_SQL = (
+    "INSERT INTO threads (uuid, parent_id, name, depth, created_at_ms)"
+    " VALUES (?, ?, ?, ?, ?) RETURNING id"
+)
+_BY_UUID_SQL = "SELECT id, status, closed_at_ms, depth, parent_id FROM threads WHERE uuid = ?"
+_OPEN_ROOT_SQL = (
+    "SELECT id FROM threads WHERE parent_id IS NULL AND name = ? AND status = 'open'"
+)
+# LIMIT 2: one row or "more than one" is all get_or_create needs to know.
+_OPEN_CHILDREN_SQL = (
+    "SELECT id FROM threads WHERE parent_id = ? AND name = ? AND status = 'open' LIMIT 2"
+)
+_OPEN_CHILDREN_COUNT_SQL = (
+    "SELECT count(*) FROM threads WHERE parent_id = ? AND name = ? AND status = 'open'"
+)
+_CLOSE_SQL = (
+    "UPDATE threads SET status = 'closed', closed_at_ms = ? WHERE id = ? AND status = 'open'"
+)
+_ROWS_SQL = (
+    "SELECT t.id, t.uuid, p.uuid, t.status, t.created_at_ms, t.closed_at_ms"
+    " FROM threads t LEFT JOIN threads p ON p.id = t.parent_id"
+    " WHERE t.id IN (SELECT value FROM json_each(?)) ORDER BY t.id"
+)
+# Every listed row's ancestors, walked up by parent id: (start row, name) by depth.
+_PATHS_SQL = (
+    "WITH RECURSIVE up(start, id, parent_id, name, depth) AS ("
+    " SELECT id, id, parent_id, name, depth FROM threads"
+    " WHERE id IN (SELECT value FROM json_each(?))"
+    " UNION ALL SELECT up.start, t.id, t.parent_id, t.name, t.depth"
+    " FROM threads t JOIN up ON t.id = up.parent_id)"
+    " SELECT start, name FROM up ORDER BY start, depth"
+)
+_LATEST_IDS_SQL = (
+    "SELECT id FROM (SELECT id FROM threads WHERE status = coalesce(:status, status)"
+    " ORDER BY id DESC LIMIT :limit) ORDER BY id"
+)
+_COUNT_SQL = "SELECT count(*) FROM threads WHERE status = coalesce(?, status)"
+
+
+@dataclass(frozen=True)
+class Thread:
+    """One registry row: `path` runs from the organism (root) to this thread's listener."""
+
+    uuid: str
+    path: tuple[str, ...]
+    parent_uuid: str | None
+    status: str
+    created_at_ms: int
+    closed_at_ms: int | None
+
+    @property
+    def name(self) -> str:
+        """The listener this thread's calls go to (the organism for a root)."""
+        return self.path[-1]
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent_uuid is None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid, "path": list(self.path), "parent": self.parent_uuid,
+            "status": self.status, "created_at_ms": self.created_at_ms,
+            "created": iso_utc(self.created_at_ms), "closed_at_ms": self.closed_at_ms,
+            "closed": None if self.closed_at_ms is None else iso_utc(self.closed_at_ms),
+        }
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """The outcome of `prune_for_response`.
+
+    `closed` is the answering thread, now closed. `thread` is its parent,
+    the caller's thread, where the reply goes (check `thread.status`: a
+    caller that answered already has a closed thread). `target` is the
+    caller's name, or None when the parent is the organism's root: the reply
+    leaves the organism (egress to the client).
+    """
+
+    closed: Thread
+    thread: Thread
+    target: str | None
+
+
+# --- reads ------------------------------------------------------------------
+
+
+def get_thread(conn: apsw.Connection, uuid: str) -> Thread | None:
+    """The thread with this UUID, or None."""
+    uuid = validate_message_id(uuid, "thread")
+    with translate_busy():
+        row = conn.execute(_BY_UUID_SQL, (uuid,)).fetchone()
+        return None if row is None else _load(conn, [row[0]])[0]
+
+
+def lookup(conn: apsw.Connection, uuid: str) -> tuple[str, ...] | None:
+    """The call chain behind a UUID (organism first), or None for an unknown UUID."""
+    thread = get_thread(conn, uuid)
+    return None if thread is None else thread.path
+
+
+def find_root(conn: apsw.Connection, organism: str) -> Thread | None:
+    """The open root thread of `organism`, or None before `initialize_root`."""
+    organism = validate_agent_id(organism, "organism")
+    with translate_busy():
+        root_id = conn.execute(_OPEN_ROOT_SQL, (organism,)).get
+        return None if root_id is None else _load(conn, [root_id])[0]
+
+
+def list_threads(conn: apsw.Connection, status: str | None = None,
+                 limit: int = 100) -> list[Thread]:
+    """The newest `limit` threads (all, or only `status` ones), oldest first."""
+    _validate_status(status)
+    validate_positive_int(limit, "limit")
+    if limit > LIST_LIMIT_MAX:
+        raise ValidationFailed("limit", f"is {limit}; the most one call returns is "
+                                        f"{LIST_LIMIT_MAX}")
+    with translate_busy():
+        ids = [row[0] for row in conn.execute(_LATEST_IDS_SQL, {"status": status, "limit": limit})]
+        return _load(conn, ids)
+
+
+def thread_count(conn: apsw.Connection, status: str | None = None) -> int:
+    _validate_status(status)
+    with translate_busy():
+        return conn.execute(_COUNT_SQL, (status,)).get
+
+
+# --- writes -------------------------------------------------------------------
+
+
+def initialize_root(conn: apsw.Connection, organism: str, now: int | None = None) -> Thread:
+    """The organism's open root thread, created on the first call.
+
+    A restarted pump gets the same root back, so it can tell a restart from
+    a first start (see `find_root`).
+    """
+    organism = validate_agent_id(organism, "organism")
+    with write_transaction(conn):
+        root_id = _open_root_id(conn, organism, _now(now))
+        return _load(conn, [root_id])[0]
+
+
+def get_or_create(conn: apsw.Connection, path: Sequence[str], now: int | None = None) -> Thread:
+    """The open thread at `path` (organism first), creating the missing rows.
+
+    Raises ThreadAmbiguous when several open conversations share a prefix of
+    the path: those are told apart by UUID only. A new conversation is
+    `extend_chain`, which never reuses a thread.
+    """
+    names = _validate_path(path)
+    with write_transaction(conn):
+        at = _now(now)
+        current = _open_root_id(conn, names[0], at)
+        for depth, name in enumerate(names[1:], start=1):
+            found = conn.execute(_OPEN_CHILDREN_SQL, (current, name)).fetchall()
+            if len(found) > 1:
+                count = conn.execute(_OPEN_CHILDREN_COUNT_SQL, (current, name)).get
+                raise ThreadAmbiguous(names[:depth + 1], count)
+            current = found[0][0] if found else _insert(conn, current, name, depth, at)
+        return _load(conn, [current])[0]
+
+
+def extend_chain(conn: apsw.Connection, uuid: str, name: str, now: int | None = None) -> Thread:
+    """A new thread under `uuid` for a call to listener `name`; always a new UUID.
+
+    Raises ThreadNotFound for an unknown UUID and ThreadClosed for a closed one.
+    """
+    name = validate_agent_id(name, "name")
+    uuid = validate_message_id(uuid, "thread")
+    with write_transaction(conn):
+        parent_id, depth, _ = _open_row(conn, uuid)
+        child_id = _insert(conn, parent_id, name, depth + 1, _now(now))
+        return _load(conn, [child_id])[0]
+
+
+def prune_for_response(conn: apsw.Connection, uuid: str, now: int | None = None) -> Pruned:
+    """Close the answering thread `uuid`; say where its reply goes (its parent).
+
+    Raises ThreadNotFound, ThreadClosed (it answered already) or
+    ValidationFailed for a root, which has no caller.
+    """
+    uuid = validate_message_id(uuid, "thread")
+    with write_transaction(conn):
+        row_id, depth, parent_id = _open_row(conn, uuid)
+        if parent_id is None:
+            raise ValidationFailed("thread", f"{uuid} is a root thread; a root has no "
+                                             "caller to answer")
+        conn.execute(_CLOSE_SQL, (_now(now), row_id))
+        threads = {thread.uuid: thread for thread in _load(conn, [row_id, parent_id])}
+    closed = threads.pop(uuid)
+    parent, = threads.values()
+    return Pruned(closed, parent, None if parent.is_root else parent.name)
+
+
+def register_thread(conn: apsw.Connection, thread_id: str, initiator: str, target: str,
+                    organism: str, now: int | None = None) -> Thread:
+    """Register a caller-chosen UUID as organism/initiator/target (seed 001).
+
+    The initiator gets a new thread of its own under the root, so replies
+    bubble to this conversation only. Registering the same UUID for the same
+    path again returns the thread (a retried ingress); for another path it
+    raises ThreadConflict.
+    """
+    thread_id = validate_message_id(thread_id, "thread_id")
+    wanted = tuple(validate_agent_id(value, field) for value, field in (
+        (organism, "organism"), (initiator, "initiator"), (target, "target")))
+    with write_transaction(conn):
+        existing = conn.execute(_BY_UUID_SQL, (thread_id,)).fetchone()
+        if existing is not None:
+            thread, = _load(conn, [existing[0]])
+            if thread.path != wanted:
+                raise ThreadConflict(thread_id, thread.path, wanted)
+            return thread
+        at = _now(now)
+        initiator_id = _insert(conn, _open_root_id(conn, organism, at), initiator, 1, at)
+        target_id = _insert(conn, initiator_id, target, 2, at, thread_id)
+        return _load(conn, [target_id])[0]
+
+
+def close_thread(conn: apsw.Connection, uuid: str, now: int | None = None) -> Thread:
+    """Close a thread (kept for history); closing a closed thread changes nothing."""
+    uuid = validate_message_id(uuid, "thread")
+    with write_transaction(conn):
+        row = conn.execute(_BY_UUID_SQL, (uuid,)).fetchone()
+        if row is None:
+            raise ThreadNotFound(uuid)
+        conn.execute(_CLOSE_SQL, (_now(now), row[0]))
+        return _load(conn, [row[0]])[0]
+
+
+class ThreadRegistry:
+    """The registry of one organism on a `Bus`, one transaction per call.
+
+        registry = ThreadRegistry(bus, "my-org")
+        root = registry.initialize_root()
+        call = registry.extend_chain(registry.get_or_create(["my-org", "console"]).uuid, "greeter")
+        registry.prune_for_response(call.uuid).target   # "console"
+    """
+
+    def __init__(self, bus: Bus, organism: str) -> None:
+        self.bus = bus
+        self.organism = validate_agent_id(organism, "organism")
+
+    def initialize_root(self, now: int | None = None) -> Thread:
+        return initialize_root(self.bus.conn, self.organism, now)
+
+    def get_or_create(self, path: Sequence[str], now: int | None = None) -> Thread:
+        return get_or_create(self.bus.conn, path, now)
+
+    def lookup(self, uuid: str) -> tuple[str, ...] | None:
+        return lookup(self.bus.conn, uuid)
+
+    def get(self, uuid: str) -> Thread | None:
+        return get_thread(self.bus.conn, uuid)
+
+    def extend_chain(self, uuid: str, name: str, now: int | None = None) -> Thread:
+        return extend_chain(self.bus.conn, uuid, name, now)
+
+    def prune_for_response(self, uuid: str, now: int | None = None) -> Pruned:
+        return prune_for_response(self.bus.conn, uuid, now)
+
+    def register_thread(self, thread_id: str, initiator: str, target: str,
+                        now: int | None = None) -> Thread:
+        return register_thread(self.bus.conn, thread_id, initiator, target, self.organism, now)
+
+    def close(self, uuid: str, now: int | None = None) -> Thread:
+        return close_thread(self.bus.conn, uuid, now)
+
+
+# --- helpers -------------------------------------------------------------------
+
+
+def _open_root_id(conn: apsw.Connection, organism: str, at: int) -> int:
+    root_id = conn.execute(_OPEN_ROOT_SQL, (organism,)).get
+    return root_id if root_id is not None else _insert(conn, None, organism, 0, at)
+
+
+def _open_row(conn: apsw.Connection, uuid: str) -> tuple[int, int, int | None]:
+    """(row id, depth, parent row id) of an open thread; raises ThreadNotFound or ThreadClosed."""
+    row = conn.execute(_BY_UUID_SQL, (uuid,)).fetchone()
+    if row is None:
+        raise ThreadNotFound(uuid)
+    row_id, status, closed_at_ms, depth, parent_id = row
+    if status == "closed":
+        raise ThreadClosed(uuid, closed_at_ms)
+    return row_id, depth, parent_id
+
+
+def _insert(conn: apsw.Connection, parent_id: int | None, name: str, depth: int, at: int,
+            uuid: str | None = None) -> int:
+    return conn.execute(_INSERT_SQL, (uuid or new_message_id(), parent_id, name, depth, at)).get
+
+
+def _load(conn: apsw.Connection, ids: Iterable[int]) -> list[Thread]:
+    """Threads by row id, in id order, with their paths (two queries for any number)."""
+    ids_json = orjson.dumps(list(ids))
+    paths: dict[int, list[str]] = {}
+    for start, name in conn.execute(_PATHS_SQL, (ids_json,)):
+        paths.setdefault(start, []).append(name)
+    return [Thread(uuid, tuple(paths[row_id]), parent, status, created, closed)
+            for row_id, uuid, parent, status, created, closed
+            in conn.execute(_ROWS_SQL, (ids_json,))]
+
+
+def _validate_path(path: object) -> tuple[str, ...]:
+    if isinstance(path, str) or not isinstance(path, Sequence) or not path:
+        raise ValidationFailed("path", "must be a non-empty list of names, organism first "
+                                       "(names may contain '.', so a dotted string is ambiguous)")
+    return tuple(validate_agent_id(name, f"path[{i}]") for i, name in enumerate(path))
+
+
+def _validate_status(status: object) -> None:
+    if status is not None and status not in STATUSES:
+        raise ValidationFailed("status", f"{status!r} is not one of: {', '.join(STATUSES)}")
+
+
+def _now(now: int | None) -> int:
+    return now_ms() if now is None else now

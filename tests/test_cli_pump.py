@@ -1,0 +1,230 @@
+"""`bus threads`, `bus organism check` and `bus oob` through click's CliRunner
+(exit codes and whole outputs), plus `bus oob send` as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bus import Bus
+from bus import threads
+from bus.cli import main
+from bus.pump import oob
+from tests.test_organism import GOOD
+from tests.test_organism import TOOLS
+
+T0 = 1_700_000_000_000
+
+
+def run(args: list[str], db: Path | str | None = None):
+    """Invoke the CLI in-process; BUS_DB / BUS_DURABILITY from the caller's shell are hidden."""
+    argv = (["--db", str(db)] if db is not None else []) + args
+    return CliRunner().invoke(main, argv, env={"BUS_DB": None, "BUS_DURABILITY": None},
+                              catch_exceptions=False)
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+# --- bus threads -----------------------------------------------------------------------
+
+
+def test_threads_lists_paths_oldest_first(bus: Bus, db_path: Path):
+    root = threads.initialize_root(bus.conn, "org", now=T0)
+    call = threads.extend_chain(bus.conn, root.uuid, "calc.add", now=T0 + 1000)
+    threads.prune_for_response(bus.conn, call.uuid, now=T0 + 2500)
+    result = run(["threads"], db_path)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        "  ".join(["uuid".ljust(36), "path".ljust(12), "parent".ljust(36), "status",
+                   "created".ljust(24), "closed"]),
+        f"{root.uuid}  org           {'-'.ljust(36)}  open    2023-11-14T22:13:20.000Z  -",
+        f"{call.uuid}  org/calc.add  {root.uuid}  closed  2023-11-14T22:13:21.000Z"
+        "  2023-11-14T22:13:22.500Z",
+    ]
+
+
+def test_threads_json_and_filters(bus: Bus, db_path: Path):
+    root = threads.initialize_root(bus.conn, "org", now=T0)
+    call = threads.extend_chain(bus.conn, root.uuid, "calc.add", now=T0)
+    threads.close_thread(bus.conn, call.uuid, now=T0 + 1)
+    result = run(["threads", "--json", "--status", "closed"], db_path)
+    assert result.exit_code == 0
+    assert json_lines(result.stdout) == [threads.get_thread(bus.conn, call.uuid).to_json_dict()]
+    newest = run(["threads", "--json", "--limit", "1"], db_path)
+    assert [t["uuid"] for t in json_lines(newest.stdout)] == [call.uuid]
+
+
+def test_threads_on_an_empty_registry(bus: Bus, db_path: Path):
+    result = run(["threads"], db_path)
+    assert (result.exit_code, result.stdout) == (0, "no threads\n")
+
+
+def test_threads_usage_errors_exit_2(bus: Bus, db_path: Path):
+    assert run(["threads", "--status", "gone"], db_path).exit_code == 2
+    assert run(["threads", "--limit", "0"], db_path).exit_code == 2
+
+
+def test_threads_without_a_bus_exits_1(tmp_path: Path):
+    result = run(["threads"], tmp_path / "none.db")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: no bus database at ")
+    assert not (tmp_path / "none.db").exists()
+
+
+# --- bus organism check ------------------------------------------------------------------
+
+
+def write_organism(directory: Path, text: str = GOOD) -> Path:
+    module = f"cli_tools_{abs(hash(directory)) % 10**8}"
+    (directory / f"{module}.py").write_text(TOOLS)
+    path = directory / "organism.yaml"
+    path.write_text(text.replace("demo_tools", module))
+    return path
+
+
+def test_organism_check_reports_the_routes(tmp_path: Path):
+    path = write_organism(tmp_path)
+    result = run(["organism", "check", str(path)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (
+        f"{path}: organism demo-org is valid: 3 listeners, 1 agent\n"
+        "  <add> -> calc.add\n  <research-query> -> researcher\n  <search> -> websearch\n")
+
+
+def test_organism_check_json(tmp_path: Path):
+    path = write_organism(tmp_path)
+    result = run(["organism", "check", str(path), "--json"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == {
+        "ok": True, "organism": "demo-org", "source": str(path),
+        "listeners": ["calc.add", "researcher", "websearch"], "agents": ["researcher"],
+        "routes": {"add": ["calc.add"], "research-query": ["researcher"],
+                   "search": ["websearch"]}}
+
+
+def test_organism_check_names_the_key_of_a_bad_file(tmp_path: Path):
+    path = write_organism(tmp_path, GOOD.replace("peers: [calc.add, websearch]",
+                                                 "peers: [calc.add, bing]"))
+    result = run(["organism", "check", str(path)])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr == (f"Error: {path}: listeners[1].peers[1]: no listener is named "
+                             "'bing'; listeners: calc.add, researcher, websearch\n")
+
+
+def test_organism_check_imports_the_references(tmp_path: Path):
+    path = write_organism(tmp_path, GOOD.replace("demo_tools:search", "demo_tools:nothing"))
+    result = run(["organism", "check", str(path)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: {path}: listeners[2].handler: ")
+    assert "has no attribute 'nothing'" in result.stderr
+
+
+def test_organism_check_of_a_missing_file_exits_1(tmp_path: Path):
+    result = run(["organism", "check", str(tmp_path / "none.yaml")])
+    assert result.exit_code == 1
+    assert "(file): cannot be read" in result.stderr
+
+
+# --- bus oob keygen / send ----------------------------------------------------------------
+
+
+def test_oob_keygen_writes_the_pair_beside_the_bus(db_path: Path):
+    result = run(["oob", "keygen"], db_path)
+    assert result.exit_code == 0, result.output
+    private, public = db_path.parent / "oob_ed25519", db_path.parent / "oob_ed25519.pub"
+    key_id = oob.key_id(oob.load_public_key(public))
+    assert result.stdout == (
+        f"private key: {private} (mode 0600, keep it secret)\n"
+        f"public key:  {public} (key id {key_id})\n"
+        "list the public key under oob.authorized_keys in organism.yaml\n")
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    assert not db_path.exists()  # keygen does not need the bus
+
+
+def test_oob_keygen_json_and_refusal_to_overwrite(tmp_path: Path):
+    out = tmp_path / "keys"
+    result = run(["oob", "keygen", "--out", str(out), "--json"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == {
+        "private_key": str(out / "oob_ed25519"), "public_key": str(out / "oob_ed25519.pub"),
+        "key_id": oob.key_id(oob.load_public_key(out / "oob_ed25519.pub"))}
+    again = run(["oob", "keygen", "--out", str(out)])
+    assert again.exit_code == 1
+    assert again.stderr == (f"Error: key file {out / 'oob_ed25519'}: exists already; keygen "
+                            "never overwrites a key: remove it or choose another --out "
+                            "directory\n")
+
+
+@pytest.fixture
+def serving(bus: Bus, db_path: Path, tmp_path: Path):
+    """An OobServer on the default socket beside the bus, trusting keys/oob_ed25519."""
+    pair = oob.generate_keys(tmp_path / "keys")
+    requests: list[oob.OobRequest] = []
+    server = oob.OobServer(bus, oob.socket_path_for(db_path),
+                           [oob.load_public_key(pair.public_path)],
+                           lambda request: requests.append(request) or {"listeners": 2})
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, args=(stop, 0.02))
+    thread.start()
+    yield pair, requests
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_oob_send_as_a_real_process(serving, db_path: Path, bus_command, python_env):
+    pair, requests = serving
+    result = subprocess.run(
+        [*bus_command, "--db", str(db_path), "oob", "send", "remove-listener",
+         '{"name": "calc.add"}', "--key", str(pair.private_path)],
+        env=python_env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    [request] = requests
+    assert request.args == {"name": "calc.add"}
+    assert result.stdout == (f"remove-listener accepted (nonce {request.nonce}): "
+                             '{"listeners":2}\n')
+
+
+def test_oob_send_json(serving, db_path: Path):
+    pair, requests = serving
+    result = run(["oob", "send", "hot-reload", "--key", str(pair.private_path), "--json"],
+                 db_path)
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == {"ok": True, "nonce": requests[0].nonce,
+                                         "result": {"listeners": 2}}
+
+
+def test_oob_send_refused_exits_1(serving, db_path: Path, tmp_path: Path):
+    stranger = oob.generate_keys(tmp_path / "stranger")
+    result = run(["oob", "send", "hot-reload", "--key", str(stranger.private_path)], db_path)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: hot-reload refused (bad_signature): signature: "
+                                    "no authorized key made it")
+    as_json = run(["oob", "send", "hot-reload", "--key", str(stranger.private_path), "--json"],
+                  db_path)
+    assert as_json.exit_code == 1
+    assert json.loads(as_json.stdout)["error"] == "bad_signature"
+    assert serving[1] == []
+
+
+def test_oob_send_usage_and_connection_errors(db_path: Path, tmp_path: Path):
+    pair = oob.generate_keys(tmp_path / "keys")
+    key = ["--key", str(pair.private_path)]
+    assert run(["oob", "send", "shutdown", *key], db_path).exit_code == 2
+    bad_args = run(["oob", "send", "hot-reload", "[1]", *key], db_path)
+    assert bad_args.exit_code == 2
+    assert "ARGS" in bad_args.stderr and "must be a JSON object" in bad_args.stderr
+    assert run(["oob", "send", "hot-reload", "{", *key], db_path).exit_code == 2
+    nobody = run(["oob", "send", "hot-reload", *key], db_path)
+    assert nobody.exit_code == 1
+    assert nobody.stderr.startswith(f"Error: oob socket {db_path.parent / 'oob.sock'}: "
+                                    "nobody is listening")
