@@ -23,6 +23,7 @@ from bus.topics import validate_pattern
 CHANNEL_TYPES = ("direct", "group", "broadcast", "pubsub")
 STATES = ("active", "paused", "draining", "closed")
 ROLES = ("owner", "member", "observer")
+JOIN_ROLES = ("member", "observer")  # the owner is set when the channel is created
 DELIVERY_MODES = ("at_most_once", "at_least_once", "exactly_once")
 # Which states accept sends and which hand out deliveries: a paused channel
 # holds both; a draining one delivers what it has but takes nothing new.

@@ -31,7 +31,7 @@ from bus import deadletters
 from bus import delivery
 from bus import sending
 from bus.channels import CHANNEL_TYPES
-from bus.channels import ROLES
+from bus.channels import JOIN_ROLES
 from bus.channels import STATES
 from bus.channels import Channel
 from bus.channels import ChannelConfig
@@ -46,7 +46,6 @@ from bus.errors import StoreCapacity
 from bus.errors import StoreFull
 from bus.errors import ValidationFailed
 from bus.messages import load_payload
-from bus.messages import new_message_id
 from bus.messages import now_ms
 from bus.messages import validate_agent_id
 from bus.messages import validate_positive_int
@@ -180,7 +179,8 @@ class Channels:
 
     def join_channel(self, channel: str, agent: str, role: str = "member") -> None:
         validate_agent_id(agent)
-        validate_choice(role, "role", ROLES)
+        if role != "owner":  # add_participant explains why an owner cannot join
+            validate_choice(role, "role", JOIN_ROLES)
         self._write_on(channel, lambda conn, c: store.add_participant(conn, c, agent, role,
                                                                        self.clock()))
 
@@ -215,38 +215,43 @@ class Channels:
 
     def send_message(self, channel: str, sender: str, type: str, content: Any, *,
                      topic: str | None = None, priority: int = sending.DEFAULT_PRIORITY,
-                     correlation_id: str | None = None,
-                     in_reply_to: str | None = None) -> ChannelMessage:
+                     correlation_id: str | None = None, in_reply_to: str | None = None,
+                     timeout: float | None = None) -> ChannelMessage:
         """Validate, route and persist one message with its deliveries, in one transaction.
 
-        Raises ValidationFailed (naming the field) or UnknownChannel and writes
+        `type` is one of text, command, query, response, acknowledgment,
+        notification, event. A query without `correlation_id` gets its own
+        id as one; only a query takes a `timeout` (seconds). Raises
+        ValidationFailed (naming the field) or UnknownChannel and writes
         nothing; StoreFull / StoreCapacity when the store is under pressure.
         """
         return self._send(sending.prepare(channel, sender, type, content, topic=topic,
                                           priority=priority, correlation_id=correlation_id,
-                                          in_reply_to=in_reply_to))
+                                          in_reply_to=in_reply_to, timeout=timeout))
 
     def publish(self, channel: str, sender: str, topic: str, content: Any,
                 priority: int = sending.DEFAULT_PRIORITY) -> ChannelMessage:
         """Publish an event on a pubsub channel to every matching subscription."""
-        return self._send(sending.prepare(channel, sender, "event", content, topic=topic,
-                                          priority=priority))
+        return self.send_message(channel, sender, "event", content, topic=topic,
+                                 priority=priority)
 
-    def send_query(self, channel: str, sender: str, content: Any,
-                   timeout: float | None = None) -> ChannelMessage:
-        """Ask a question; its `correlation_id` (new) is what responses quote.
+    def send_query(self, channel: str, sender: str, content: Any, timeout: float | None = None,
+                   *, topic: str | None = None,
+                   priority: int = sending.DEFAULT_PRIORITY) -> ChannelMessage:
+        """Ask a question; its `correlation_id` (its own id) is what responses quote.
 
         With `timeout` (seconds) the query is marked expired if no response
         came by then.
         """
-        return self._send(sending.prepare(channel, sender, "query", content,
-                                          correlation_id=new_message_id(), timeout=timeout))
+        return self.send_message(channel, sender, "query", content, topic=topic,
+                                 priority=priority, timeout=timeout)
 
-    def send_response(self, channel: str, sender: str, correlation_id: str,
-                      content: Any) -> ChannelMessage:
+    def send_response(self, channel: str, sender: str, correlation_id: str, content: Any, *,
+                      topic: str | None = None,
+                      priority: int = sending.DEFAULT_PRIORITY) -> ChannelMessage:
         """Answer the query with `correlation_id` on the same channel."""
-        return self._send(sending.prepare(channel, sender, "response", content,
-                                          correlation_id=correlation_id))
+        return self.send_message(channel, sender, "response", content, topic=topic,
+                                 priority=priority, correlation_id=correlation_id)
 
     def _send(self, out: sending.Outgoing) -> ChannelMessage:
         # A large content goes to the blob store before the transaction, outside the lock.
@@ -299,7 +304,7 @@ class Channels:
         acknowledged. Runs `tick` first, so due retries are included.
         """
         validate_agent_id(agent)
-        flt = MessageFilter.coerce(filter)
+        flt = self._checked_filter(filter)
         conn = self.conn
         with write_transaction(conn):
             now = self.clock()
@@ -337,7 +342,7 @@ class Channels:
 
     def query_messages(self, filter: MessageFilter | dict[str, Any] | None = None) -> QueryResult:
         """Messages of every channel matching the filter, newest first by default."""
-        flt = MessageFilter.coerce(filter)
+        flt = self._checked_filter(filter)
         clauses, params = filter_sql(flt)
         where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
         params.update(limit=flt.limit, offset=flt.offset)
@@ -348,6 +353,13 @@ class Channels:
                                 + order_sql(flt, "desc") + " LIMIT :limit OFFSET :offset", params)
             found = [row_to_message(row, self._load_content) for row in rows]
         return QueryResult(found, total, total > flt.offset + len(found))
+
+    def _checked_filter(self, filter: MessageFilter | dict[str, Any] | None) -> MessageFilter:
+        """The filter, validated; a channel it names must exist (UnknownChannel)."""
+        flt = MessageFilter.coerce(filter)
+        if flt.channel is not None:
+            self.get_channel(flt.channel)
+        return flt
 
     def get_thread(self, correlation_id: str) -> list[ChannelMessage]:
         """The messages sharing `correlation_id` (a query and its responses), oldest first."""

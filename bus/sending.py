@@ -90,8 +90,13 @@ def prepare(channel: str, sender: str, type: str, content: Any, *, topic: str | 
     if ANSWERS.get(type) and correlation_id is None:
         raise ValidationFailed("correlation_id", f"a {type} needs the correlation_id of the"
                                                  f" {ANSWERS[type]} it answers")
+    if timeout is not None and type != "query":
+        raise ValidationFailed("timeout", f"only a query waits for an answer; drop the timeout"
+                                          f" or send type query (this is a {type})")
     row = messages.prepare_row(sender, type, content, correlation_id=correlation_id,
                                in_reply_to=in_reply_to)
+    if type == "query" and correlation_id is None:
+        row = row._replace(correlation_id=row.id)  # what responses quote
     return Outgoing(channel, sender, type, row, len(row.payload.encode()), topic, priority,
                     _timeout_ms(timeout))
 
@@ -139,7 +144,8 @@ def answered(conn: apsw.Connection, channel: Channel, out: Outgoing) -> tuple[st
     if found is None:
         raise ValidationFailed("correlation_id", f"no {wanted} with correlation_id"
                                                  f" {out.row.correlation_id!r} on channel"
-                                                 f" {channel.name!r}; a {out.type} must answer one")
+                                                 f" {channel.name!r}; every {out.type} must"
+                                                 " answer one")
     return found
 
 

@@ -27,7 +27,6 @@ from bus.cli.output import echo_rows
 from bus.delivery import ACK_STATUSES
 from bus.engine import Channels
 from bus.messages import iso_utc
-from bus.messages import new_message_id
 from bus.queries import MESSAGE_STATUSES
 from bus.queries import MESSAGE_TYPES
 from bus.queries import SORT_COLUMNS
@@ -78,9 +77,9 @@ def send(obj: BusContext, channel_name: str, sender: str, type_: str, content: s
         --correlation-id CORR --content '20 connections'
     """
     value = _read_content(content, json_content)
-    sent = _dispatch(engine_of(obj), channel_name, sender, type_, value, topic=topic,
-                     priority=priority, correlation_id=correlation_id, in_reply_to=in_reply_to,
-                     timeout=timeout)
+    sent = engine_of(obj).send_message(channel_name, sender, type_, value, topic=topic,
+                                       priority=priority, correlation_id=correlation_id,
+                                       in_reply_to=in_reply_to, timeout=timeout)
     if as_json:
         echo_json(sent.to_json_dict())
         return
@@ -99,25 +98,6 @@ def _read_content(content: str, json_content: bool) -> Any:
         return orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--content") from None
-
-
-def _dispatch(engine: Channels, channel_name: str, sender: str, type_: str, value: Any, *,
-              topic: str | None, priority: int, correlation_id: str | None,
-              in_reply_to: str | None, timeout: float | None) -> ChannelMessage:
-    """send_query for a new query, send_response for a plain response, else send_message."""
-    plain = topic is None and priority == DEFAULT_PRIORITY and in_reply_to is None
-    if timeout is not None and not (type_ == "query" and correlation_id is None and plain):
-        raise click.UsageError("--timeout is for a new query: --type query without"
-                               " --correlation-id, --topic, --priority or --in-reply-to")
-    if type_ == "query" and correlation_id is None:
-        if plain:
-            return engine.send_query(channel_name, sender, value, timeout)
-        correlation_id = new_message_id()  # send_query takes no topic or priority
-    if type_ == "response" and correlation_id is not None and plain:
-        return engine.send_response(channel_name, sender, correlation_id, value)
-    return engine.send_message(channel_name, sender, type_, value, topic=topic,
-                               priority=priority, correlation_id=correlation_id,
-                               in_reply_to=in_reply_to)
 
 
 def filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
