@@ -20,6 +20,7 @@ import copy
 import re
 import threading
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from lxml import etree
 
@@ -91,8 +92,7 @@ class Repaired:
     repairs: tuple[Repair, ...]
 
 
-@dataclass(frozen=True)
-class Parsed:
+class Parsed(NamedTuple):
     """A parsed document: its root and the repairs that made it parse (none if strict)."""
 
     root: etree._Element
@@ -110,8 +110,10 @@ def parse(data: bytes, max_bytes: int = MAX_BYTES) -> etree._Element:
         root = etree.fromstring(data, _parser())
     except etree.XMLSyntaxError as exc:
         raise _named_error(data, exc) from None
-    if root.getroottree().docinfo.internalDTD is not None:
-        raise XmlDoctypeRefused(*_position(data, max(data.find(b"<!DOCTYPE"), 0)))
+    # The substring test is ~20x cheaper than docinfo; docinfo decides (the
+    # text may sit in a comment or CDATA section).
+    if b"<!DOCTYPE" in data and root.getroottree().docinfo.internalDTD is not None:
+        raise XmlDoctypeRefused(*_position(data, data.find(b"<!DOCTYPE")))
     return root
 
 

@@ -93,13 +93,14 @@ class _ListOf:
 class _Record:
     cls: type
     fields: tuple[_Field, ...]
+    by_name: dict[str, _Field] = dataclasses.field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        self.by_name.update((f.name, f) for f in self.fields)
 
     @property
     def label(self) -> str:
         return self.cls.__name__
-
-    def field(self, name: str) -> _Field | None:
-        return next((f for f in self.fields if f.name == name), None)
 
 
 def _record(cls: type, owner: str, seen: frozenset[type]) -> _Record:
@@ -223,49 +224,55 @@ def _encode(parent: etree._Element | None, name: str, codec: Any, value: Any,
 
 
 # --- decoding ---------------------------------------------------------------
+# Decoding assumes an element the XSD accepted (the pipeline and from_element
+# validate first), so it does not re-check what the XSD already did (no text
+# between elements, no attributes); it still refuses unknown or repeated
+# children. Paths for messages are built only when something is wrong.
 
 
 def _decode(element: etree._Element, codec: Any, path: str) -> Any:
-    if isinstance(codec, Scalar):
-        if len(element):
-            raise XmlValueInvalid(path, "expected text, found child elements", element.sourceline)
+    if type(codec) is Scalar:
         try:
-            return codec.decode(element.text or "", path)
+            return codec.decode(element.text or "", "")
         except XmlValueInvalid as exc:
             raise XmlValueInvalid(path, exc.reason.partition(": ")[2], element.sourceline) \
                 from None
-    if isinstance(codec, _ListOf):
+    if type(codec) is _ListOf:
         return [_decode(child, codec.item, f"{path}[{index}]")
-                for index, child in enumerate(_children(element, path, (ITEM,)))]
+                for index, child in enumerate(element)]
     return _decode_record(element, codec, path)
 
 
 def _decode_record(element: etree._Element, record: _Record, path: str) -> Any:
     values: dict[str, Any] = {}
-    for child in _children(element, path, [f.name for f in record.fields]):
-        if child.tag in values:
-            raise XmlValueInvalid(f"{path}.{child.tag}", "appears twice; send it once",
-                                  child.sourceline)
-        values[child.tag] = _decode(child, record.field(child.tag).codec, f"{path}.{child.tag}")
+    for child in element:
+        name = child.tag
+        field = record.by_name.get(name)
+        if field is None or name in values:
+            raise XmlValueInvalid(f"{path}.{name}", "is unexpected or repeated; send each "
+                                  f"field once: {', '.join(record.by_name)}", child.sourceline)
+        codec = field.codec
+        if type(codec) is Scalar:  # inlined: the common case, on the hot path
+            try:
+                values[name] = codec.decode(child.text or "", "")
+                continue
+            except XmlValueInvalid as exc:
+                raise XmlValueInvalid(f"{path}.{name}", exc.reason.partition(": ")[2],
+                                      child.sourceline) from None
+        values[name] = _decode(child, codec, f"{path}.{name}")
+    if len(values) < len(record.fields):
+        _fill_missing(element, record, path, values)
+    return record.cls(**values)
+
+
+def _fill_missing(element: etree._Element, record: _Record, path: str,
+                  values: dict[str, Any]) -> None:
     for f in record.fields:
         if f.name not in values:
             if f.required:
                 raise XmlValueInvalid(f"{path}.{f.name}", "is missing; add the element",
                                       element.sourceline)
             values[f.name] = f.missing_value()
-    return record.cls(**values)
-
-
-def _children(element: etree._Element, path: str, names: Any) -> list[etree._Element]:
-    """Child elements, refusing text between them and unknown names (the XSD does too)."""
-    if (element.text or "").strip():
-        raise XmlValueInvalid(path, "expected child elements, found text", element.sourceline)
-    children = list(element)
-    for child in children:
-        if child.tag not in names or (child.tail or "").strip():
-            raise XmlValueInvalid(f"{path}.{child.tag}", f"is not expected here; expected "
-                                  f"{', '.join(names) or 'nothing'}", child.sourceline)
-    return children
 
 
 # --- the decorator and the public API ----------------------------------------
