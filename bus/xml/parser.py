@@ -121,19 +121,20 @@ def parse_or_repair(data: bytes, max_bytes: int = MAX_BYTES) -> Parsed:
     """`parse`, and only if that fails, `repair` then `parse` the repaired text.
 
     The repair-free path costs one strict parse. When the repaired text does
-    not parse either, the error reports the original input's first problem.
+    not parse either, the error is the first problem repair could not fix
+    (its line matches the input; its column is in the repaired text).
     """
     try:
         return Parsed(parse(data, max_bytes))
-    except XmlMalformed as first:
-        original = first
+    except XmlMalformed:
+        pass
     repaired = repair(data)
     try:
         return Parsed(parse(repaired.data, max_bytes), repaired.repairs)
     except XmlMalformed as exc:
         if exc.detail.startswith("Extra content"):
             raise XmlMultipleRoots(exc.line, exc.column) from None
-        raise original from None
+        raise
 
 
 def _named_error(data: bytes, exc: etree.XMLSyntaxError) -> XmlRejected:
