@@ -95,8 +95,16 @@ class XmlMalformed(XmlRejected):
 class XmlInvalid(XmlRejected):
     """Well-formed, but the schema refuses it; `part` is "envelope" or "payload"."""
 
+    _FIX = {
+        "envelope": "an envelope is <env:message> holding <env:from>, an optional <env:to>, "
+                    "<env:thread> and one payload element, in that order",
+        "payload": "the tool description shows a valid example",
+    }
+
     def __init__(self, part: str, detail: str, line: int, column: int = 0) -> None:
-        super().__init__(f"the {part} does not match its schema: {detail}", line, column)
+        fix = self._FIX.get(part, "fix the element there")
+        super().__init__(f"the {part} does not match its schema: {detail.rstrip('.')}; {fix}",
+                         line, column)
         self.code = f"{part}-invalid"
         self.part = part
         self.detail = detail
