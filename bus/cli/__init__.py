@@ -13,6 +13,7 @@ from bus import __version__
 from bus.cli import coordination
 from bus.cli import history
 from bus.cli import messaging
+from bus.cli import xml
 from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
 from bus.cli.context import BusGroup
@@ -42,6 +43,6 @@ def main(ctx: click.Context, db: str, durability: str) -> None:
     ctx.obj = BusContext(ctx, db, durability)
 
 
-for _module in (messaging, coordination, history):
+for _module in (messaging, coordination, history, xml):
     for _command in _module.COMMANDS:
         main.add_command(_command)
