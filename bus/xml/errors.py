@@ -40,22 +40,24 @@ class XmlTooLarge(XmlRejected):
         self.limit = limit
 
 
-class XmlTooDeep(XmlRejected):
+class _LimitExceeded(XmlRejected):
+    """A parser limit (`limit`) was exceeded at line:column; `template` says which and the fix."""
+
+    template = ""
+
+    def __init__(self, limit: int, line: int, column: int) -> None:
+        super().__init__(self.template.format(limit=limit), line, column)
+        self.limit = limit
+
+
+class XmlTooDeep(_LimitExceeded):
     code = "too-deep"
-
-    def __init__(self, limit: int, line: int, column: int) -> None:
-        super().__init__(f"elements are nested deeper than {limit} levels; flatten the "
-                         "document", line, column)
-        self.limit = limit
+    template = "elements are nested deeper than {limit} levels; flatten the document"
 
 
-class XmlTextTooLong(XmlRejected):
+class XmlTextTooLong(_LimitExceeded):
     code = "text-too-long"
-
-    def __init__(self, limit: int, line: int, column: int) -> None:
-        super().__init__(f"a text node is longer than {limit} bytes; split it or send "
-                         "it as a blob", line, column)
-        self.limit = limit
+    template = "a text node is longer than {limit} bytes; split it or send it as a blob"
 
 
 class XmlDoctypeRefused(XmlRejected):

@@ -136,11 +136,7 @@ def step_c14n(pipeline: Pipeline, document: Document) -> Document:
 
 
 def step_envelope(pipeline: Pipeline, document: Document) -> Document | Huh:
-    try:
-        validate_envelope(document.root)
-    except XmlRejected as exc:
-        return Huh.from_error("envelope", exc)
-    return document
+    return _checked("envelope", validate_envelope, document.root, document)
 
 
 def step_extract(pipeline: Pipeline, document: Document) -> Envelope | Huh:
@@ -165,11 +161,17 @@ def _check_root(pipeline: Pipeline, envelope: Envelope) -> Envelope | Huh:
 
 
 def step_payload(pipeline: Pipeline, envelope: Envelope) -> Envelope | Huh:
+    return _checked("payload", pipeline.spec.validate, envelope.element, envelope)
+
+
+def _checked(step: str, check: Callable[[etree._Element], None], element: etree._Element,
+             value: Any) -> Any:
+    """`value` if `check(element)` passes, else the `Huh` of its error."""
     try:
-        pipeline.spec.validate(envelope.element)
+        check(element)
     except XmlRejected as exc:
-        return Huh.from_error("payload", exc)
-    return envelope
+        return Huh.from_error(step, exc)
+    return value
 
 
 def step_deserialize(pipeline: Pipeline, envelope: Envelope) -> Envelope | Huh:
