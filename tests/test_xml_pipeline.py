@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import pytest
@@ -208,3 +209,24 @@ def test_envelope_xsd_ships_as_package_data() -> None:
     import importlib.resources
     text = importlib.resources.files("bus.xml").joinpath("envelope.xsd").read_text()
     assert f'targetNamespace="{ENVELOPE_NS}"' in text
+
+
+def test_pipeline_runs_in_threads_without_mixing_errors(pipeline) -> None:
+    """lxml schemas keep one error log each: every thread gets its own compiled copy."""
+    good = message("<add><a>1</a><b>2</b></add>")
+    bad = message("<add><a>q</a><b>2</b></add>")
+    wrong: list[object] = []
+
+    def work(raw: bytes, ok: bool) -> None:
+        for _ in range(300):
+            result = run(pipeline, raw)
+            if isinstance(result, Huh) == ok or (not ok and "'q'" not in result.message):
+                wrong.append(result)
+
+    threads = [threading.Thread(target=work, args=(bad, False) if i % 2 else (good, True))
+               for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []

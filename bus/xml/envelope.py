@@ -26,7 +26,7 @@ from bus.errors import ValidationFailed
 from bus.messages import validate_agent_id
 from bus.xml.errors import XmlInvalid
 from bus.xml.parser import Repair
-from bus.xml.parser import parse
+from bus.xml.parser import compiled_schema
 from bus.xml.payload import is_xmlified
 from bus.xml.payload import to_element
 
@@ -38,7 +38,7 @@ TO = f"{{{ENVELOPE_NS}}}to"
 THREAD = f"{{{ENVELOPE_NS}}}thread"
 THREAD_MAX = 256
 _THREAD = re.compile(r"[A-Za-z0-9._:-]+")
-_schema: etree.XMLSchema | None = None
+_xsd: bytes | None = None
 
 
 class Envelope(NamedTuple):
@@ -67,12 +67,11 @@ class Envelope(NamedTuple):
 
 
 def envelope_schema() -> etree.XMLSchema:
-    """The compiled `envelope.xsd`, read from the installed package once."""
-    global _schema
-    if _schema is None:
-        data = importlib.resources.files("bus.xml").joinpath("envelope.xsd").read_bytes()
-        _schema = etree.XMLSchema(parse(data))
-    return _schema
+    """The compiled `envelope.xsd` (read from the installed package once, compiled per thread)."""
+    global _xsd
+    if _xsd is None:
+        _xsd = importlib.resources.files("bus.xml").joinpath("envelope.xsd").read_bytes()
+    return compiled_schema(_xsd)
 
 
 def validate_envelope(root: etree._Element) -> None:

@@ -62,7 +62,9 @@ class _DenyResolver(etree.Resolver):
         return self.resolve_string("", context)
 
 
-_local = threading.local()  # lxml parsers are not to be shared between threads
+# lxml parsers and schemas are not to be shared between threads: a schema's
+# error_log is per object, so two threads validating at once read each other's.
+_local = threading.local()
 
 
 def _parser() -> etree.XMLParser:
@@ -74,6 +76,15 @@ def _parser() -> etree.XMLParser:
         parser.resolvers.add(_DenyResolver())
         _local.parser = parser
     return parser
+
+
+def compiled_schema(xsd: bytes) -> etree.XMLSchema:
+    """The XSD document `xsd` compiled once per thread (pass the same bytes object)."""
+    cache = _local.__dict__.setdefault("schemas", {})
+    schema = cache.get(xsd)
+    if schema is None:
+        schema = cache[xsd] = etree.XMLSchema(parse(xsd))
+    return schema
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from bus.xml.errors import XmlInvalid
 from bus.xml.errors import XmlUnrepresentable
 from bus.xml.errors import XmlValueInvalid
 from bus.xml.errors import XmlifyUnsupported
+from bus.xml.parser import compiled_schema
 from bus.xml.parser import parse
 
 XS = "http://www.w3.org/2001/XMLSchema"
@@ -286,14 +287,19 @@ class XmlSpec:
     root: str
     record: _Record
     xsd: bytes  # the XSD document, pretty-printed
-    schema: etree.XMLSchema  # compiled once; validates the root element
     example: bytes  # an example payload that validates
     usage: str  # summary line, fields, example: a tool description for an LLM
 
+    @property
+    def schema(self) -> etree.XMLSchema:
+        """The compiled XSD (once per thread: lxml schemas must not be shared)."""
+        return compiled_schema(self.xsd)
+
     def validate(self, element: etree._Element) -> None:
         """Raise `XmlInvalid` ("payload-invalid") with the first error's line."""
-        if not self.schema.validate(element):
-            first = self.schema.error_log[0]
+        schema = self.schema
+        if not schema.validate(element):
+            first = schema.error_log[0]
             raise XmlInvalid("payload", first.message, first.line, first.column)
 
     def decode(self, element: etree._Element) -> Any:
@@ -325,8 +331,9 @@ def _build_spec(cls: type, root: str) -> XmlSpec:
     example = etree.tostring(_example(None, root, record), pretty_print=True)
     usage = "\n".join([f"<{root}>: {summary}" if summary else f"<{root}>", "Fields:",
                        *_field_lines(record, "  "), "Example:", example.decode().rstrip()])
-    return XmlSpec(cls, root, record, etree.tostring(tree, pretty_print=True),
-                   etree.XMLSchema(tree), example, usage)
+    xsd = etree.tostring(tree, pretty_print=True)
+    compiled_schema(xsd)  # an XSD libxml2 refuses fails here, at decoration
+    return XmlSpec(cls, root, record, xsd, example, usage)
 
 
 def _summary(cls: type) -> str:
