@@ -290,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("")
         print_channel_rows(channels)
+    xml = xml_figures(max(2000, int(20_000 * args.scale)), args.rounds)
+    report_xml(xml, args.json)
     met = [r["ratio"] >= r["target"] for r in rows if r["target"] is not None]
     if spark is not None:
         if args.json:
@@ -299,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             print_history_row(spark)
         met.append(spark["target_s"] is None or spark["job_s"] < spark["target_s"])
     met += [r["agentbus_per_s"] >= r["target_per_s"] for r in rows if r.get("target_per_s")]
+    met += [x["us"] <= x["target_us"] for x in xml if x["target_us"] is not None]
     return 0 if all(met) and all(w["ok"] for w in wakes) else 1
 
 
@@ -341,6 +344,71 @@ def report(rows: list[dict], small: float, large: float, wakes: list[dict],
         target = "-" if w["target_p50_ms"] is None else f"p50<{w['target_p50_ms']}"
         verdict = "" if w["target_p50_ms"] is None else ("ok" if w["ok"] else "ABOVE")
         print(f"{w['case']:40} {w['p50_ms']:>7.3f} {w['p99_ms']:>7.3f} {target:>8} {verdict}")
+
+
+# --- the XML pipeline (issue 8) ------------------------------------------------
+
+XML_TARGET_US = 20.0  # per small repair-free envelope
+
+
+def xml_figures(count: int, rounds: int) -> list[dict]:
+    """Pipeline cost per small envelope, clean and repaired, against a bare
+    ``lxml.etree.fromstring`` of the same clean bytes in the same run."""
+    from dataclasses import dataclass as _dataclass
+
+    from lxml import etree
+
+    from bus.xml import build_envelope
+    from bus.xml import listener_pipeline
+    from bus.xml import run
+    from bus.xml import xmlify
+
+    @xmlify(root="add")
+    @_dataclass
+    class Add:
+        a: float
+        b: float
+        note: str
+
+    pipeline = listener_pipeline("calculator", Add)
+    clean = etree.tostring(build_envelope(Add(1.5, 2.0, "R&D"), sender="planner",
+                                          thread="root", to="calculator"))
+    repaired = b"Here is the call:\n" + clean.replace(b"&amp;", b"&") + b"\nThanks!"
+    assert run(pipeline, clean).payload == run(pipeline, repaired).payload  # both typed
+    baseline = _best_us(lambda: etree.fromstring(clean), count, rounds)
+    rows = []
+    for case, raw, target in (("pipeline, repair-free", clean, XML_TARGET_US),
+                              ("pipeline, repaired", repaired, None)):
+        us = _best_us(lambda: run(pipeline, raw), count, rounds)
+        rows.append({"case": case, "bytes": len(raw), "us": round(us, 2),
+                     "baseline_us": round(baseline, 2), "ratio": round(us / baseline, 2),
+                     "target_us": target})
+    return rows
+
+
+def _best_us(call: Callable[[], object], count: int, rounds: int) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(count):
+            call()
+        best = min(best, (time.perf_counter() - start) / count)
+    return best * 1e6
+
+
+def report_xml(rows: list[dict], as_json: bool) -> None:
+    if as_json:
+        for row in rows:
+            print(orjson.dumps(row).decode())
+        return
+    print(f"\n{'XML pipeline per envelope':28} {'bytes':>6} {'us':>7} {'fromstring us':>14}"
+          f" {'ratio':>6} {'target':>8}")
+    for r in rows:
+        target = "-" if r["target_us"] is None else f"<={r['target_us']:g}us"
+        verdict = "" if r["target_us"] is None else ("ok" if r["us"] <= r["target_us"]
+                                                     else "ABOVE")
+        print(f"{r['case']:28} {r['bytes']:>6} {r['us']:>7.2f} {r['baseline_us']:>14.2f}"
+              f" {r['ratio']:>6.2f} {target:>8} {verdict}")
 
 
 if __name__ == "__main__":

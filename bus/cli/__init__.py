@@ -17,6 +17,7 @@ from bus.cli import history
 from bus.cli import messaging
 from bus.cli import pump
 from bus.cli import threads
+from bus.cli import xml
 from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
 from bus.cli.context import BusGroup
@@ -46,6 +47,7 @@ def main(ctx: click.Context, db: str, durability: str) -> None:
     ctx.obj = BusContext(ctx, db, durability)
 
 
-for _module in (messaging, coordination, history, channels, channel_messages, threads, pump):
+for _module in (messaging, coordination, history, channels, channel_messages, threads, pump,
+                xml):
     for _command in _module.COMMANDS:
         main.add_command(_command)

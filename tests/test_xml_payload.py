@@ -1,0 +1,285 @@
+"""`@xmlify`: round trips for every supported type, the derived XSD, refusals."""
+
+from __future__ import annotations
+
+import enum
+import math
+import shutil
+import subprocess
+import typing
+from dataclasses import dataclass
+from dataclasses import field
+from datetime import datetime
+from datetime import timedelta
+from datetime import timezone
+from decimal import Decimal
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from lxml import etree
+
+from bus.xml import from_xml
+from bus.xml import spec_of
+from bus.xml import to_element
+from bus.xml import to_xml
+from bus.xml import write_schema
+from bus.xml import xmlify
+from bus.xml.errors import XmlInvalid
+from bus.xml.errors import XmlUnrepresentable
+from bus.xml.errors import XmlValueInvalid
+from bus.xml.errors import XmlifyUnsupported
+
+
+class Color(enum.Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+class Level(enum.Enum):
+    LOW = 1
+    HIGH = 10
+
+
+@dataclass
+class Inner:
+    x: int
+    note: Optional[str] = None
+
+
+def single(name: str, hint: object) -> type:
+    """An @xmlify dataclass with one field `v` of type `hint`."""
+    cls = dataclass(type(name, (), {"__annotations__": {"v": hint}, "__module__": __name__}))
+    globals()[name] = cls  # so that get_type_hints can resolve it like a module-level class
+    return xmlify(cls)
+
+
+# XML 1.0 characters: everything but C0 controls other than tab/LF/CR, surrogates, FFFE/FFFF.
+XML_CHARS = st.characters(blacklist_categories=("Cs",)).filter(
+    lambda c: (c >= " " or c in "\t\n\r") and c not in "\ufffe\uffff")
+TRICKY = st.sampled_from(["", " ", " x ", "007", "true", "false", "0", "None", "\r\n", "\r",
+                          "]]>", "<a>&amp;</a>", "\t tab", "日本語", "😀", "\n\n"])
+TEXTS = TRICKY | st.text(XML_CHARS, max_size=30)
+ZONES = st.none() | st.integers(-14 * 60, 14 * 60).map(
+    lambda m: timezone(timedelta(minutes=m)))
+CASES = [
+    ("str", str, TEXTS),
+    ("int", int, st.integers() | st.sampled_from([0, -1, 10 ** 40])),
+    ("float", float, st.floats(allow_nan=False)),
+    ("bool", bool, st.booleans()),
+    ("decimal", Decimal, st.decimals(allow_nan=False, allow_infinity=False,
+                                     min_value=Decimal("-1e20"), max_value=Decimal("1e20"))),
+    ("datetime", datetime, st.datetimes(timezones=ZONES)),
+    ("enum_str", Color, st.sampled_from(Color)),
+    ("enum_int", Level, st.sampled_from(Level)),
+    ("optional_str", Optional[str], st.none() | TEXTS),
+    ("optional_int", Optional[int], st.none() | st.integers()),
+    ("list_str", list[str], st.lists(TEXTS, max_size=5)),
+    ("list_float", list[float], st.lists(st.floats(allow_nan=False), max_size=5)),
+    ("nested", Inner, st.builds(Inner, st.integers(), st.none() | TEXTS)),
+    ("optional_nested", Optional[Inner], st.none() | st.builds(Inner, st.integers())),
+    ("list_nested", list[Inner], st.lists(st.builds(Inner, st.integers(), TEXTS), max_size=3)),
+    ("list_list", list[list[int]], st.lists(st.lists(st.integers(), max_size=3), max_size=3)),
+]
+CLASSES = {name: single(f"V_{name}", hint) for name, hint, _ in CASES}
+
+
+@pytest.mark.parametrize("name, values", [(name, values) for name, _, values in CASES],
+                         ids=[c[0] for c in CASES])
+def test_payload_round_trip_and_xsd(name: str, values: st.SearchStrategy) -> None:
+    cls = CLASSES[name]
+    spec = spec_of(cls)
+
+    @given(values)
+    def check(value: object) -> None:
+        obj = cls(value)
+        data = to_xml(obj)
+        assert spec.schema.validate(etree.fromstring(data)), spec.schema.error_log
+        back = from_xml(cls, data)
+        assert back == obj
+        assert type(back.v) is type(value)
+
+    check()
+
+
+def test_payload_strings_stay_strings() -> None:
+    cls = CLASSES["str"]
+    for text in ["007", "true", " x ", "", "1e5", "\r\n"]:
+        assert from_xml(cls, to_xml(cls(text))).v == text
+
+
+def test_payload_empty_string_differs_from_none() -> None:
+    cls = CLASSES["optional_str"]
+    assert to_xml(cls("")) == b"<v_optional_str><v></v></v_optional_str>"
+    assert to_xml(cls(None)) == b"<v_optional_str/>"
+    assert from_xml(cls, to_xml(cls(""))).v == ""
+    assert from_xml(cls, to_xml(cls(None))).v is None
+
+
+def test_payload_empty_list_differs_from_none() -> None:
+    @xmlify
+    @dataclass
+    class Tags:
+        tags: Optional[list[str]] = None
+
+    assert from_xml(Tags, to_xml(Tags([]))).tags == []
+    assert from_xml(Tags, to_xml(Tags(None))).tags is None
+
+
+def test_payload_float_specials() -> None:
+    cls = CLASSES["float"]
+    assert to_xml(cls(float("inf"))) == b"<v_float><v>INF</v></v_float>"
+    assert math.isnan(from_xml(cls, to_xml(cls(float("nan")))).v)
+    assert math.copysign(1, from_xml(cls, to_xml(cls(-0.0))).v) == -1
+
+
+@pytest.mark.parametrize("text", ["\x00", "a\x01b", "\x1f", "\ufffe", "\ud800", "x\uffff"])
+def test_to_xml_refuses_characters_xml_cannot_carry(text: str) -> None:
+    with pytest.raises(XmlUnrepresentable) as raised:
+        to_xml(CLASSES["str"](text))
+    assert raised.value.field == "v_str.v"
+    assert f"U+{ord(text.strip('ax')[0]):04X}" in str(raised.value)
+
+
+def test_to_xml_refuses_unrepresentable_values() -> None:
+    with pytest.raises(XmlUnrepresentable, match="finite Decimal"):
+        to_xml(CLASSES["decimal"](Decimal("NaN")))
+    odd = timezone(timedelta(minutes=5, seconds=30))
+    with pytest.raises(XmlUnrepresentable, match="convert the value to UTC"):
+        to_xml(CLASSES["datetime"](datetime(2026, 1, 1, tzinfo=odd)))
+    with pytest.raises(XmlUnrepresentable, match="expected int, got bool"):
+        to_xml(CLASSES["int"](True))
+    with pytest.raises(XmlUnrepresentable) as raised:
+        to_xml(CLASSES["list_nested"]([Inner(1), "x"]))
+    assert raised.value.field == "v_list_nested.v[1]"
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("2026-01-01T00:00:00.1234567", "microsecond"),
+    ("10000-01-01T00:00:00", "outside Python's datetime"),
+    ("2026-01-01T24:00:00", "outside Python's datetime"),
+])
+def test_from_xml_refuses_datetimes_python_cannot_hold(text: str, reason: str) -> None:
+    with pytest.raises(XmlValueInvalid, match=reason) as raised:
+        from_xml(CLASSES["datetime"], f"<v_datetime><v>{text}</v></v_datetime>")
+    assert raised.value.field == "v_datetime.v"
+
+
+def test_from_xml_accepts_xsd_lexical_forms() -> None:
+    assert from_xml(CLASSES["bool"], "<v_bool><v> 1 </v></v_bool>").v is True
+    assert from_xml(CLASSES["int"], "<v_int><v>+007</v></v_int>").v == 7
+    assert from_xml(CLASSES["datetime"], "<v_datetime><v>2026-01-01T00:00:00Z</v></v_datetime>"
+                    ).v == datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def test_from_xml_schema_errors_name_the_line() -> None:
+    cls = CLASSES["nested"]
+    with pytest.raises(XmlInvalid) as raised:
+        from_xml(cls, "<v_nested>\n<v>\n<x>one</x>\n</v>\n</v_nested>")
+    assert (raised.value.code, raised.value.line) == ("payload-invalid", 3)
+    assert "'x'" in str(raised.value)
+    with pytest.raises(XmlInvalid, match="Missing child element"):
+        from_xml(cls, "<v_nested><v/></v_nested>")
+    with pytest.raises(XmlInvalid, match="attribute"):
+        from_xml(cls, '<v_nested><v x="1"><x>1</x></v></v_nested>')
+
+
+def test_xmlify_defaults_fill_missing_fields() -> None:
+    @xmlify(root="job")
+    @dataclass
+    class Job:
+        """Run a job.
+
+        Longer text that is not part of the summary.
+        """
+        name: str
+        retries: int = 3
+        tags: list[str] = field(default_factory=lambda: ["x"])
+        color: Color = Color.GREEN
+
+    assert from_xml(Job, "<job><name>a</name></job>") == Job("a", 3, ["x"], Color.GREEN)
+    spec = spec_of(Job)
+    assert spec.usage.splitlines()[:6] == [
+        "<job>: Run a job.", "Fields:", "  name (str, required)",
+        "  retries (int, optional, default 3)", "  tags (list of str, optional)",
+        "  color (one of red|green, optional, default 'green')"]
+    assert from_xml(Job, spec.example) == Job("text", 1, ["text"], Color.RED)
+
+
+def test_xmlify_root_defaults_to_snake_case() -> None:
+    @xmlify
+    @dataclass
+    class CalculatorAdd:
+        a: float
+
+    assert spec_of(CalculatorAdd).root == "calculator_add"
+    assert spec_of(CalculatorAdd).usage.startswith("<calculator_add>\n")
+
+
+@dataclass
+class Loop:
+    next: Optional[Loop] = None
+
+
+class NotData:
+    x: int
+
+
+@pytest.mark.parametrize("hint, message", [
+    (tuple[int, int], "is not supported"),
+    (dict[str, int], "is not supported"),
+    (int | str, "only Optional"),
+    (list[Optional[int]], "cannot be Optional"),
+    (list, r"list\[T\]"),
+    (typing.List, r"say list\[T\]"),
+    (Loop, "contains itself"),
+    (NotData, "is not supported"),
+    (enum.Enum("Mixed", {"A": 1, "B": "b"}), "all str or all int"),
+])
+def test_xmlify_refuses_unsupported_types(hint: object, message: str) -> None:
+    with pytest.raises(XmlifyUnsupported, match=message):
+        single("Unsupported", hint)
+
+
+def test_xmlify_refuses_non_dataclass_and_bad_root() -> None:
+    with pytest.raises(XmlifyUnsupported, match="put @dataclass below @xmlify"):
+        xmlify(NotData)
+    with pytest.raises(XmlifyUnsupported, match="not an XML name"):
+        xmlify(root="1bad")(Inner)
+    with pytest.raises(XmlifyUnsupported, match="decorate it with @xmlify"):
+        to_element(Inner(1))
+
+
+def test_write_schema_path_and_refusals(tmp_path: Path) -> None:
+    cls = CLASSES["nested"]
+    path = write_schema(cls, "calculator", tmp_path / "schemas")
+    assert path == tmp_path / "schemas" / "calculator" / "v_nested" / "v1.xsd"
+    assert path.read_bytes() == spec_of(cls).xsd
+    for bad in ["..", ".hidden", "a/b", ""]:
+        with pytest.raises(XmlifyUnsupported, match="safe directory name"):
+            write_schema(cls, bad, tmp_path / "schemas")
+    assert sorted(p.name for p in (tmp_path / "schemas").iterdir()) == ["calculator"]
+
+
+def test_generated_xsd_validates_with_xmllint(tmp_path: Path) -> None:
+    xmllint = shutil.which("xmllint")
+    if xmllint is None:
+        pytest.skip("xmllint is not installed (Debian: apt-get install libxml2-utils; "
+                    "`make test` installs it when it can)")
+    for name, cls in CLASSES.items():
+        spec = spec_of(cls)
+        schema = tmp_path / f"{name}.xsd"
+        schema.write_bytes(spec.xsd)
+        example = tmp_path / f"{name}.xml"
+        example.write_bytes(spec.example)
+        done = subprocess.run([xmllint, "--noout", "--schema", str(schema), str(example)],
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, (name, done.stderr)
+        assert "validates" in done.stderr
+    bad = tmp_path / "bad.xml"
+    bad.write_bytes(b"<v_int><v>x</v></v_int>")
+    done = subprocess.run([xmllint, "--noout", "--schema", str(tmp_path / "int.xsd"), str(bad)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "fails to validate" in done.stderr
