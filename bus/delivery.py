@@ -136,38 +136,43 @@ class TickReport:
 
 
 def receive(conn: apsw.Connection, agent: str, flt: MessageFilter, now_ms: int,
-            load_content: Callable[[Any, Any], Any]) -> QueryResult:
+            load_content: Callable[[Any, Any], Any],
+            count: Callable[[str, dict[str, Any]], int]) -> QueryResult:
     """Hand out `agent`'s deliverable messages matching `flt`, inside the caller's transaction.
 
     Deliverable: pending, visible by now, on a channel the agent belongs to
     that is active or draining and below its max_pending. In the common case
     (oldest first, no priority ordering) rows come in the pending index's
-    order, so a receive reads `limit` rows whatever the backlog.
+    order and one row past the page says whether there are more, so a
+    receive reads `limit + 1` rows whatever the backlog. `total_count` is
+    left to `count(sql, params)`, run after the commit only if asked for.
     """
     budgets, channel_ids, prioritised = _open_channels(conn, agent)
     clauses, params = filter_sql(flt)
     params.update(agent=agent, now=now_ms, channels=orjson.dumps(channel_ids).decode(),
-                  limit=flt.limit, offset=flt.offset)
+                  limit=flt.limit + 1, offset=flt.offset)
     where = " WHERE " + " AND ".join(_RECEIVE_WHERE + clauses)
-    count_sql = "SELECT count(*)" + _RECEIVE_FROM_SQL + where if clauses else _RECEIVE_COUNT_SQL
-    total = conn.execute(count_sql, params).get
     in_index_order = flt.sort_by == "created_at" and flt.sort_order in (None, "asc")
     order = " ORDER BY d.seq" if in_index_order and not prioritised else \
         order_sql(flt, "asc", priority_first=prioritised)
     rows = list(conn.execute("SELECT " + MESSAGE_COLUMNS + _RECEIVE_EXTRA_COLUMNS
                              + _RECEIVE_FROM_SQL + where + order
                              + " LIMIT :limit OFFSET :offset", params))
+    has_more = len(rows) > flt.limit
     handed: list[ChannelMessage] = []
-    for row in rows:
+    for row in rows[:flt.limit]:
         message = row_to_message(row[:-_HAND_OUT_COLUMNS], load_content)
         channel_id, mode, ack_timeout_ms = row[-_HAND_OUT_COLUMNS:]
         if channel_id in budgets:
             if budgets[channel_id] <= 0:
-                continue  # max_pending reached during this call: the rest waits
+                has_more = True  # max_pending reached during this call: the rest waits
+                continue
             budgets[channel_id] -= 1
         _hand_out(conn, message, agent, channel_id, mode, ack_timeout_ms, now_ms)
         handed.append(_replace_status(message, "delivered"))
-    return QueryResult(handed, total, total > flt.offset + len(handed))
+    # Counted after the commit: what is still waiting, plus what this call handed out.
+    count_sql = "SELECT count(*)" + _RECEIVE_FROM_SQL + where if clauses else _RECEIVE_COUNT_SQL
+    return QueryResult(handed, lambda: count(count_sql, params) + len(handed), has_more)
 
 
 def _replace_status(message: ChannelMessage, delivery_status: str) -> ChannelMessage:

@@ -309,7 +309,11 @@ class Channels:
         with write_transaction(conn):
             now = self.clock()
             delivery.tick(conn, now)
-            return delivery.receive(conn, agent, flt, now, self._load_content)
+            return delivery.receive(conn, agent, flt, now, self._load_content, self._count)
+
+    def _count(self, sql: str, params: dict[str, Any]) -> int:
+        with translate_busy():
+            return self.conn.execute(sql, params).get
 
     def acknowledge_message(self, message: ChannelMessage | int, agent: str, status: str,
                             note: str | None = None) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from dataclasses import fields
 from typing import Any
 from typing import Callable
+from typing import Iterator
 
 import apsw
 import orjson
@@ -79,15 +80,30 @@ class ChannelMessage:
 _ALWAYS = frozenset({"topic", "correlation_id", "in_reply_to", "content"})
 
 
-@dataclass(frozen=True)
 class QueryResult:
-    """A page of messages, the number matching before paging, and whether more follow."""
+    """A page of messages, how many matched before paging, and whether more follow.
 
-    messages: list[ChannelMessage]
-    total_count: int
-    has_more: bool
+    `total_count` may be computed on first use (receive does, because
+    counting costs time in proportion to the backlog while handing out
+    costs only the page): a consumer loop that reads `messages` and
+    `has_more` never pays for the count.
+    """
 
-    def __iter__(self):
+    __slots__ = ("messages", "has_more", "_total")
+
+    def __init__(self, messages: list[ChannelMessage], total_count: int | Callable[[], int],
+                 has_more: bool) -> None:
+        self.messages = messages
+        self.has_more = has_more
+        self._total = total_count
+
+    @property
+    def total_count(self) -> int:
+        if callable(self._total):
+            self._total = self._total()
+        return self._total
+
+    def __iter__(self) -> Iterator[ChannelMessage]:
         return iter(self.messages)
 
     def __len__(self) -> int:
@@ -95,6 +111,10 @@ class QueryResult:
 
     def __getitem__(self, index: int) -> ChannelMessage:
         return self.messages[index]
+
+    def __repr__(self) -> str:
+        return (f"QueryResult({len(self.messages)} messages, total_count={self.total_count},"
+                f" has_more={self.has_more})")
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import apsw
 
 from bus import Bus
 from bus.db import connect
+from bus.engine import StoreLimits
 from bus.topics import TopicIndex
 from bus.topics import matches
 
@@ -161,6 +162,23 @@ def _bus_receive_ack(bus: Bus, count: int) -> float:
     return time.perf_counter() - start
 
 
+def backlog_row(workdir: Path, backlog: int, probes: int = 1000) -> dict:
+    """receive+acknowledge with `backlog` messages waiting behind the probes."""
+    rates = {}
+    for waiting in (100, backlog):
+        bus = _setup(workdir / f"backlog-{waiting}.db", "direct", 1)
+        bus.channels.limits = StoreLimits(max_active=waiting + probes)
+        try:
+            with bus.channels.batch():  # the prefill is one commit
+                _bus_send(bus, waiting + probes, "direct")
+            rates[waiting] = probes / _bus_receive_ack(bus, probes)
+        finally:
+            bus.close()
+    return {"case": f"receive+ack, {backlog:,} vs 100 waiting", "messages": probes,
+            "raw_per_s": round(rates[100]), "agentbus_per_s": round(rates[backlog]),
+            "ratio": round(rates[backlog] / rates[100], 3), "unit": "messages/s (1.0 = flat)"}
+
+
 def random_pattern(rng: random.Random) -> str:
     length = rng.randint(1, 4)
     segments = [rng.choice(SEGMENTS + ["*"]) if rng.random() < 0.8 else "*"
@@ -204,6 +222,7 @@ def channel_rows(workdir: Path, rounds: int = 3, scale: float = 1.0) -> list[dic
         send_row(workdir, rounds, n, 10, "pubsub"),
         send_row(workdir, rounds, max(50, n // 4), 100, "pubsub"),
         receive_ack_row(workdir, rounds, n),
+        backlog_row(workdir, max(1000, int(100_000 * scale))),
         matching_row(),
     ]
 
