@@ -26,6 +26,21 @@ LATEST_VERSION = len(available_migrations())
 MIGRATION_NAMES = [f"{m.version:04d}_{m.name}" for m in available_migrations()]
 
 
+class ManualClock:
+    """An injected clock in epoch milliseconds that a test steps by hand (`clock.now += 500`)."""
+
+    def __init__(self, start: int = 1_700_000_000_000) -> None:
+        self.now = start
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "bus.db"

@@ -14,25 +14,13 @@ import pytest
 from bus import Bus
 from bus.engine import Channels
 from bus.errors import ValidationFailed
+from conftest import ManualClock
 
 T0 = 1_700_000_000_000
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> int:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def ch(bus: Bus, clock: Clock) -> Channels:
+def ch(bus: Bus, clock: ManualClock) -> Channels:
     return Channels(bus, clock=clock)
 
 
@@ -41,7 +29,7 @@ def make_pair(ch: Channels, mode: str = "at_least_once", **config) -> None:
     ch.join_channel("work", "worker")
 
 
-def received_at(ch: Channels, clock: Clock, when: int) -> list:
+def received_at(ch: Channels, clock: ManualClock, when: int) -> list:
     clock.now = T0 + when
     return list(ch.receive_messages("worker"))
 
@@ -50,7 +38,7 @@ def received_at(ch: Channels, clock: Clock, when: int) -> list:
 
 
 def test_retry_schedule_is_one_three_seven_seconds_of_backoff_then_dead_letter(
-        ch: Channels, clock: Clock, bus: Bus) -> None:
+        ch: Channels, clock: ManualClock, bus: Bus) -> None:
     # ack_timeout 0.5 s, backoff 1 s, 3 retries (the seed's defaults but the timeout).
     make_pair(ch, ack_timeout=0.5, retry_backoff_ms=1000, max_retries=3)
     sent = ch.send_message("work", "boss", "command", "do it")
@@ -86,7 +74,7 @@ def test_retry_schedule_is_one_three_seven_seconds_of_backoff_then_dead_letter(
 
 
 def test_a_late_tick_keeps_the_schedule_of_the_stored_deadlines(ch: Channels,
-                                                                clock: Clock) -> None:
+                                                                clock: ManualClock) -> None:
     make_pair(ch, ack_timeout=0.5, retry_backoff_ms=1000, max_retries=3)
     ch.send_message("work", "boss", "command", "do it")
     received_at(ch, clock, 0)
@@ -96,7 +84,7 @@ def test_a_late_tick_keeps_the_schedule_of_the_stored_deadlines(ch: Channels,
     assert [m.attempt for m in received_at(ch, clock, 1500)] == [2]
 
 
-def test_timers_survive_a_restart(ch: Channels, clock: Clock, db_path: Path) -> None:
+def test_timers_survive_a_restart(ch: Channels, clock: ManualClock, db_path: Path) -> None:
     make_pair(ch, ack_timeout=0.5, retry_backoff_ms=1000, max_retries=0)
     ch.send_message("work", "boss", "command", "do it")
     received_at(ch, clock, 0)
@@ -111,7 +99,7 @@ def test_timers_survive_a_restart(ch: Channels, clock: Clock, db_path: Path) -> 
 # --- acknowledgments ----------------------------------------------------------------
 
 
-def test_completed_ack_stops_retries(ch: Channels, clock: Clock) -> None:
+def test_completed_ack_stops_retries(ch: Channels, clock: ManualClock) -> None:
     make_pair(ch, ack_timeout=0.5)
     ch.send_message("work", "boss", "command", "do it")
     [got] = received_at(ch, clock, 0)
@@ -122,7 +110,7 @@ def test_completed_ack_stops_retries(ch: Channels, clock: Clock) -> None:
     assert received_at(ch, clock, 600_000) == []
 
 
-def test_in_progress_ack_extends_the_deadline(ch: Channels, clock: Clock) -> None:
+def test_in_progress_ack_extends_the_deadline(ch: Channels, clock: ManualClock) -> None:
     make_pair(ch, ack_timeout=0.5)
     ch.send_message("work", "boss", "command", "do it")
     [got] = received_at(ch, clock, 0)
@@ -134,7 +122,7 @@ def test_in_progress_ack_extends_the_deadline(ch: Channels, clock: Clock) -> Non
     assert ch.tick().redelivered == 1
 
 
-def test_a_late_completed_ack_cancels_a_scheduled_retry(ch: Channels, clock: Clock) -> None:
+def test_a_late_completed_ack_cancels_a_scheduled_retry(ch: Channels, clock: ManualClock) -> None:
     make_pair(ch, ack_timeout=0.5)
     ch.send_message("work", "boss", "command", "do it")
     [got] = received_at(ch, clock, 0)
@@ -145,7 +133,7 @@ def test_a_late_completed_ack_cancels_a_scheduled_retry(ch: Channels, clock: Clo
     assert ch.query_messages().messages[0].status == "acknowledged"
 
 
-def test_ack_refusals(ch: Channels, clock: Clock) -> None:
+def test_ack_refusals(ch: Channels, clock: ManualClock) -> None:
     make_pair(ch)
     sent = ch.send_message("work", "boss", "command", "do it")
     with pytest.raises(ValidationFailed, match="has not been received by worker yet"):
@@ -181,7 +169,7 @@ def test_message_is_acknowledged_only_when_every_recipient_completed(ch: Channel
 # --- delivery modes -----------------------------------------------------------------
 
 
-def test_at_most_once_never_redelivers(ch: Channels, clock: Clock) -> None:
+def test_at_most_once_never_redelivers(ch: Channels, clock: ManualClock) -> None:
     make_pair(ch, "at_most_once", ack_timeout=0.5)
     ch.send_message("work", "boss", "command", "do it")
     assert len(received_at(ch, clock, 0)) == 1
@@ -189,7 +177,7 @@ def test_at_most_once_never_redelivers(ch: Channels, clock: Clock) -> None:
     assert ch.get_channel("work").open_deliveries == 0
 
 
-def test_exactly_once_suppresses_a_repeated_correlation_id(ch: Channels, clock: Clock) -> None:
+def test_exactly_once_suppresses_a_repeated_correlation_id(ch: Channels, clock: ManualClock) -> None:
     make_pair(ch, "exactly_once", ack_timeout=1)
     first = ch.send_message("work", "boss", "command", "pay invoice 7", correlation_id="inv-7")
     clock.now = T0 + 100
@@ -216,7 +204,7 @@ def test_exactly_once_gives_every_send_a_correlation_id(ch: Channels) -> None:
     assert [d.status for d in ch.deliveries(other)] == ["pending"]
 
 
-def test_exactly_once_dedup_survives_a_restart(ch: Channels, clock: Clock,
+def test_exactly_once_dedup_survives_a_restart(ch: Channels, clock: ManualClock,
                                                db_path: Path) -> None:
     make_pair(ch, "exactly_once", ack_timeout=30)
     ch.send_message("work", "boss", "command", "x", correlation_id="c-1")
@@ -228,7 +216,7 @@ def test_exactly_once_dedup_survives_a_restart(ch: Channels, clock: Clock,
 
 
 def test_exactly_once_still_redelivers_an_unacknowledged_delivery(ch: Channels,
-                                                                  clock: Clock) -> None:
+                                                                  clock: ManualClock) -> None:
     make_pair(ch, "exactly_once", ack_timeout=0.5, retry_backoff_ms=100)
     ch.send_message("work", "boss", "command", "x", correlation_id="c-1")
     assert [m.attempt for m in received_at(ch, clock, 0)] == [1]
@@ -238,7 +226,7 @@ def test_exactly_once_still_redelivers_an_unacknowledged_delivery(ch: Channels,
 # --- dead letters ---------------------------------------------------------------------
 
 
-def bury_one(ch: Channels, clock: Clock, content: str = "x") -> int:
+def bury_one(ch: Channels, clock: ManualClock, content: str = "x") -> int:
     ch.send_message("work", "boss", "command", content)
     received_at(ch, clock, clock.now - T0)
     clock.now += 500
@@ -246,7 +234,7 @@ def bury_one(ch: Channels, clock: Clock, content: str = "x") -> int:
     return ch.dead_letters()[-1].id
 
 
-def test_replay_delivers_a_dead_letter_again(ch: Channels, clock: Clock) -> None:
+def test_replay_delivers_a_dead_letter_again(ch: Channels, clock: ManualClock) -> None:
     make_pair(ch, ack_timeout=0.5, max_retries=0)
     dead_id = bury_one(ch, clock)
     seq, recipient = ch.replay_dead_letter(dead_id)
@@ -258,7 +246,7 @@ def test_replay_delivers_a_dead_letter_again(ch: Channels, clock: Clock) -> None
 
 
 def test_replay_refuses_a_closed_channel_or_a_departed_recipient(ch: Channels,
-                                                                 clock: Clock) -> None:
+                                                                 clock: ManualClock) -> None:
     ch.create_channel("work", "group", "boss", ack_timeout=0.5, max_retries=0)
     ch.join_channel("work", "worker")
     dead_id = bury_one(ch, clock)
@@ -272,7 +260,7 @@ def test_replay_refuses_a_closed_channel_or_a_departed_recipient(ch: Channels,
         ch.replay_dead_letter(999)
 
 
-def test_discard_and_purge_remove_only_what_they_name(ch: Channels, clock: Clock) -> None:
+def test_discard_and_purge_remove_only_what_they_name(ch: Channels, clock: ManualClock) -> None:
     make_pair(ch, ack_timeout=0.5, max_retries=0)
     old = bury_one(ch, clock, "old")
     clock.now += 10_000
@@ -290,7 +278,7 @@ def test_discard_and_purge_remove_only_what_they_name(ch: Channels, clock: Clock
         ch.purge_dead_letters(-1)
 
 
-def test_dead_letter_json_keeps_the_whole_message(ch: Channels, clock: Clock) -> None:
+def test_dead_letter_json_keeps_the_whole_message(ch: Channels, clock: ManualClock) -> None:
     make_pair(ch, ack_timeout=0.5, max_retries=0)
     dead = ch.dead_letter(bury_one(ch, clock, "payload"))
     data = orjson.loads(orjson.dumps(dead.to_json_dict()))

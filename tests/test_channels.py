@@ -15,25 +15,11 @@ from bus.errors import StoreCapacity
 from bus.errors import StoreFull
 from bus.errors import UnknownChannel
 from bus.errors import ValidationFailed
-
-
-class Clock:
-    """An injected clock in epoch milliseconds that tests step by hand."""
-
-    def __init__(self, start: int = 1_700_000_000_000) -> None:
-        self.now = start
-
-    def __call__(self) -> int:
-        return self.now
+from conftest import ManualClock
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def ch(bus: Bus, clock: Clock) -> Channels:
+def ch(bus: Bus, clock: ManualClock) -> Channels:
     return Channels(bus, clock=clock)
 
 
@@ -212,7 +198,7 @@ def test_pubsub_delivers_once_per_subscriber_with_overlapping_patterns(ch: Chann
 
 
 def test_subscription_changes_reach_a_cached_topic_index(ch: Channels, bus: Bus,
-                                                         clock: Clock) -> None:
+                                                         clock: ManualClock) -> None:
     other = Channels(bus, clock=clock)  # a second process's view, with its own cache
     ch.create_channel("ps", "pubsub", "pub")
     ch.subscribe("ps", "s1", "a.#")
@@ -260,7 +246,7 @@ def test_paused_holds_deliveries_and_draining_delivers_without_new_sends(ch: Cha
 
 
 @pytest.fixture
-def history(ch: Channels, clock: Clock) -> Channels:
+def history(ch: Channels, clock: ManualClock) -> Channels:
     ch.create_channel("g", "group", "a")
     ch.create_channel("h", "group", "a")
     ch.create_channel("ps", "pubsub", "a")
@@ -415,7 +401,7 @@ def test_channel_messages_are_bus_messages_that_poll_never_returns(ch: Channels,
     assert bus.poll("b") == [] and bus.poll("a") == []
 
 
-def test_query_timeout_marks_an_unanswered_query_expired(ch: Channels, clock: Clock) -> None:
+def test_query_timeout_marks_an_unanswered_query_expired(ch: Channels, clock: ManualClock) -> None:
     ch.create_channel("g", "group", "a")
     ch.join_channel("g", "b")
     unanswered = ch.send_query("g", "a", "anyone?", timeout=5)
