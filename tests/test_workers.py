@@ -1120,7 +1120,9 @@ def test_workers_random_commands_never_leave_the_machine(tmp_path: Path, data) -
             extra = data.draw(st.sampled_from(["commit", "nothing", "untracked"]), label="extra")
             worktree = Path(w.worktree)
             dirty = None
-            if command == "done" and worktree.is_dir():
+            # Work is committed only before a `done` that is allowed: a commit after review
+            # (then a refused `done`) would make the next `merge` refuse with BranchMoved.
+            if command == "done" and command in allowed_commands(state) and worktree.is_dir():
                 if extra == "commit":
                     commit_file(worktree, f"f{next(_examples)}.txt", "x\n")
                 elif extra == "untracked":
