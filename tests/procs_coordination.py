@@ -23,9 +23,6 @@ import argparse
 import json
 import os
 import random
-import select
-import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -33,6 +30,7 @@ from pathlib import Path
 
 from bus import Bus
 from bus.heartbeats import Heartbeat
+from tests import children
 
 RACE_MAX_ATTEMPTS = 1_000_000_000  # the race is about leases, not about dead tasks
 BEAT_TIMEOUT = 30.0  # for a child's Heartbeat thread to send its first beats
@@ -300,127 +298,22 @@ def main(argv: list[str] | None = None) -> int:
 PROGRAM = Path(__file__).resolve()
 
 
-class Child:
-    """One child process: stdout read as lines with a deadline, stderr kept in a file."""
+class Child(children.Child):
+    """A child running `program` (default: this file)."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], stderr_path: Path,
                  pass_fds: tuple[int, ...] = (), program: Path = PROGRAM) -> None:
-        self.name = name
-        self.stderr_path = stderr_path
-        self._stderr_file = open(stderr_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(program), *argv], env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._stderr_file, pass_fds=pass_fds, bufsize=0,
-        )
-        self._buffer = b""
-        self._eof = False
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def describe(self) -> str:
-        self._stderr_file.flush()
-        stderr = self.stderr_path.read_text(errors="replace")
-        return (f"child {self.name} (pid {self.pid}, returncode {self.proc.returncode});"
-                f" stderr:\n{stderr}")
-
-    def read_line(self, timeout: float) -> str:
-        """The next complete stdout line; AssertionError on EOF or after `timeout` seconds."""
-        line = self.next_line(timeout)
-        if line is None:
-            self.proc.poll()
-            raise AssertionError(f"no line within {timeout:.0f} s from {self.describe()}")
-        return line
-
-    def next_line(self, timeout: float) -> str | None:
-        """The next complete stdout line, or None on EOF or after `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if self._eof or remaining <= 0:
-                return None
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if ready:
-                chunk = os.read(fd, 65536)
-                if chunk:
-                    self._buffer += chunk
-                else:
-                    self._eof = True
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.decode()
-
-    def wait_ok(self, timeout: float) -> None:
-        try:
-            returncode = self.proc.wait(timeout=max(timeout, 0.1))
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"did not finish within {timeout:.0f} s: {self.describe()}")
-        assert returncode == 0, self.describe()
-
-    def kill(self, timeout: float) -> None:
-        """SIGKILL (no cleanup, no atexit, no flushing: like a crash) and reap it."""
-        os.kill(self.pid, signal.SIGKILL)
-        try:
-            returncode = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running {timeout:.0f} s after SIGKILL: {self.describe()}")
-        assert returncode == -signal.SIGKILL, self.describe()
-
-    def cleanup(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
-        self._stderr_file.close()
+        super().__init__(name, program, argv, env, stderr_path, pass_fds)
 
 
-class Barrier:
-    """Start children together: each blocks reading the pipe until the parent closes it.
-
-    Only children get the read end (via pass_fds); the write end is the
-    parent's alone, so closing it gives every waiting child EOF at once.
-    """
-
-    def __init__(self) -> None:
-        self.read_fd, self.write_fd = os.pipe()
-
-    def release(self, children: list[Child], timeout: float) -> None:
-        for child in children:
-            line = child.read_line(timeout)
-            assert line == "ready", f"{line!r} from {child.describe()}"
-        self.close()
-
-    def close(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
-            if fd >= 0:
-                os.close(fd)
-        self.read_fd = self.write_fd = -1
+Barrier = children.Barrier
 
 
-class Children:
-    """Starts children with the test's environment; `cleanup` kills what is left."""
+class Children(children.Children):
+    """Children running this file unless `start` names another program."""
 
     def __init__(self, env: dict[str, str], logs: Path) -> None:
-        self.env = dict(env, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
-        self.logs = logs
-        self.logs.mkdir(exist_ok=True)
-        self.started: list[Child] = []
-
-    def start(self, name: str, *argv: str, pass_fds: tuple[int, ...] = (),
-              program: Path = PROGRAM) -> Child:
-        """Start `program` (default: this file) with `argv`; stderr goes to logs/<name>.txt."""
-        child = Child(name, list(argv), self.env, self.logs / f"{name}.txt", pass_fds, program)
-        self.started.append(child)
-        return child
-
-    def cleanup(self) -> None:
-        for child in self.started:
-            child.cleanup()
+        super().__init__(env, logs, PROGRAM)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ traceback to stderr and exit 1.
              line in this process with the arguments given as a JSON list; the
              exit status is the command's.
 
-The parent side (`ExportChild`, `Children`) is at the end of this file.
+The parent side (`Children`, on tests/children.py) is at the end of this file.
 """
 
 from __future__ import annotations
@@ -198,9 +198,6 @@ class Children(children.Children):
 
     def __init__(self, env: dict[str, str], logs: Path) -> None:
         super().__init__(env, logs, PROGRAM)
-
-
-ExportChild = children.Child
 
 
 if __name__ == "__main__":

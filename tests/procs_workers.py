@@ -20,7 +20,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script: make `tests.` importable like in the parent
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.procs_coordination import Child  # noqa: E402
+from tests.children import Child  # noqa: E402
 from tests.procs_coordination import wait_for_go  # noqa: E402
 
 PROGRAM = Path(__file__).resolve()
@@ -50,23 +50,11 @@ def main(argv: list[str]) -> int:
 
 
 class WorkerChild(Child):
-    """A `Child` (stdout lines with deadlines, stderr in a file) running this program."""
+    """A `Child` running this program, with no stdin."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], stderr_path: Path,
                  pass_fds: tuple[int, ...] = ()) -> None:
-        self.name = name
-        self.stderr_path = stderr_path
-        self._stderr_file = open(stderr_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(PROGRAM), *argv], env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=self._stderr_file, pass_fds=pass_fds, bufsize=0,
-        )
-        self._buffer = b""
-        self._eof = False
-
-    def stderr_text(self) -> str:
-        self._stderr_file.flush()
-        return self.stderr_path.read_text(errors="replace")
+        super().__init__(name, PROGRAM, argv, env, stderr_path, pass_fds, stdin=subprocess.DEVNULL)
 
 
 def hermetic_git_env(tmp_path: Path) -> dict[str, str]:

@@ -19,7 +19,6 @@ import pytest
 from bus import Bus
 from bus.topics import matches
 from tests.children import Children
-from tests.procs_channels import TOPICS
 
 PROGRAM = Path(__file__).resolve().parent / "procs_channels.py"
 SENDERS = 4

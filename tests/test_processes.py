@@ -10,11 +10,6 @@ the test instead of hanging it; children that outlive their test are killed.
 from __future__ import annotations
 
 import json
-import os
-import select
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -23,142 +18,22 @@ import apsw
 import pytest
 
 from bus import Bus
+from tests.children import Barrier
+from tests.children import Child
+from tests.children import Children
 from tests.conftest import LATEST_VERSION
 
 PROCS = Path(__file__).resolve().parent / "procs.py"
-STARTUP_TIMEOUT = 60.0  # for a child to import bus, open the file and say "ready"
 SHORT_TIMEOUT = 60.0
 LOAD_TIMEOUT = 300.0
-
-
-class Child:
-    """One child process: stdout read as lines with a deadline, stderr kept in a file."""
-
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], stderr_path: Path,
-                 pass_fds: tuple[int, ...] = ()) -> None:
-        self.name = name
-        self.stderr_path = stderr_path
-        self._stderr_file = open(stderr_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(PROCS), *argv], env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._stderr_file, pass_fds=pass_fds, bufsize=0,
-        )
-        self._buffer = b""
-        self._eof = False
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stderr_text(self) -> str:
-        self._stderr_file.flush()
-        return self.stderr_path.read_text(errors="replace")
-
-    def describe(self) -> str:
-        return (f"child {self.name} (pid {self.pid}, returncode {self.proc.returncode});"
-                f" stderr:\n{self.stderr_text()}")
-
-    def read_line(self, timeout: float) -> str:
-        """The next complete stdout line; fails the test on EOF or after `timeout` seconds."""
-        line = self._next_line(time.monotonic() + timeout)
-        if line is None:
-            self.proc.poll()
-            pytest.fail(f"no line from {self.describe()}")
-        return line
-
-    def _next_line(self, deadline: float) -> str | None:
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            if self._eof:
-                return None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if ready:
-                chunk = os.read(fd, 65536)
-                if chunk:
-                    self._buffer += chunk
-                else:
-                    self._eof = True
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.decode()
-
-    def remaining_lines(self) -> tuple[list[str], bytes]:
-        """After the child died: every complete line still in the pipe, and any partial tail."""
-        assert self.proc.poll() is not None, "only for a child that has exited"
-        lines = []
-        while (line := self._next_line(time.monotonic() + SHORT_TIMEOUT)) is not None:
-            lines.append(line)
-        return lines, self._buffer
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            pytest.fail(f"did not finish within {timeout:.0f} s: {self.describe()}")
-
-    def wait_ok(self, timeout: float) -> None:
-        returncode = self.wait(timeout)
-        assert returncode == 0, self.describe()
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, no atexit, no flushing, like a crash."""
-        os.kill(self.pid, signal.SIGKILL)
-        returncode = self.wait(SHORT_TIMEOUT)
-        assert returncode == -signal.SIGKILL, self.describe()
-
-    def cleanup(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
-        self._stderr_file.close()
-
-
-class Barrier:
-    """Start children together: each blocks reading the pipe until the parent closes it.
-
-    Only children get the read end (via pass_fds); the write end is the
-    parent's alone, so closing it gives every waiting child EOF at once.
-    """
-
-    def __init__(self) -> None:
-        self.read_fd, self.write_fd = os.pipe()
-
-    def release(self, children: list[Child]) -> None:
-        for child in children:
-            assert child.read_line(STARTUP_TIMEOUT) == "ready", child.describe()
-        os.close(self.read_fd)
-        os.close(self.write_fd)
-        self.read_fd = self.write_fd = -1
-
-    def close(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
-            if fd >= 0:
-                os.close(fd)
 
 
 @pytest.fixture
 def spawn(tmp_path: Path, python_env: dict[str, str]):
     """spawn(name, *argv, pass_fds=()) starts tests/procs.py; leftovers are killed at teardown."""
-    env = dict(python_env, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
-    logs = tmp_path / "stderr"
-    logs.mkdir()
-    started: list[Child] = []
-
-    def start(name: str, *argv: str, pass_fds: tuple[int, ...] = ()) -> Child:
-        child = Child(name, list(argv), env, logs / f"{name}.txt", pass_fds)
-        started.append(child)
-        return child
-
-    yield start
-    for child in started:
-        child.cleanup()
+    started = Children(python_env, tmp_path / "stderr", PROCS)
+    yield started.start
+    started.cleanup()
 
 
 @pytest.fixture
