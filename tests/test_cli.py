@@ -15,21 +15,19 @@ import signal
 import subprocess
 import threading
 import uuid
-from datetime import datetime
-from datetime import timedelta
-from datetime import timezone
 from pathlib import Path
 
 import apsw
 import pytest
-from click.testing import CliRunner
 
 from bus import Bus
-from bus.cli import main
 from bus.db import APPLICATION_ID
+from bus.db import connect
 from tests.conftest import LATEST_VERSION
 from tests.conftest import MIGRATION_NAMES
-from bus.db import connect
+from tests.cli_helpers import iso
+from tests.cli_helpers import json_lines
+from tests.cli_helpers import run
 
 MESSAGE_KEYS = ["seq", "id", "ts_ms", "ts", "from", "to", "type", "correlation_id",
                 "in_reply_to", "payload"]
@@ -50,26 +48,6 @@ SUBCOMMANDS = ["init", "publish", "poll", "ack", "tail", "sql", "migrate", "stat
 
 
 # --- helpers ----------------------------------------------------------------
-
-
-def run(args: list[str], db: Path | str | None = None, *, input: str | bytes | None = None,
-        env: dict[str, str | None] | None = None):
-    """Invoke the CLI in-process; BUS_DB / BUS_DURABILITY from the caller's shell are hidden."""
-    full_env: dict[str, str | None] = {"BUS_DB": None, "BUS_DURABILITY": None}
-    full_env.update(env or {})
-    argv = (["--db", str(db)] if db is not None else []) + args
-    return CliRunner().invoke(main, argv, input=input, env=full_env, catch_exceptions=False)
-
-
-def json_lines(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines()]
-
-
-def iso(ts_ms: int) -> str:
-    """ISO 8601 UTC with milliseconds, computed independently of bus.messages.iso_utc."""
-    moment = datetime.fromtimestamp(ts_ms // 1000, tz=timezone.utc) + timedelta(
-        milliseconds=ts_ms % 1000)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def file_state(path: Path) -> tuple[bytes, list[str]]:

@@ -14,32 +14,23 @@ import json
 import subprocess
 import threading
 import time
-from datetime import datetime
-from datetime import timedelta
-from datetime import timezone
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import bus.api
 from bus import Bus
-from bus.cli import main
 from bus.engine import Channels
 from bus.engine import StoreLimits
+from tests.cli_helpers import iso
+from tests.cli_helpers import json_lines
+from tests.cli_helpers import run
 
 UUID_RE = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 TIMEOUT_S = 30.0  # overall limit of loops that wait for a deadline to pass
 
 
 # --- helpers ----------------------------------------------------------------------
-
-
-def run(args: list[str], db: Path | str, *, input: str | None = None):
-    """Invoke the CLI in-process; BUS_DB / BUS_DURABILITY from the caller's shell are hidden."""
-    env = {"BUS_DB": None, "BUS_DURABILITY": None}
-    return CliRunner().invoke(main, ["--db", str(db), *args], input=input, env=env,
-                              catch_exceptions=False)
 
 
 def ok(args: list[str], db: Path, *, input: str | None = None):
@@ -50,17 +41,6 @@ def ok(args: list[str], db: Path, *, input: str | None = None):
 
 def ok_json(args: list[str], db: Path, *, input: str | None = None) -> dict:
     return json.loads(ok([*args, "--json"], db, input=input).stdout)
-
-
-def json_lines(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines()]
-
-
-def iso(ts_ms: int) -> str:
-    """ISO 8601 UTC with milliseconds, computed independently of bus.messages.iso_utc."""
-    moment = datetime.fromtimestamp(ts_ms // 1000, tz=timezone.utc) + timedelta(
-        milliseconds=ts_ms % 1000)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def assert_error(args: list[str], db: Path, message: str, *, input: str | None = None) -> None:

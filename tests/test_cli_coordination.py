@@ -19,42 +19,23 @@ import subprocess
 import threading
 import time
 from datetime import datetime
-from datetime import timedelta
 from datetime import timezone
 from pathlib import Path
 
 import orjson
 import pytest
-from click.testing import CliRunner
 
 from bus import Bus
-from bus.cli import main
 from bus.messages import now_ms
+from tests.cli_helpers import iso
+from tests.cli_helpers import json_lines
+from tests.cli_helpers import run
 
 DAY_MS = 86_400_000
 ISO_RE = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 
 
 # --- helpers ----------------------------------------------------------------------
-
-
-def run(args: list[str], db: Path | str | None = None, *, env: dict[str, str | None] | None = None):
-    """Invoke the CLI in-process; BUS_DB / BUS_DURABILITY from the caller's shell are hidden."""
-    full_env: dict[str, str | None] = {"BUS_DB": None, "BUS_DURABILITY": None}
-    full_env.update(env or {})
-    argv = (["--db", str(db)] if db is not None else []) + args
-    return CliRunner().invoke(main, argv, env=full_env, catch_exceptions=False)
-
-
-def json_lines(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines()]
-
-
-def iso(ts_ms: int) -> str:
-    """ISO 8601 UTC with milliseconds, computed independently of bus.messages.iso_utc."""
-    moment = datetime.fromtimestamp(ts_ms // 1000, tz=timezone.utc) + timedelta(
-        milliseconds=ts_ms % 1000)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def parse_iso(text: str) -> int:
