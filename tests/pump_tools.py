@@ -65,7 +65,7 @@ class Echo:
 
     text: str
     count: int = 1
-    mode: str = "ok"  # ok, raise, sleep, peer, bad, final, kill
+    mode: str = "ok"  # ok, raise, sleep, peer, bad, final
 
 
 @xmlify(root="boot")
@@ -109,8 +109,6 @@ async def echo(msg: Echo, ctx: Context) -> object:
         return "not a reply"
     if msg.mode == "final":
         return Reply(FinalAnswer(msg.text))
-    if msg.mode == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
     if msg.count == 0:
         return None
     return [Reply(Result(str(i), msg.text)) for i in range(msg.count)]
@@ -141,3 +139,15 @@ async def count_up(msg: Sum, ctx: Context) -> Reply:
     if msg.value >= 3:
         return Reply(FinalAnswer(f"counted to {msg.value:g}"))
     return Reply(Add(msg.value, 1), to="calc.add")
+
+
+@xmlify(root="poison")
+@dataclass
+class Poison:
+    text: str
+
+
+async def poison(msg: Poison, ctx: Context) -> None:
+    """Kills the pump's process (SIGKILL) every time it is called."""
+    record(ctx.listener, msg, ctx)
+    os.kill(os.getpid(), signal.SIGKILL)
