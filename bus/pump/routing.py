@@ -108,9 +108,18 @@ class RoutingTable:
             elif request.command == "remove-listener":
                 organism = self.organism.without_listener(request.args["name"])
             else:  # hot-reload: organism.yaml again, from the file the pump started with
-                organism = load_organism(self.organism.source)
+                organism = self._reload()
             routes = build_routes(organism)  # raises before anything changes
             self.organism, self.routes = organism, routes
         return {"listeners": list(routes.listeners),
                 "routes": {tag: [item.name for item in found]
                            for tag, found in routes.by_tag.items()}}
+
+    def _reload(self) -> Organism:
+        """organism.yaml re-read; its handler modules are not re-imported (see the README)."""
+        organism = load_organism(self.organism.source)
+        if organism.name != self.organism.name:
+            raise OrganismInvalid(organism.source, "name", (
+                f"is {organism.name!r}, but the pump runs organism {self.organism.name!r}; "
+                "an organism cannot be renamed while it runs: restart the pump instead"))
+        return organism
