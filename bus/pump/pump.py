@@ -59,6 +59,7 @@ from bus.pump.oob import load_public_key
 from bus.pump.oob import socket_path_for
 from bus.pump.organism import Organism
 from bus.pump.routing import Listener
+from bus.pump.routing import Routes
 from bus.pump.routing import RoutingTable
 from bus.pump.work import Unit
 from bus.xml.pipeline import BOOT
@@ -97,6 +98,7 @@ class PumpStats:
 @dataclass
 class _Step:
     claimed: list[tuple[Unit, Message]]
+    routes: Routes  # the table the step routed and claimed with
     wrote: bool
     pending: int
     next_expiry: int | None
@@ -182,7 +184,7 @@ class Pump:
             step = await self._db(self._step, batch, self._capacity())
             self.stats.steps += 1
             for unit, message in step.claimed:
-                self._start(unit, message)
+                self._start(step.routes.listeners[unit.listener], unit, message)
             if not self._tasks and not self._finished and (
                     self._stop.is_set() or (until_idle and step.pending == 0)):
                 return
@@ -237,8 +239,11 @@ class Pump:
     def _step(self, finished: list[Finished], capacity: dict[str, int]) -> _Step:
         if finished and self.before_commit is not None:
             self.before_commit(finished)
-        conn, routes = self.bus.conn, self.table.routes
+        conn = self.bus.conn
         with write_transaction(conn):
+            # The table is read under the write lock: a client's send that follows an
+            # OOB change is routed by the changed table (its inbox row commits after).
+            routes = self.table.routes
             writer = Writer(self.bus, conn, self.name, routes, now_ms())
             for done in finished:
                 self.stats.count(writer.finish(done, self.owner))
@@ -246,7 +251,7 @@ class Pump:
             self._bury(writer)
             claimed = self._claim(writer, capacity)
             pending, next_expiry = work.pending(conn, self.name)
-        return _Step(claimed, bool(finished or routed or claimed), pending, next_expiry)
+        return _Step(claimed, routes, bool(finished or routed or claimed), pending, next_expiry)
 
     def _route_inbox(self, writer: Writer) -> int:
         inbound = work.take_inbox(writer.conn, self.name, ROUTE_BATCH)
@@ -275,6 +280,8 @@ class Pump:
     def _claim(self, writer: Writer, capacity: dict[str, int]) -> list[tuple[Unit, Message]]:
         units: list[Unit] = []
         for name, slots in capacity.items():
+            if name not in writer.routes.listeners:  # removed since the capacity was counted
+                continue
             units += work.claim(writer.conn, self.name, name, self.owner, self.lease_ms,
                                 slots, writer.now)
         inputs = work.messages_by_seq(writer.conn, [u.input_seq for u in units], self.bus.blobs)
@@ -291,10 +298,8 @@ class Pump:
 
     # --- handlers -------------------------------------------------------------------------
 
-    def _start(self, unit: Unit, message: Message) -> None:
-        listener = self.table.routes.listeners.get(unit.listener)
-        if listener is None:  # removed between the claim and now: its lease will lapse
-            return
+    def _start(self, listener: Listener, unit: Unit, message: Message) -> None:
+        """Run a claimed unit with the listener it was claimed for (even if removed since)."""
         self._in_flight[unit.listener] = self._in_flight.get(unit.listener, 0) + 1
         with self._running_lock:
             self._running[unit.id] = unit
