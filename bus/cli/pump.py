@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -92,8 +93,10 @@ def pump_run(obj: BusContext, organism_file: str, until_idle: bool, lease_ms: in
     running = Pump(obj.open(create=True), organisms.load_organism(organism_file),
                    lease_ms=lease_ms, max_in_flight=max_in_flight, commit_batch=batch,
                    oob=not no_oob)
+    # Signal handlers only set the pump's stop flag; only the main thread may install them.
+    main_thread = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, lambda *_: running.stop())
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+                for sig in (signal.SIGINT, signal.SIGTERM) if main_thread}
     try:
         stats = running.run(until_idle=until_idle)
     finally:
