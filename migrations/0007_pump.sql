@@ -49,3 +49,7 @@ CREATE TABLE pump_work (
 -- Claims look at pending units only; finished ones are history.
 CREATE INDEX idx_pump_work_pending ON pump_work(organism, listener, id)
     WHERE status = 'pending';
+-- Expired leases (lease_until_ms from 1 to now: 0 means never claimed) and the
+-- next lease to expire, without reading the backlog of unclaimed units.
+CREATE INDEX idx_pump_work_lease ON pump_work(organism, lease_until_ms)
+    WHERE status = 'pending';

@@ -31,6 +31,8 @@ from bench_channels import channel_rows
 from bench_channels import print_rows as print_channel_rows
 from bench_history import history_row
 from bench_history import print_row as print_history_row
+from bench_pump import print_rows as print_pump_rows
+from bench_pump import pump_rows
 from bench_wake import wake_rows
 from bus import Bus
 from bus.claims import _CLAIM_SQL
@@ -292,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         print_channel_rows(channels)
     xml = xml_figures(max(2000, int(20_000 * args.scale)), args.rounds)
     report_xml(xml, args.json)
+    pumps = report_pump(args)
     met = [r["ratio"] >= r["target"] for r in rows if r["target"] is not None]
     if spark is not None:
         if args.json:
@@ -302,7 +305,24 @@ def main(argv: list[str] | None = None) -> int:
         met.append(spark["target_s"] is None or spark["job_s"] < spark["target_s"])
     met += [r["agentbus_per_s"] >= r["target_per_s"] for r in rows if r.get("target_per_s")]
     met += [x["us"] <= x["target_us"] for x in xml if x["target_us"] is not None]
+    met += [p["ok"] for p in pumps if "ok" in p]
     return 0 if all(met) and all(w["ok"] for w in wakes) else 1
+
+
+def report_pump(args: argparse.Namespace) -> list[dict]:
+    """The message pump (scripts/bench_pump.py): envelopes/s and round trips."""
+    workdir = Path(tempfile.mkdtemp(prefix="agentbus-bench-pump-", dir=args.dir))
+    try:
+        rows = pump_rows(workdir, args.rounds, args.scale)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        for row in rows:
+            print(orjson.dumps(row).decode())
+    else:
+        print("")
+        print_pump_rows(rows)
+    return rows
 
 
 def run_cases(pairs: list[tuple[Case, Case]], rounds: int, workdir: Path) -> list[dict]:

@@ -8,8 +8,8 @@ in a savepoint of its own) and buries dead units with a `<huh>` for their
 sender.
 
 Threads: an envelope's `<thread>` is the sender's thread. A call to listener
-L runs on a new thread under it (`extend_chain`); L's answer goes to the
-caller on the caller's thread (`prune_for_response` closes L's). A caller
+L runs on a new thread under it (`extend_uuid`); L's answer goes to the
+caller on the caller's thread (`answer_to` closes L's). A caller
 whose thread is the conversation itself (organism/client) is the client:
 the answer is egress, written but not routed. `<huh>` envelopes are written,
 never routed, so two listeners cannot bounce errors at each other.
@@ -39,6 +39,7 @@ from bus.pump.envelopes import huh_element
 from bus.pump.handlers import Output
 from bus.pump.routing import Routes
 from bus.pump.work import Unit
+from bus.threads import Caller
 from bus.threads import Thread
 from bus.xml.envelope import build_envelope
 
@@ -90,7 +91,7 @@ class Writer:
             return 0
         for listener in targets:
             unit_thread = thread if kind == "answer" else \
-                threads.extend_chain(self.conn, thread, listener.name, self.now).uuid
+                threads.extend_uuid(self.conn, thread, listener.name, self.now)
             work.insert_unit(self.conn, self.organism, seq, listener.name, kind, unit_thread,
                              listener.spec.max_attempts, self.now)
         return len(targets)
@@ -142,7 +143,7 @@ class Writer:
                       sender=unit.listener, thread=unit.thread, to=output.to,
                       in_reply_to=message.id)
         answers = [item for item in indexed if item[1].to is None]
-        caller = self._answer_thread(unit) if answers else None
+        caller = threads.answer_to(self.conn, unit.thread, self.now) if answers else None
         for index, output in answers:
             reply_id = derived_id(message.id, unit.listener, index)
             if output.final:
@@ -154,9 +155,9 @@ class Writer:
         return "replied"
 
     def _answer(self, output: Output, reply_id: str, unit: Unit, message: Message,
-                caller: Thread) -> None:
-        if caller.is_root or len(caller.path) == CONVERSATION_DEPTH + 1:
-            to = SYSTEM_SENDER if caller.is_root else caller.name  # egress: written only
+                caller: Caller) -> None:
+        if caller.depth <= CONVERSATION_DEPTH:
+            to = caller.name if caller.depth else SYSTEM_SENDER  # egress: written only
             self.write(output.element, id=reply_id, sender=unit.listener, thread=caller.uuid,
                        to=to, in_reply_to=message.id)
         else:
@@ -170,14 +171,6 @@ class Writer:
                    to=conversation.name, in_reply_to=message.id)
         threads.close_thread(self.conn, unit.thread, self.now)
         threads.close_thread(self.conn, conversation.uuid, self.now)
-
-    def _answer_thread(self, unit: Unit) -> Thread:
-        """The caller's thread; the unit's own thread is closed (pruned) on the way."""
-        own = self._thread(unit.thread)
-        if own.status == "open" and not own.is_root:
-            return threads.prune_for_response(self.conn, unit.thread, self.now).thread
-        # It answered before (a broadcast's second answer, a retried commit): same caller.
-        return own if own.is_root else self._thread(own.parent_uuid)
 
     def _conversation(self, uuid: str) -> Thread:
         thread = self._thread(uuid)

@@ -16,6 +16,7 @@ the reply's index, so a retried commit inserts nothing new.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from typing import Any
 
@@ -32,6 +33,8 @@ ENVELOPE_TYPE = "envelope"
 SYSTEM_SENDER = "system"
 # uuid5 namespace of the ids the pump derives (a fixed, random UUID).
 _ID_NAMESPACE = uuid.UUID("6a0c7f0e-0f4b-4d0e-9a0b-2f1f4f6f1c7a")
+_ID_NAMESPACE_BYTES = _ID_NAMESPACE.bytes
+_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
 
 
 def address(organism: str) -> str:
@@ -40,8 +43,13 @@ def address(organism: str) -> str:
 
 
 def derived_id(input_id: str, listener: str, label: object) -> str:
-    """The id of output `label` (an index, "dead", ...) of `listener` for input `input_id`."""
-    return str(uuid.uuid5(_ID_NAMESPACE, f"{input_id}/{listener}/{label}"))
+    """The id of output `label` (an index, "dead", ...) of `listener` for input `input_id`.
+
+    A version 5 UUID (RFC 9562: SHA-1 of namespace and name), equal to
+    `uuid.uuid5(_ID_NAMESPACE, name)` and formatted by hand at a third of its cost.
+    """
+    h = hashlib.sha1(_ID_NAMESPACE_BYTES + f"{input_id}/{listener}/{label}".encode()).hexdigest()
+    return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
 
 
 def envelope_row(element: etree._Element, *, id: str, sender: str, thread: str,

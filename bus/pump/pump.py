@@ -76,6 +76,7 @@ DEFAULT_COMMIT_BATCH = 64
 ROUTE_BATCH = 256  # inbox rows routed per step
 IDLE_WAKE_S = 1.0  # look again at least this often (expired leases, stop requests)
 WATCH_S = 0.5
+ORPHAN_CHECK_MS = 1000
 
 
 @dataclass
@@ -100,7 +101,7 @@ class _Step:
     claimed: list[tuple[Unit, Message]]
     routes: Routes  # the table the step routed and claimed with
     wrote: bool
-    pending: int
+    pending: bool
     next_expiry: int | None
 
 
@@ -136,8 +137,13 @@ class Pump:
         self._running_lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
         self._finished: list[Finished] = []
+        self._orphans_checked: tuple[Routes, int] | None = None
         self._tasks: set[asyncio.Task] = set()
         self._stop = threading.Event()
+        # Set while the loop sleeps: only then does the watcher thread look for commits.
+        # While the pump is busy it steps anyway, and a watcher woken by each of the
+        # pump's own commits only took the GIL from the work (see docs/benchmarks.md).
+        self._sleeping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
 
@@ -186,7 +192,7 @@ class Pump:
             for unit, message in step.claimed:
                 self._start(step.routes.listeners[unit.listener], unit, message)
             if not self._tasks and not self._finished and (
-                    self._stop.is_set() or (until_idle and step.pending == 0)):
+                    self._stop.is_set() or (until_idle and not step.pending)):
                 return
             if step.wrote or self._finished:
                 continue
@@ -196,10 +202,13 @@ class Pump:
         timeout = IDLE_WAKE_S
         if next_expiry is not None:
             timeout = min(timeout, max(0.001, (next_expiry - now_ms()) / 1000 + 0.001))
+        self._sleeping.set()
         try:
             await asyncio.wait_for(self._wake.wait(), timeout)
         except asyncio.TimeoutError:
             pass
+        finally:
+            self._sleeping.clear()
 
     async def _db(self, function: Callable[..., Any], *args: Any) -> Any:
         return await self._loop.run_in_executor(self._db_pool, function, *args)
@@ -250,7 +259,7 @@ class Pump:
             routed = self._route_inbox(writer)
             self._bury(writer)
             claimed = self._claim(writer, capacity)
-            pending, next_expiry = work.pending(conn, self.name)
+            pending, next_expiry = work.pending(conn, self.name, writer.now)
         return _Step(claimed, routes, bool(finished or routed or claimed), pending, next_expiry)
 
     def _route_inbox(self, writer: Writer) -> int:
@@ -270,12 +279,17 @@ class Pump:
             f"dead-letter:the listener's handler was tried {unit.attempts} times and never "
             "finished (the pump died or lost its lease each time); the request was dropped: "
             "send a smaller or different request"))
+        self.stats.count("dead", len(dead))
+        # Orphans are looked for when the table changed, and once a second (a unit
+        # another pump held may expire later); the query reads every pending unit.
+        if (writer.routes, writer.now // ORPHAN_CHECK_MS) == self._orphans_checked:
+            return
         orphans = work.bury_orphans(writer.conn, self.name, writer.routes.listeners, writer.now)
+        self._orphans_checked = (writer.routes, writer.now // ORPHAN_CHECK_MS)
+        self.stats.count("listener-removed", len(orphans))
         writer.bury(orphans, lambda unit: (
             "listener-removed:the listener was removed before it handled this; send it "
             "again to a listener that accepts it"))
-        self.stats.count("dead", len(dead))
-        self.stats.count("listener-removed", len(orphans))
 
     def _claim(self, writer: Writer, capacity: dict[str, int]) -> list[tuple[Unit, Message]]:
         units: list[Unit] = []
@@ -377,6 +391,8 @@ class _Services:
 
     def _watch(self) -> None:
         while not self.stopped.is_set():
+            if not self.pump._sleeping.wait(WATCH_S):
+                continue
             try:
                 if self.pump.bus.wait_for_change(WATCH_S):
                     self.pump._poke()

@@ -50,24 +50,27 @@ _FINISH_SQL = (
     "UPDATE pump_work SET status = :status, outcome = :outcome, finished_at_ms = :now"
     " WHERE id = :id"
 )
-# Units that ran out of attempts: their lease expired max_attempts times.
+# Units that ran out of attempts: their lease expired max_attempts times. A
+# range on idx_pump_work_lease: expired leases only, never the unclaimed backlog.
 _BURY_EXHAUSTED_SQL = (
     "UPDATE pump_work SET status = 'dead', outcome = 'dead', finished_at_ms = :now"
-    " WHERE organism = :organism AND status = 'pending' AND lease_until_ms <= :now"
+    " WHERE organism = :organism AND status = 'pending' AND lease_until_ms BETWEEN 1 AND :now"
     f" AND attempts >= max_attempts RETURNING {_UNIT_COLUMNS}"
 )
-# Units of listeners the running pump no longer has (an OOB remove-listener).
+# Units of listeners the running pump no longer has (an OOB remove-listener);
+# this one reads every pending unit, so the pump runs it when its table changes.
 _BURY_ORPHANS_SQL = (
     "UPDATE pump_work SET status = 'dead', outcome = 'listener-removed', finished_at_ms = :now"
     " WHERE organism = :organism AND status = 'pending' AND lease_until_ms <= :now"
     " AND listener NOT IN (SELECT value FROM json_each(:listeners))"
     f" RETURNING {_UNIT_COLUMNS}"
 )
+# Index lookups only: whether anything is left, and when the next lease runs out.
 _PENDING_SQL = (
-    "SELECT (SELECT count(*) FROM pump_inbox WHERE organism = :organism)"
-    " + (SELECT count(*) FROM pump_work WHERE organism = :organism AND status = 'pending'),"
+    "SELECT EXISTS (SELECT 1 FROM pump_inbox WHERE organism = :organism)"
+    " OR EXISTS (SELECT 1 FROM pump_work WHERE organism = :organism AND status = 'pending'),"
     " (SELECT min(lease_until_ms) FROM pump_work WHERE organism = :organism"
-    " AND status = 'pending')"
+    " AND status = 'pending' AND lease_until_ms > :now)"
 )
 _INSERT_INBOX_SQL = (
     "INSERT INTO pump_inbox (seq, organism, root_tag, to_listener, created_at_ms)"
@@ -156,9 +159,10 @@ def bury_orphans(conn: apsw.Connection, organism: str, listeners: Iterable[str],
     return sorted(Unit(*row) for row in rows.fetchall())
 
 
-def pending(conn: apsw.Connection, organism: str) -> tuple[int, int | None]:
-    """(units and inbox rows still to do, the earliest lease end among pending units)."""
-    return conn.execute(_PENDING_SQL, {"organism": organism}).fetchone()
+def pending(conn: apsw.Connection, organism: str, now: int) -> tuple[bool, int | None]:
+    """(whether units or inbox rows are left, when the next running lease ends)."""
+    left, next_expiry = conn.execute(_PENDING_SQL, {"organism": organism, "now": now}).fetchone()
+    return bool(left), next_expiry
 
 
 def insert_inbox(conn: apsw.Connection, seq: int, organism: str, root_tag: str,
