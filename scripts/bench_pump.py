@@ -141,7 +141,8 @@ def _start_pump(bus: Bus, path: Path, organism: Path, in_process: bool):
         return lambda: (pump.stop(), thread.join())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(EXAMPLES)]))
     process = subprocess.Popen([sys.executable, "-m", "bus.cli", "--db", str(path), "pump",
-                                "run", str(organism), "--no-oob"], env=env)
+                                "run", str(organism), "--no-oob"], env=env,
+                               stdout=subprocess.DEVNULL)
     return lambda: (process.terminate(), process.wait())
 
 
