@@ -283,18 +283,14 @@ def main(argv: list[str] | None = None) -> int:
         wakes = wake_rows(workdir, commits=max(100, int(500 * args.scale)))
         channels = channel_rows(workdir, args.rounds, args.scale)
         spark = history_row(workdir, args.spark_messages) if args.spark_messages else None
+        pumps = pump_rows(workdir, args.rounds, args.scale)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report(rows, small, large, wakes, args.json)
-    if args.json:
-        for row in channels:
-            print(orjson.dumps(row).decode())
-    else:
-        print("")
-        print_channel_rows(channels)
+    report_section(channels, print_channel_rows, args.json)
     xml = xml_figures(max(2000, int(20_000 * args.scale)), args.rounds)
     report_xml(xml, args.json)
-    pumps = report_pump(args)
+    report_section(pumps, print_pump_rows, args.json)
     met = [r["ratio"] >= r["target"] for r in rows if r["target"] is not None]
     if spark is not None:
         if args.json:
@@ -309,20 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(met) and all(w["ok"] for w in wakes) else 1
 
 
-def report_pump(args: argparse.Namespace) -> list[dict]:
-    """The message pump (scripts/bench_pump.py): envelopes/s and round trips."""
-    workdir = Path(tempfile.mkdtemp(prefix="agentbus-bench-pump-", dir=args.dir))
-    try:
-        rows = pump_rows(workdir, args.rounds, args.scale)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    if args.json:
+def report_section(rows: list[dict], print_rows: Callable[[list[dict]], None],
+                   as_json: bool) -> None:
+    """One JSON object per row, or a blank line and the section's table."""
+    if as_json:
         for row in rows:
             print(orjson.dumps(row).decode())
     else:
         print("")
-        print_pump_rows(rows)
-    return rows
+        print_rows(rows)
 
 
 def run_cases(pairs: list[tuple[Case, Case]], rounds: int, workdir: Path) -> list[dict]:

@@ -26,17 +26,18 @@ from bus.pump.envelopes import derived_id
 from bus.pump.organism import load_organism
 from tests import pump_tools
 
+ADD = "root_tag: add\n    payload: tests.pump_tools:Add\n    handler: tests.pump_tools:add"
 LISTENERS = {
-    "calculator": "root_tag: add\n    payload: tests.pump_tools:Add\n    handler: tests.pump_tools:add",
-    "calc.add": "root_tag: add\n    payload: tests.pump_tools:Add\n    handler: tests.pump_tools:add",
+    "calculator": ADD,
+    "calc.add": ADD,
     "search.fast": "root_tag: search\n    payload: tests.pump_tools:Search\n"
                    "    handler: tests.pump_tools:search_fast",
     "search.slow": "root_tag: search\n    payload: tests.pump_tools:Search\n"
                    "    handler: tests.pump_tools:search_slow",
     "search.sync": "root_tag: search\n    payload: tests.pump_tools:Search\n"
                    "    handler: tests.pump_tools:search_sync",
-    "echo": "root_tag: echo\n    payload: tests.pump_tools:Echo\n    handler: tests.pump_tools:echo\n"
-            "    timeout: 0.3",
+    "echo": "root_tag: echo\n    payload: tests.pump_tools:Echo\n"
+            "    handler: tests.pump_tools:echo\n    timeout: 0.3",
     "counter": "root_tag: sum\n    payload: tests.pump_tools:Sum\n"
                "    handler: tests.pump_tools:count_up\n    peers: [calc.add]",
     "welcome": "root_tag: boot\n    payload: tests.pump_tools:Boot\n"

@@ -113,7 +113,8 @@ def pump_run(obj: BusContext, organism_file: str, until_idle: bool, lease_ms: in
 @pump.command("send")
 @click.argument("organism_file", metavar="ORGANISM", type=click.Path(dir_okay=False))
 @click.argument("xml")
-@click.option("--to", "to", help="The listener to send to (default: every listener of the root tag).")
+@click.option("--to", "to",
+              help="The listener to send to (default: every listener of the root tag).")
 @click.option("--from", "client_id", default=client.DEFAULT_CLIENT, show_default=True,
               help="Your client id: replies come back to it.")
 @click.option("--wait", is_flag=True, help="Wait for the reply and print it.")
@@ -130,7 +131,10 @@ def pump_send(obj: BusContext, organism_file: str, xml: str, to: str | None, cli
     The pump stamps <from> and <thread>; a final answer or a <huh> ends --wait
     early. Exit 1 when --wait saw no reply in time.
 
-    Example: bus pump send examples/organism.yaml '<add><a>1</a><b>2</b></add>' --to calculator --wait
+    \b
+    Example:
+      bus pump send examples/organism.yaml '<add><a>1</a><b>2</b></add>' \\
+          --to calculator --wait
     """
     name = organisms.load_organism(organism_file).name
     payload = sys.stdin.buffer.read() if xml == "-" else xml.encode()
