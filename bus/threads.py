@@ -96,6 +96,16 @@ _LATEST_IDS_SQL = (
     " ORDER BY id DESC LIMIT :limit) ORDER BY id"
 )
 _COUNT_SQL = "SELECT count(*) FROM threads WHERE status = coalesce(?, status)"
+# The pump's hot path: one statement each, no path loading.
+_EXTEND_SQL = (
+    "INSERT INTO threads (uuid, parent_id, name, depth, created_at_ms)"
+    " SELECT ?, id, ?, depth + 1, ? FROM threads WHERE uuid = ? AND status = 'open'"
+    " RETURNING uuid"
+)
+_CALLER_SQL = (
+    "SELECT t.id, t.status, t.name, t.depth, p.uuid, p.name, p.depth"
+    " FROM threads t LEFT JOIN threads p ON p.id = t.parent_id WHERE t.uuid = ?"
+)
 
 
 @dataclass(frozen=True)
@@ -288,6 +298,46 @@ def close_thread(conn: apsw.Connection, uuid: str, now: int | None = None) -> Th
             raise ThreadNotFound(uuid)
         conn.execute(_CLOSE_SQL, (_now(now), row[0]))
         return _load(conn, [row[0]])[0]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who an answer on a thread goes to: the parent thread's UUID, name and depth."""
+
+    uuid: str
+    name: str
+    depth: int
+
+
+def extend_uuid(conn: apsw.Connection, uuid: str, name: str, now: int) -> str:
+    """`extend_chain` for callers that checked their arguments: the new UUID only.
+
+    One statement instead of four; the same errors (ThreadNotFound, ThreadClosed).
+    Runs inside the caller's write transaction.
+    """
+    child = conn.execute(_EXTEND_SQL, (new_message_id(), name, now, uuid)).get
+    if child is None:
+        _open_row(conn, uuid)  # raises: unknown or closed
+    return child
+
+
+def answer_to(conn: apsw.Connection, uuid: str, now: int) -> Caller:
+    """`prune_for_response` that tolerates an answered thread: close `uuid` if it is
+    open and return its parent (a root answers to itself).
+
+    A broadcast caller gets several answers on one thread, and a thread whose
+    handler answered before is closed; both still answer to the same caller.
+    Runs inside the caller's write transaction; raises ThreadNotFound.
+    """
+    row = conn.execute(_CALLER_SQL, (uuid,)).fetchone()
+    if row is None:
+        raise ThreadNotFound(uuid)
+    row_id, status, name, depth, parent_uuid, parent_name, parent_depth = row
+    if status == "open" and parent_uuid is not None:
+        conn.execute(_CLOSE_SQL, (now, row_id))
+    if parent_uuid is None:
+        return Caller(uuid, name, depth)
+    return Caller(parent_uuid, parent_name, parent_depth)
 
 
 class ThreadRegistry:

@@ -31,6 +31,8 @@ from bench_channels import channel_rows
 from bench_channels import print_rows as print_channel_rows
 from bench_history import history_row
 from bench_history import print_row as print_history_row
+from bench_pump import print_rows as print_pump_rows
+from bench_pump import pump_rows
 from bench_wake import wake_rows
 from bus import Bus
 from bus.claims import _CLAIM_SQL
@@ -281,17 +283,14 @@ def main(argv: list[str] | None = None) -> int:
         wakes = wake_rows(workdir, commits=max(100, int(500 * args.scale)))
         channels = channel_rows(workdir, args.rounds, args.scale)
         spark = history_row(workdir, args.spark_messages) if args.spark_messages else None
+        pumps = pump_rows(workdir, args.rounds, args.scale)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report(rows, small, large, wakes, args.json)
-    if args.json:
-        for row in channels:
-            print(orjson.dumps(row).decode())
-    else:
-        print("")
-        print_channel_rows(channels)
+    report_section(channels, print_channel_rows, args.json)
     xml = xml_figures(max(2000, int(20_000 * args.scale)), args.rounds)
     report_xml(xml, args.json)
+    report_section(pumps, print_pump_rows, args.json)
     met = [r["ratio"] >= r["target"] for r in rows if r["target"] is not None]
     if spark is not None:
         if args.json:
@@ -302,7 +301,19 @@ def main(argv: list[str] | None = None) -> int:
         met.append(spark["target_s"] is None or spark["job_s"] < spark["target_s"])
     met += [r["agentbus_per_s"] >= r["target_per_s"] for r in rows if r.get("target_per_s")]
     met += [x["us"] <= x["target_us"] for x in xml if x["target_us"] is not None]
+    met += [p["ok"] for p in pumps if "ok" in p]
     return 0 if all(met) and all(w["ok"] for w in wakes) else 1
+
+
+def report_section(rows: list[dict], print_rows: Callable[[list[dict]], None],
+                   as_json: bool) -> None:
+    """One JSON object per row, or a blank line and the section's table."""
+    if as_json:
+        for row in rows:
+            print(orjson.dumps(row).decode())
+    else:
+        print("")
+        print_rows(rows)
 
 
 def run_cases(pairs: list[tuple[Case, Case]], rounds: int, workdir: Path) -> list[dict]:

@@ -10,7 +10,11 @@ workers commit to, and the export (demo/bus.jsonl).
 3. One worker is killed mid-task with SIGKILL. Its lease keeps the task
    until it runs out; then a replacement worker takes the task over.
 4. Review: approve (one is rejected first and redone), then merge into main.
-5. The log is exported to JSONL and the Spark history report runs on it.
+5. The message pump runs the example organism (examples/organism.yaml): a
+   request is answered, a broadcast races two search tools, a chain ends
+   in a final answer, and a <huh> teaches a bad caller.
+6. The log is exported to JSONL and the Spark history report runs on it
+   (the pump's conversations show up in its `threads` latency table).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ DEMO = ROOT / "demo"
 DB = DEMO / "bus.db"
 REPO = DEMO / "repo"
 TASKS = ROOT / "scripts" / "demo_tasks.py"
+ORGANISM = ROOT / "examples" / "organism.yaml"
 LEASE_MS = 3000
 BEAT_S = 0.2
 CLI = {"bus": "bus.cli", "worker": "workers.cli"}
@@ -51,7 +56,8 @@ def main() -> int:
         wait_for(lambda: holder(bus, "primes") == "w2", "w2 to take the primes lease")
         kill_and_reclaim(bus, runs["w2"])
     review_and_merge()
-    section("5. The log goes to JSONL (tail -f demo/bus.jsonl) and Spark reads it")
+    pump_section()
+    section("6. The log goes to JSONL (tail -f demo/bus.jsonl) and Spark reads it")
     cli("bus", "export")
     history_report()
     print(f"\nDone in {time.monotonic() - started:.0f} s. Try next:\n"
@@ -92,6 +98,31 @@ def review_and_merge() -> None:
         cli("worker", "merge", worker)
     cli("worker", "status")
     show("git", "-C", str(REPO), "log", "--oneline", "--graph", "main")
+
+
+def pump_section() -> None:
+    section("5. The message pump: the example organism answers, races, chains and teaches")
+    organism = str(ORGANISM.relative_to(ROOT))
+    cli("bus", "organism", "check", organism)
+    print(f"$ bus pump run {organism} &")
+    pump = subprocess.Popen(_argv("bus", ["pump", "run", organism]), env=_env(), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        send = ("bus", "pump", "send", organism)
+        cli(*send, "<add><a>1.5</a><b>2</b></add>", "--to", "calculator", "--wait")
+        print("  (no --to: every listener of <search> gets it; the fast one answers first)")
+        cli(*send, "<search><query>weather</query></search>", "--wait", "--replies", "2")
+        print("  (greeter calls its peer shouter, whose <final-answer> ends the conversation)")
+        cli(*send, "<greeting><name>Ada</name></greeting>", "--wait")
+        print("  (a bad caller gets a <huh> that says what to fix; no handler sees the input)")
+        cli(*send, "<add><a>one</a><b>2</b></add>", "--to", "calculator", "--wait")
+        cli(*send, "<hot-reload/>", "--wait")
+    finally:
+        pump.send_signal(signal.SIGTERM)
+        output, _ = pump.communicate(timeout=60)
+    for line in output.splitlines():
+        print(f"  [pump] {line}")
+    cli("bus", "threads", "--limit", "8")
 
 
 def history_report() -> None:
@@ -140,7 +171,8 @@ def finish(worker: str, run: subprocess.Popen) -> None:
 def cli(program: str, *args: str, check: bool = True, quiet: bool = False):
     if not quiet:
         print(f"$ {program} {' '.join(_quote(a) for a in args)}")
-    done = subprocess.run(_argv(program, list(args)), env=_env(), capture_output=True, text=True)
+    done = subprocess.run(_argv(program, list(args)), env=_env(), capture_output=True, text=True,
+                          cwd=ROOT)
     if not quiet:
         for line in (done.stdout + done.stderr).splitlines():
             print(f"  {line}")

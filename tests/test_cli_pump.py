@@ -228,3 +228,79 @@ def test_oob_send_usage_and_connection_errors(db_path: Path, tmp_path: Path):
     assert nobody.exit_code == 1
     assert nobody.stderr.startswith(f"Error: oob socket {db_path.parent / 'oob.sock'}: "
                                     "nobody is listening")
+
+
+# --- bus pump run / send ------------------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "organism.yaml"
+
+
+@pytest.fixture
+def example_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLE.parent))
+
+
+def test_pump_send_then_run_until_idle_then_read_the_reply(db_path: Path, example_importable):
+    sent = run(["pump", "send", str(EXAMPLE), "<add><a>1.5</a><b>2</b></add>", "--to",
+                "calculator", "--json"], db_path)
+    assert sent.exit_code == 0, sent.output
+    request = json.loads(sent.stdout)
+    assert (request["seq"], request["client"]) == (1, "console")
+    ran = run(["pump", "run", str(EXAMPLE), "--until-idle", "--no-oob"], db_path)
+    assert (ran.exit_code, ran.stdout) == (0, "pump example: booted; 1 replied\n")
+    again = run(["pump", "run", str(EXAMPLE), "--until-idle", "--no-oob", "--json"], db_path)
+    assert json.loads(again.stdout) == {"organism": "example", "outcomes": {}, "steps": 1,
+                                        "booted": False}
+    with Bus.open(db_path) as bus:
+        reply = bus.list_messages(after=1)[-1]
+    assert (reply.from_agent, reply.to_agent, reply.correlation_id, reply.in_reply_to) == (
+        "calculator", "@example", request["thread"], request["id"])
+    assert "<sum><value>3.5</value></sum>" in reply.payload["xml"]
+
+
+def test_pump_send_refuses_bad_xml_and_envelopes(db_path: Path):
+    bad = run(["pump", "send", str(EXAMPLE), "<add><a>1</a>"], db_path)
+    assert bad.exit_code == 1 and "not well-formed" in bad.stderr
+    forged = run(["pump", "send", str(EXAMPLE), '<m:message xmlns:m="urn:agentbus:envelope:1"/>'],
+                 db_path)
+    assert forged.exit_code == 1
+    assert forged.stderr == ("Error: xml: is an envelope; send the payload only: the pump "
+                             "stamps <from> and <thread> itself\n")
+
+
+def test_pump_send_wait_times_out_with_exit_1(db_path: Path):
+    result = run(["pump", "send", str(EXAMPLE), "<add><a>1</a><b>2</b></add>", "--wait",
+                  "--timeout", "0.2"], db_path)
+    assert result.exit_code == 1
+    assert "no reply on thread" in result.stderr and "bus pump run" in result.stderr
+
+
+def test_pump_run_names_the_key_of_a_broken_organism(db_path: Path, tmp_path: Path):
+    organism = tmp_path / "organism.yaml"
+    organism.write_text("listeners:\n  - name: calc\n    root_tag: plus\n"
+                        "    payload: tests.pump_tools:Add\n    handler: tests.pump_tools:add\n")
+    result = run(["pump", "run", str(organism), "--until-idle"], db_path)
+    assert result.exit_code == 1
+    assert "listeners[0].root_tag: is 'plus', but tests.pump_tools:Add is the XML element " \
+           "<add>" in result.stderr
+
+
+def test_pump_send_wait_through_a_real_pump_process(db_path: Path, tmp_path: Path,
+                                                    bus_command: list[str], python_env):
+    env = dict(python_env, PYTHONPATH=f"{EXAMPLE.parent}:{python_env['PYTHONPATH']}")
+    pump = subprocess.Popen([*bus_command, "--db", str(db_path), "pump", "run", str(EXAMPLE),
+                             "--no-oob"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        sent = subprocess.run([*bus_command, "--db", str(db_path), "pump", "send", str(EXAMPLE),
+                               "<search><query>q</query></search>", "--wait", "--replies", "2"],
+                              env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        pump.terminate()
+        _, stderr = pump.communicate(timeout=30)
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stdout.splitlines() == [
+        "search.fast -> console: <search-result><source>fast</source>"
+        "<text>a quick guess about 'q'</text></search-result>",
+        "search.slow -> console: <search-result><source>slow</source>"
+        "<text>a thorough answer about 'q'</text></search-result>"]
+    assert pump.returncode == 0, stderr

@@ -640,3 +640,32 @@ def test_gen_history_partitions_by_date_like_the_exporter(tmp_path: Path) -> Non
     first_seq = orjson.loads(parts[1].read_bytes().splitlines()[0])["seq"]
     assert parts[1].name == f"part-{first_seq:012d}.jsonl"
     assert b"".join(p.read_bytes() for p in parts) == single.read_bytes()
+
+
+def test_pump_conversations_reach_the_threads_report(spark: SparkSession, db_path: Path,
+                                                     tmp_path: Path) -> None:
+    """A broadcast and a request through the real pump, exported, then `threads`."""
+    from bus.pump import Pump
+    from bus.pump import client
+    from bus.pump.organism import load_organism
+
+    organism = tmp_path / "organism.yaml"
+    organism.write_text(
+        "name: org\nlisteners:\n"
+        "  - {name: calc, root_tag: add, payload: 'tests.pump_tools:Add',"
+        " handler: 'tests.pump_tools:add'}\n"
+        "  - {name: s1, root_tag: search, payload: 'tests.pump_tools:Search',"
+        " handler: 'tests.pump_tools:search_fast'}\n"
+        "  - {name: s2, root_tag: search, payload: 'tests.pump_tools:Search',"
+        " handler: 'tests.pump_tools:search_slow'}\n")
+    with Bus.open(db_path) as opened:
+        asked = client.send(opened, "org", b"<add><a>1</a><b>2</b></add>")
+        raced = client.send(opened, "org", b"<search><query>q</query></search>")
+        Pump(opened, load_organism(organism), oob=False).run(until_idle=True)
+        opened.export_jsonl(tmp_path / "bus.jsonl")
+    report = job.threads(job.extract(spark, str(tmp_path / "bus.jsonl")))
+    rows = {(row.scope, row.correlation_id): row for row in report.collect()}
+    assert (rows[("thread", asked.thread)].replies, rows[("thread", raced.thread)].replies,
+            rows[("all", None)].replies) == (1, 2, 3)
+    # search.slow sleeps 0.5 s: the slowest request-to-reply latency shows it.
+    assert rows[("thread", raced.thread)].max_ms >= 500

@@ -1,0 +1,156 @@
+"""Client ingress: send a payload into an organism and wait for what comes back.
+
+    with Bus.open("bus.db") as bus:
+        sent = send(bus, "demo", b"<add><a>1</a><b>2</b></add>", to="calculator")
+        for reply in wait_replies(bus, sent, timeout=10):
+            print(reply.sender, reply.payload_xml)
+
+The client gives the payload only. The envelope around it is built here with
+the client's id as `<from>` and a new conversation thread (organism/client)
+as `<thread>`: a payload that is itself an envelope is refused, so a client
+cannot choose either. The envelope and its inbox row are written in one
+transaction; the running pump routes it with its current routing table.
+Replies are the envelopes on the conversation thread after the request.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from typing import Any
+
+from lxml import etree
+
+from bus import threads
+from bus.db import translate_busy
+from bus.db import write_transaction
+from bus.errors import ValidationFailed
+from bus.messages import Message
+from bus.messages import insert_row
+from bus.messages import new_message_id
+from bus.messages import now_ms
+from bus.messages import row_to_message
+from bus.messages import validate_agent_id
+from bus.pump import work
+from bus.pump.envelopes import envelope_row
+from bus.pump.envelopes import envelope_xml
+from bus.pump.handlers import FINAL_ANSWER
+from bus.xml.envelope import ENVELOPE_NS
+from bus.xml.envelope import build_envelope
+from bus.xml.envelope import read_envelope
+from bus.xml.parser import canonicalize
+from bus.xml.parser import parse
+from bus.xml.parser import parse_or_repair
+from bus.xml.pipeline import HUH
+
+if TYPE_CHECKING:
+    from bus.api import Bus
+
+DEFAULT_CLIENT = "console"
+_THREAD_MESSAGES_SQL = (
+    "SELECT seq, id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to, payload,"
+    " payload_ref FROM messages WHERE correlation_id = ? AND seq > ? ORDER BY seq LIMIT 100"
+)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A request that was written: its message `seq` and `id`, and its conversation thread."""
+
+    seq: int
+    id: str
+    thread: str
+    client: str
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "id": self.id, "thread": self.thread, "client": self.client}
+
+
+@dataclass(frozen=True)
+class Received:
+    """An envelope that came back to the client."""
+
+    message: Message
+    sender: str
+    to: str | None
+    root_tag: str
+    payload_xml: str
+
+    @property
+    def final(self) -> bool:
+        """A final answer or a `<huh>`: nothing more is coming for this request."""
+        return self.root_tag in (FINAL_ANSWER, HUH)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"seq": self.message.seq, "id": self.message.id, "from": self.sender,
+                "to": self.to, "thread": self.message.correlation_id,
+                "in_reply_to": self.message.in_reply_to, "root_tag": self.root_tag,
+                "xml": self.payload_xml}
+
+
+def send(bus: Bus, organism: str, xml: bytes | str, *, to: str | None = None,
+         client: str = DEFAULT_CLIENT) -> Sent:
+    """Write a client's payload as an envelope for `organism`'s pump to route.
+
+    Raises an XmlRejected subclass for XML that cannot be parsed (even after
+    repair), ValidationFailed for an envelope or a bad `to` / `client`.
+    """
+    organism = validate_agent_id(organism, "organism")
+    client = validate_agent_id(client, "client")
+    if to is not None:
+        validate_agent_id(to, "to")
+    payload = _payload(xml)
+    conn = bus.conn
+    root = threads.initialize_root(conn, organism)
+    message_id = new_message_id()
+    with write_transaction(conn):
+        now = now_ms()
+        conversation = threads.extend_chain(conn, root.uuid, client, now)
+        element = build_envelope(payload, sender=client, thread=conversation.uuid, to=to)
+        row = envelope_row(element, id=message_id, sender=client, thread=conversation.uuid,
+                           organism=organism)
+        seq, _ = insert_row(conn, bus.move_large_payload(row), now)
+        work.insert_inbox(conn, seq, organism, payload.tag, to, now)
+    return Sent(seq, message_id, conversation.uuid, client)
+
+
+def _payload(xml: bytes | str) -> etree._Element:
+    raw = xml.encode() if isinstance(xml, str) else xml
+    root = parse_or_repair(raw).root
+    if etree.QName(root).namespace == ENVELOPE_NS:
+        raise ValidationFailed("xml", "is an envelope; send the payload only: the pump "
+                                      "stamps <from> and <thread> itself")
+    return root
+
+
+def replies(bus: Bus, sent: Sent, after: int | None = None) -> list[Received]:
+    """Envelopes on the request's conversation thread after seq `after` (default: the request)."""
+    with translate_busy():
+        rows = bus.conn.execute(_THREAD_MESSAGES_SQL, (sent.thread, after or sent.seq))
+        found = [row_to_message(row, bus.blobs) for row in rows.fetchall()]
+    return [received(message) for message in found if message.from_agent != sent.client]
+
+
+def received(message: Message) -> Received:
+    """What an envelope row holds: sender, recipient, payload root tag and XML."""
+    envelope = read_envelope(parse(envelope_xml(message)))
+    return Received(message, envelope.sender, envelope.to, envelope.root_tag,
+                    canonicalize(envelope.element).decode())
+
+
+def wait_replies(bus: Bus, sent: Sent, count: int = 1, timeout: float = 30.0) -> list[Received]:
+    """Wait until `count` replies came back, or a final one (`<final-answer>`, `<huh>`).
+
+    Returns what arrived within `timeout` seconds (maybe fewer, maybe none).
+    """
+    deadline = time.monotonic() + timeout
+    got: list[Received] = []
+    while True:
+        got += replies(bus, sent, got[-1].message.seq if got else None)
+        if len(got) >= count or any(item.final for item in got):
+            return got
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return got
+        bus.wait_for_change(min(remaining, 1.0))

@@ -1,0 +1,198 @@
+"""What the pump writes, inside its one BEGIN IMMEDIATE per step.
+
+`Writer` holds the transaction's connection and clock. It routes envelopes
+(work units for every listener that receives them, or a `<huh>` when none
+does), finishes claimed units (check the claim is still ours, insert every
+reply envelope, record the thread rows, mark the unit done: all or nothing,
+in a savepoint of its own) and buries dead units with a `<huh>` for their
+sender.
+
+Threads: an envelope's `<thread>` is the sender's thread. A call to listener
+L runs on a new thread under it (`extend_uuid`); L's answer goes to the
+caller on the caller's thread (`answer_to` closes L's). A caller
+whose thread is the conversation itself (organism/client) is the client:
+the answer is egress, written but not routed. `<huh>` envelopes are written,
+never routed, so two listeners cannot bounce errors at each other.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from typing import Callable
+
+import apsw
+from lxml import etree
+
+from bus import threads
+from bus.db import write_transaction
+from bus.errors import BusError
+from bus.errors import ThreadNotFound
+from bus.messages import Message
+from bus.messages import insert_row
+from bus.pump import work
+from bus.pump.envelopes import SYSTEM_SENDER
+from bus.pump.envelopes import derived_id
+from bus.pump.envelopes import envelope_row
+from bus.pump.envelopes import huh_element
+from bus.pump.handlers import Output
+from bus.pump.routing import Routes
+from bus.pump.work import Unit
+from bus.threads import Caller
+from bus.threads import Thread
+from bus.xml.envelope import build_envelope
+
+if TYPE_CHECKING:
+    from bus.api import Bus
+
+log = logging.getLogger("bus.pump")
+CONVERSATION_DEPTH = 1  # organism/client: the thread a client's request starts
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A unit whose handler is done: its outputs, or the `<huh>` its sender gets instead."""
+
+    unit: Unit
+    input: Message
+    outputs: tuple[Output, ...] = ()
+    huh: etree._Element | None = None
+
+
+class Writer:
+    """Writes of one transaction: `conn` is in a write transaction, `now` its clock."""
+
+    def __init__(self, bus: Bus, conn: apsw.Connection, organism: str, routes: Routes,
+                 now: int) -> None:
+        self.bus, self.conn, self.organism, self.routes, self.now = (bus, conn, organism,
+                                                                     routes, now)
+
+    # --- envelopes -------------------------------------------------------------------
+
+    def write(self, payload: etree._Element, *, id: str, sender: str, thread: str,
+              to: str | None, in_reply_to: str | None) -> tuple[int, bool]:
+        """Insert one envelope; (seq, duplicate)."""
+        element = build_envelope(payload, sender=sender, thread=thread, to=to)
+        row = envelope_row(element, id=id, sender=sender, thread=thread,
+                           organism=self.organism, in_reply_to=in_reply_to)
+        return insert_row(self.conn, self.bus.move_large_payload(row), self.now)
+
+    def route(self, seq: int, message_id: str, sender: str, root_tag: str, to: str | None,
+              thread: str, kind: str = "call") -> int:
+        """Make the work units of an envelope; a `<huh>` to its sender if nobody takes it."""
+        targets = self.routes.targets(root_tag, to)
+        if not targets:
+            self.write(huh_element("no-route", (
+                f"nothing here accepts <{root_tag}>{f' for {to!r}' if to else ''}; check the "
+                "payload's root tag and recipient against the tool description")),
+                id=derived_id(message_id, SYSTEM_SENDER, "no-route"), sender=SYSTEM_SENDER,
+                thread=thread, to=sender, in_reply_to=message_id)
+            return 0
+        for listener in targets:
+            unit_thread = thread if kind == "answer" else \
+                threads.extend_uuid(self.conn, thread, listener.name, self.now)
+            work.insert_unit(self.conn, self.organism, seq, listener.name, kind, unit_thread,
+                             listener.spec.max_attempts, self.now)
+        return len(targets)
+
+    def send(self, payload: etree._Element, *, id: str, sender: str, thread: str,
+             to: str | None, in_reply_to: str | None, kind: str = "call") -> None:
+        """Write an envelope and route it (unless it was written before)."""
+        seq, duplicate = self.write(payload, id=id, sender=sender, thread=thread, to=to,
+                                    in_reply_to=in_reply_to)
+        if not duplicate:
+            self.route(seq, id, sender, payload.tag, to, thread, kind)
+
+    # --- finishing units ---------------------------------------------------------------
+
+    def finish(self, done: Finished, owner: str) -> str:
+        """Commit one unit's results if `owner` still holds it; the outcome written.
+
+        "lost" when another pump took the unit over (nothing is written), or
+        "failed" when writing failed (rolled back; the lease will expire and
+        the unit is tried again, and finally buried).
+        """
+        if not work.held(self.conn, done.unit, owner):
+            return "lost"
+        try:
+            with write_transaction(self.conn):  # a savepoint: this unit or nothing
+                outcome = self._huh(done) if done.huh is not None else self._replies(done)
+                work.finish(self.conn, done.unit.id, outcome, self.now)
+        except BusError as exc:
+            log.error("committing unit %s (input %s, listener %s) failed: %s",
+                      done.unit.id, done.input.id, done.unit.listener, exc)
+            return "failed"
+        return outcome
+
+    def _huh(self, done: Finished, label: object = 0) -> str:
+        unit, message = done.unit, done.input
+        self.write(done.huh, id=derived_id(message.id, unit.listener, label),
+                   sender=unit.listener, thread=message.correlation_id, to=message.from_agent,
+                   in_reply_to=message.id)
+        if unit.kind == "call":
+            threads.close_thread(self.conn, unit.thread, self.now)
+        return "huh"
+
+    def _replies(self, done: Finished) -> str:
+        unit, message = done.unit, done.input
+        # Forwards first: they extend the listener's thread, which answering closes.
+        indexed = list(enumerate(done.outputs))
+        for index, output in [item for item in indexed if item[1].to is not None]:
+            self.send(output.element, id=derived_id(message.id, unit.listener, index),
+                      sender=unit.listener, thread=unit.thread, to=output.to,
+                      in_reply_to=message.id)
+        answers = [item for item in indexed if item[1].to is None]
+        caller = threads.answer_to(self.conn, unit.thread, self.now) if answers else None
+        for index, output in answers:
+            reply_id = derived_id(message.id, unit.listener, index)
+            if output.final:
+                self._final(output, reply_id, unit, message)
+            else:
+                self._answer(output, reply_id, unit, message, caller)
+        if not done.outputs and unit.kind == "call":
+            threads.close_thread(self.conn, unit.thread, self.now)  # nothing to say: done
+        return "replied"
+
+    def _answer(self, output: Output, reply_id: str, unit: Unit, message: Message,
+                caller: Caller) -> None:
+        if caller.depth <= CONVERSATION_DEPTH:
+            to = caller.name if caller.depth else SYSTEM_SENDER  # egress: written only
+            self.write(output.element, id=reply_id, sender=unit.listener, thread=caller.uuid,
+                       to=to, in_reply_to=message.id)
+        else:
+            self.send(output.element, id=reply_id, sender=unit.listener, thread=caller.uuid,
+                      to=caller.name, in_reply_to=message.id, kind="answer")
+
+    def _final(self, output: Output, reply_id: str, unit: Unit, message: Message) -> None:
+        """A FinalAnswer goes to the client on its conversation thread, which it closes."""
+        conversation = self._conversation(unit.thread)
+        self.write(output.element, id=reply_id, sender=unit.listener, thread=conversation.uuid,
+                   to=conversation.name, in_reply_to=message.id)
+        threads.close_thread(self.conn, unit.thread, self.now)
+        threads.close_thread(self.conn, conversation.uuid, self.now)
+
+    def _conversation(self, uuid: str) -> Thread:
+        thread = self._thread(uuid)
+        while len(thread.path) > CONVERSATION_DEPTH + 1:
+            thread = self._thread(thread.parent_uuid)
+        return thread
+
+    def _thread(self, uuid: str) -> Thread:
+        thread = threads.get_thread(self.conn, uuid)
+        if thread is None:
+            raise ThreadNotFound(uuid)
+        return thread
+
+    # --- dead units ----------------------------------------------------------------------
+
+    def bury(self, units: list[Unit], reason: Callable[[Unit], str]) -> None:
+        """Tell the senders of dead units why (a `<huh>` each), close their call threads."""
+        inputs = work.messages_by_seq(self.conn, [unit.input_seq for unit in units],
+                                      self.bus.blobs)
+        for unit in units:
+            message = inputs.get(unit.input_seq)
+            if message is None:  # compacted away: nobody left to tell
+                continue
+            huh = huh_element(*reason(unit).split(":", 1))
+            self._huh(Finished(unit, message, huh=huh), label="dead")

@@ -1,0 +1,152 @@
+"""The handler contract: what a handler gets (`msg`, `ctx`) and may return (`Reply`).
+
+    async def add(msg: Add, ctx: Context) -> Reply | list[Reply] | None:
+        return Reply(Sum(msg.a + msg.b))              # answers the caller
+        return [Reply(Shout(text)), Reply(Log(text), to="logger")]   # several payloads
+        return None                                   # nothing to say
+
+A plain `def` handler runs in a thread of the pump's pool. Handlers never see
+or build envelopes: the pump stamps `<from>` (the listener's name) and
+`<thread>`, so a handler cannot forge either. `Reply.to` names a peer to call
+(it must be in the listener's `peers`); without it the reply answers the
+caller. A `FinalAnswer` payload ends the conversation: it goes straight to
+the client that started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+from typing import Callable
+
+from lxml import etree
+
+from bus.errors import BusError
+from bus.xml.payload import is_xmlified
+from bus.xml.payload import to_element
+from bus.xml.payload import xmlify
+
+FINAL_ANSWER = "final-answer"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One payload a handler sends: to the caller (`to=None`) or to peer `to`."""
+
+    payload: Any  # an @xmlify instance (or an lxml element)
+    to: str | None = None
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a handler may know about the message it handles; frozen.
+
+    `thread` is an opaque UUID (the call chain stays with the pump), `from_`
+    the sender the pump stamped, `attempt` counts from 1 (more after a crashed
+    pump), `deadline` is on the `time.monotonic()` clock.
+    """
+
+    thread: str
+    from_: str
+    listener: str
+    message_id: str
+    attempt: int
+    deadline: float
+
+    def remaining(self) -> float:
+        """Seconds left before the pump gives up on this call."""
+        return max(0.0, self.deadline - time.monotonic())
+
+
+@xmlify(root=FINAL_ANSWER)
+@dataclass(frozen=True)
+class FinalAnswer:
+    """The conversation's last word, delivered to the client that started it."""
+
+    text: str
+
+
+class HandlerFailed(BusError):
+    """A handler raised, timed out or returned something that is not a Reply.
+
+    `code` is the `<huh>` code the sender gets: handler-error, timeout,
+    bad-reply, peer-denied.
+    """
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Output:
+    """A reply ready for the commit: its payload element and where it goes."""
+
+    element: etree._Element
+    to: str | None
+    final: bool = False
+
+
+async def call_handler(handler: Callable[..., Any], msg: Any, ctx: Context, timeout: float,
+                       executor: Executor) -> list[Reply]:
+    """Run one handler call with a timeout; its replies as a list.
+
+    Raises HandlerFailed. A sync handler that overruns keeps its thread until
+    it returns (Python cannot stop a thread); the pump stops waiting for it.
+    """
+    try:
+        if inspect.iscoroutinefunction(handler):
+            result = await asyncio.wait_for(handler(msg, ctx), timeout)
+        else:
+            loop = asyncio.get_running_loop()
+            result = await asyncio.wait_for(
+                loop.run_in_executor(executor, handler, msg, ctx), timeout)
+    except asyncio.TimeoutError:
+        raise HandlerFailed("timeout", f"the handler did not answer within {timeout:g} s; "
+                                       "send a smaller request or try again later") from None
+    except Exception as exc:  # the handler's bug: the sender learns of it, the pump goes on
+        raise HandlerFailed("handler-error", f"the handler failed: {type(exc).__name__}: "
+                                             f"{exc}"[:500]) from None
+    return replies_of(result)
+
+
+def replies_of(result: object) -> list[Reply]:
+    """A handler's return value as a list of Reply; HandlerFailed for anything else."""
+    if result is None:
+        return []
+    items = result if isinstance(result, (list, tuple)) else [result]
+    for item in items:
+        if not isinstance(item, Reply):
+            raise HandlerFailed("bad-reply", f"the handler returned {type(item).__name__}; "
+                                             "return Reply(payload), a list of them, or None")
+    return list(items)
+
+
+def outputs_of(replies: list[Reply], peers: tuple[str, ...]) -> list[Output]:
+    """Payload elements of `replies`, peers checked; HandlerFailed names the problem."""
+    outputs = []
+    for index, reply in enumerate(replies):
+        if reply.to is not None and reply.to not in peers:
+            raise HandlerFailed("peer-denied", f"reply {index} is addressed to {reply.to!r}, "
+                                               "which this listener may not call; add it to "
+                                               "the listener's peers in organism.yaml")
+        outputs.append(Output(_element(reply.payload, index), reply.to,
+                              isinstance(reply.payload, FinalAnswer)))
+    return outputs
+
+
+def _element(payload: Any, index: int) -> etree._Element:
+    if is_xmlified(type(payload)):
+        try:
+            return to_element(payload)
+        except BusError as exc:
+            raise HandlerFailed("bad-reply", f"reply {index}: {exc}") from None
+    if isinstance(payload, etree._Element) and isinstance(payload.tag, str):
+        return payload
+    raise HandlerFailed("bad-reply", f"reply {index} holds {type(payload).__name__}; a "
+                                     "payload is an @xmlify instance or an lxml element")

@@ -1,0 +1,410 @@
+"""The durable message pump: claim work units, run pipelines and handlers, commit replies.
+
+    with Bus.open("bus.db") as bus:
+        pump = Pump(bus, load_organism("organism.yaml"))
+        stats = pump.run(until_idle=True)        # or run() until pump.stop()
+
+One step is ONE `BEGIN IMMEDIATE` on the pump's database thread: commit the
+units whose handlers finished (each in a savepoint, only if its claim is
+still ours), route client envelopes from the inbox, bury units out of
+attempts, then claim as many units as the concurrency limits allow. The
+pipeline and the handler run outside any transaction: pipelines on the
+event loop's thread (lxml parsers and schemas are per thread), async
+handlers on the loop, sync ones in a thread pool, each with the listener's
+timeout. A heartbeat thread renews the leases of running units (and beats
+for the pump), so a long handler keeps its claim; a killed pump's units are
+claimed again once their leases run out, and since reply ids derive from the
+input id, listener and index, a retried commit cannot duplicate anything.
+
+The loop wakes when a handler finishes, when another process commits
+(`Bus.wait_for_change` on a watcher thread) or after `IDLE_WAKE_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from dataclasses import field
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Callable
+
+from lxml import etree
+
+from bus import threads
+from bus.db import write_transaction
+from bus.errors import BusError
+from bus.errors import ValidationFailed
+from bus.heartbeats import Heartbeat
+from bus.messages import Message
+from bus.messages import new_message_id
+from bus.messages import now_ms
+from bus.pump import work
+from bus.pump.commit import Finished
+from bus.pump.commit import Writer
+from bus.pump.envelopes import SYSTEM_SENDER
+from bus.pump.envelopes import derived_id
+from bus.pump.envelopes import envelope_xml
+from bus.pump.envelopes import huh_element
+from bus.pump.handlers import Context
+from bus.pump.handlers import HandlerFailed
+from bus.pump.handlers import call_handler
+from bus.pump.handlers import outputs_of
+from bus.pump.oob import OobServer
+from bus.pump.oob import load_public_key
+from bus.pump.oob import socket_path_for
+from bus.pump.organism import Organism
+from bus.pump.routing import Listener
+from bus.pump.routing import Routes
+from bus.pump.routing import RoutingTable
+from bus.pump.work import Unit
+from bus.xml.pipeline import BOOT
+from bus.xml.pipeline import Huh
+from bus.xml.pipeline import run as run_pipeline
+
+if TYPE_CHECKING:
+    from bus.api import Bus
+
+log = logging.getLogger("bus.pump")
+DEFAULT_LEASE_MS = 30_000
+DEFAULT_MAX_IN_FLIGHT = 64
+DEFAULT_COMMIT_BATCH = 64
+ROUTE_BATCH = 256  # inbox rows routed per step
+IDLE_WAKE_S = 1.0  # look again at least this often (expired leases, stop requests)
+WATCH_S = 0.5
+ORPHAN_CHECK_MS = 1000
+
+
+@dataclass
+class PumpStats:
+    """What a run did; `outcomes` counts committed units by outcome (replied, huh, ...)."""
+
+    outcomes: dict[str, int] = field(default_factory=dict)
+    steps: int = 0
+    booted: bool = False
+
+    def count(self, outcome: str, n: int = 1) -> None:
+        if n:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + n
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"outcomes": dict(sorted(self.outcomes.items())), "steps": self.steps,
+                "booted": self.booted}
+
+
+@dataclass
+class _Step:
+    claimed: list[tuple[Unit, Message]]
+    routes: Routes  # the table the step routed and claimed with
+    wrote: bool
+    pending: bool
+    next_expiry: int | None
+
+
+class Pump:
+    """One running pump of one organism on one bus. Several may share the bus.
+
+    `lease_ms` is how long a claim holds without renewal (renewed every third
+    of it while the handler runs); `max_in_flight` the global limit on handler
+    calls at once (each listener's `concurrency` limits its own);
+    `commit_batch` how many finished units one transaction commits at most.
+    `before_commit(finished)`, if given, runs on the database thread just
+    before a commit (tests use it to kill the pump there).
+    """
+
+    def __init__(self, bus: Bus, organism: Organism, *, lease_ms: int = DEFAULT_LEASE_MS,
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                 commit_batch: int = DEFAULT_COMMIT_BATCH, oob: bool = True,
+                 before_commit: Callable[[list[Finished]], None] | None = None) -> None:
+        for name, value in (("lease_ms", lease_ms), ("max_in_flight", max_in_flight),
+                            ("commit_batch", commit_batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValidationFailed(name, f"must be an integer >= 1, got {value!r}")
+        self.bus = bus
+        self.table = RoutingTable(organism)
+        self.name = organism.name
+        self.owner = f"{organism.name}:{os.getpid()}:{new_message_id()[:8]}"
+        self.lease_ms, self.max_in_flight, self.commit_batch = lease_ms, max_in_flight, \
+            commit_batch
+        self.use_oob = oob
+        self.before_commit = before_commit
+        self.stats = PumpStats()
+        self._running: dict[int, Unit] = {}  # unit id -> unit, for lease renewal
+        self._running_lock = threading.Lock()
+        self._in_flight: dict[str, int] = {}
+        self._finished: list[Finished] = []
+        self._orphans_checked: tuple[Routes, int] | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._stop = threading.Event()
+        # Set while the loop sleeps: only then does the watcher thread look for commits.
+        # While the pump is busy it steps anyway, and a watcher woken by each of the
+        # pump's own commits only took the GIL from the work (see docs/benchmarks.md).
+        self._sleeping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+
+    @property
+    def organism(self) -> Organism:
+        """The organism as the pump runs it now (OOB commands change it)."""
+        return self.table.organism
+
+    # --- running ----------------------------------------------------------------------
+
+    def run(self, until_idle: bool = False) -> PumpStats:
+        """Run until `stop()` (or, with `until_idle`, until nothing is left to do)."""
+        with ThreadPoolExecutor(1, thread_name_prefix="pump-db") as db, \
+                ThreadPoolExecutor(max(4, min(self.max_in_flight, 64)),
+                                   thread_name_prefix="pump-handler") as handlers:
+            self._db_pool, self._handler_pool = db, handlers
+            with self._services():
+                asyncio.run(self._main(until_idle))
+        return self.stats
+
+    def stop(self) -> None:
+        """Ask the pump to stop: no new claims; running handlers finish and commit.
+
+        Safe from any thread and from a signal handler.
+        """
+        self._stop.set()
+        self._poke()
+
+    def _poke(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the loop closed in between
+                pass
+
+    async def _main(self, until_idle: bool) -> None:
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        self.stats.booted = await self._db(self._boot)
+        while True:
+            self._wake.clear()
+            batch = self._finished[:self.commit_batch]
+            del self._finished[:len(batch)]
+            step = await self._db(self._step, batch, self._capacity())
+            self.stats.steps += 1
+            for unit, message in step.claimed:
+                self._start(step.routes.listeners[unit.listener], unit, message)
+            if not self._tasks and not self._finished and (
+                    self._stop.is_set() or (until_idle and not step.pending)):
+                return
+            if step.wrote or self._finished:
+                continue
+            await self._sleep(step.next_expiry)
+
+    async def _sleep(self, next_expiry: int | None) -> None:
+        timeout = IDLE_WAKE_S
+        if next_expiry is not None:
+            timeout = min(timeout, max(0.001, (next_expiry - now_ms()) / 1000 + 0.001))
+        self._sleeping.set()
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._sleeping.clear()
+
+    async def _db(self, function: Callable[..., Any], *args: Any) -> Any:
+        return await self._loop.run_in_executor(self._db_pool, function, *args)
+
+    def _capacity(self) -> dict[str, int]:
+        """Free handler slots per listener, the global limit applied, for the next claim."""
+        if self._stop.is_set():
+            return {}
+        free = self.max_in_flight - sum(self._in_flight.values())
+        capacity = {}
+        for name, listener in self.table.routes.listeners.items():
+            slots = min(free, listener.spec.concurrency - self._in_flight.get(name, 0))
+            if slots > 0:
+                capacity[name] = slots
+                free -= slots
+        return capacity
+
+    # --- the database thread ------------------------------------------------------------
+
+    def _boot(self) -> bool:
+        """Send <boot/> on the organism's first start; False on a restart."""
+        conn = self.bus.conn
+        root = threads.initialize_root(conn, self.name)
+        with write_transaction(conn):
+            now = now_ms()
+            boot_id = derived_id(root.uuid, SYSTEM_SENDER, BOOT)
+            if not work.mark_booted(conn, self.name, boot_id, now):
+                return False
+            writer = Writer(self.bus, conn, self.name, self.table.routes, now)
+            conversation = threads.extend_chain(conn, root.uuid, SYSTEM_SENDER, now)
+            seq, _ = writer.write(etree.Element(BOOT), id=boot_id, sender=SYSTEM_SENDER,
+                                  thread=conversation.uuid, to=None, in_reply_to=None)
+            if writer.routes.targets(BOOT, None):  # nobody listening is no error here
+                writer.route(seq, boot_id, SYSTEM_SENDER, BOOT, None, conversation.uuid)
+        return True
+
+    def _step(self, finished: list[Finished], capacity: dict[str, int]) -> _Step:
+        if finished and self.before_commit is not None:
+            self.before_commit(finished)
+        conn = self.bus.conn
+        with write_transaction(conn):
+            # The table is read under the write lock: a client's send that follows an
+            # OOB change is routed by the changed table (its inbox row commits after).
+            routes = self.table.routes
+            writer = Writer(self.bus, conn, self.name, routes, now_ms())
+            for done in finished:
+                self.stats.count(writer.finish(done, self.owner))
+            routed = self._route_inbox(writer)
+            self._bury(writer)
+            claimed = self._claim(writer, capacity)
+            pending, next_expiry = work.pending(conn, self.name, writer.now)
+        return _Step(claimed, routes, bool(finished or routed or claimed), pending, next_expiry)
+
+    def _route_inbox(self, writer: Writer) -> int:
+        inbound = work.take_inbox(writer.conn, self.name, ROUTE_BATCH)
+        found = work.messages_by_seq(writer.conn, [item.seq for item in inbound],
+                                     self.bus.blobs)
+        for item in inbound:
+            message = found.get(item.seq)
+            if message is not None:
+                writer.route(item.seq, message.id, message.from_agent, item.root_tag, item.to,
+                             message.correlation_id)
+        return len(inbound)
+
+    def _bury(self, writer: Writer) -> None:
+        dead = work.bury_exhausted(writer.conn, self.name, writer.now)
+        writer.bury(dead, lambda unit: (
+            f"dead-letter:the listener's handler was tried {unit.attempts} times and never "
+            "finished (the pump died or lost its lease each time); the request was dropped: "
+            "send a smaller or different request"))
+        self.stats.count("dead", len(dead))
+        # Orphans are looked for when the table changed, and once a second (a unit
+        # another pump held may expire later); the query reads every pending unit.
+        if (writer.routes, writer.now // ORPHAN_CHECK_MS) == self._orphans_checked:
+            return
+        orphans = work.bury_orphans(writer.conn, self.name, writer.routes.listeners, writer.now)
+        self._orphans_checked = (writer.routes, writer.now // ORPHAN_CHECK_MS)
+        self.stats.count("listener-removed", len(orphans))
+        writer.bury(orphans, lambda unit: (
+            "listener-removed:the listener was removed before it handled this; send it "
+            "again to a listener that accepts it"))
+
+    def _claim(self, writer: Writer, capacity: dict[str, int]) -> list[tuple[Unit, Message]]:
+        units: list[Unit] = []
+        for name, slots in capacity.items():
+            if name not in writer.routes.listeners:  # removed since the capacity was counted
+                continue
+            units += work.claim(writer.conn, self.name, name, self.owner, self.lease_ms,
+                                slots, writer.now)
+        inputs = work.messages_by_seq(writer.conn, [u.input_seq for u in units], self.bus.blobs)
+        return [(unit, inputs[unit.input_seq]) for unit in units if unit.input_seq in inputs]
+
+    def _renew(self) -> None:
+        """Extend the leases of running units (called from the heartbeat thread)."""
+        with self._running_lock:
+            ids = list(self._running)
+        if ids:
+            conn = self.bus.conn
+            with write_transaction(conn):
+                work.renew(conn, self.owner, ids, self.lease_ms, now_ms())
+
+    # --- handlers -------------------------------------------------------------------------
+
+    def _start(self, listener: Listener, unit: Unit, message: Message) -> None:
+        """Run a claimed unit with the listener it was claimed for (even if removed since)."""
+        self._in_flight[unit.listener] = self._in_flight.get(unit.listener, 0) + 1
+        with self._running_lock:
+            self._running[unit.id] = unit
+        task = asyncio.get_running_loop().create_task(self._handle(unit, message, listener))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, unit: Unit, message: Message, listener: Listener) -> None:
+        try:
+            finished = await self._process(unit, message, listener)
+        except Exception as exc:  # a pump bug: the unit is retried after its lease
+            log.exception("unit %s of %s failed in the pump: %s", unit.id, unit.listener, exc)
+            finished = None
+        finally:
+            self._in_flight[unit.listener] -= 1
+            with self._running_lock:
+                self._running.pop(unit.id, None)
+        if finished is not None:
+            self._finished.append(finished)
+        self._wake.set()
+
+    async def _process(self, unit: Unit, message: Message, listener: Listener) -> Finished:
+        """Pipeline, then handler: the unit's outputs or the `<huh>` for its sender."""
+        try:
+            result = run_pipeline(listener.pipeline, envelope_xml(message))
+        except ValidationFailed as exc:
+            return Finished(unit, message, huh=huh_element("not-an-envelope", str(exc)))
+        if isinstance(result, Huh):
+            return Finished(unit, message, huh=result.to_element())
+        spec = listener.spec
+        ctx = Context(unit.thread, result.sender, spec.name, message.id, unit.attempts,
+                      self._loop.time() + spec.timeout_s)
+        try:
+            replies = await call_handler(listener.handler, result.payload, ctx,
+                                         spec.timeout_s, self._handler_pool)
+            outputs = outputs_of(replies, spec.peers)
+        except HandlerFailed as exc:
+            return Finished(unit, message, huh=huh_element(exc.code, exc.reason, "handler"))
+        return Finished(unit, message, tuple(outputs))
+
+    # --- side services ----------------------------------------------------------------------
+
+    def _services(self) -> _Services:
+        return _Services(self)
+
+
+class _Services:
+    """The pump's side threads: lease renewal (with heartbeats), change watcher, OOB server."""
+
+    def __init__(self, pump: Pump) -> None:
+        self.pump = pump
+        self.stopped = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.heartbeat: Heartbeat | None = None
+        self.oob: OobServer | None = None
+
+    def __enter__(self) -> _Services:
+        pump = self.pump
+        self.heartbeat = Heartbeat(pump.bus.path, f"pump:{pump.name}",
+                                   interval=pump.lease_ms / 3000, status="working",
+                                   on_beat=pump._renew).start()
+        self._thread(self._watch, "pump-watch")
+        keys = pump.organism.oob.authorized_keys
+        if pump.use_oob and keys:
+            self.oob = OobServer(pump.bus, socket_path_for(pump.bus.path, pump.organism.oob.socket),
+                                 [load_public_key(path) for path in keys],
+                                 pump.table.dispatch, pump.organism.oob.window_s)
+            self._thread(self.oob.serve_forever, "pump-oob", self.stopped)
+        return self
+
+    def _thread(self, target: Callable[..., None], name: str, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _watch(self) -> None:
+        while not self.stopped.is_set():
+            if not self.pump._sleeping.wait(WATCH_S):
+                continue
+            try:
+                if self.pump.bus.wait_for_change(WATCH_S):
+                    self.pump._poke()
+            except BusError as exc:  # busy or closed: look again, or stop with the pump
+                log.warning("pump change watcher: %s", exc)
+                self.stopped.wait(WATCH_S)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join()
+        if self.oob is not None:
+            self.oob.close()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()

@@ -1,0 +1,125 @@
+"""The running pump's routing table: root tag -> {listener: pipeline, handler}.
+
+Built from an `Organism`; replaced whole (never edited in place) by the
+out-of-band commands, so the pump's threads read one consistent table:
+
+    table = RoutingTable(load_organism("organism.yaml"))
+    table.routes.targets("add", to=None)      # every listener of <add>
+    table.dispatch(request)                   # OobServer's dispatcher
+
+An OOB root tag (`add-listener`, ...) can never be in the table: the
+organism loader refuses it as a listener's root tag, so sent on the main
+path it routes nowhere.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+from typing import Callable
+from typing import Mapping
+
+from bus.errors import OrganismInvalid
+from bus.pump.oob import OobRequest
+from bus.pump.organism import ListenerSpec
+from bus.pump.organism import Organism
+from bus.pump.organism import load_organism
+from bus.pump.organism import parse_listener
+from bus.pump.organism import resolve_handler
+from bus.pump.organism import resolve_payload
+from bus.xml.payload import spec_of
+from bus.xml.pipeline import Pipeline
+from bus.xml.pipeline import listener_pipeline
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A listener ready to run: its spec, pipeline and imported handler."""
+
+    spec: ListenerSpec
+    pipeline: Pipeline
+    handler: Callable[..., Any]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+class Routes:
+    """An immutable routing table."""
+
+    def __init__(self, listeners: Mapping[str, Listener]) -> None:
+        self.listeners = dict(listeners)
+        by_tag: dict[str, list[Listener]] = {}
+        for listener in self.listeners.values():
+            by_tag.setdefault(listener.spec.root_tag, []).append(listener)
+        self.by_tag = {tag: tuple(found) for tag, found in by_tag.items()}
+
+    def targets(self, root_tag: str, to: str | None) -> tuple[Listener, ...]:
+        """Who receives a `root_tag` payload: listener `to`, or all of the tag; () if none."""
+        if to is None:
+            return self.by_tag.get(root_tag, ())
+        listener = self.listeners.get(to)
+        if listener is None or listener.spec.root_tag != root_tag:
+            return ()
+        return (listener,)
+
+
+def build_listener(spec: ListenerSpec, organism: Organism, path: str) -> Listener:
+    """Import a listener's handler and payload class; OrganismInvalid names the key."""
+    if spec.namespace is not None:
+        raise OrganismInvalid(organism.source, f"{path}.namespace", (
+            "namespaced payloads are not run yet: @xmlify payloads have no namespace; "
+            "remove `namespace` to run this listener"))
+    handler = resolve_handler(spec, organism, path)
+    payload = resolve_payload(spec, organism, path)
+    try:
+        root = spec_of(payload).root
+    except Exception as exc:  # XmlifyUnsupported: say which key to fix
+        raise OrganismInvalid(organism.source, f"{path}.payload", f"{spec.payload}: {exc}") \
+            from None
+    if root != spec.root_tag:
+        raise OrganismInvalid(organism.source, f"{path}.root_tag", (
+            f"is {spec.root_tag!r}, but {spec.payload} is the XML element <{root}>; "
+            f"set root_tag: {root} or @xmlify(root={spec.root_tag!r})"))
+    return Listener(spec, listener_pipeline(spec.name, payload), handler)
+
+
+def build_routes(organism: Organism) -> Routes:
+    return Routes({spec.name: build_listener(spec, organism, f"listeners[{i}]")
+                   for i, spec in enumerate(organism.listeners)})
+
+
+class RoutingTable:
+    """The current organism and routes; `dispatch` applies OOB commands to them."""
+
+    def __init__(self, organism: Organism) -> None:
+        self.organism = organism
+        self.routes = build_routes(organism)
+        self._lock = threading.Lock()  # one OOB change at a time
+
+    def dispatch(self, request: OobRequest) -> dict[str, Any]:
+        """Apply an accepted OOB request; the result for the client (OobServer calls this)."""
+        with self._lock:
+            if request.command == "add-listener":
+                spec = parse_listener(request.args, "request", "args")
+                organism = self.organism.with_listener(spec)
+            elif request.command == "remove-listener":
+                organism = self.organism.without_listener(request.args["name"])
+            else:  # hot-reload: organism.yaml again, from the file the pump started with
+                organism = self._reload()
+            routes = build_routes(organism)  # raises before anything changes
+            self.organism, self.routes = organism, routes
+        return {"listeners": list(routes.listeners),
+                "routes": {tag: [item.name for item in found]
+                           for tag, found in routes.by_tag.items()}}
+
+    def _reload(self) -> Organism:
+        """organism.yaml re-read; its handler modules are not re-imported (see the README)."""
+        organism = load_organism(self.organism.source)
+        if organism.name != self.organism.name:
+            raise OrganismInvalid(organism.source, "name", (
+                f"is {organism.name!r}, but the pump runs organism {self.organism.name!r}; "
+                "an organism cannot be renamed while it runs: restart the pump instead"))
+        return organism

@@ -1,0 +1,192 @@
+"""Work units of the pump: the SQL of routing, claiming, renewing and finishing.
+
+A unit is one (input envelope, listener) pair in `pump_work`
+(migrations/0007_pump.sql). Every function runs inside the caller's write
+transaction (the pump's one BEGIN IMMEDIATE per step), with `now` taken
+under its lock. Claims are leases as in bus/claims.py, done in one UPDATE ...
+RETURNING per listener: a pending unit whose lease has run out (or that was
+never leased) gets this pump as owner, a new lease and one more attempt.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from typing import Iterable
+from typing import NamedTuple
+
+import apsw
+import orjson
+
+from bus.messages import Message
+from bus.messages import row_to_message
+
+if TYPE_CHECKING:
+    from blobs.store import BlobStore
+
+_UNIT_COLUMNS = "id, input_seq, listener, kind, thread, attempts, max_attempts"
+_INSERT_UNIT_SQL = (
+    "INSERT INTO pump_work (organism, input_seq, listener, kind, thread, max_attempts,"
+    " created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (input_seq, listener) DO NOTHING RETURNING id"
+)
+_CLAIM_SQL = (
+    "UPDATE pump_work SET lease_owner = :owner, lease_until_ms = :now + :lease,"
+    " attempts = attempts + 1"
+    " WHERE id IN (SELECT id FROM pump_work WHERE organism = :organism"
+    " AND listener = :listener AND status = 'pending' AND lease_until_ms <= :now"
+    " AND attempts < max_attempts ORDER BY id LIMIT :limit)"
+    f" RETURNING {_UNIT_COLUMNS}"
+)
+_RENEW_SQL = (
+    "UPDATE pump_work SET lease_until_ms = :now + :lease"
+    " WHERE lease_owner = :owner AND status = 'pending'"
+    " AND id IN (SELECT value FROM json_each(:ids))"
+)
+_HELD_SQL = (
+    "SELECT 1 FROM pump_work WHERE id = ? AND lease_owner = ? AND attempts = ?"
+    " AND status = 'pending'"
+)
+_FINISH_SQL = (
+    "UPDATE pump_work SET status = :status, outcome = :outcome, finished_at_ms = :now"
+    " WHERE id = :id"
+)
+# Units that ran out of attempts: their lease expired max_attempts times. A
+# range on idx_pump_work_lease: expired leases only, never the unclaimed backlog.
+_BURY_EXHAUSTED_SQL = (
+    "UPDATE pump_work SET status = 'dead', outcome = 'dead', finished_at_ms = :now"
+    " WHERE organism = :organism AND status = 'pending' AND lease_until_ms BETWEEN 1 AND :now"
+    f" AND attempts >= max_attempts RETURNING {_UNIT_COLUMNS}"
+)
+# Units of listeners the running pump no longer has (an OOB remove-listener);
+# this one reads every pending unit, so the pump runs it when its table changes.
+_BURY_ORPHANS_SQL = (
+    "UPDATE pump_work SET status = 'dead', outcome = 'listener-removed', finished_at_ms = :now"
+    " WHERE organism = :organism AND status = 'pending' AND lease_until_ms <= :now"
+    " AND listener NOT IN (SELECT value FROM json_each(:listeners))"
+    f" RETURNING {_UNIT_COLUMNS}"
+)
+# Index lookups only: whether anything is left, and when the next lease runs out.
+_PENDING_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM pump_inbox WHERE organism = :organism)"
+    " OR EXISTS (SELECT 1 FROM pump_work WHERE organism = :organism AND status = 'pending'),"
+    " (SELECT min(lease_until_ms) FROM pump_work WHERE organism = :organism"
+    " AND status = 'pending' AND lease_until_ms > :now)"
+)
+_INSERT_INBOX_SQL = (
+    "INSERT INTO pump_inbox (seq, organism, root_tag, to_listener, created_at_ms)"
+    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (seq) DO NOTHING"
+)
+_TAKE_INBOX_SQL = (
+    "DELETE FROM pump_inbox WHERE seq IN (SELECT seq FROM pump_inbox WHERE organism = ?"
+    " ORDER BY seq LIMIT ?) RETURNING seq, root_tag, to_listener"
+)
+_BOOT_SQL = (
+    "INSERT INTO pump_organisms (name, booted_at_ms, boot_id) VALUES (?, ?, ?)"
+    " ON CONFLICT (name) DO NOTHING RETURNING name"
+)
+_MESSAGES_SQL = (
+    "SELECT seq, id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to, payload,"
+    " payload_ref FROM messages WHERE seq IN (SELECT value FROM json_each(?))"
+)
+_UNITS_SQL = f"SELECT {_UNIT_COLUMNS} FROM pump_work WHERE input_seq = ? ORDER BY id"
+
+
+class Unit(NamedTuple):
+    """A claimed (or buried) work unit."""
+
+    id: int
+    input_seq: int
+    listener: str
+    kind: str  # "call": a new call to the listener; "answer": a reply on its own thread
+    thread: str
+    attempts: int
+    max_attempts: int
+
+
+class Inbound(NamedTuple):
+    """A client envelope waiting to be routed."""
+
+    seq: int
+    root_tag: str
+    to: str | None
+
+
+def insert_unit(conn: apsw.Connection, organism: str, input_seq: int, listener: str,
+                kind: str, thread: str, max_attempts: int, now: int) -> bool:
+    """Route an input to `listener`; False if that unit exists already (a retried route)."""
+    return conn.execute(_INSERT_UNIT_SQL, (organism, input_seq, listener, kind, thread,
+                                           max_attempts, now)).get is not None
+
+
+def claim(conn: apsw.Connection, organism: str, listener: str, owner: str, lease_ms: int,
+          limit: int, now: int) -> list[Unit]:
+    """Lease up to `limit` of `listener`'s pending units to `owner`, oldest first."""
+    rows = conn.execute(_CLAIM_SQL, {"owner": owner, "now": now, "lease": lease_ms,
+                                     "organism": organism, "listener": listener,
+                                     "limit": limit}).fetchall()
+    return sorted(Unit(*row) for row in rows)
+
+
+def renew(conn: apsw.Connection, owner: str, ids: Iterable[int], lease_ms: int,
+          now: int) -> int:
+    """Extend `owner`'s leases on `ids`; how many it still held."""
+    conn.execute(_RENEW_SQL, {"now": now, "lease": lease_ms, "owner": owner,
+                              "ids": orjson.dumps(list(ids))})
+    return conn.changes()
+
+
+def held(conn: apsw.Connection, unit: Unit, owner: str) -> bool:
+    """Whether `owner` still holds the claim it made (nobody took the unit over since)."""
+    return conn.execute(_HELD_SQL, (unit.id, owner, unit.attempts)).get is not None
+
+
+def finish(conn: apsw.Connection, unit_id: int, outcome: str, now: int,
+           status: str = "done") -> None:
+    conn.execute(_FINISH_SQL, {"status": status, "outcome": outcome, "now": now, "id": unit_id})
+
+
+def bury_exhausted(conn: apsw.Connection, organism: str, now: int) -> list[Unit]:
+    """Mark dead the units whose lease expired `max_attempts` times; return them."""
+    rows = conn.execute(_BURY_EXHAUSTED_SQL, {"organism": organism, "now": now}).fetchall()
+    return sorted(Unit(*row) for row in rows)
+
+
+def bury_orphans(conn: apsw.Connection, organism: str, listeners: Iterable[str],
+                 now: int) -> list[Unit]:
+    """Mark dead the unleased units of listeners not in `listeners`; return them."""
+    rows = conn.execute(_BURY_ORPHANS_SQL, {"organism": organism, "now": now,
+                                            "listeners": orjson.dumps(list(listeners))})
+    return sorted(Unit(*row) for row in rows.fetchall())
+
+
+def pending(conn: apsw.Connection, organism: str, now: int) -> tuple[bool, int | None]:
+    """(whether units or inbox rows are left, when the next running lease ends)."""
+    left, next_expiry = conn.execute(_PENDING_SQL, {"organism": organism, "now": now}).fetchone()
+    return bool(left), next_expiry
+
+
+def insert_inbox(conn: apsw.Connection, seq: int, organism: str, root_tag: str,
+                 to: str | None, now: int) -> None:
+    conn.execute(_INSERT_INBOX_SQL, (seq, organism, root_tag, to, now))
+
+
+def take_inbox(conn: apsw.Connection, organism: str, limit: int) -> list[Inbound]:
+    """Remove and return up to `limit` waiting client envelopes, oldest first."""
+    rows = conn.execute(_TAKE_INBOX_SQL, (organism, limit)).fetchall()
+    return sorted(Inbound(*row) for row in rows)
+
+
+def mark_booted(conn: apsw.Connection, organism: str, boot_id: str, now: int) -> bool:
+    """Record the organism's first start; False if it booted before (a restart)."""
+    return conn.execute(_BOOT_SQL, (organism, now, boot_id)).get is not None
+
+
+def messages_by_seq(conn: apsw.Connection, seqs: Iterable[int],
+                    blobs: BlobStore | None) -> dict[int, Message]:
+    rows = conn.execute(_MESSAGES_SQL, (orjson.dumps(list(seqs)),))
+    return {row[0]: row_to_message(row, blobs) for row in rows}
+
+
+def units_for_input(conn: apsw.Connection, input_seq: int) -> list[Unit]:
+    """Every unit an input was routed to (for inspection and tests)."""
+    return [Unit(*row) for row in conn.execute(_UNITS_SQL, (input_seq,))]

@@ -1,0 +1,178 @@
+"""The message pump (bus.pump) against raw apsw writing the same rows, in the same run.
+
+- throughput: N requests wait in the inbox; `Pump.run(until_idle=True)`
+  routes each (a work unit and a thread row), claims it, runs the pipeline
+  and an async handler that answers with one payload, and commits the reply
+  envelope (reply row, thread pruned, unit done), committing 1 or up to 64
+  finished units per transaction. Envelopes/s = replies / wall time. The
+  baseline is raw apsw inserting the same reply rows, 1 or 64 per
+  BEGIN IMMEDIATE transaction: what the commit alone costs.
+- round trip: a client sends one request and waits for its reply, one at a
+  time, with the pump running in another process (woken by the commit, via
+  inotify) and, as a floor, in a thread of this process.
+
+    python scripts/bench_pump.py [--rounds 3] [--scale 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import apsw
+import orjson
+
+from bus import Bus
+from bus.messages import _INSERT_SQL
+from bus.messages import new_message_id
+from bus.messages import now_ms
+from bus.pump import Pump
+from bus.pump import client
+from bus.pump.organism import load_organism
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO_ROOT / "examples"
+TARGET_PER_S = 10_000  # durable envelopes/s at 1 per transaction (issue 9)
+TARGET_P50_MS = 0.5
+REQUEST = b"<add><a>1.5</a><b>2</b></add>"
+ORGANISM = """\
+name: bench
+listeners:
+  - name: calculator
+    root_tag: add
+    payload: example_tools:Add
+    handler: example_tools:add
+    concurrency: 64
+"""
+
+
+def pump_rows(workdir: Path, rounds: int = 3, scale: float = 1.0) -> list[dict]:
+    sys.path.insert(0, str(EXAMPLES))  # example_tools, as `bus pump run` finds it
+    organism = workdir / "bench-organism.yaml"
+    organism.write_text(ORGANISM)
+    count = max(200, int(2000 * scale))
+    rows = [throughput_row(workdir, organism, count, batch, rounds) for batch in (1, 64)]
+    trips = max(50, int(300 * scale))
+    rows.append(round_trip_row(workdir, organism, trips, in_process=False))
+    rows.append(round_trip_row(workdir, organism, trips, in_process=True))
+    return rows
+
+
+def throughput_row(workdir: Path, organism: Path, count: int, batch: int, rounds: int) -> dict:
+    best_pump = best_raw = 0.0
+    for round_ in range(rounds):
+        path = workdir / f"pump-{batch}-{round_}.db"
+        with Bus.open(path) as bus:
+            for _ in range(count):
+                client.send(bus, "bench", REQUEST, to="calculator")
+            pump = Pump(bus, load_organism(organism), oob=False, commit_batch=batch)
+            start = time.perf_counter()
+            stats = pump.run(until_idle=True)
+            elapsed = time.perf_counter() - start
+            assert stats.outcomes == {"replied": count}, stats.outcomes
+            reply_xml = bus.last_messages(1)[0].payload
+        best_pump = max(best_pump, count / elapsed)
+        best_raw = max(best_raw, raw_replies(workdir / f"raw-{batch}-{round_}.db", count, batch,
+                                             reply_xml))
+    row = {"case": f"pump envelopes/s, {batch} per txn", "messages": count,
+           "raw_per_s": round(best_raw), "agentbus_per_s": round(best_pump),
+           "ratio": round(best_pump / best_raw, 3), "unit": "envelopes/s"}
+    if batch == 1:
+        row.update(target_per_s=TARGET_PER_S, ok=best_pump >= TARGET_PER_S)
+    return row
+
+
+def raw_replies(path: Path, count: int, batch: int, payload: object) -> float:
+    """Raw apsw inserting `count` reply rows like the pump's, `batch` per transaction."""
+    Bus.open(path).close()  # the same schema and pragmas
+    conn = apsw.Connection(str(path))
+    conn.set_busy_timeout(5000)
+    conn.execute("PRAGMA synchronous = NORMAL")
+    text = orjson.dumps(payload).decode()
+    thread, request = new_message_id(), new_message_id()
+    start = time.perf_counter()
+    for first in range(0, count, batch):
+        conn.execute("BEGIN IMMEDIATE")
+        for _ in range(first, min(first + batch, count)):
+            conn.execute(_INSERT_SQL, (new_message_id(), now_ms(), "calculator", "@bench",
+                                       "envelope", thread, request, text, None)).get
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return count / elapsed
+
+
+def round_trip_row(workdir: Path, organism: Path, trips: int, in_process: bool) -> dict:
+    path = workdir / f"trip-{'thread' if in_process else 'process'}.db"
+    with Bus.open(path) as bus:
+        stop = _start_pump(bus, path, organism, in_process)
+        try:
+            client.wait_replies(bus, client.send(bus, "bench", REQUEST), timeout=30)  # warm up
+            latencies = []
+            for _ in range(trips):
+                start = time.perf_counter()
+                sent = client.send(bus, "bench", REQUEST)
+                got = client.wait_replies(bus, sent, timeout=30)
+                latencies.append((time.perf_counter() - start) * 1000)
+                assert got and got[0].root_tag == "sum", got
+        finally:
+            stop()
+    p50 = statistics.median(latencies)
+    p99 = sorted(latencies)[max(0, int(len(latencies) * 0.99) - 1)]
+    where = "pump in a thread" if in_process else "pump in another process"
+    return {"case": f"round trip, {where}", "messages": trips, "p50_ms": round(p50, 3),
+            "p99_ms": round(p99, 3), "target_p50_ms": TARGET_P50_MS,
+            "ok": p50 < TARGET_P50_MS}
+
+
+def _start_pump(bus: Bus, path: Path, organism: Path, in_process: bool):
+    if in_process:
+        pump = Pump(bus, load_organism(organism), oob=False)
+        thread = threading.Thread(target=pump.run, daemon=True)
+        thread.start()
+        return lambda: (pump.stop(), thread.join())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(EXAMPLES)]))
+    process = subprocess.Popen([sys.executable, "-m", "bus.cli", "--db", str(path), "pump",
+                                "run", str(organism), "--no-oob"], env=env,
+                               stdout=subprocess.DEVNULL)
+    return lambda: (process.terminate(), process.wait())
+
+
+def print_rows(rows: list[dict]) -> None:
+    print(f"{'pump':40} {'n':>6} {'baseline':>11} {'agentbus':>11} {'ratio':>7}  target")
+    for r in rows:
+        if "p50_ms" in r:
+            print(f"{r['case']:40} {r['messages']:>6} {'p50 ' + str(r['p50_ms']):>11}"
+                  f" {'p99 ' + str(r['p99_ms']):>11} {'':>7}  p50 < {r['target_p50_ms']} ms"
+                  f" {'ok' if r['ok'] else 'MISSED'}")
+        else:
+            target = (f"{r['target_per_s']}/s {'ok' if r['ok'] else 'MISSED'}"
+                      if "target_per_s" in r else "-")
+            print(f"{r['case']:40} {r['messages']:>6} {r['raw_per_s']:>11}"
+                  f" {r['agentbus_per_s']:>11} {r['ratio']:>7}  {target}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scale", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="agentbus-bench-pump-"))
+    try:
+        rows = pump_rows(workdir, args.rounds, args.scale)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print_rows(rows)
+    return 0 if all(r.get("ok", True) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Payloads and handlers of the pump tests' organisms (imported as tests.pump_tools).
+
+Handlers record their calls in CALLS (in-process tests read it) and, when
+PUMP_TOOLS_LOG is set, append one line per call to that file (child processes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from lxml import etree
+
+from bus.pump import Context
+from bus.pump import FinalAnswer
+from bus.pump import Reply
+from bus.xml import xmlify
+
+CALLS: list[tuple[str, object, Context]] = []
+
+
+def record(listener: str, msg: object, ctx: Context) -> None:
+    CALLS.append((listener, msg, ctx))
+    log = os.environ.get("PUMP_TOOLS_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{listener} {ctx.message_id} {ctx.attempt}\n")
+
+
+@xmlify(root="add")
+@dataclass
+class Add:
+    """Add two numbers."""
+
+    a: float
+    b: float
+
+
+@xmlify(root="sum")
+@dataclass
+class Sum:
+    value: float
+
+
+@xmlify(root="search")
+@dataclass
+class Search:
+    query: str
+
+
+@xmlify(root="result")
+@dataclass
+class Result:
+    source: str
+    text: str
+
+
+@xmlify(root="echo")
+@dataclass
+class Echo:
+    """Echo `text` back `count` times (0: no reply); `mode` picks a failure."""
+
+    text: str
+    count: int = 1
+    mode: str = "ok"  # ok, raise, sleep, peer, bad, final
+
+
+@xmlify(root="boot")
+@dataclass
+class Boot:
+    """<boot/>"""
+
+
+async def add(msg: Add, ctx: Context) -> Reply:
+    record(ctx.listener, msg, ctx)
+    return Reply(Sum(msg.a + msg.b))
+
+
+async def search_fast(msg: Search, ctx: Context) -> Reply:
+    record(ctx.listener, msg, ctx)
+    await asyncio.sleep(0.1)
+    return Reply(Result("fast", msg.query))
+
+
+async def search_slow(msg: Search, ctx: Context) -> Reply:
+    record(ctx.listener, msg, ctx)
+    await asyncio.sleep(0.5)
+    return Reply(Result("slow", msg.query))
+
+
+def search_sync(msg: Search, ctx: Context) -> Reply:
+    record(ctx.listener, msg, ctx)
+    time.sleep(0.3)
+    return Reply(Result("sync", msg.query))
+
+
+async def echo(msg: Echo, ctx: Context) -> object:
+    record(ctx.listener, msg, ctx)
+    if msg.mode == "raise":
+        raise RuntimeError(f"cannot echo {msg.text}")
+    if msg.mode == "sleep":
+        await asyncio.sleep(30)
+    if msg.mode == "peer":
+        return Reply(Echo(msg.text), to="stranger")
+    if msg.mode == "bad":
+        return "not a reply"
+    if msg.mode == "final":
+        return Reply(FinalAnswer(msg.text))
+    if msg.count == 0:
+        return None
+    return [Reply(Result(str(i), msg.text)) for i in range(msg.count)]
+
+
+async def slow_echo(msg: Echo, ctx: Context) -> list[Reply]:
+    """Like echo's ok mode, but takes 50 ms: long enough to be killed around."""
+    record(ctx.listener, msg, ctx)
+    await asyncio.sleep(0.05)
+    return [Reply(Result(str(i), msg.text)) for i in range(msg.count)]
+
+
+async def on_boot(msg: Boot, ctx: Context) -> None:
+    record(ctx.listener, msg, ctx)
+
+
+def element_reply(msg: Echo, ctx: Context) -> Reply:
+    record(ctx.listener, msg, ctx)
+    element = etree.Element("result")
+    etree.SubElement(element, "source").text = "element"
+    etree.SubElement(element, "text").text = msg.text
+    return Reply(element)
+
+
+async def count_up(msg: Sum, ctx: Context) -> Reply:
+    """Asks calc.add for value + 1 until it reaches 3: each answer comes back on its thread."""
+    record(ctx.listener, msg, ctx)
+    if msg.value >= 3:
+        return Reply(FinalAnswer(f"counted to {msg.value:g}"))
+    return Reply(Add(msg.value, 1), to="calc.add")
+
+
+@xmlify(root="poison")
+@dataclass
+class Poison:
+    text: str
+
+
+async def poison(msg: Poison, ctx: Context) -> None:
+    """Kills the pump's process (SIGKILL) every time it is called."""
+    record(ctx.listener, msg, ctx)
+    os.kill(os.getpid(), signal.SIGKILL)

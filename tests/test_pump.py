@@ -1,0 +1,262 @@
+"""The pump in-process (bus/pump/pump.py): routing, threads, broadcast, replies, <huh>.
+
+Each test writes an organism.yaml whose handlers live in tests/pump_tools.py,
+sends requests as a client, runs the pump until idle on a real bus file and
+reads what it committed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from bus import Bus
+from bus import threads
+from bus.errors import OrganismInvalid
+from bus.errors import ValidationFailed
+from bus.xml import XmlRejected
+from bus.pump import Pump
+from bus.pump import client
+from bus.pump import work
+from bus.pump.envelopes import derived_id
+from bus.pump.organism import load_organism
+from tests import pump_tools
+
+ADD = "root_tag: add\n    payload: tests.pump_tools:Add\n    handler: tests.pump_tools:add"
+LISTENERS = {
+    "calculator": ADD,
+    "calc.add": ADD,
+    "search.fast": "root_tag: search\n    payload: tests.pump_tools:Search\n"
+                   "    handler: tests.pump_tools:search_fast",
+    "search.slow": "root_tag: search\n    payload: tests.pump_tools:Search\n"
+                   "    handler: tests.pump_tools:search_slow",
+    "search.sync": "root_tag: search\n    payload: tests.pump_tools:Search\n"
+                   "    handler: tests.pump_tools:search_sync",
+    "echo": "root_tag: echo\n    payload: tests.pump_tools:Echo\n"
+            "    handler: tests.pump_tools:echo\n    timeout: 0.3",
+    "counter": "root_tag: sum\n    payload: tests.pump_tools:Sum\n"
+               "    handler: tests.pump_tools:count_up\n    peers: [calc.add]",
+    "welcome": "root_tag: boot\n    payload: tests.pump_tools:Boot\n"
+               "    handler: tests.pump_tools:on_boot",
+    "element": "root_tag: echo\n    payload: tests.pump_tools:Echo\n"
+               "    handler: tests.pump_tools:element_reply",
+}
+
+
+def write_organism(directory: Path, *names: str, extra: str = "") -> Path:
+    body = "".join(f"  - name: {name}\n    {LISTENERS[name]}\n" for name in names)
+    path = directory / "organism.yaml"
+    path.write_text(f"name: org\nlisteners:\n{body}{extra}")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def fresh_calls():
+    pump_tools.CALLS.clear()
+    yield
+    pump_tools.CALLS.clear()
+
+
+def run_pump(bus: Bus, organism: Path, **options) -> Pump:
+    pump = Pump(bus, load_organism(organism), oob=False, **options)
+    pump.run(until_idle=True)
+    return pump
+
+
+def answers(bus: Bus, sent: client.Sent) -> list[client.Received]:
+    return client.replies(bus, sent)
+
+
+# --- requests and answers -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("listener", ["calculator", "calc.add"])
+def test_two_conversations_on_one_path_each_get_their_own_answer(bus, tmp_path, listener):
+    organism = write_organism(tmp_path, listener)
+    first = client.send(bus, "org", b"<add><a>1</a><b>2</b></add>", to=listener)
+    second = client.send(bus, "org", b"<add><a>10</a><b>20</b></add>", to=listener)
+    run_pump(bus, organism)
+    assert first.thread != second.thread
+    for sent, value in ((first, "3.0"), (second, "30.0")):
+        got, = answers(bus, sent)
+        assert (got.sender, got.to, got.payload_xml) == (listener, "console",
+                                                         f"<sum><value>{value}</value></sum>")
+        assert got.message.correlation_id == sent.thread
+        assert got.message.in_reply_to == sent.id
+        assert got.message.id == derived_id(sent.id, listener, 0)
+    # The handler saw opaque threads of its own, one per call, both now closed.
+    handler_threads = [ctx.thread for _, _, ctx in pump_tools.CALLS]
+    assert len(set(handler_threads)) == 2
+    for uuid in handler_threads:
+        thread = threads.get_thread(bus.conn, uuid)
+        assert (thread.path[-1], thread.status) == (listener, "closed")
+
+
+def test_the_handler_context_is_stamped_by_the_pump(bus, tmp_path):
+    organism = write_organism(tmp_path, "calculator")
+    sent = client.send(bus, "org", b"<add><a>1</a><b>2</b></add>", client="alice")
+    run_pump(bus, organism)
+    (_, msg, ctx), = pump_tools.CALLS
+    assert msg == pump_tools.Add(1.0, 2.0)
+    assert (ctx.from_, ctx.listener, ctx.message_id, ctx.attempt) == ("alice", "calculator",
+                                                                      sent.id, 1)
+    assert threads.lookup(bus.conn, ctx.thread) == ("org", "alice", "calculator")
+    with pytest.raises(AttributeError):
+        ctx.from_ = "mallory"
+
+
+def test_a_client_cannot_send_an_envelope(bus):
+    forged = (b'<env:message xmlns:env="urn:agentbus:envelope:1"><env:from>calculator'
+              b'</env:from><env:thread>t</env:thread><add><a>1</a><b>2</b></add></env:message>')
+    with pytest.raises(ValidationFailed, match="stamps <from> and <thread>"):
+        client.send(bus, "org", forged)
+    with pytest.raises(XmlRejected):
+        client.send(bus, "org", b"<add><a>1</a>")
+    assert bus.message_count() == 0
+
+
+def test_broadcast_commits_the_fast_reply_first_each_with_its_own_from(bus, tmp_path):
+    organism = write_organism(tmp_path, "search.slow", "search.fast", "search.sync")
+    sent = client.send(bus, "org", b"<search><query>weather</query></search>")
+    run_pump(bus, organism)
+    got = answers(bus, sent)
+    assert [r.sender for r in got] == ["search.fast", "search.sync", "search.slow"]
+    assert all(r.message.in_reply_to == sent.id and r.to == "console" for r in got)
+    # Each reply was committed when its handler finished, not when the last one did.
+    times = [r.message.ts_ms for r in got]
+    assert times[1] - times[0] >= 150 and times[2] - times[1] >= 150
+
+
+def test_three_replies_are_committed_in_one_transaction(bus, tmp_path):
+    organism = write_organism(tmp_path, "echo")
+    sent = client.send(bus, "org", b"<echo><text>hi</text><count>3</count></echo>")
+    run_pump(bus, organism)
+    got = answers(bus, sent)
+    assert [r.payload_xml for r in got] == [
+        f"<result><source>{i}</source><text>hi</text></result>" for i in range(3)]
+    assert [r.message.id for r in got] == [derived_id(sent.id, "echo", i) for i in range(3)]
+    assert len({r.message.ts_ms for r in got}) == 1  # one transaction's clock
+    assert [r.message.seq for r in got] == list(range(got[0].message.seq,
+                                                     got[0].message.seq + 3))
+
+
+def test_a_handler_returning_none_closes_its_thread_and_sends_nothing(bus, tmp_path):
+    organism = write_organism(tmp_path, "echo")
+    sent = client.send(bus, "org", b"<echo><text>hi</text><count>0</count></echo>")
+    run_pump(bus, organism)
+    assert answers(bus, sent) == []
+    unit, = work.units_for_input(bus.conn, sent.seq)
+    assert threads.get_thread(bus.conn, unit.thread).status == "closed"
+
+
+def test_an_lxml_element_is_a_payload_too(bus, tmp_path):
+    organism = write_organism(tmp_path, "element")
+    sent = client.send(bus, "org", b"<echo><text>x</text></echo>")
+    run_pump(bus, organism)
+    got, = answers(bus, sent)
+    assert got.payload_xml == "<result><source>element</source><text>x</text></result>"
+
+
+# --- <huh> ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode, code", [
+    ("raise", "handler-error"), ("sleep", "timeout"), ("peer", "peer-denied"),
+    ("bad", "bad-reply")])
+def test_handler_failures_become_a_huh_to_the_sender_on_its_thread(bus, tmp_path, mode, code):
+    organism = write_organism(tmp_path, "echo")
+    sent = client.send(bus, "org", f"<echo><text>x</text><mode>{mode}</mode></echo>")
+    run_pump(bus, organism)
+    got, = answers(bus, sent)
+    assert (got.sender, got.to, got.root_tag) == ("echo", "console", "huh")
+    assert f'code="{code}"' in got.payload_xml and 'step="handler"' in got.payload_xml
+    assert got.message.correlation_id == sent.thread
+    if mode == "peer":  # the refused call was not sent
+        assert bus.message_count() == 3  # boot, the request, the huh
+
+
+def test_invalid_input_reaches_no_handler(bus, tmp_path):
+    organism = write_organism(tmp_path, "calculator")
+    sent = client.send(bus, "org", b"<add><a>one</a><b>2</b></add>", to="calculator")
+    run_pump(bus, organism)
+    got, = answers(bus, sent)
+    assert got.root_tag == "huh" and 'code="payload-invalid"' in got.payload_xml
+    assert pump_tools.CALLS == []
+
+
+@pytest.mark.parametrize("xml, to", [
+    (b"<hot-reload/>", None), (b"<add-listener><name>x</name></add-listener>", None),
+    (b"<remove-listener/>", "calculator"), (b"<add><a>1</a><b>2</b></add>", "nobody"),
+    (b"<search><query>q</query></search>", "calculator")])
+def test_what_no_listener_accepts_routes_nowhere(bus, tmp_path, xml, to):
+    organism = write_organism(tmp_path, "calculator")
+    sent = client.send(bus, "org", xml, to=to)
+    run_pump(bus, organism)
+    got, = answers(bus, sent)
+    assert (got.sender, got.root_tag) == ("system", "huh")
+    assert 'code="no-route"' in got.payload_xml
+    assert work.units_for_input(bus.conn, sent.seq) == [] and pump_tools.CALLS == []
+
+
+# --- chains, final answers, boot --------------------------------------------------------------
+
+
+def test_answers_bubble_back_to_a_calling_listener_on_its_thread(bus, tmp_path):
+    organism = write_organism(tmp_path, "counter", "calc.add")
+    sent = client.send(bus, "org", b"<sum><value>0</value></sum>")
+    run_pump(bus, organism)
+    got, = answers(bus, sent)
+    assert (got.sender, got.root_tag, got.payload_xml) == (
+        "counter", "final-answer", "<final-answer><text>counted to 3</text></final-answer>")
+    counter_threads = {ctx.thread for name, _, ctx in pump_tools.CALLS if name == "counter"}
+    assert len(counter_threads) == 1  # every answer came back on the counter's own thread
+    assert [type(msg).__name__ for name, msg, _ in pump_tools.CALLS] == \
+        ["Sum", "Add", "Sum", "Add", "Sum", "Add", "Sum"]
+    assert threads.get_thread(bus.conn, sent.thread).status == "closed"
+
+
+def test_boot_is_sent_once_per_organism_not_per_restart(bus, tmp_path):
+    organism = write_organism(tmp_path, "welcome", "calculator")
+    first = run_pump(bus, organism)
+    second = run_pump(bus, organism)
+    assert (first.stats.booted, second.stats.booted) == (True, False)
+    (name, msg, ctx), = pump_tools.CALLS
+    assert (name, msg, ctx.from_) == ("welcome", pump_tools.Boot(), "system")
+
+
+def test_payload_and_root_tag_must_agree(bus, tmp_path):
+    path = tmp_path / "organism.yaml"
+    path.write_text("listeners:\n  - name: calc\n    root_tag: plus\n"
+                    "    payload: tests.pump_tools:Add\n    handler: tests.pump_tools:add\n")
+    with pytest.raises(OrganismInvalid, match=r"listeners\[0\]\.root_tag: .*set root_tag: add"):
+        Pump(bus, load_organism(path))
+
+
+# --- properties -------------------------------------------------------------------------------
+
+REQUESTS = st.lists(st.tuples(st.sampled_from(["ok", "raise", "peer", "final"]),
+                              st.integers(0, 3)), min_size=1, max_size=8)
+
+
+@settings(max_examples=12)
+@given(requests=REQUESTS, batch=st.sampled_from([1, 3, 64]))
+def test_every_request_gets_exactly_its_reply_set(tmp_path_factory, requests, batch):
+    directory = tmp_path_factory.mktemp("prop")
+    organism = write_organism(directory, "echo")
+    with Bus.open(directory / "bus.db") as bus:
+        sent = [client.send(bus, "org", f"<echo><text>t{i}</text><count>{count}</count>"
+                                        f"<mode>{mode}</mode></echo>")
+                for i, (mode, count) in enumerate(requests)]
+        run_pump(bus, organism, commit_batch=batch)
+        for one, (mode, count) in zip(sent, requests):
+            got = answers(bus, one)
+            expected = {"ok": count, "raise": 1, "peer": 1, "final": 1}[mode]
+            assert len(got) == expected, (mode, count, got)
+            assert len({r.message.id for r in got}) == expected
+            unit, = work.units_for_input(bus.conn, one.seq)
+            assert bus.conn.execute("SELECT status FROM pump_work WHERE id = ?",
+                                    (unit.id,)).get == "done"

@@ -1,0 +1,129 @@
+"""The pump across real processes: SIGKILL between handlers and commit, then resume.
+
+Every input must end with exactly one committed reply set (or a dead letter
+and a <huh> for its sender): nothing lost, nothing duplicated, whatever the
+kills interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bus import Bus
+from bus.pump import client
+from bus.pump import work
+from bus.pump.envelopes import derived_id
+from tests.children import Children
+
+PROGRAM = Path(__file__).resolve().parent / "procs_pump.py"
+INPUTS = 24
+KILLS = 4
+
+pytestmark = pytest.mark.slow
+
+ORGANISM = """\
+name: org
+listeners:
+  - name: slow
+    root_tag: echo
+    payload: tests.pump_tools:Echo
+    handler: tests.pump_tools:slow_echo
+    concurrency: 3
+    max_attempts: 50
+  - name: poison
+    root_tag: poison
+    payload: tests.pump_tools:Poison
+    handler: tests.pump_tools:poison
+    max_attempts: 2
+"""
+
+
+@pytest.fixture
+def children(python_env: dict[str, str], tmp_path: Path):
+    env = dict(python_env, PUMP_TOOLS_LOG=str(tmp_path / "calls.log"))
+    started = Children(env, tmp_path / "stderr", PROGRAM)
+    yield started
+    started.cleanup()
+
+
+@pytest.fixture
+def organism(tmp_path: Path) -> Path:
+    path = tmp_path / "organism.yaml"
+    path.write_text(ORGANISM)
+    return path
+
+
+def pump(children: Children, name: str, db: Path, organism: Path, *extra: str):
+    child = children.start(name, "--db", str(db), "--organism", str(organism), *extra)
+    assert child.read_line(60) == "ready", child.describe()
+    return child
+
+
+def calls(tmp_path: Path) -> Counter:
+    log = tmp_path / "calls.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return Counter(line.split()[1] for line in lines)
+
+
+def test_sigkill_between_handlers_and_commit_loses_and_duplicates_nothing(
+        children, db_path, tmp_path, organism):
+    with Bus.open(db_path) as bus:
+        sent = [client.send(bus, "org", f"<echo><text>n{i}</text><count>{1 + i % 3}</count>"
+                                        "</echo>") for i in range(INPUTS)]
+    for round_ in range(KILLS):
+        child = pump(children, f"killed-{round_}", db_path, organism, "--block-at", "2")
+        line = child.read_line(60)
+        assert line.startswith("committing "), child.describe()
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(30) == -signal.SIGKILL
+    last = pump(children, "last", db_path, organism)
+    stats = json.loads(last.read_line(120))
+    last.wait_ok(30)
+    assert "dead" not in stats["outcomes"]
+    with Bus.open(db_path) as bus:
+        rerun = 0
+        for i, one in enumerate(sent):
+            unit, = work.units_for_input(bus.conn, one.seq)
+            status = bus.conn.execute("SELECT status FROM pump_work WHERE id = ?",
+                                      (unit.id,)).get
+            got = client.replies(bus, one)
+            assert status == "done"
+            assert [r.message.id for r in got] == [derived_id(one.id, "slow", k)
+                                                   for k in range(1 + i % 3)]
+            assert [r.payload_xml for r in got] == [
+                f"<result><source>{k}</source><text>n{i}</text></result>"
+                for k in range(1 + i % 3)]
+            rerun += unit.attempts > 1
+        replies = bus.conn.execute("SELECT count(*) FROM messages WHERE from_agent = 'slow'").get
+        assert replies == sum(1 + i % 3 for i in range(INPUTS))
+    # The kills did interrupt handled work: some inputs ran more than once.
+    handled = calls(tmp_path)
+    assert rerun >= KILLS and sum(handled.values()) > INPUTS
+    assert set(handled) == {one.id for one in sent}
+
+
+def test_an_input_that_kills_the_pump_every_time_becomes_a_dead_letter(
+        children, db_path, tmp_path, organism):
+    with Bus.open(db_path) as bus:
+        sent = client.send(bus, "org", "<poison><text>boom</text></poison>", client="alice")
+    for attempt in range(2):
+        child = pump(children, f"victim-{attempt}", db_path, organism)
+        assert child.wait(60) == -signal.SIGKILL, child.describe()
+    last = pump(children, "last", db_path, organism)
+    stats = json.loads(last.read_line(60))
+    last.wait_ok(30)
+    assert stats["outcomes"] == {"dead": 1}
+    assert calls(tmp_path) == Counter({sent.id: 2})
+    with Bus.open(db_path) as bus:
+        got, = client.replies(bus, sent)
+        assert (got.sender, got.to, got.root_tag) == ("poison", "alice", "huh")
+        assert 'code="dead-letter"' in got.payload_xml
+        unit, = work.units_for_input(bus.conn, sent.seq)
+        assert bus.conn.execute("SELECT status, outcome FROM pump_work WHERE id = ?",
+                                (unit.id,)).fetchone() == ("dead", "dead")
