@@ -12,7 +12,7 @@ returns the next value or a `Huh`:
 
     repair       bytes -> Document     strict hardened parse; repair only if that fails
     c14n         Document -> Document  C14N 2.0 bytes of the whole message
-    envelope     Document -> Document  envelope.xsd
+    envelope     Document -> Document  a plain envelope from its C14N bytes, else envelope.xsd
     extract      Document -> Envelope  from, to, thread, payload; root tag check
     payload      Envelope -> Envelope  the listener's payload XSD
     deserialize  Envelope -> Envelope  the payload element becomes the typed object
@@ -34,6 +34,7 @@ from typing import NamedTuple
 from lxml import etree
 
 from bus.xml.envelope import Envelope
+from bus.xml.envelope import plain_fields
 from bus.xml.envelope import read_envelope
 from bus.xml.envelope import validate_envelope
 from bus.xml.errors import XmlRejected
@@ -96,6 +97,7 @@ class Document(NamedTuple):
     root: etree._Element
     repairs: tuple[Repair, ...] = ()
     canonical: bytes = b""
+    fields: tuple[str, str | None, str, etree._Element] | None = None  # from plain_fields
 
 
 @dataclass(frozen=True)
@@ -136,12 +138,20 @@ def step_c14n(pipeline: Pipeline, document: Document) -> Document:
 
 
 def step_envelope(pipeline: Pipeline, document: Document) -> Document | Huh:
-    return _checked("envelope", validate_envelope, document.root, document)
+    root, repairs, canonical, _ = document
+    fields = plain_fields(root, canonical)
+    if fields is None:  # not written the usual way: envelope.xsd decides and names the error
+        return _checked("envelope", validate_envelope, root, document)
+    return Document(root, repairs, canonical, fields)
 
 
 def step_extract(pipeline: Pipeline, document: Document) -> Envelope | Huh:
-    return _check_root(pipeline, read_envelope(document.root, document.canonical,
-                                               document.repairs))
+    root, repairs, canonical, fields = document
+    if fields is None:
+        return _check_root(pipeline, read_envelope(root, canonical, repairs))
+    sender, to, thread, payload = fields
+    return _check_root(pipeline, Envelope(sender, thread, payload, payload, to, canonical,
+                                          repairs))
 
 
 def step_bare(pipeline: Pipeline, document: Document) -> Envelope | Huh:
