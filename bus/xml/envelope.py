@@ -54,6 +54,8 @@ _PLAIN = re.compile(
     + b"(?:" + _SPACE + b"<env:to>" + _SPACE + _AGENT + _SPACE + b"</env:to>)?"
     + _SPACE + b"<env:thread>" + _SPACE + rb"([A-Za-z0-9._:-]{1,%d})" % THREAD_MAX + _SPACE
     + b"</env:thread>" + _SPACE + b"<[^/]")
+# What follows the payload in a message's C14N bytes when the envelope is plain.
+PLAIN_END = _SPACE + b"</env:message>"
 _ENVELOPE_TAG = f"{{{ENVELOPE_NS}}}"
 _XML_SPACE = " \t\n\r"
 

@@ -276,6 +276,47 @@ def _fill_missing(element: etree._Element, record: _Record, path: str,
             values[f.name] = f.missing_value()
 
 
+# --- the plain form ---------------------------------------------------------
+# The pipeline's hot path: a record of str, int, float and bool fields, written
+# as `to_xml` writes it (fields in declaration order, no attributes, numbers
+# without surrounding whitespace), is read from the message's C14N bytes with
+# one regular expression instead of the XSD (2.5-3.5 us on a fresh document)
+# and a walk of the tree. Each pattern is a subset of its XSD type's lexical
+# space, so a plain payload is a valid one (tests/test_xml_payload.py checks
+# that against the XSD); for anything else the XSD decides.
+
+_PLAIN_TEXT = {  # by XSD type; enumerations, decimals and dates are never plain
+    "string": rb"([^<&]*+(?:&(?:amp|lt|gt|#xD);[^<&]*+)*+)",  # the four escapes of C14N
+    "integer": rb"(-?[0-9]{1,18})",
+    "double": rb"(-?[0-9]{1,17}(?:\.[0-9]{1,17})?(?:[eE][+-]?[0-9]{1,2})?)",
+    "boolean": rb"(true|false|1|0)",
+}
+_UNESCAPES = ((b"&lt;", b"<"), (b"&gt;", b">"), (b"&#xD;", b"\r"), (b"&amp;", b"&"))
+
+
+def _plain_source(root: str, record: _Record) -> bytes | None:
+    """The regex source of the plain payload element in C14N form, or None if it has none."""
+    def tag(name: str, end: str = "") -> bytes:
+        return re.escape(f"<{end}{name}>".encode())
+
+    parts = [tag(root)]
+    for f in record.fields:
+        codec = f.codec
+        if type(codec) is not Scalar or codec.values or codec.xs_type not in _PLAIN_TEXT:
+            return None
+        element = tag(f.name) + _PLAIN_TEXT[codec.xs_type] + tag(f.name, "/")
+        parts.append(element if f.required else b"(?:" + element + b")?")
+    parts.append(tag(root, "/"))
+    return b"".join(parts)
+
+
+def _unescape(text: bytes) -> str:
+    if b"&" in text:
+        for escaped, char in _UNESCAPES:
+            text = text.replace(escaped, char)
+    return text.decode()
+
+
 # --- the decorator and the public API ----------------------------------------
 
 
@@ -289,6 +330,7 @@ class XmlSpec:
     xsd: bytes  # the XSD document, pretty-printed
     example: bytes  # an example payload that validates
     usage: str  # summary line, fields, example: a tool description for an LLM
+    plain: bytes | None = None  # regex source of the plain form (see _plain_source)
 
     @property
     def schema(self) -> etree.XMLSchema:
@@ -297,14 +339,22 @@ class XmlSpec:
 
     def validate(self, element: etree._Element) -> None:
         """Raise `XmlInvalid` ("payload-invalid") with the first error's line."""
-        schema = self.schema
-        if not schema.validate(element):
+        schema = compiled_schema(self.xsd)
+        if not schema(element):
             first = schema.error_log[0]
             raise XmlInvalid("payload", first.message, first.line, first.column)
 
     def decode(self, element: etree._Element) -> Any:
         """The typed object of a validated payload element."""
-        return _decode(element, self.record, self.root)
+        return _decode_record(element, self.record, self.root)
+
+    def decode_plain(self, texts: tuple[bytes | None, ...]) -> Any:
+        """The typed object of a plain payload: the groups of a match of `plain`, in C14N form."""
+        values = {}
+        for field, text in zip(self.record.fields, texts):
+            values[field.name] = (field.missing_value() if text is None
+                                  else field.codec.decode(_unescape(text), ""))
+        return self.cls(**values)
 
 
 def xmlify(cls: type | None = None, *, root: str | None = None) -> Any:
@@ -333,7 +383,7 @@ def _build_spec(cls: type, root: str) -> XmlSpec:
                        *_field_lines(record, "  "), "Example:", example.decode().rstrip()])
     xsd = etree.tostring(tree, pretty_print=True)
     compiled_schema(xsd)  # an XSD libxml2 refuses fails here, at decoration
-    return XmlSpec(cls, root, record, xsd, example, usage)
+    return XmlSpec(cls, root, record, xsd, example, usage, _plain_source(root, record))
 
 
 def _summary(cls: type) -> str:

@@ -14,8 +14,8 @@ returns the next value or a `Huh`:
     c14n         Document -> Document  C14N 2.0 bytes of the whole message
     envelope     Document -> Document  a plain envelope from its C14N bytes, else envelope.xsd
     extract      Document -> Envelope  from, to, thread, payload; root tag check
-    payload      Envelope -> Envelope  the listener's payload XSD
-    deserialize  Envelope -> Envelope  the payload element becomes the typed object
+    payload      Envelope -> Envelope  a plain payload from its C14N bytes, else the payload XSD
+    deserialize  Envelope -> Envelope  the payload becomes the typed object
 
 The system pipeline (``<boot/>`` and ``<huh>``) runs the same steps
 without the payload XSD. A `Huh` names the step, a stable code, the first
@@ -26,6 +26,7 @@ the repaired text) and the fix. It never names listeners, paths or routes.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 from typing import Callable
@@ -33,6 +34,7 @@ from typing import NamedTuple
 
 from lxml import etree
 
+from bus.xml.envelope import PLAIN_END
 from bus.xml.envelope import Envelope
 from bus.xml.envelope import plain_fields
 from bus.xml.envelope import read_envelope
@@ -110,6 +112,7 @@ class Pipeline:
     root_tags: frozenset[str]  # the payload root tags this pipeline accepts
     max_bytes: int = MAX_BYTES
     spec: XmlSpec | None = None  # the payload's, looked up once
+    plain: re.Pattern[bytes] | None = None  # the plain payload in the C14N bytes (_plain)
 
 
 def run(pipeline: Pipeline, raw: bytes) -> Envelope | Huh:
@@ -130,11 +133,12 @@ def step_repair(pipeline: Pipeline, raw: bytes) -> Document | Huh:
         parsed = parse_or_repair(raw, pipeline.max_bytes)
     except XmlRejected as exc:
         return Huh.from_error("repair", exc)
-    return Document(parsed.root, parsed.repairs)
+    return Document(*parsed)
 
 
 def step_c14n(pipeline: Pipeline, document: Document) -> Document:
-    return Document(document.root, document.repairs, canonicalize(document.root))
+    root, repairs, _, _ = document
+    return Document(root, repairs, canonicalize(root))
 
 
 def step_envelope(pipeline: Pipeline, document: Document) -> Document | Huh:
@@ -171,7 +175,12 @@ def _check_root(pipeline: Pipeline, envelope: Envelope) -> Envelope | Huh:
 
 
 def step_payload(pipeline: Pipeline, envelope: Envelope) -> Envelope | Huh:
-    return _checked("payload", pipeline.spec.validate, envelope.element, envelope)
+    found = None if pipeline.plain is None else pipeline.plain.search(envelope.canonical)
+    if found is None:  # not written the usual way: the payload XSD decides and names the error
+        return _checked("payload", pipeline.spec.validate, envelope.element, envelope)
+    # The payload is the field texts until the deserialize step.
+    sender, thread, _, element, to, canonical, repairs = envelope
+    return Envelope(sender, thread, found.groups(), element, to, canonical, repairs)
 
 
 def _checked(step: str, check: Callable[[etree._Element], None], element: etree._Element,
@@ -186,7 +195,7 @@ def _checked(step: str, check: Callable[[etree._Element], None], element: etree.
 
 def step_deserialize(pipeline: Pipeline, envelope: Envelope) -> Envelope | Huh:
     try:
-        payload = _deserialize(pipeline, envelope.element)
+        payload = _deserialize(pipeline, envelope)
     except XmlRejected as exc:
         return Huh.from_error("deserialize", exc)
     except (ValueError, TypeError) as exc:  # the dataclass's own __post_init__ checks
@@ -197,7 +206,10 @@ def step_deserialize(pipeline: Pipeline, envelope: Envelope) -> Envelope | Huh:
     return Envelope(sender, thread, payload, element, to, canonical, repairs)
 
 
-def _deserialize(pipeline: Pipeline, element: etree._Element) -> Any:
+def _deserialize(pipeline: Pipeline, envelope: Envelope) -> Any:
+    if type(envelope.payload) is tuple:  # the field texts of a plain payload
+        return pipeline.spec.decode_plain(envelope.payload)
+    element = envelope.element
     if pipeline.spec is not None:
         return pipeline.spec.decode(element)
     if element.tag == HUH:
@@ -221,7 +233,8 @@ def listener_pipeline(listener: str, payload: type, max_bytes: int = MAX_BYTES) 
     Raises `XmlifyUnsupported` if `payload` is not an ``@xmlify`` class.
     """
     spec = spec_of(payload)
-    return Pipeline(listener, payload, LISTENER_STEPS, frozenset((spec.root,)), max_bytes, spec)
+    return Pipeline(listener, payload, LISTENER_STEPS, frozenset((spec.root,)), max_bytes, spec,
+                    _plain(spec, PLAIN_END))
 
 
 def system_pipeline(max_bytes: int = MAX_BYTES) -> Pipeline:
@@ -235,5 +248,15 @@ def check_payload(payload: type, raw: bytes, max_bytes: int = MAX_BYTES) -> Enve
     The result's `sender` and `thread` are empty strings.
     """
     spec = spec_of(payload)
-    return run(Pipeline("", payload, PAYLOAD_STEPS, frozenset((spec.root,)), max_bytes, spec),
-               raw)
+    return run(Pipeline("", payload, PAYLOAD_STEPS, frozenset((spec.root,)), max_bytes, spec,
+                        _plain(spec, b"")), raw)
+
+
+def _plain(spec: XmlSpec, end: bytes) -> re.Pattern[bytes] | None:
+    """The plain payload as the last child of the root (`end`: the root's end tag) or the root.
+
+    Searched for in the C14N bytes, a match can only be that element: field
+    texts hold no ``<``, so the match is one balanced element, and the root's
+    end tag (or nothing) follows it.
+    """
+    return None if spec.plain is None else re.compile(spec.plain + end + rb"\Z")
