@@ -68,13 +68,15 @@ _local = threading.local()
 
 
 def _parser() -> etree.XMLParser:
-    parser = getattr(_local, "parser", None)
-    if parser is None:
-        parser = etree.XMLParser(
-            resolve_entities=False, no_network=True, load_dtd=False, dtd_validation=False,
-            huge_tree=False, remove_comments=True, remove_pis=True, collect_ids=False)
-        parser.resolvers.add(_DenyResolver())
-        _local.parser = parser
+    try:
+        return _local.parser
+    except AttributeError:  # this thread's first parse
+        pass
+    parser = etree.XMLParser(
+        resolve_entities=False, no_network=True, load_dtd=False, dtd_validation=False,
+        huge_tree=False, remove_comments=True, remove_pis=True, collect_ids=False)
+    parser.resolvers.add(_DenyResolver())
+    _local.parser = parser
     return parser
 
 

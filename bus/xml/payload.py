@@ -285,36 +285,40 @@ def _fill_missing(element: etree._Element, record: _Record, path: str,
 # space, so a plain payload is a valid one (tests/test_xml_payload.py checks
 # that against the XSD); for anything else the XSD decides.
 
-_PLAIN_TEXT = {  # by XSD type; enumerations, decimals and dates are never plain
-    "string": rb"([^<&]*+(?:&(?:amp|lt|gt|#xD);[^<&]*+)*+)",  # the four escapes of C14N
-    "integer": rb"(-?[0-9]{1,18})",
-    "double": rb"(-?[0-9]{1,17}(?:\.[0-9]{1,17})?(?:[eE][+-]?[0-9]{1,2})?)",
-    "boolean": rb"(true|false|1|0)",
+def _unescape(text: bytes) -> str:
+    """The text of C14N character data (which escapes exactly these four)."""
+    if b"&" in text:  # &amp; last, so that "&amp;lt;" stays "&lt;"
+        text = text.replace(b"&lt;", b"<").replace(b"&gt;", b">").replace(
+            b"&#xD;", b"\r").replace(b"&amp;", b"&")
+    return text.decode()
+
+
+# By codec: the pattern of a field's C14N text, and a decoder that gives what
+# the codec gives for such a text. Enums, Decimal and datetime are never plain.
+_PLAIN_TEXT = {
+    SCALARS[str]: (rb"([^<&]*+(?:&(?:amp|lt|gt|#xD);[^<&]*+)*+)", _unescape),
+    SCALARS[int]: (rb"(-?[0-9]{1,18})", int),
+    SCALARS[float]: (rb"(-?[0-9]{1,17}(?:\.[0-9]{1,17})?(?:[eE][+-]?[0-9]{1,3})?)", float),
+    SCALARS[bool]: (rb"(true|false|1|0)", lambda text: text in (b"true", b"1")),
 }
-_UNESCAPES = ((b"&lt;", b"<"), (b"&gt;", b">"), (b"&#xD;", b"\r"), (b"&amp;", b"&"))
 
 
-def _plain_source(root: str, record: _Record) -> bytes | None:
-    """The regex source of the plain payload element in C14N form, or None if it has none."""
+def _plain_form(root: str, record: _Record) -> tuple[bytes | None, tuple]:
+    """The regex source of the plain payload in C14N form and a decoder per group; or None."""
     def tag(name: str, end: str = "") -> bytes:
         return re.escape(f"<{end}{name}>".encode())
 
     parts = [tag(root)]
+    fields = []
     for f in record.fields:
-        codec = f.codec
-        if type(codec) is not Scalar or codec.values or codec.xs_type not in _PLAIN_TEXT:
-            return None
-        element = tag(f.name) + _PLAIN_TEXT[codec.xs_type] + tag(f.name, "/")
+        if type(f.codec) is not Scalar or f.codec not in _PLAIN_TEXT:
+            return None, ()
+        pattern, decode = _PLAIN_TEXT[f.codec]
+        element = tag(f.name) + pattern + tag(f.name, "/")
         parts.append(element if f.required else b"(?:" + element + b")?")
+        fields.append((f.name, decode, f))
     parts.append(tag(root, "/"))
-    return b"".join(parts)
-
-
-def _unescape(text: bytes) -> str:
-    if b"&" in text:
-        for escaped, char in _UNESCAPES:
-            text = text.replace(escaped, char)
-    return text.decode()
+    return b"".join(parts), tuple(fields)
 
 
 # --- the decorator and the public API ----------------------------------------
@@ -330,7 +334,8 @@ class XmlSpec:
     xsd: bytes  # the XSD document, pretty-printed
     example: bytes  # an example payload that validates
     usage: str  # summary line, fields, example: a tool description for an LLM
-    plain: bytes | None = None  # regex source of the plain form (see _plain_source)
+    plain: bytes | None = None  # regex source of the plain form (see _plain_form)
+    plain_fields: tuple[tuple[str, Any, _Field], ...] = ()  # name, decoder, field per group
 
     @property
     def schema(self) -> etree.XMLSchema:
@@ -351,9 +356,8 @@ class XmlSpec:
     def decode_plain(self, texts: tuple[bytes | None, ...]) -> Any:
         """The typed object of a plain payload: the groups of a match of `plain`, in C14N form."""
         values = {}
-        for field, text in zip(self.record.fields, texts):
-            values[field.name] = (field.missing_value() if text is None
-                                  else field.codec.decode(_unescape(text), ""))
+        for (name, decode, field), text in zip(self.plain_fields, texts):
+            values[name] = field.missing_value() if text is None else decode(text)
         return self.cls(**values)
 
 
@@ -383,7 +387,7 @@ def _build_spec(cls: type, root: str) -> XmlSpec:
                        *_field_lines(record, "  "), "Example:", example.decode().rstrip()])
     xsd = etree.tostring(tree, pretty_print=True)
     compiled_schema(xsd)  # an XSD libxml2 refuses fails here, at decoration
-    return XmlSpec(cls, root, record, xsd, example, usage, _plain_source(root, record))
+    return XmlSpec(cls, root, record, xsd, example, usage, *_plain_form(root, record))
 
 
 def _summary(cls: type) -> str:
