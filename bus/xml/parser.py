@@ -140,7 +140,11 @@ def parse_or_repair(data: bytes, max_bytes: int = MAX_BYTES) -> Parsed:
     try:
         return Parsed(parse(data, max_bytes))
     except XmlMalformed:
-        pass
+        return parse_repaired(data, max_bytes)
+
+
+def parse_repaired(data: bytes, max_bytes: int = MAX_BYTES) -> Parsed:
+    """`repair` then `parse`: the second half of `parse_or_repair`, for input `parse` refused."""
     repaired = repair(data)
     try:
         return Parsed(parse(repaired.data, max_bytes), repaired.repairs)

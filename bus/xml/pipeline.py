@@ -39,12 +39,14 @@ from bus.xml.envelope import Envelope
 from bus.xml.envelope import plain_fields
 from bus.xml.envelope import read_envelope
 from bus.xml.envelope import validate_envelope
+from bus.xml.errors import XmlMalformed
 from bus.xml.errors import XmlRejected
 from bus.xml.errors import XmlValueInvalid
 from bus.xml.parser import MAX_BYTES
 from bus.xml.parser import Repair
 from bus.xml.parser import canonicalize
-from bus.xml.parser import parse_or_repair
+from bus.xml.parser import parse
+from bus.xml.parser import parse_repaired
 from bus.xml.payload import XmlSpec
 from bus.xml.payload import spec_of
 
@@ -129,11 +131,18 @@ def run(pipeline: Pipeline, raw: bytes) -> Envelope | Huh:
 
 
 def step_repair(pipeline: Pipeline, raw: bytes) -> Document | Huh:
+    # parse_or_repair, unrolled: the strict parse is the hot path.
     try:
-        parsed = parse_or_repair(raw, pipeline.max_bytes)
+        return Document(parse(raw, pipeline.max_bytes))
+    except XmlMalformed:
+        pass
     except XmlRejected as exc:
         return Huh.from_error("repair", exc)
-    return Document(*parsed)
+    try:
+        root, repairs = parse_repaired(raw, pipeline.max_bytes)
+    except XmlRejected as exc:
+        return Huh.from_error("repair", exc)
+    return Document(root, repairs)
 
 
 def step_c14n(pipeline: Pipeline, document: Document) -> Document:
@@ -154,8 +163,9 @@ def step_extract(pipeline: Pipeline, document: Document) -> Envelope | Huh:
     if fields is None:
         return _check_root(pipeline, read_envelope(root, canonical, repairs))
     sender, to, thread, payload = fields
-    return _check_root(pipeline, Envelope(sender, thread, payload, payload, to, canonical,
-                                          repairs))
+    if payload.tag not in pipeline.root_tags:
+        return _unknown_root(payload)
+    return Envelope(sender, thread, payload, payload, to, canonical, repairs)
 
 
 def step_bare(pipeline: Pipeline, document: Document) -> Envelope | Huh:
@@ -168,10 +178,13 @@ def step_bare(pipeline: Pipeline, document: Document) -> Envelope | Huh:
 def _check_root(pipeline: Pipeline, envelope: Envelope) -> Envelope | Huh:
     if envelope.root_tag in pipeline.root_tags:
         return envelope
+    return _unknown_root(envelope.element)
+
+
+def _unknown_root(payload: etree._Element) -> Huh:
     return Huh("extract", "unknown-root",
-               f"no listener here accepts <{etree.QName(envelope.element).localname}>; check "
-               "the payload's root tag against the tool description",
-               envelope.element.sourceline or 0)
+               f"no listener here accepts <{etree.QName(payload).localname}>; check "
+               "the payload's root tag against the tool description", payload.sourceline or 0)
 
 
 def step_payload(pipeline: Pipeline, envelope: Envelope) -> Envelope | Huh:
@@ -194,22 +207,22 @@ def _checked(step: str, check: Callable[[etree._Element], None], element: etree.
 
 
 def step_deserialize(pipeline: Pipeline, envelope: Envelope) -> Envelope | Huh:
+    # Unpacked, not _replace(): this is the hot path, and _replace costs three times as much.
+    sender, thread, payload, element, to, canonical, repairs = envelope
     try:
-        payload = _deserialize(pipeline, envelope)
+        if type(payload) is tuple:  # the field texts of a plain payload
+            payload = pipeline.spec.decode_plain(payload)
+        else:
+            payload = _deserialize(pipeline, element)
     except XmlRejected as exc:
         return Huh.from_error("deserialize", exc)
     except (ValueError, TypeError) as exc:  # the dataclass's own __post_init__ checks
         return Huh("deserialize", "value-invalid", f"{type(exc).__name__}: {exc}",
-                   envelope.element.sourceline or 0)
-    # Not _replace(): this is the hot path, and _replace costs three times as much.
-    sender, thread, _, element, to, canonical, repairs = envelope
+                   element.sourceline or 0)
     return Envelope(sender, thread, payload, element, to, canonical, repairs)
 
 
-def _deserialize(pipeline: Pipeline, envelope: Envelope) -> Any:
-    if type(envelope.payload) is tuple:  # the field texts of a plain payload
-        return pipeline.spec.decode_plain(envelope.payload)
-    element = envelope.element
+def _deserialize(pipeline: Pipeline, element: etree._Element) -> Any:
     if pipeline.spec is not None:
         return pipeline.spec.decode(element)
     if element.tag == HUH:
