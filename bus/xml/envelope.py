@@ -63,7 +63,8 @@ _XML_SPACE = " \t\n\r"
 class Envelope(NamedTuple):
     """A message that passed the pipeline (or is passing it); immutable.
 
-    `payload` is the payload element until the deserialization step, then
+    `payload` is the payload element until the deserialization step (the
+    field texts, a tuple, after the payload step read a plain payload), then
     the typed object; `element` stays the payload element as received.
     `canonical` is the C14N 2.0 form of the whole message as received and
     `repairs` lists what the repair step changed (empty for clean input).

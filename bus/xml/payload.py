@@ -335,7 +335,7 @@ class XmlSpec:
     example: bytes  # an example payload that validates
     usage: str  # summary line, fields, example: a tool description for an LLM
     plain: bytes | None = None  # regex source of the plain form (see _plain_form)
-    plain_fields: tuple[tuple[str, Any, _Field], ...] = ()  # name, decoder, field per group
+    plain_decoders: tuple[tuple[str, Any, _Field], ...] = ()  # name, decoder, field per group
 
     @property
     def schema(self) -> etree.XMLSchema:
@@ -356,7 +356,7 @@ class XmlSpec:
     def decode_plain(self, texts: tuple[bytes | None, ...]) -> Any:
         """The typed object of a plain payload: the groups of a match of `plain`, in C14N form."""
         values = {}
-        for (name, decode, field), text in zip(self.plain_fields, texts):
+        for (name, decode, field), text in zip(self.plain_decoders, texts):
             values[name] = field.missing_value() if text is None else decode(text)
         return self.cls(**values)
 

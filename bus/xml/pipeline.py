@@ -128,12 +128,17 @@ def run(pipeline: Pipeline, raw: bytes) -> Envelope | Huh:
 
 
 # --- the steps ----------------------------------------------------------------
+# The repair-free path builds six of these tuples per message. A NamedTuple's own
+# constructor is a Python function; tuple.__new__ builds the same object at
+# about half the cost (0.15 against 0.35 us here), so the steps call it with
+# every field given, in order.
+_new = tuple.__new__
 
 
 def step_repair(pipeline: Pipeline, raw: bytes) -> Document | Huh:
     # parse_or_repair, unrolled: the strict parse is the hot path.
     try:
-        return Document(parse(raw, pipeline.max_bytes))
+        return _new(Document, (parse(raw, pipeline.max_bytes), (), b"", None))
     except XmlMalformed:
         pass
     except XmlRejected as exc:
@@ -147,7 +152,7 @@ def step_repair(pipeline: Pipeline, raw: bytes) -> Document | Huh:
 
 def step_c14n(pipeline: Pipeline, document: Document) -> Document:
     root, repairs, _, _ = document
-    return Document(root, repairs, canonicalize(root))
+    return _new(Document, (root, repairs, canonicalize(root), None))
 
 
 def step_envelope(pipeline: Pipeline, document: Document) -> Document | Huh:
@@ -155,7 +160,7 @@ def step_envelope(pipeline: Pipeline, document: Document) -> Document | Huh:
     fields = plain_fields(root, canonical)
     if fields is None:  # not written the usual way: envelope.xsd decides and names the error
         return _checked("envelope", validate_envelope, root, document)
-    return Document(root, repairs, canonical, fields)
+    return _new(Document, (root, repairs, canonical, fields))
 
 
 def step_extract(pipeline: Pipeline, document: Document) -> Envelope | Huh:
@@ -165,7 +170,7 @@ def step_extract(pipeline: Pipeline, document: Document) -> Envelope | Huh:
     sender, to, thread, payload = fields
     if payload.tag not in pipeline.root_tags:
         return _unknown_root(payload)
-    return Envelope(sender, thread, payload, payload, to, canonical, repairs)
+    return _new(Envelope, (sender, thread, payload, payload, to, canonical, repairs))
 
 
 def step_bare(pipeline: Pipeline, document: Document) -> Envelope | Huh:
@@ -193,7 +198,7 @@ def step_payload(pipeline: Pipeline, envelope: Envelope) -> Envelope | Huh:
         return _checked("payload", pipeline.spec.validate, envelope.element, envelope)
     # The payload is the field texts until the deserialize step.
     sender, thread, _, element, to, canonical, repairs = envelope
-    return Envelope(sender, thread, found.groups(), element, to, canonical, repairs)
+    return _new(Envelope, (sender, thread, found.groups(), element, to, canonical, repairs))
 
 
 def _checked(step: str, check: Callable[[etree._Element], None], element: etree._Element,
@@ -219,7 +224,7 @@ def step_deserialize(pipeline: Pipeline, envelope: Envelope) -> Envelope | Huh:
     except (ValueError, TypeError) as exc:  # the dataclass's own __post_init__ checks
         return Huh("deserialize", "value-invalid", f"{type(exc).__name__}: {exc}",
                    element.sourceline or 0)
-    return Envelope(sender, thread, payload, element, to, canonical, repairs)
+    return _new(Envelope, (sender, thread, payload, element, to, canonical, repairs))
 
 
 def _deserialize(pipeline: Pipeline, element: etree._Element) -> Any:
