@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 import threading
 from dataclasses import dataclass
 from unittest import mock
@@ -325,3 +326,23 @@ def test_pipeline_takes_the_plain_paths_for_build_envelope_output(pipeline) -> N
         value = step(pipeline, value)
     assert type(value.payload) is tuple  # the field texts: both XSDs were skipped
     assert pipeline.steps[5](pipeline, value).payload == Add(1.5, 2.0)
+
+
+def test_plain_patterns_stay_linear_on_hostile_input(pipeline) -> None:
+    """Many candidate payload starts and long texts: the patterns do not backtrack (2 s bound)."""
+    head = f"{HEAD}<env:from>p</env:from><env:thread>t</env:thread>"
+    inner = "<x><add><a>1</a><b>2</b></add></x>" * 20_000
+    many_starts = f"{head}<add>{inner}</add></env:message>".encode()
+    long_tail = f"{head}<add><a>1</a><b>2</b></add>{' ' * 1_000_000}</env:message>".encode()
+
+    def expire(signum, frame):
+        raise AssertionError("a plain pattern took more than two seconds")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
+    try:
+        assert run(pipeline, many_starts).code == "payload-invalid"
+        assert run(pipeline, long_tail).payload == Add(1.0, 2.0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

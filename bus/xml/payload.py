@@ -296,7 +296,9 @@ def _unescape(text: bytes) -> str:
 # By codec: the pattern of a field's C14N text, and a decoder that gives what
 # the codec gives for such a text. Enums, Decimal and datetime are never plain.
 _PLAIN_TEXT = {
-    SCALARS[str]: (rb"([^<&]*+(?:&(?:amp|lt|gt|#xD);[^<&]*+)*+)", _unescape),
+    # No possessive quantifiers (Python 3.11+); each repeat starts with "&", which
+    # [^<&] cannot match, so there is one way to match and backtracking stays linear.
+    SCALARS[str]: (rb"([^<&]*(?:&(?:amp|lt|gt|#xD);[^<&]*)*)", _unescape),
     SCALARS[int]: (rb"(-?[0-9]{1,18})", int),
     SCALARS[float]: (rb"(-?[0-9]{1,17}(?:\.[0-9]{1,17})?(?:[eE][+-]?[0-9]{1,3})?)", float),
     SCALARS[bool]: (rb"(true|false|1|0)", lambda text: text in (b"true", b"1")),
