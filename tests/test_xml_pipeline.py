@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import signal
 import threading
 from dataclasses import dataclass
+from unittest import mock
 
 import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 from lxml import etree
 
 from bus.errors import ValidationFailed
@@ -17,10 +23,15 @@ from bus.xml import build_envelope
 from bus.xml import canonicalize
 from bus.xml import check_payload
 from bus.xml import listener_pipeline
+from bus.xml import parse
 from bus.xml import reply_envelope
 from bus.xml import run
 from bus.xml import system_pipeline
 from bus.xml import xmlify
+from bus.xml.envelope import plain_fields
+from bus.xml.envelope import read_envelope
+from bus.xml.envelope import validate_envelope
+from bus.xml.errors import XmlRejected
 from bus.xml.pipeline import LISTENER_STEPS
 from bus.xml.pipeline import SYSTEM_STEPS
 
@@ -230,3 +241,108 @@ def test_pipeline_runs_in_threads_without_mixing_errors(pipeline) -> None:
     for thread in threads:
         thread.join()
     assert wrong == []
+
+
+# An envelope as build_envelope writes it, mostly; then one odd part: another
+# prefix or a default namespace, attributes (xsi: ones are valid), whitespace
+# (CR too), text between the children, odd tokens, a child too many or too few,
+# a payload in the envelope namespace.
+ODD_TOKENS = st.sampled_from(["", " planner ", "\tp\n", "a b", "x/y", "&amp;", "&#x41;b", "é",
+                              "p\r", "t" * 128, "t" * 129, "t" * 256, "t" * 257, "<![CDATA[p]]>",
+                              "p<!--c-->q", "&#13;p"])
+SPACE = st.sampled_from(["", "", "\n  ", " ", "\t", "\r\n", "&#13;", "x", "<!--c-->"])
+
+
+@st.composite
+def envelopes(draw: st.DrawFn) -> bytes:
+    prefix = draw(st.sampled_from(["env:"] * 5 + ["e:", ""]))
+    declare = f'xmlns{":" + prefix[:-1] if prefix else ""}="{ENVELOPE_NS}"'
+    root_attrs = draw(st.sampled_from(
+        [""] * 6 + [' a="1"', f' xmlns:xsi="{XSI}" xsi:schemaLocation="{ENVELOPE_NS} e.xsd"',
+                    ' xmlns:q="urn:q"']))
+    tokens = {"from": "planner", "to": draw(st.none() | st.just("calculator")), "thread": "root"}
+    if draw(st.booleans()):
+        tokens[draw(st.sampled_from(list(tokens)))] = draw(ODD_TOKENS)
+    names = [name for name, token in tokens.items() if token is not None]
+    if draw(st.integers(0, 5)) == 0:
+        names = draw(st.permutations(names))
+    payload = draw(st.sampled_from(["<add><a>1</a><b>2</b></add>"] * 4 + [
+        "<add/>", f'<q:add xmlns:q="urn:q">1</q:add>', f"<{prefix}thread>x</{prefix}thread>",
+        '<add xmlns="">1</add>', "<add><a>1</a></add><add/>", ""]))
+    attrs = draw(st.sampled_from([""] * 8 + [' a="1"', f' xmlns:xsi="{XSI}" xsi:nil="false"']))
+    children = "".join(f"{draw(SPACE)}<{prefix}{n}{attrs if i == 0 else ''}>{tokens[n]}</{prefix}{n}>"
+                       for i, n in enumerate(names))
+    return (f"<{prefix}message {declare}{root_attrs}>{children}{draw(SPACE)}{payload}"
+            f"{draw(SPACE)}</{prefix}message>").encode()
+
+
+XSI = "http://www.w3.org/2001/XMLSchema-instance"
+
+
+def test_plain_envelope_is_valid_and_reads_like_the_xsd_path() -> None:
+    """plain_fields accepts only envelopes envelope.xsd accepts, and reads them alike."""
+    hits = []
+
+    @settings(max_examples=1000)
+    @given(envelopes())
+    def check(raw: bytes) -> None:
+        try:
+            root = parse(raw)
+        except XmlRejected:
+            return
+        fields = plain_fields(root, canonicalize(root))
+        if fields is None:
+            return
+        hits.append(raw)
+        validate_envelope(root)  # raises XmlInvalid if the fast path let an invalid one in
+        read = read_envelope(root)
+        assert fields == (read.sender, read.to, read.thread, read.element)
+
+    check()
+    assert len(hits) > 50  # the strategy reaches plain envelopes: the test is not vacuous
+
+
+@settings(max_examples=300)
+@given(envelopes())
+def test_pipeline_plain_and_schema_paths_agree(raw: bytes) -> None:
+    """The same result, Huh or Envelope, with the plain fast paths and with the XSDs only."""
+    fast = run(listener_pipeline(LISTENER, Add), raw)
+    with mock.patch("bus.xml.pipeline.plain_fields", lambda root, canonical: None):
+        slow = run(dataclasses.replace(listener_pipeline(LISTENER, Add), plain=None), raw)
+    assert type(fast) is type(slow)
+    if isinstance(fast, Huh):
+        assert fast == slow
+    else:
+        assert fast._replace(element=None) == slow._replace(element=None)
+        assert (fast.element.tag, fast.element.sourceline) == (slow.element.tag,
+                                                               slow.element.sourceline)
+
+
+def test_pipeline_takes_the_plain_paths_for_build_envelope_output(pipeline) -> None:
+    raw = etree.tostring(build_envelope(Add(1.5, 2.0), sender="planner", thread="t-1",
+                                        to="calculator"))
+    value: object = raw
+    for step in pipeline.steps[:5]:
+        value = step(pipeline, value)
+    assert type(value.payload) is tuple  # the field texts: both XSDs were skipped
+    assert pipeline.steps[5](pipeline, value).payload == Add(1.5, 2.0)
+
+
+def test_plain_patterns_stay_linear_on_hostile_input(pipeline) -> None:
+    """Many candidate payload starts and long texts: the patterns do not backtrack (2 s bound)."""
+    head = f"{HEAD}<env:from>p</env:from><env:thread>t</env:thread>"
+    inner = "<x><add><a>1</a><b>2</b></add></x>" * 20_000
+    many_starts = f"{head}<add>{inner}</add></env:message>".encode()
+    long_tail = f"{head}<add><a>1</a><b>2</b></add>{' ' * 1_000_000}</env:message>".encode()
+
+    def expire(signum, frame):
+        raise AssertionError("a plain pattern took more than two seconds")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
+    try:
+        assert run(pipeline, many_starts).code == "payload-invalid"
+        assert run(pipeline, long_tail).payload == Add(1.0, 2.0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -68,13 +68,15 @@ _local = threading.local()
 
 
 def _parser() -> etree.XMLParser:
-    parser = getattr(_local, "parser", None)
-    if parser is None:
-        parser = etree.XMLParser(
-            resolve_entities=False, no_network=True, load_dtd=False, dtd_validation=False,
-            huge_tree=False, remove_comments=True, remove_pis=True, collect_ids=False)
-        parser.resolvers.add(_DenyResolver())
-        _local.parser = parser
+    try:
+        return _local.parser
+    except AttributeError:  # this thread's first parse
+        pass
+    parser = etree.XMLParser(
+        resolve_entities=False, no_network=True, load_dtd=False, dtd_validation=False,
+        huge_tree=False, remove_comments=True, remove_pis=True, collect_ids=False)
+    parser.resolvers.add(_DenyResolver())
+    _local.parser = parser
     return parser
 
 
@@ -138,7 +140,11 @@ def parse_or_repair(data: bytes, max_bytes: int = MAX_BYTES) -> Parsed:
     try:
         return Parsed(parse(data, max_bytes))
     except XmlMalformed:
-        pass
+        return parse_repaired(data, max_bytes)
+
+
+def parse_repaired(data: bytes, max_bytes: int = MAX_BYTES) -> Parsed:
+    """`repair` then `parse`: the second half of `parse_or_repair`, for input `parse` refused."""
     repaired = repair(data)
     try:
         return Parsed(parse(repaired.data, max_bytes), repaired.repairs)
