@@ -76,6 +76,7 @@ DEFAULT_COMMIT_BATCH = 64
 ROUTE_BATCH = 256  # inbox rows routed per step
 IDLE_WAKE_S = 1.0  # look again at least this often (expired leases, stop requests)
 WATCH_S = 0.5
+WATCH_POLL_S = 0.05  # the watcher looks at `stopped` this often while it waits for commits
 ORPHAN_CHECK_MS = 1000
 
 
@@ -254,8 +255,8 @@ class Pump:
             # OOB change is routed by the changed table (its inbox row commits after).
             routes = self.table.routes
             writer = Writer(self.bus, conn, self.name, routes, now_ms())
-            for done in finished:
-                self.stats.count(writer.finish(done, self.owner))
+            for outcome in writer.finish(finished, self.owner) if finished else ():
+                self.stats.count(outcome)
             routed = self._route_inbox(writer)
             self._bury(writer)
             claimed = self._claim(writer, capacity)
@@ -390,11 +391,13 @@ class _Services:
         self.threads.append(thread)
 
     def _watch(self) -> None:
+        # Short waits, so that stopping (which also sets `_sleeping`) joins this
+        # thread at once: `run(until_idle=True)` used to end WATCH_S late.
         while not self.stopped.is_set():
-            if not self.pump._sleeping.wait(WATCH_S):
+            if not self.pump._sleeping.wait(WATCH_S) or self.stopped.is_set():
                 continue
             try:
-                if self.pump.bus.wait_for_change(WATCH_S):
+                if self.pump.bus.wait_for_change(WATCH_POLL_S):
                     self.pump._poke()
             except BusError as exc:  # busy or closed: look again, or stop with the pump
                 log.warning("pump change watcher: %s", exc)
@@ -402,8 +405,10 @@ class _Services:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stopped.set()
+        self.pump._sleeping.set()  # the watcher waits for this: let it see `stopped`
         for thread in self.threads:
             thread.join()
+        self.pump._sleeping.clear()
         if self.oob is not None:
             self.oob.close()
         if self.heartbeat is not None:
