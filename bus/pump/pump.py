@@ -78,6 +78,7 @@ IDLE_WAKE_S = 1.0  # look again at least this often (expired leases, stop reques
 WATCH_S = 0.5
 WATCH_POLL_S = 0.05  # the watcher looks at `stopped` this often while it waits for commits
 ORPHAN_CHECK_MS = 1000
+_DATA_VERSION_SQL = "PRAGMA data_version"
 
 
 @dataclass
@@ -106,12 +107,45 @@ class _Step:
     next_expiry: int | None
 
 
+class _Scan:
+    """When a step must look beyond its own work: the inbox, dead units, what is left.
+
+    A step that commits finished units skips those queries while nothing can
+    have changed them: no other connection committed (`PRAGMA data_version`,
+    so no client envelope and no other pump's claim), the routing table is
+    the one last scanned with, the last inbox batch was not full and no lease
+    known to this pump has run out. Any step that commits nothing scans.
+    """
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self.routes: Routes | None = None
+        self.due_ms: int | None = None  # a lease may run out from then on
+        self.more = True  # the inbox had more than one step routes
+
+    def due(self, conn: Any, routes: Routes, now: int) -> bool:
+        """Whether this step must scan; reads `data_version` (inside the transaction)."""
+        version = conn.execute(_DATA_VERSION_SQL).get
+        changed = version != self.version
+        self.version = version
+        return changed or self.more or routes is not self.routes or (
+            self.due_ms is not None and now >= self.due_ms)
+
+    def done(self, routes: Routes, now: int, next_expiry: int | None, more: bool) -> None:
+        self.routes, self.more = routes, more
+        self.due_ms = min(now + int(IDLE_WAKE_S * 1000), next_expiry or now + 10 ** 9)
+
+    def leased(self, until: int) -> None:
+        self.due_ms = until if self.due_ms is None else min(self.due_ms, until)
+
+
 class Pump:
     """One running pump of one organism on one bus. Several may share the bus.
 
     `lease_ms` is how long a claim holds without renewal (renewed every third
-    of it while the handler runs); `max_in_flight` the global limit on handler
-    calls at once (each listener's `concurrency` limits its own);
+    of it from claim to commit); `max_in_flight` the global limit on units
+    between claim and commit (handler calls, and finished units waiting for
+    their commit); each listener's `concurrency` limits its own;
     `commit_batch` how many finished units one transaction commits at most.
     `before_commit(finished)`, if given, runs on the database thread just
     before a commit (tests use it to kill the pump there).
@@ -139,6 +173,7 @@ class Pump:
         self._in_flight: dict[str, int] = {}
         self._finished: list[Finished] = []
         self._orphans_checked: tuple[Routes, int] | None = None
+        self._scan = _Scan()
         self._tasks: set[asyncio.Task] = set()
         self._stop = threading.Event()
         # Set while the loop sleeps: only then does the watcher thread look for commits.
@@ -190,6 +225,8 @@ class Pump:
             del self._finished[:len(batch)]
             step = await self._db(self._step, batch, self._capacity())
             self.stats.steps += 1
+            for done in batch:  # committed (or lost, or failed: retried after its lease)
+                self._release(done.unit)
             for unit, message in step.claimed:
                 self._start(step.routes.listeners[unit.listener], unit, message)
             if not self._tasks and not self._finished and (
@@ -257,10 +294,18 @@ class Pump:
             writer = Writer(self.bus, conn, self.name, routes, now_ms())
             for outcome in writer.finish(finished, self.owner) if finished else ():
                 self.stats.count(outcome)
-            routed = self._route_inbox(writer)
-            self._bury(writer)
+            scan = not finished or self._scan.due(conn, routes, writer.now)
+            routed = self._route_inbox(writer) if scan else 0
+            if scan:
+                self._bury(writer)
             claimed = self._claim(writer, capacity)
-            pending, next_expiry = work.pending(conn, self.name, writer.now)
+            if scan:
+                pending, next_expiry = work.pending(conn, self.name, writer.now)
+                self._scan.done(routes, writer.now, next_expiry, routed >= ROUTE_BATCH)
+            else:  # the next step that commits nothing scans, and says what is left
+                pending, next_expiry = True, self._scan.due_ms
+            if claimed:
+                self._scan.leased(writer.now + self.lease_ms)
         return _Step(claimed, routes, bool(finished or routed or claimed), pending, next_expiry)
 
     def _route_inbox(self, writer: Writer) -> int:
@@ -295,7 +340,12 @@ class Pump:
     def _claim(self, writer: Writer, capacity: dict[str, int]) -> list[tuple[Unit, Message]]:
         units: list[Unit] = []
         for name, slots in capacity.items():
-            if name not in writer.routes.listeners:  # removed since the capacity was counted
+            listener = writer.routes.listeners.get(name)
+            if listener is None:  # removed since the capacity was counted
+                continue
+            # A busy listener claims when a quarter of its slots are free, not one
+            # unit per step: one UPDATE and one input lookup serve many units.
+            if self._in_flight.get(name) and slots < listener.spec.concurrency // 4:
                 continue
             units += work.claim(writer.conn, self.name, name, self.owner, self.lease_ms,
                                 slots, writer.now)
@@ -323,18 +373,22 @@ class Pump:
         task.add_done_callback(self._tasks.discard)
 
     async def _handle(self, unit: Unit, message: Message, listener: Listener) -> None:
+        finished = None
         try:
             finished = await self._process(unit, message, listener)
         except Exception as exc:  # a pump bug: the unit is retried after its lease
             log.exception("unit %s of %s failed in the pump: %s", unit.id, unit.listener, exc)
-            finished = None
         finally:
-            self._in_flight[unit.listener] -= 1
-            with self._running_lock:
-                self._running.pop(unit.id, None)
-        if finished is not None:
+            if finished is None:
+                self._release(unit)
+        if finished is not None:  # it holds its slot and lease until its commit
             self._finished.append(finished)
         self._wake.set()
+
+    def _release(self, unit: Unit) -> None:
+        self._in_flight[unit.listener] -= 1
+        with self._running_lock:
+            self._running.pop(unit.id, None)
 
     async def _process(self, unit: Unit, message: Message, listener: Listener) -> Finished:
         """Pipeline, then handler: the unit's outputs or the `<huh>` for its sender."""
