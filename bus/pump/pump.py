@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import Callable
 
+import apsw
 from lxml import etree
 
 from bus import threads
@@ -102,7 +103,7 @@ class PumpStats:
 class _Step:
     claimed: list[tuple[Unit, Message]]
     routes: Routes  # the table the step routed and claimed with
-    wrote: bool
+    more: bool  # the inbox holds more than one step routes: step again at once
     pending: bool
     next_expiry: int | None
 
@@ -110,11 +111,13 @@ class _Step:
 class _Scan:
     """When a step must look beyond its own work: the inbox, dead units, what is left.
 
-    A step that commits finished units skips those queries while nothing can
-    have changed them: no other connection committed (`PRAGMA data_version`,
-    so no client envelope and no other pump's claim), the routing table is
-    the one last scanned with, the last inbox batch was not full and no lease
-    known to this pump has run out. Any step that commits nothing scans.
+    Only another connection's commit (`PRAGMA data_version`: a client's
+    envelope, another pump's claim), a lease running out, a new routing table
+    or a full inbox batch can give a scan something new to find. So a step
+    that commits while other units are in flight skips the scan when none of
+    those happened, and a step with nothing to commit is no transaction at
+    all when, on top of that, the last scan's claims were not cut short by
+    the concurrency limits.
     """
 
     def __init__(self) -> None:
@@ -122,21 +125,43 @@ class _Scan:
         self.routes: Routes | None = None
         self.due_ms: int | None = None  # a lease may run out from then on
         self.more = True  # the inbox had more than one step routes
+        self.pending = True  # what the last scan said is left
+        self.settled = False  # nothing was claimed or committed since the last scan
 
-    def due(self, conn: Any, routes: Routes, now: int) -> bool:
-        """Whether this step must scan; reads `data_version` (inside the transaction)."""
+    def _same(self, conn: apsw.Connection, routes: Routes, now: int) -> bool:
         version = conn.execute(_DATA_VERSION_SQL).get
-        changed = version != self.version
+        same = version == self.version
         self.version = version
-        return changed or self.more or routes is not self.routes or (
-            self.due_ms is not None and now >= self.due_ms)
+        return same and not self.more and routes is self.routes and (
+            self.due_ms is None or now < self.due_ms)
 
-    def done(self, routes: Routes, now: int, next_expiry: int | None, more: bool) -> None:
-        self.routes, self.more = routes, more
+    def due(self, conn: apsw.Connection, routes: Routes, now: int) -> bool:
+        """Whether this step must scan; reads `data_version` (inside the transaction)."""
+        return not self._same(conn, routes, now)
+
+    def quiet(self, conn: apsw.Connection, routes: Routes, now: int) -> bool:
+        """Whether a step with nothing to commit would find nothing (read outside a
+        transaction, so it sees the latest commit)."""
+        return self.settled and self._same(conn, routes, now)
+
+    def done(self, conn: apsw.Connection, routes: Routes, now: int, pending: bool,
+             next_expiry: int | None, more: bool) -> None:
+        self.version = conn.execute(_DATA_VERSION_SQL).get
+        self.routes, self.pending, self.more = routes, pending, more
         self.due_ms = min(now + int(IDLE_WAKE_S * 1000), next_expiry or now + 10 ** 9)
 
-    def leased(self, until: int) -> None:
-        self.due_ms = until if self.due_ms is None else min(self.due_ms, until)
+    def claimed(self, until: int, claimed: list, capacity: dict[str, int],
+                scanned: bool) -> None:
+        """After the claims: their leases, and whether the limits cut them short."""
+        if claimed:
+            self.due_ms = until if self.due_ms is None else min(self.due_ms, until)
+        got: dict[str, int] = {}
+        for unit, _ in claimed:
+            got[unit.listener] = got.get(unit.listener, 0) + 1
+        full = any(got.get(name, 0) >= slots for name, slots in capacity.items())
+        self.settled = scanned and not claimed and not full
+        if not scanned:
+            self.pending = True
 
 
 class Pump:
@@ -223,16 +248,23 @@ class Pump:
             self._wake.clear()
             batch = self._finished[:self.commit_batch]
             del self._finished[:len(batch)]
-            step = await self._db(self._step, batch, self._capacity())
+            for done in batch:  # its slots are free for the claims after its commit
+                self._in_flight[done.unit.listener] -= 1
+            busy = sum(self._in_flight.values()) > 0  # units beyond this batch
+            step = await self._db(self._step, batch, self._capacity(), busy)
             self.stats.steps += 1
-            for done in batch:  # committed (or lost, or failed: retried after its lease)
-                self._release(done.unit)
+            with self._running_lock:  # committed (or lost, or failed: retried after its lease)
+                for done in batch:
+                    self._running.pop(done.unit.id, None)
             for unit, message in step.claimed:
                 self._start(step.routes.listeners[unit.listener], unit, message)
             if not self._tasks and not self._finished and (
                     self._stop.is_set() or (until_idle and not step.pending)):
                 return
-            if step.wrote or self._finished:
+            # Claims need no second look: a listener that got fewer units than it
+            # asked for has none left, one that got them all has no slot left; its
+            # handlers wake the loop when they finish.
+            if step.more or self._finished:
                 continue
             await self._sleep(step.next_expiry)
 
@@ -283,10 +315,18 @@ class Pump:
                 writer.route(seq, boot_id, SYSTEM_SENDER, BOOT, None, conversation.uuid)
         return True
 
-    def _step(self, finished: list[Finished], capacity: dict[str, int]) -> _Step:
+    def _step(self, finished: list[Finished], capacity: dict[str, int], busy: bool) -> _Step:
+        """One transaction: commit `finished`, route, bury, claim up to `capacity`.
+
+        `busy`: units beyond `finished` are in flight, so the loop does not ask
+        what is left before they are back: a step that commits may skip its scan.
+        """
         if finished and self.before_commit is not None:
             self.before_commit(finished)
         conn = self.bus.conn
+        routes = self.table.routes
+        if not finished and self._scan.quiet(conn, routes, now_ms()):
+            return _Step([], routes, False, self._scan.pending, self._scan.due_ms)
         with write_transaction(conn):
             # The table is read under the write lock: a client's send that follows an
             # OOB change is routed by the changed table (its inbox row commits after).
@@ -294,19 +334,19 @@ class Pump:
             writer = Writer(self.bus, conn, self.name, routes, now_ms())
             for outcome in writer.finish(finished, self.owner) if finished else ():
                 self.stats.count(outcome)
-            scan = not finished or self._scan.due(conn, routes, writer.now)
+            scan = not finished or not busy or self._scan.due(conn, routes, writer.now)
             routed = self._route_inbox(writer) if scan else 0
             if scan:
                 self._bury(writer)
             claimed = self._claim(writer, capacity)
             if scan:
                 pending, next_expiry = work.pending(conn, self.name, writer.now)
-                self._scan.done(routes, writer.now, next_expiry, routed >= ROUTE_BATCH)
-            else:  # the next step that commits nothing scans, and says what is left
+                self._scan.done(conn, routes, writer.now, pending, next_expiry,
+                                routed >= ROUTE_BATCH)
+            else:  # units are in flight: what is left is asked once they are back
                 pending, next_expiry = True, self._scan.due_ms
-            if claimed:
-                self._scan.leased(writer.now + self.lease_ms)
-        return _Step(claimed, routes, bool(finished or routed or claimed), pending, next_expiry)
+            self._scan.claimed(writer.now + self.lease_ms, claimed, capacity, scan)
+        return _Step(claimed, routes, routed >= ROUTE_BATCH, pending, next_expiry)
 
     def _route_inbox(self, writer: Writer) -> int:
         inbound = work.take_inbox(writer.conn, self.name, ROUTE_BATCH)
