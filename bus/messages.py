@@ -46,6 +46,14 @@ _INSERT_SQL = (
     " ON CONFLICT (id) DO NOTHING RETURNING seq"
 )
 _SEQ_BY_ID_SQL = "SELECT seq FROM messages WHERE id = ?"
+# A caller's id may exist already: the lookup and the insert in one statement
+# (an INSERT whose SELECT finds nothing takes no AUTOINCREMENT seq).
+_INSERT_NEW_ID_SQL = (
+    "INSERT INTO messages (id, ts_ms, from_agent, to_agent, type, correlation_id,"
+    " in_reply_to, payload, payload_ref) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9"
+    " WHERE NOT EXISTS (SELECT 1 FROM messages WHERE id = ?1)"
+    " ON CONFLICT (id) DO NOTHING RETURNING seq"
+)
 # Two index range scans merged by seq: the cost follows `limit`, not the
 # backlog. The seed's `to_agent IS NULL OR to_agent = ?` sorts every waiting row.
 _POLL_SQL = (
@@ -268,14 +276,11 @@ def insert_row(conn: apsw.Connection, row: Row, ts_ms: int) -> tuple[int, bool]:
     seq order across processes (as far as the clock allows).
 
     A row whose id exists already is not written: the original seq comes back.
-    Only a caller's id can already exist, and it is looked up before the
-    insert because a conflicting insert still uses up an AUTOINCREMENT seq.
+    Only a caller's id can already exist, and it is looked up in the insert's
+    own SELECT because a conflicting insert still uses up an AUTOINCREMENT seq.
     """
-    if row.id_from_caller:
-        seq = conn.execute(_SEQ_BY_ID_SQL, (row.id,)).get
-        if seq is not None:
-            return seq, True
-    seq = conn.execute(_INSERT_SQL, row.bindings(ts_ms)).get
+    sql = _INSERT_NEW_ID_SQL if row.id_from_caller else _INSERT_SQL
+    seq = conn.execute(sql, row.bindings(ts_ms)).get
     if seq is not None:
         return seq, False
     return conn.execute(_SEQ_BY_ID_SQL, (row.id,)).get, True

@@ -106,6 +106,14 @@ _CALLER_SQL = (
     "SELECT t.id, t.status, t.name, t.depth, p.uuid, p.name, p.depth"
     " FROM threads t LEFT JOIN threads p ON p.id = t.parent_id WHERE t.uuid = ?"
 )
+# answer_to's usual case in one statement: close an open child, name its parent.
+_CLOSE_CALLER_SQL = (
+    "UPDATE threads SET status = 'closed', closed_at_ms = ?"
+    " WHERE uuid = ? AND status = 'open' AND parent_id IS NOT NULL"
+    " RETURNING (SELECT p.uuid FROM threads p WHERE p.id = threads.parent_id),"
+    " (SELECT p.name FROM threads p WHERE p.id = threads.parent_id),"
+    " (SELECT p.depth FROM threads p WHERE p.id = threads.parent_id)"
+)
 
 
 @dataclass(frozen=True)
@@ -329,6 +337,9 @@ def answer_to(conn: apsw.Connection, uuid: str, now: int) -> Caller:
     handler answered before is closed; both still answer to the same caller.
     Runs inside the caller's write transaction; raises ThreadNotFound.
     """
+    closed = conn.execute(_CLOSE_CALLER_SQL, (now, uuid)).fetchone()
+    if closed is not None:
+        return Caller(*closed)
     row = conn.execute(_CALLER_SQL, (uuid,)).fetchone()
     if row is None:
         raise ThreadNotFound(uuid)

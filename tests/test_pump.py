@@ -7,6 +7,7 @@ reads what it committed.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -260,3 +261,58 @@ def test_every_request_gets_exactly_its_reply_set(tmp_path_factory, requests, ba
             unit, = work.units_for_input(bus.conn, one.seq)
             assert bus.conn.execute("SELECT status FROM pump_work WHERE id = ?",
                                     (unit.id,)).get == "done"
+
+
+# --- the commit: claim check and batches ------------------------------------------------
+
+
+def test_a_unit_taken_over_before_the_commit_is_lost_and_writes_nothing(bus, tmp_path):
+    organism = write_organism(tmp_path, "calculator")
+    sent = client.send(bus, "org", b"<add><a>1</a><b>2</b></add>", to="calculator")
+    stolen = []
+
+    def steal(finished: list) -> None:  # another pump claims the unit meanwhile
+        if not stolen:
+            stolen.append(finished[0].unit.id)
+            bus.conn.execute("UPDATE pump_work SET lease_owner = 'thief', attempts = attempts"
+                             " + 1, lease_until_ms = 0 WHERE id = ?", (stolen[0],))
+
+    pump = run_pump(bus, organism, before_commit=steal)
+    assert pump.stats.outcomes == {"lost": 1, "replied": 1}
+    got, = answers(bus, sent)  # the lost commit wrote nothing; the retry wrote it once
+    assert got.message.id == derived_id(sent.id, "calculator", 0)
+    unit, = work.units_for_input(bus.conn, sent.seq)
+    assert (unit.id, unit.attempts) == (stolen[0], 3)
+
+
+def test_a_unit_that_fails_to_commit_fails_alone_and_is_tried_again(bus, tmp_path, monkeypatch):
+    from bus.pump.commit import Writer
+    organism = tmp_path / "organism.yaml"
+    organism.write_text(f"name: org\nlisteners:\n  - name: calculator\n    {ADD}\n"
+                        "    concurrency: 3\n")
+    sent = [client.send(bus, "org", f"<add><a>{i}</a><b>1</b></add>".encode(), to="calculator")
+            for i in range(3)]
+    replies_of = Writer._replies
+    batches = []
+
+    def failing(self, done) -> str:
+        outcome = replies_of(self, done)  # written, then rolled back
+        if done.input.id == sent[1].id and done.unit.attempts == 1:
+            raise ValidationFailed("payload", "refused by the test")
+        return outcome
+
+    monkeypatch.setattr(Writer, "_replies", failing)
+
+    def before_commit(finished: list) -> None:
+        batches.append({done.input.id for done in finished})
+        if len(batches) == 1:
+            time.sleep(0.05)  # the other handlers finish meanwhile: one batch commits them
+
+    pump = run_pump(bus, organism, lease_ms=200, before_commit=before_commit)
+    assert pump.stats.outcomes == {"failed": 1, "replied": 3}
+    failed_in = next(batch for batch in batches if sent[1].id in batch)
+    assert len(failed_in) > 1  # the others in its batch were committed all the same
+    for one in sent:
+        got, = answers(bus, one)
+        assert got.message.id == derived_id(one.id, "calculator", 0)
+    assert [work.units_for_input(bus.conn, one.seq)[0].attempts for one in sent] == [1, 2, 1]

@@ -102,10 +102,10 @@ def send(bus: Bus, organism: str, xml: bytes | str, *, to: str | None = None,
         validate_agent_id(to, "to")
     payload = _payload(xml)
     conn = bus.conn
-    root = threads.initialize_root(conn, organism)
     message_id = new_message_id()
-    with write_transaction(conn):
+    with write_transaction(conn):  # one commit: the pump wakes once, to a routable request
         now = now_ms()
+        root = threads.initialize_root(conn, organism, now)
         conversation = threads.extend_chain(conn, root.uuid, client, now)
         element = build_envelope(payload, sender=client, thread=conversation.uuid, to=to)
         row = envelope_row(element, id=message_id, sender=client, thread=conversation.uuid,

@@ -106,23 +106,41 @@ class Writer:
 
     # --- finishing units ---------------------------------------------------------------
 
-    def finish(self, done: Finished, owner: str) -> str:
-        """Commit one unit's results if `owner` still holds it; the outcome written.
+    def finish(self, batch: list[Finished], owner: str) -> list[str]:
+        """Commit the results of units `owner` still holds; the outcome of each.
 
         "lost" when another pump took the unit over (nothing is written), or
         "failed" when writing failed (rolled back; the lease will expire and
-        the unit is tried again, and finally buried).
+        the unit is tried again, and finally buried). The batch shares one
+        savepoint; when a unit fails in it, the batch is rolled back and
+        written again one savepoint per unit, so only that unit fails.
         """
-        if not work.held(self.conn, done.unit, owner):
-            return "lost"
+        if len(batch) > 1:
+            try:
+                with write_transaction(self.conn):
+                    return [self._finish(done, owner) for done in batch]
+            except BusError:
+                pass  # which unit failed is found below, one savepoint each
+        return [self._finish_alone(done, owner) for done in batch]
+
+    def _finish_alone(self, done: Finished, owner: str) -> str:
         try:
             with write_transaction(self.conn):  # a savepoint: this unit or nothing
-                outcome = self._huh(done) if done.huh is not None else self._replies(done)
-                work.finish(self.conn, done.unit.id, outcome, self.now)
+                return self._finish(done, owner)
         except BusError as exc:
             log.error("committing unit %s (input %s, listener %s) failed: %s",
                       done.unit.id, done.input.id, done.unit.listener, exc)
             return "failed"
+
+    def _finish(self, done: Finished, owner: str) -> str:
+        """Ack the unit if its claim is still ours (one statement), then write its results."""
+        outcome = "replied" if done.huh is None else "huh"
+        if not work.finish_held(self.conn, done.unit, owner, outcome, self.now):
+            return "lost"
+        if done.huh is None:
+            self._replies(done)
+        else:
+            self._huh(done)
         return outcome
 
     def _huh(self, done: Finished, label: object = 0) -> str:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import Callable
 
+import apsw
 from lxml import etree
 
 from bus import threads
@@ -76,7 +77,9 @@ DEFAULT_COMMIT_BATCH = 64
 ROUTE_BATCH = 256  # inbox rows routed per step
 IDLE_WAKE_S = 1.0  # look again at least this often (expired leases, stop requests)
 WATCH_S = 0.5
+WATCH_POLL_S = 0.05  # the watcher looks at `stopped` this often while it waits for commits
 ORPHAN_CHECK_MS = 1000
+_DATA_VERSION_SQL = "PRAGMA data_version"
 
 
 @dataclass
@@ -100,17 +103,74 @@ class PumpStats:
 class _Step:
     claimed: list[tuple[Unit, Message]]
     routes: Routes  # the table the step routed and claimed with
-    wrote: bool
+    more: bool  # the inbox holds more than one step routes: step again at once
     pending: bool
     next_expiry: int | None
+
+
+class _Scan:
+    """When a step must look beyond its own work: the inbox, dead units, what is left.
+
+    Only another connection's commit (`PRAGMA data_version`: a client's
+    envelope, another pump's claim), a lease running out, a new routing table
+    or a full inbox batch can give a scan something new to find. So a step
+    that commits while other units are in flight skips the scan when none of
+    those happened, and a step with nothing to commit is no transaction at
+    all when, on top of that, the last scan's claims were not cut short by
+    the concurrency limits.
+    """
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self.routes: Routes | None = None
+        self.due_ms: int | None = None  # a lease may run out from then on
+        self.more = True  # the inbox had more than one step routes
+        self.pending = True  # what the last scan said is left
+        self.settled = False  # nothing was claimed or committed since the last scan
+
+    def _same(self, conn: apsw.Connection, routes: Routes, now: int) -> bool:
+        version = conn.execute(_DATA_VERSION_SQL).get
+        same = version == self.version
+        self.version = version
+        return same and not self.more and routes is self.routes and (
+            self.due_ms is None or now < self.due_ms)
+
+    def due(self, conn: apsw.Connection, routes: Routes, now: int) -> bool:
+        """Whether this step must scan; reads `data_version` (inside the transaction)."""
+        return not self._same(conn, routes, now)
+
+    def quiet(self, conn: apsw.Connection, routes: Routes, now: int) -> bool:
+        """Whether a step with nothing to commit would find nothing (read outside a
+        transaction, so it sees the latest commit)."""
+        return self.settled and self._same(conn, routes, now)
+
+    def done(self, conn: apsw.Connection, routes: Routes, now: int, pending: bool,
+             next_expiry: int | None, more: bool) -> None:
+        self.version = conn.execute(_DATA_VERSION_SQL).get
+        self.routes, self.pending, self.more = routes, pending, more
+        self.due_ms = min(now + int(IDLE_WAKE_S * 1000), next_expiry or now + 10 ** 9)
+
+    def claimed(self, until: int, claimed: list, capacity: dict[str, int],
+                scanned: bool) -> None:
+        """After the claims: their leases, and whether the limits cut them short."""
+        if claimed:
+            self.due_ms = until if self.due_ms is None else min(self.due_ms, until)
+        got: dict[str, int] = {}
+        for unit, _ in claimed:
+            got[unit.listener] = got.get(unit.listener, 0) + 1
+        full = any(got.get(name, 0) >= slots for name, slots in capacity.items())
+        self.settled = scanned and not claimed and not full
+        if not scanned:
+            self.pending = True
 
 
 class Pump:
     """One running pump of one organism on one bus. Several may share the bus.
 
     `lease_ms` is how long a claim holds without renewal (renewed every third
-    of it while the handler runs); `max_in_flight` the global limit on handler
-    calls at once (each listener's `concurrency` limits its own);
+    of it from claim to commit); `max_in_flight` the global limit on units
+    between claim and commit (handler calls, and finished units waiting for
+    their commit); each listener's `concurrency` limits its own;
     `commit_batch` how many finished units one transaction commits at most.
     `before_commit(finished)`, if given, runs on the database thread just
     before a commit (tests use it to kill the pump there).
@@ -138,6 +198,7 @@ class Pump:
         self._in_flight: dict[str, int] = {}
         self._finished: list[Finished] = []
         self._orphans_checked: tuple[Routes, int] | None = None
+        self._scan = _Scan()
         self._tasks: set[asyncio.Task] = set()
         self._stop = threading.Event()
         # Set while the loop sleeps: only then does the watcher thread look for commits.
@@ -187,14 +248,23 @@ class Pump:
             self._wake.clear()
             batch = self._finished[:self.commit_batch]
             del self._finished[:len(batch)]
-            step = await self._db(self._step, batch, self._capacity())
+            for done in batch:  # its slots are free for the claims after its commit
+                self._in_flight[done.unit.listener] -= 1
+            busy = sum(self._in_flight.values()) > 0  # units beyond this batch
+            step = await self._db(self._step, batch, self._capacity(), busy)
             self.stats.steps += 1
+            with self._running_lock:  # committed (or lost, or failed: retried after its lease)
+                for done in batch:
+                    self._running.pop(done.unit.id, None)
             for unit, message in step.claimed:
                 self._start(step.routes.listeners[unit.listener], unit, message)
             if not self._tasks and not self._finished and (
                     self._stop.is_set() or (until_idle and not step.pending)):
                 return
-            if step.wrote or self._finished:
+            # Claims need no second look: a listener that got fewer units than it
+            # asked for has none left, one that got them all has no slot left; its
+            # handlers wake the loop when they finish.
+            if step.more or self._finished:
                 continue
             await self._sleep(step.next_expiry)
 
@@ -245,22 +315,38 @@ class Pump:
                 writer.route(seq, boot_id, SYSTEM_SENDER, BOOT, None, conversation.uuid)
         return True
 
-    def _step(self, finished: list[Finished], capacity: dict[str, int]) -> _Step:
+    def _step(self, finished: list[Finished], capacity: dict[str, int], busy: bool) -> _Step:
+        """One transaction: commit `finished`, route, bury, claim up to `capacity`.
+
+        `busy`: units beyond `finished` are in flight, so the loop does not ask
+        what is left before they are back: a step that commits may skip its scan.
+        """
         if finished and self.before_commit is not None:
             self.before_commit(finished)
         conn = self.bus.conn
+        routes = self.table.routes
+        if not finished and self._scan.quiet(conn, routes, now_ms()):
+            return _Step([], routes, False, self._scan.pending, self._scan.due_ms)
         with write_transaction(conn):
             # The table is read under the write lock: a client's send that follows an
             # OOB change is routed by the changed table (its inbox row commits after).
             routes = self.table.routes
             writer = Writer(self.bus, conn, self.name, routes, now_ms())
-            for done in finished:
-                self.stats.count(writer.finish(done, self.owner))
-            routed = self._route_inbox(writer)
-            self._bury(writer)
+            for outcome in writer.finish(finished, self.owner) if finished else ():
+                self.stats.count(outcome)
+            scan = not finished or not busy or self._scan.due(conn, routes, writer.now)
+            routed = self._route_inbox(writer) if scan else 0
+            if scan:
+                self._bury(writer)
             claimed = self._claim(writer, capacity)
-            pending, next_expiry = work.pending(conn, self.name, writer.now)
-        return _Step(claimed, routes, bool(finished or routed or claimed), pending, next_expiry)
+            if scan:
+                pending, next_expiry = work.pending(conn, self.name, writer.now)
+                self._scan.done(conn, routes, writer.now, pending, next_expiry,
+                                routed >= ROUTE_BATCH)
+            else:  # units are in flight: what is left is asked once they are back
+                pending, next_expiry = True, self._scan.due_ms
+            self._scan.claimed(writer.now + self.lease_ms, claimed, capacity, scan)
+        return _Step(claimed, routes, routed >= ROUTE_BATCH, pending, next_expiry)
 
     def _route_inbox(self, writer: Writer) -> int:
         inbound = work.take_inbox(writer.conn, self.name, ROUTE_BATCH)
@@ -294,7 +380,12 @@ class Pump:
     def _claim(self, writer: Writer, capacity: dict[str, int]) -> list[tuple[Unit, Message]]:
         units: list[Unit] = []
         for name, slots in capacity.items():
-            if name not in writer.routes.listeners:  # removed since the capacity was counted
+            listener = writer.routes.listeners.get(name)
+            if listener is None:  # removed since the capacity was counted
+                continue
+            # A busy listener claims when a quarter of its slots are free, not one
+            # unit per step: one UPDATE and one input lookup serve many units.
+            if self._in_flight.get(name) and slots < listener.spec.concurrency // 4:
                 continue
             units += work.claim(writer.conn, self.name, name, self.owner, self.lease_ms,
                                 slots, writer.now)
@@ -322,18 +413,22 @@ class Pump:
         task.add_done_callback(self._tasks.discard)
 
     async def _handle(self, unit: Unit, message: Message, listener: Listener) -> None:
+        finished = None
         try:
             finished = await self._process(unit, message, listener)
         except Exception as exc:  # a pump bug: the unit is retried after its lease
             log.exception("unit %s of %s failed in the pump: %s", unit.id, unit.listener, exc)
-            finished = None
         finally:
-            self._in_flight[unit.listener] -= 1
-            with self._running_lock:
-                self._running.pop(unit.id, None)
-        if finished is not None:
+            if finished is None:
+                self._release(unit)
+        if finished is not None:  # it holds its slot and lease until its commit
             self._finished.append(finished)
         self._wake.set()
+
+    def _release(self, unit: Unit) -> None:
+        self._in_flight[unit.listener] -= 1
+        with self._running_lock:
+            self._running.pop(unit.id, None)
 
     async def _process(self, unit: Unit, message: Message, listener: Listener) -> Finished:
         """Pipeline, then handler: the unit's outputs or the `<huh>` for its sender."""
@@ -390,11 +485,13 @@ class _Services:
         self.threads.append(thread)
 
     def _watch(self) -> None:
+        # Short waits, so that stopping (which also sets `_sleeping`) joins this
+        # thread at once: `run(until_idle=True)` used to end WATCH_S late.
         while not self.stopped.is_set():
-            if not self.pump._sleeping.wait(WATCH_S):
+            if not self.pump._sleeping.wait(WATCH_S) or self.stopped.is_set():
                 continue
             try:
-                if self.pump.bus.wait_for_change(WATCH_S):
+                if self.pump.bus.wait_for_change(WATCH_POLL_S):
                     self.pump._poke()
             except BusError as exc:  # busy or closed: look again, or stop with the pump
                 log.warning("pump change watcher: %s", exc)
@@ -402,8 +499,10 @@ class _Services:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stopped.set()
+        self.pump._sleeping.set()  # the watcher waits for this: let it see `stopped`
         for thread in self.threads:
             thread.join()
+        self.pump._sleeping.clear()
         if self.oob is not None:
             self.oob.close()
         if self.heartbeat is not None:

@@ -42,13 +42,12 @@ _RENEW_SQL = (
     " WHERE lease_owner = :owner AND status = 'pending'"
     " AND id IN (SELECT value FROM json_each(:ids))"
 )
-_HELD_SQL = (
-    "SELECT 1 FROM pump_work WHERE id = ? AND lease_owner = ? AND attempts = ?"
-    " AND status = 'pending'"
-)
-_FINISH_SQL = (
-    "UPDATE pump_work SET status = :status, outcome = :outcome, finished_at_ms = :now"
-    " WHERE id = :id"
+# The claim check and the ack in one statement: the unit is ours if nobody
+# claimed it since (same owner, same attempt) and it is still pending.
+_FINISH_HELD_SQL = (
+    "UPDATE pump_work SET status = 'done', outcome = :outcome, finished_at_ms = :now"
+    " WHERE id = :id AND lease_owner = :owner AND attempts = :attempts"
+    " AND status = 'pending' RETURNING id"
 )
 # Units that ran out of attempts: their lease expired max_attempts times. A
 # range on idx_pump_work_lease: expired leases only, never the unclaimed backlog.
@@ -135,14 +134,15 @@ def renew(conn: apsw.Connection, owner: str, ids: Iterable[int], lease_ms: int,
     return conn.changes()
 
 
-def held(conn: apsw.Connection, unit: Unit, owner: str) -> bool:
-    """Whether `owner` still holds the claim it made (nobody took the unit over since)."""
-    return conn.execute(_HELD_SQL, (unit.id, owner, unit.attempts)).get is not None
+def finish_held(conn: apsw.Connection, unit: Unit, owner: str, outcome: str,
+                now: int) -> bool:
+    """Mark `unit` done with `outcome` if `owner` still holds the claim it made.
 
-
-def finish(conn: apsw.Connection, unit_id: int, outcome: str, now: int,
-           status: str = "done") -> None:
-    conn.execute(_FINISH_SQL, {"status": status, "outcome": outcome, "now": now, "id": unit_id})
+    False (and nothing changed) when another pump took the unit over since.
+    """
+    return conn.execute(_FINISH_HELD_SQL, {"outcome": outcome, "now": now, "id": unit.id,
+                                           "owner": owner, "attempts": unit.attempts}
+                        ).get is not None
 
 
 def bury_exhausted(conn: apsw.Connection, organism: str, now: int) -> list[Unit]:
@@ -183,7 +183,10 @@ def mark_booted(conn: apsw.Connection, organism: str, boot_id: str, now: int) ->
 
 def messages_by_seq(conn: apsw.Connection, seqs: Iterable[int],
                     blobs: BlobStore | None) -> dict[int, Message]:
-    rows = conn.execute(_MESSAGES_SQL, (orjson.dumps(list(seqs)),))
+    seqs = list(seqs)
+    if not seqs:
+        return {}
+    rows = conn.execute(_MESSAGES_SQL, (orjson.dumps(seqs),))
     return {row[0]: row_to_message(row, blobs) for row in rows}
 
 
