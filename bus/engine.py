@@ -27,6 +27,7 @@ from typing import Iterator
 import apsw
 
 from bus import channels as store
+from bus import messages
 from bus import deadletters
 from bus import delivery
 from bus import sending
@@ -67,6 +68,13 @@ _PRESSURE_SQL = (
     "SELECT (SELECT coalesce(sum(open_deliveries), 0) FROM channels),"
     " (SELECT page_count * page_size FROM pragma_page_count, pragma_page_size)"
 )
+_WARNED_AT_SQL = "SELECT value FROM meta WHERE key = 'store_capacity_warned_at_ms'"
+_SET_WARNED_AT_SQL = (
+    "INSERT INTO meta (key, value) VALUES ('store_capacity_warned_at_ms', ?)"
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+CAPACITY_WARNING_TYPE = "_system.store.capacity"
+CAPACITY_WARNING_EVERY_MS = 60_000
 _THREAD_SQL = (
     "SELECT " + MESSAGE_COLUMNS + FROM_SQL + " WHERE m.correlation_id = ? ORDER BY cm.seq"
 )
@@ -83,12 +91,15 @@ class StoreLimits:
     `max_active`: unfinished deliveries (waiting or unacknowledged) beyond
     which sends fail with StoreFull. `max_file_bytes` and `reserve_bytes`:
     sends fail with StoreCapacity once the file is within `reserve_bytes` of
-    `max_file_bytes`.
+    `max_file_bytes`; within `warn_bytes` of it, a send still succeeds but a
+    `_system.store.capacity` message is broadcast (at most once a minute),
+    so someone compacts before sends start failing.
     """
 
     max_active: int = 100_000
     max_file_bytes: int = 2 * 1024 ** 3
     reserve_bytes: int = 100 * 1024 ** 2
+    warn_bytes: int = 200 * 1024 ** 2
 
 
 @dataclass(frozen=True)
@@ -264,8 +275,8 @@ class Channels:
             if answered and out.row.in_reply_to is None:
                 out = replace(out, row=out.row._replace(in_reply_to=answered[0]))
             targets = sending.recipients(conn, channel, out, lambda: self._topic_index(channel))
-            self._check_limits(conn, len(targets))
             now = self.clock()
+            self._check_limits(conn, len(targets), now)
             seq, correlation_id = sending.insert(conn, channel, out, targets, now)
             if answered and out.type == "response":
                 sending.close_query_deadline(conn, answered[1])
@@ -285,13 +296,15 @@ class Channels:
             self._indexes[channel.id] = (channel.subscriptions_version, index)
         return index
 
-    def _check_limits(self, conn: apsw.Connection, new_deliveries: int) -> None:
+    def _check_limits(self, conn: apsw.Connection, new_deliveries: int, now: int) -> None:
         limits = self.limits
         active, size = conn.execute(_PRESSURE_SQL).fetchone()
         if active + new_deliveries > limits.max_active:
             raise StoreFull(active, limits.max_active)
         if size > limits.max_file_bytes - limits.reserve_bytes:
             raise StoreCapacity(size, limits.max_file_bytes, limits.reserve_bytes)
+        if size > limits.max_file_bytes - limits.warn_bytes:
+            _warn_capacity(conn, size, limits, now)
 
     # --- receiving and acknowledging -------------------------------------------
 
@@ -406,3 +419,16 @@ class Channels:
         conn = self.conn
         with write_transaction(conn):
             return deadletters.purge(conn, self.clock() - round(seconds * 1000))
+
+
+def _warn_capacity(conn: apsw.Connection, size: int, limits: StoreLimits, now: int) -> None:
+    """Broadcast that the file nears its limit, at most once a minute (inside the send)."""
+    warned_at = conn.execute(_WARNED_AT_SQL).get
+    if warned_at is not None and now - int(warned_at) < CAPACITY_WARNING_EVERY_MS:
+        return
+    conn.execute(_SET_WARNED_AT_SQL, (str(now),))
+    notice = messages.prepare_row(delivery.SYSTEM_AGENT, CAPACITY_WARNING_TYPE, {
+        "file_bytes": size, "max_file_bytes": limits.max_file_bytes,
+        "refused_above": limits.max_file_bytes - limits.reserve_bytes,
+        "fix": "run `bus compact` or purge dead letters"})
+    messages.insert_row(conn, notice, now)

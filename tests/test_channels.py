@@ -459,6 +459,31 @@ def test_store_capacity_refuses_sends_near_the_file_limit(ch: Channels, bus: Bus
         ch.send_message("g", "a", "text", "x")
 
 
+def test_near_the_file_limit_a_send_succeeds_and_warns_once_a_minute(
+        ch: Channels, bus: Bus, clock: ManualClock) -> None:
+    ch.create_channel("g", "group", "a")
+    ch.join_channel("g", "b")
+    size = bus.conn.execute("SELECT page_count * page_size FROM pragma_page_count,"
+                            " pragma_page_size").get
+    ch.limits = StoreLimits(max_file_bytes=size + 50_000, reserve_bytes=1_000,
+                            warn_bytes=100_000)
+
+    def warnings() -> list:
+        return [m for m in bus.last_messages(50) if m.type == "_system.store.capacity"]
+
+    ch.send_message("g", "a", "text", "one")
+    [warning] = warnings()
+    assert warning.from_agent == "bus" and warning.to_agent is None
+    assert warning.payload["max_file_bytes"] == size + 50_000
+    assert warning.payload["refused_above"] == size + 49_000
+    clock.now += 59_999
+    ch.send_message("g", "a", "text", "two")
+    assert len(warnings()) == 1
+    clock.now += 1
+    ch.send_message("g", "a", "text", "three")
+    assert len(warnings()) == 2
+
+
 def test_batch_commits_several_sends_together(ch: Channels, bus: Bus, db_path: Path) -> None:
     ch.create_channel("g", "group", "a")
     ch.join_channel("g", "b")
