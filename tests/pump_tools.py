@@ -151,3 +151,16 @@ async def poison(msg: Poison, ctx: Context) -> None:
     """Kills the pump's process (SIGKILL) every time it is called."""
     record(ctx.listener, msg, ctx)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@xmlify(root="lookup", namespace="https://example.org/ns/lookup/v1")
+@dataclass
+class Lookup:
+    """Look a word up (a namespaced payload)."""
+
+    word: str
+
+
+async def lookup(msg: Lookup, ctx: Context) -> Reply:
+    record("lookup", msg, ctx)
+    return Reply(etree.fromstring(f"<meaning>{msg.word}: a word</meaning>"))

@@ -45,6 +45,9 @@ LISTENERS = {
                "    handler: tests.pump_tools:on_boot",
     "element": "root_tag: echo\n    payload: tests.pump_tools:Echo\n"
                "    handler: tests.pump_tools:element_reply",
+    "dictionary": "root_tag: lookup\n    payload: tests.pump_tools:Lookup\n"
+                  "    handler: tests.pump_tools:lookup\n"
+                  "    namespace: https://example.org/ns/lookup/v1",
 }
 
 
@@ -95,6 +98,33 @@ def test_two_conversations_on_one_path_each_get_their_own_answer(bus, tmp_path, 
     for uuid in handler_threads:
         thread = threads.get_thread(bus.conn, uuid)
         assert (thread.path[-1], thread.status) == (listener, "closed")
+
+
+def test_a_namespaced_listener_gets_payloads_of_its_namespace_only(bus, tmp_path):
+    organism = write_organism(tmp_path, "dictionary")
+    sent = client.send(bus, "org", b'<lookup xmlns="https://example.org/ns/lookup/v1">'
+                                   b"<word>pump</word></lookup>")
+    wrong = client.send(bus, "org", b'<lookup xmlns="urn:other"><word>pump</word></lookup>')
+    bare = client.send(bus, "org", b"<lookup><word>pump</word></lookup>")
+    run_pump(bus, organism)
+    got, = answers(bus, sent)
+    assert (got.sender, got.payload_xml) == ("dictionary", "<meaning>pump: a word</meaning>")
+    assert [(listener, msg) for listener, msg, _ in pump_tools.CALLS] == [
+        ("lookup", pump_tools.Lookup("pump"))]
+    for refused in (wrong, bare):  # same local name, other namespace: nobody listens
+        huh, = answers(bus, refused)
+        assert huh.root_tag == "huh" and 'code="no-route"' in huh.payload_xml
+
+
+def test_a_listener_namespace_must_be_its_payload_namespace(bus, tmp_path):
+    organism = tmp_path / "organism.yaml"
+    organism.write_text("name: org\nlisteners:\n  - name: dictionary\n"
+                        "    root_tag: lookup\n    payload: tests.pump_tools:Lookup\n"
+                        "    handler: tests.pump_tools:lookup\n    namespace: urn:elsewhere\n")
+    with pytest.raises(OrganismInvalid) as raised:
+        Pump(bus, load_organism(organism), oob=False)
+    assert raised.value.field == "listeners[0].namespace"
+    assert "is in namespace 'https://example.org/ns/lookup/v1'" in str(raised.value)
 
 
 def test_the_handler_context_is_stamped_by_the_pump(bus, tmp_path):

@@ -385,3 +385,74 @@ def test_plain_form_only_for_flat_scalar_records() -> None:
     for name in ("decimal", "datetime", "enum_str", "enum_int", "list_str", "nested",
                  "optional_nested"):
         assert spec_of(CLASSES[name]).plain is None, name
+
+
+# --- namespaced payloads -------------------------------------------------------
+
+NS = "https://example.org/ns/search/v1"
+
+
+@dataclass
+class NsWindow:
+    start: int
+    size: int = 10
+
+
+@xmlify(root="search", namespace=NS)
+@dataclass
+class NsSearch:
+    """Search the web."""
+
+    query: str
+    limit: int = 10
+    tags: Optional[list[str]] = None
+    window: Optional[NsWindow] = None
+
+
+def test_namespaced_payload_round_trips_with_a_default_namespace() -> None:
+    value = NsSearch("lxml", 3, ["a", "b"], NsWindow(20, 5))
+    data = to_xml(value)
+    assert data.startswith(f'<search xmlns="{NS}"><query>lxml</query>'.encode())
+    assert from_xml(NsSearch, data) == value
+    assert etree.QName(to_element(value)).namespace == NS
+    assert all(etree.QName(e).namespace == NS for e in to_element(value).iter())
+
+
+def test_namespaced_xsd_targets_the_namespace_with_qualified_elements() -> None:
+    spec = spec_of(NsSearch)
+    schema = etree.fromstring(spec.xsd)
+    assert (schema.get("targetNamespace"), schema.get("elementFormDefault")) == (NS, "qualified")
+    assert spec.tag == f"{{{NS}}}search" and spec.plain is None
+    assert from_xml(NsSearch, spec.example) == NsSearch("text", 1, ["text"], NsWindow(1, 1))
+
+
+@pytest.mark.parametrize("data", [
+    b"<search><query>q</query></search>",  # no namespace
+    b'<search xmlns="urn:other"><query>q</query></search>',  # another namespace
+    f'<search xmlns="{NS}"><query xmlns="">q</query></search>'.encode(),  # unqualified child
+])
+def test_namespaced_payload_in_the_wrong_namespace_is_invalid(data: bytes) -> None:
+    with pytest.raises(XmlInvalid) as raised:
+        from_xml(NsSearch, data)
+    assert raised.value.code == "payload-invalid"
+
+
+@pytest.mark.parametrize("namespace", ["", "has space", 7])
+def test_xmlify_refuses_a_namespace_that_is_not_a_uri(namespace) -> None:
+    with pytest.raises(XmlifyUnsupported, match="is not a namespace URI"):
+        @xmlify(namespace=namespace)
+        @dataclass
+        class Bad:
+            x: int
+
+
+def test_namespaced_xsd_validates_with_xmllint(tmp_path: Path) -> None:
+    xmllint = shutil.which("xmllint")
+    if xmllint is None:
+        pytest.skip("xmllint is not installed (Debian: apt-get install libxml2-utils)")
+    spec = spec_of(NsSearch)
+    (tmp_path / "s.xsd").write_bytes(spec.xsd)
+    (tmp_path / "s.xml").write_bytes(to_xml(NsSearch("q", tags=["x"])))
+    done = subprocess.run([xmllint, "--noout", "--schema", str(tmp_path / "s.xsd"),
+                           str(tmp_path / "s.xml")], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and "validates" in done.stderr, done.stderr

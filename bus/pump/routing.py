@@ -45,6 +45,11 @@ class Listener:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def tag(self) -> str:
+        """The payload's root tag as envelopes carry it: ``{namespace}root`` or ``root``."""
+        return self.pipeline.spec.tag
+
 
 class Routes:
     """An immutable routing table."""
@@ -53,7 +58,7 @@ class Routes:
         self.listeners = dict(listeners)
         by_tag: dict[str, list[Listener]] = {}
         for listener in self.listeners.values():
-            by_tag.setdefault(listener.spec.root_tag, []).append(listener)
+            by_tag.setdefault(listener.tag, []).append(listener)
         self.by_tag = {tag: tuple(found) for tag, found in by_tag.items()}
 
     def targets(self, root_tag: str, to: str | None) -> tuple[Listener, ...]:
@@ -61,17 +66,13 @@ class Routes:
         if to is None:
             return self.by_tag.get(root_tag, ())
         listener = self.listeners.get(to)
-        if listener is None or listener.spec.root_tag != root_tag:
+        if listener is None or listener.tag != root_tag:
             return ()
         return (listener,)
 
 
 def build_listener(spec: ListenerSpec, organism: Organism, path: str) -> Listener:
     """Import a listener's handler and payload class; OrganismInvalid names the key."""
-    if spec.namespace is not None:
-        raise OrganismInvalid(organism.source, f"{path}.namespace", (
-            "namespaced payloads are not run yet: @xmlify payloads have no namespace; "
-            "remove `namespace` to run this listener"))
     handler = resolve_handler(spec, organism, path)
     payload = resolve_payload(spec, organism, path)
     try:
@@ -83,6 +84,11 @@ def build_listener(spec: ListenerSpec, organism: Organism, path: str) -> Listene
         raise OrganismInvalid(organism.source, f"{path}.root_tag", (
             f"is {spec.root_tag!r}, but {spec.payload} is the XML element <{root}>; "
             f"set root_tag: {root} or @xmlify(root={spec.root_tag!r})"))
+    namespace = spec_of(payload).namespace
+    if namespace != spec.namespace:
+        raise OrganismInvalid(organism.source, f"{path}.namespace", (
+            f"is {spec.namespace!r}, but {spec.payload} is in namespace {namespace!r}; "
+            f"make them the same (@xmlify(namespace=...) or the listener's namespace key)"))
     return Listener(spec, listener_pipeline(spec.name, payload), handler)
 
 

@@ -170,8 +170,12 @@ def _xs(parent: etree._Element | None, tag: str, **attrs: str) -> etree._Element
     return etree.SubElement(parent, name, attrs)
 
 
-def _schema_tree(root: str, record: _Record, summary: str) -> etree._Element:
+def _schema_tree(root: str, record: _Record, summary: str,
+                 namespace: str | None) -> etree._Element:
     schema = _xs(None, "schema")
+    if namespace is not None:  # every element of the payload is in it, nested ones too
+        schema.set("targetNamespace", namespace)
+        schema.set("elementFormDefault", "qualified")
     if summary:
         _xs(_xs(schema, "annotation"), "documentation").text = summary
     _declare(schema, root, record, {})
@@ -202,8 +206,8 @@ def _declare(parent: etree._Element, name: str, codec: Any, occurs: dict[str, st
 
 
 def _encode(parent: etree._Element | None, name: str, codec: Any, value: Any,
-            path: str) -> etree._Element:
-    element = etree.Element(name) if parent is None else etree.SubElement(parent, name)
+            path: str, namespace: str | None = None) -> etree._Element:
+    element = _new_element(parent, name, namespace)
     if isinstance(codec, Scalar):
         check_type(codec, value, path)
         element.text = codec.encode(value, path)
@@ -211,7 +215,7 @@ def _encode(parent: etree._Element | None, name: str, codec: Any, value: Any,
         if not isinstance(value, list):
             raise XmlUnrepresentable(path, f"expected a list, got {type(value).__name__}")
         for index, item in enumerate(value):
-            _encode(element, ITEM, codec.item, item, f"{path}[{index}]")
+            _encode(element, ITEM, codec.item, item, f"{path}[{index}]", namespace)
     else:
         if not isinstance(value, codec.cls):
             raise XmlUnrepresentable(path, f"expected {codec.cls.__name__}, got "
@@ -220,8 +224,19 @@ def _encode(parent: etree._Element | None, name: str, codec: Any, value: Any,
             item = getattr(value, f.name)
             if item is None and f.optional:
                 continue
-            _encode(element, f.name, f.codec, item, f"{path}.{f.name}")
+            _encode(element, f.name, f.codec, item, f"{path}.{f.name}", namespace)
     return element
+
+
+def _new_element(parent: etree._Element | None, name: str,
+                 namespace: str | None) -> etree._Element:
+    """A payload element; with a namespace, qualified, declared once as the default."""
+    if namespace is None:
+        return etree.Element(name) if parent is None else etree.SubElement(parent, name)
+    tag = f"{{{namespace}}}{name}"
+    if parent is None:
+        return etree.Element(tag, nsmap={None: namespace})
+    return etree.SubElement(parent, tag)
 
 
 # --- decoding ---------------------------------------------------------------
@@ -248,6 +263,8 @@ def _decode_record(element: etree._Element, record: _Record, path: str) -> Any:
     values: dict[str, Any] = {}
     for child in element:
         name = child.tag
+        if name[0] == "{":  # a namespaced payload: the XSD has checked the namespace
+            name = name.rpartition("}")[2]
         field = record.by_name.get(name)
         if field is None or name in values:
             raise XmlValueInvalid(f"{path}.{name}", "is unexpected or repeated; send each "
@@ -338,6 +355,12 @@ class XmlSpec:
     usage: str  # summary line, fields, example: a tool description for an LLM
     plain: bytes | None = None  # regex source of the plain form (see _plain_form)
     plain_decoders: tuple[tuple[str, Any, _Field], ...] = ()  # name, decoder, field per group
+    namespace: str | None = None  # the payload's XML namespace, if it has one
+
+    @property
+    def tag(self) -> str:
+        """The root element's tag as lxml spells it: ``{namespace}root`` or ``root``."""
+        return self.root if self.namespace is None else f"{{{self.namespace}}}{self.root}"
 
     @property
     def schema(self) -> etree.XMLSchema:
@@ -363,8 +386,13 @@ class XmlSpec:
         return self.cls(**values)
 
 
-def xmlify(cls: type | None = None, *, root: str | None = None) -> Any:
+def xmlify(cls: type | None = None, *, root: str | None = None,
+           namespace: str | None = None) -> Any:
     """Derive an XML payload schema for a dataclass; ``@xmlify`` or ``@xmlify(root="add")``.
+
+    With ``namespace="https://example.org/ns/calc/v1"`` the payload's
+    elements are in that namespace (the XSD's targetNamespace, elements
+    qualified) and `to_xml` declares it as the default namespace.
 
     Raises `XmlifyUnsupported` for a field type outside the mapping (see the
     module docstring). The XSD, example and usage text are built once, here.
@@ -374,22 +402,29 @@ def xmlify(cls: type | None = None, *, root: str | None = None) -> Any:
         if not _NCNAME.fullmatch(name):
             raise XmlifyUnsupported(target.__name__, "", f"root {name!r} is not an XML name; "
                                                          "pass root='a_name'")
-        target.__xmlify__ = _build_spec(target, name)
+        if namespace is not None and (not isinstance(namespace, str) or not namespace.strip()
+                                      or any(c.isspace() for c in namespace)):
+            raise XmlifyUnsupported(target.__name__, "", f"namespace {namespace!r} is not a "
+                                    "namespace URI; pass one like 'https://example.org/ns/v1'")
+        target.__xmlify__ = _build_spec(target, name, namespace)
         return target
 
     return decorate if cls is None else decorate(cls)
 
 
-def _build_spec(cls: type, root: str) -> XmlSpec:
+def _build_spec(cls: type, root: str, namespace: str | None = None) -> XmlSpec:
     record = _record(cls, cls.__name__, frozenset())
     summary = _summary(cls)
-    tree = _schema_tree(root, record, summary)
-    example = etree.tostring(_example(None, root, record), pretty_print=True)
+    tree = _schema_tree(root, record, summary, namespace)
+    example = etree.tostring(_example(None, root, record, namespace), pretty_print=True)
     usage = "\n".join([f"<{root}>: {summary}" if summary else f"<{root}>", "Fields:",
                        *_field_lines(record, "  "), "Example:", example.decode().rstrip()])
     xsd = etree.tostring(tree, pretty_print=True)
     compiled_schema(xsd)  # an XSD libxml2 refuses fails here, at decoration
-    return XmlSpec(cls, root, record, xsd, example, usage, *_plain_form(root, record))
+    # The plain fast path reads un-namespaced C14N bytes only; a namespaced payload
+    # always goes through its XSD.
+    plain = _plain_form(root, record) if namespace is None else (None, ())
+    return XmlSpec(cls, root, record, xsd, example, usage, *plain, namespace)
 
 
 def _summary(cls: type) -> str:
@@ -399,15 +434,16 @@ def _summary(cls: type) -> str:
     return doc.split("\n\n")[0].replace("\n", " ").strip()
 
 
-def _example(parent: etree._Element | None, name: str, codec: Any) -> etree._Element:
-    element = etree.Element(name) if parent is None else etree.SubElement(parent, name)
+def _example(parent: etree._Element | None, name: str, codec: Any,
+             namespace: str | None = None) -> etree._Element:
+    element = _new_element(parent, name, namespace)
     if isinstance(codec, Scalar):
         element.text = codec.example
     elif isinstance(codec, _ListOf):
-        _example(element, ITEM, codec.item)
+        _example(element, ITEM, codec.item, namespace)
     else:
         for f in codec.fields:
-            _example(element, f.name, f.codec)
+            _example(element, f.name, f.codec, namespace)
     return element
 
 
@@ -443,7 +479,7 @@ def to_element(obj: Any) -> etree._Element:
     Raises `XmlUnrepresentable` naming the field when a value cannot be XML.
     """
     spec = spec_of(type(obj))
-    return _encode(None, spec.root, spec.record, obj, spec.root)
+    return _encode(None, spec.root, spec.record, obj, spec.root, spec.namespace)
 
 
 def to_xml(obj: Any) -> bytes:

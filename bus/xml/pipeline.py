@@ -251,7 +251,7 @@ def listener_pipeline(listener: str, payload: type, max_bytes: int = MAX_BYTES) 
     Raises `XmlifyUnsupported` if `payload` is not an ``@xmlify`` class.
     """
     spec = spec_of(payload)
-    return Pipeline(listener, payload, LISTENER_STEPS, frozenset((spec.root,)), max_bytes, spec,
+    return Pipeline(listener, payload, LISTENER_STEPS, frozenset((spec.tag,)), max_bytes, spec,
                     _plain(spec, PLAIN_END))
 
 
@@ -266,7 +266,7 @@ def check_payload(payload: type, raw: bytes, max_bytes: int = MAX_BYTES) -> Enve
     The result's `sender` and `thread` are empty strings.
     """
     spec = spec_of(payload)
-    return run(Pipeline("", payload, PAYLOAD_STEPS, frozenset((spec.root,)), max_bytes, spec,
+    return run(Pipeline("", payload, PAYLOAD_STEPS, frozenset((spec.tag,)), max_bytes, spec,
                         _plain(spec, b"")), raw)
 
 
