@@ -63,6 +63,13 @@ _INSERT_SUBSCRIPTION_SQL = (
 _DELETE_SUBSCRIPTION_SQL = (
     "DELETE FROM subscriptions WHERE channel_id = ? AND agent = ? AND pattern = ?"
 )
+# A leaving agent's unfinished deliveries on the channel: nobody will receive them.
+_CANCEL_OPEN_DELIVERIES_SQL = (
+    "UPDATE deliveries SET status = 'cancelled', deadline_ms = NULL,"
+    " last_error = 'the recipient left the channel' WHERE channel_id = :channel"
+    " AND recipient = :agent AND (status = 'pending' OR deadline_ms IS NOT NULL)"
+)
+_ADD_OPEN_SQL = "UPDATE channels SET open_deliveries = open_deliveries + ? WHERE id = ?"
 _DELETE_AGENT_SUBSCRIPTIONS_SQL = "DELETE FROM subscriptions WHERE channel_id = ? AND agent = ?"
 _BUMP_SUBSCRIPTIONS_SQL = (
     "UPDATE channels SET subscriptions_version = subscriptions_version + 1 WHERE id = ?"
@@ -246,10 +253,19 @@ def add_participant(conn: apsw.Connection, channel: Channel, agent: str, role: s
 
 
 def remove_participant(conn: apsw.Connection, channel: Channel, agent: str) -> bool:
-    """Leave the channel (and drop its subscriptions); the owner cannot leave."""
+    """Leave the channel; the owner cannot.
+
+    The agent's subscriptions go, and so do its unfinished deliveries on the
+    channel (status cancelled): nobody would ever receive them, and they
+    would count against the store's limit for good.
+    """
     if agent == channel.owner:
         raise ValidationFailed("agent", f"{agent} owns channel {channel.name!r} and cannot leave"
                                         " it; close the channel instead")
+    conn.execute(_CANCEL_OPEN_DELIVERIES_SQL, {"channel": channel.id, "agent": agent})
+    cancelled = conn.changes()
+    if cancelled:
+        conn.execute(_ADD_OPEN_SQL, (-cancelled, channel.id))
     conn.execute(_DELETE_AGENT_SUBSCRIPTIONS_SQL, (channel.id, agent))
     if conn.changes():
         conn.execute(_BUMP_SUBSCRIPTIONS_SQL, (channel.id,))

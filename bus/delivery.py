@@ -249,6 +249,9 @@ def _check_ack_transition(seq: int, agent: str, current: str, status: str) -> No
     if current == "dead_letter":
         raise ValidationFailed("message", f"message {seq} to {agent} is a dead letter; replay it"
                                           " (bus dlq replay) to deliver it again")
+    if current == "cancelled":
+        raise ValidationFailed("message", f"message {seq} to {agent} was cancelled when {agent}"
+                                          " left the channel; join again for new messages")
     if current == "duplicate":
         raise ValidationFailed("message", f"message {seq} was not delivered to {agent}: it"
                                           " repeats a correlation id already delivered (exactly_once)")

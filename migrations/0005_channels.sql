@@ -73,14 +73,16 @@ CREATE INDEX idx_channel_messages_expiry ON channel_messages (expires_at_ms)
 
 -- status: pending (waiting to be received; visible from visible_at_ms),
 -- delivered / received / in_progress (handed out; deadline_ms is when an
--- unacknowledged one is retried), completed, failed, dead_letter, and
--- duplicate (exactly_once: the recipient already had this correlation id).
+-- unacknowledged one is retried), completed, failed, dead_letter,
+-- duplicate (exactly_once: the recipient already had this correlation id)
+-- and cancelled (the recipient left the channel before finishing it).
 CREATE TABLE deliveries (
     seq INTEGER NOT NULL REFERENCES channel_messages (seq) ON DELETE CASCADE,
     recipient TEXT NOT NULL,
     channel_id INTEGER NOT NULL,
     status TEXT NOT NULL CHECK (status IN ('pending', 'delivered', 'received', 'in_progress',
-                                           'completed', 'failed', 'dead_letter', 'duplicate')),
+                                           'completed', 'failed', 'dead_letter', 'duplicate',
+                                           'cancelled')),
     visible_at_ms INTEGER NOT NULL,
     deadline_ms INTEGER,            -- set only while handed out and awaiting an ack
     attempts INTEGER NOT NULL DEFAULT 0,  -- times handed out

@@ -284,3 +284,25 @@ def test_dead_letter_json_keeps_the_whole_message(ch: Channels, clock: ManualClo
     data = orjson.loads(orjson.dumps(dead.to_json_dict()))
     assert data["message"]["content"] == "payload" and data["retry_count"] == 0
     assert data["dead_lettered_at"].endswith("Z")
+
+
+def test_leaving_cancels_unfinished_deliveries_and_frees_the_store(ch: Channels,
+                                                                   clock: ManualClock) -> None:
+    ch.create_channel("g", "group", "boss", ack_timeout=0.5)
+    ch.join_channel("g", "worker")
+    ch.join_channel("g", "other")
+    handed = ch.send_message("g", "boss", "command", "one")
+    waiting = ch.send_message("g", "boss", "command", "two")
+    [got] = ch.receive_messages("worker", {"limit": 1})
+    assert ch.get_channel("g").open_deliveries == 4
+    assert ch.leave_channel("g", "worker") is True
+    assert ch.get_channel("g").open_deliveries == 2  # only other's two are left
+    for message in (handed, waiting):
+        statuses = {d.recipient: (d.status, d.last_error) for d in ch.deliveries(message)}
+        assert statuses["worker"] == ("cancelled", "the recipient left the channel")
+        assert statuses["other"] == ("pending", None)
+    with pytest.raises(ValidationFailed, match="was cancelled when worker left the channel"):
+        ch.acknowledge_message(got, "worker", "completed")
+    clock.now = T0 + 60_000
+    assert ch.tick().to_json_dict() == {"redelivered": 0, "dead_lettered": 0,
+                                        "expired_queries": 0}
