@@ -90,6 +90,14 @@ def write_organism(directory: Path, text: str = GOOD) -> Path:
     return path
 
 
+def test_pump_dead_with_none_says_so(bus: Bus, db_path: Path, tmp_path: Path):
+    path = write_organism(tmp_path)
+    result = run(["pump", "dead", str(path)], db_path)
+    assert (result.exit_code, result.output) == (0, "no dead letters for organism demo-org\n")
+    result = run(["pump", "dead", str(path), "--json"], db_path)
+    assert (result.exit_code, result.output) == (0, "")
+
+
 def test_organism_check_reports_the_routes(tmp_path: Path):
     path = write_organism(tmp_path)
     result = run(["organism", "check", str(path)])

@@ -20,6 +20,7 @@ from bus.pump import client
 from bus.pump import work
 from bus.pump.envelopes import derived_id
 from tests.children import Children
+from tests.cli_helpers import run
 
 PROGRAM = Path(__file__).resolve().parent / "procs_pump.py"
 INPUTS = 24
@@ -129,3 +130,14 @@ def test_an_input_that_kills_the_pump_every_time_becomes_a_dead_letter(
         unit, = work.units_for_input(bus.conn, sent.seq)
         assert bus.conn.execute("SELECT status, outcome FROM pump_work WHERE id = ?",
                                 (unit.id,)).fetchone() == ("dead", "dead")
+        dead, = work.dead_units(bus.conn, "org")
+        assert (dead.id, dead.input_seq, dead.input_id, dead.sender, dead.listener,
+                dead.attempts, dead.outcome) == (unit.id, sent.seq, sent.id, "alice", "poison",
+                                                 2, "dead")
+    listed = run(["pump", "dead", str(organism), "--json"], db_path)
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.stdout) == dead.to_json_dict()
+    table = run(["pump", "dead", str(organism)], db_path).stdout.splitlines()
+    assert table[0].split() == ["unit", "input", "sender", "listener", "attempts", "outcome",
+                                "finished_at"]
+    assert table[1].split()[:6] == [str(unit.id), str(sent.seq), "alice", "poison", "2", "dead"]

@@ -16,9 +16,12 @@ from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
+from bus.cli.output import echo_listing
+from bus.messages import iso_utc
 from bus.pump import client
 from bus.pump import oob as channel
 from bus.pump import organism as organisms
+from bus.pump import work
 from bus.pump.pump import DEFAULT_COMMIT_BATCH
 from bus.pump.pump import DEFAULT_LEASE_MS
 from bus.pump.pump import DEFAULT_MAX_IN_FLIGHT
@@ -155,6 +158,26 @@ def pump_send(obj: BusContext, organism_file: str, xml: str, to: str | None, cli
     if not got:
         raise click.ClickException(f"no reply on thread {sent.thread} within {timeout:g} s; "
                                    "is `bus pump run` running for this organism?")
+
+
+@pump.command("dead")
+@click.argument("organism_file", metavar="ORGANISM", type=click.Path(dir_okay=False))
+@click.option("--limit", default=1000, show_default=True, type=click.IntRange(1, 1_000_000))
+@json_option
+@pass_bus_context
+def pump_dead(obj: BusContext, organism_file: str, limit: int, as_json: bool) -> None:
+    """List the organism's dead letters: inputs the pump gave up on (their senders got a <huh>).
+
+    \b
+    Example:
+      bus pump dead examples/organism.yaml --json
+    """
+    name = organisms.load_organism(organism_file).name
+    found = work.dead_units(obj.open().conn, name, limit)
+    echo_listing(found, as_json, f"no dead letters for organism {name}",
+                 ["unit", "input", "sender", "listener", "attempts", "outcome", "finished_at"],
+                 lambda d: (d.id, d.input_seq, d.sender or "-", d.listener, d.attempts,
+                            d.outcome, iso_utc(d.finished_at_ms)))
 
 
 @click.group()

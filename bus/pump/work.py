@@ -88,6 +88,12 @@ _MESSAGES_SQL = (
     " payload_ref FROM messages WHERE seq IN (SELECT value FROM json_each(?))"
 )
 _UNITS_SQL = f"SELECT {_UNIT_COLUMNS} FROM pump_work WHERE input_seq = ? ORDER BY id"
+# For people (`bus pump dead`), not the hot path: the pending indexes do not cover it.
+_DEAD_SQL = (
+    "SELECT w.id, w.input_seq, m.id, m.from_agent, w.listener, w.attempts, w.outcome,"
+    " w.finished_at_ms FROM pump_work w LEFT JOIN messages m ON m.seq = w.input_seq"
+    " WHERE w.organism = ? AND w.status = 'dead' ORDER BY w.id LIMIT ?"
+)
 
 
 class Unit(NamedTuple):
@@ -100,6 +106,23 @@ class Unit(NamedTuple):
     thread: str
     attempts: int
     max_attempts: int
+
+
+class DeadUnit(NamedTuple):
+    """A unit the pump gave up on; its sender got a <huh>. `input_id` and `sender`
+    are None when compaction has deleted the input envelope since."""
+
+    id: int
+    input_seq: int
+    input_id: str | None
+    sender: str | None
+    listener: str
+    attempts: int
+    outcome: str  # "dead": its lease ran out max_attempts times; "listener-removed"
+    finished_at_ms: int
+
+    def to_json_dict(self) -> dict:
+        return self._asdict()
 
 
 class Inbound(NamedTuple):
@@ -193,3 +216,8 @@ def messages_by_seq(conn: apsw.Connection, seqs: Iterable[int],
 def units_for_input(conn: apsw.Connection, input_seq: int) -> list[Unit]:
     """Every unit an input was routed to (for inspection and tests)."""
     return [Unit(*row) for row in conn.execute(_UNITS_SQL, (input_seq,))]
+
+
+def dead_units(conn: apsw.Connection, organism: str, limit: int = 1000) -> list[DeadUnit]:
+    """The organism's dead units, oldest first."""
+    return [DeadUnit(*row) for row in conn.execute(_DEAD_SQL, (organism, limit))]
