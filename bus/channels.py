@@ -69,7 +69,9 @@ _CANCEL_OPEN_DELIVERIES_SQL = (
     " last_error = 'the recipient left the channel' WHERE channel_id = :channel"
     " AND recipient = :agent AND (status = 'pending' OR deadline_ms IS NOT NULL)"
 )
-_ADD_OPEN_SQL = "UPDATE channels SET open_deliveries = open_deliveries + ? WHERE id = ?"
+_ADD_OPEN_DELIVERIES_SQL = (
+    "UPDATE channels SET open_deliveries = open_deliveries + ? WHERE id = ?"
+)
 _DELETE_AGENT_SUBSCRIPTIONS_SQL = "DELETE FROM subscriptions WHERE channel_id = ? AND agent = ?"
 _BUMP_SUBSCRIPTIONS_SQL = (
     "UPDATE channels SET subscriptions_version = subscriptions_version + 1 WHERE id = ?"
@@ -265,12 +267,18 @@ def remove_participant(conn: apsw.Connection, channel: Channel, agent: str) -> b
     conn.execute(_CANCEL_OPEN_DELIVERIES_SQL, {"channel": channel.id, "agent": agent})
     cancelled = conn.changes()
     if cancelled:
-        conn.execute(_ADD_OPEN_SQL, (-cancelled, channel.id))
+        add_open_deliveries(conn, channel.id, -cancelled)
     conn.execute(_DELETE_AGENT_SUBSCRIPTIONS_SQL, (channel.id, agent))
     if conn.changes():
         conn.execute(_BUMP_SUBSCRIPTIONS_SQL, (channel.id,))
     conn.execute(_DELETE_PARTICIPANT_SQL, (channel.id, agent))
     return conn.changes() > 0
+
+
+def add_open_deliveries(conn: apsw.Connection, channel_id: int, delta: int) -> None:
+    """Keep `channels.open_deliveries` (the store limit's count) in step with `deliveries`:
+    +n when deliveries are created or revived, -1 when one is finished, buried or cancelled."""
+    conn.execute(_ADD_OPEN_DELIVERIES_SQL, (delta, channel_id))
 
 
 def participants(conn: apsw.Connection, channel: Channel) -> list[Participant]:

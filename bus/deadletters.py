@@ -16,6 +16,7 @@ from typing import Callable
 import apsw
 
 from bus.channels import SENDING_STATES
+from bus.channels import add_open_deliveries
 from bus.errors import ValidationFailed
 from bus.messages import iso_utc
 from bus.queries import FROM_SQL
@@ -40,7 +41,6 @@ _REVIVE_SQL = (
     " visible_at_ms = ? WHERE seq = ? AND recipient = ?"
 )
 _REOPEN_MESSAGE_SQL = "UPDATE channel_messages SET status = 'delivered' WHERE seq = ?"
-_ADD_OPEN_SQL = "UPDATE channels SET open_deliveries = open_deliveries + 1 WHERE id = ?"
 _DELETE_SQL = "DELETE FROM dead_letters WHERE id = ?"
 _PURGE_SQL = "DELETE FROM dead_letters WHERE dead_lettered_at_ms < ?"
 _COUNT_SQL = "SELECT count(*) FROM dead_letters"
@@ -94,7 +94,7 @@ def replay(conn: apsw.Connection, dead_id: int, now_ms: int) -> tuple[int, str]:
                                             " receive the replay (discard the dead letter)")
     conn.execute(_REVIVE_SQL, (now_ms, seq, recipient))
     conn.execute(_REOPEN_MESSAGE_SQL, (seq,))
-    conn.execute(_ADD_OPEN_SQL, (channel_id,))
+    add_open_deliveries(conn, channel_id, 1)
     conn.execute(_DELETE_SQL, (dead_id,))
     return seq, recipient
 

@@ -26,6 +26,7 @@ import orjson
 
 from bus import messages
 from bus.channels import DELIVERING_STATES
+from bus.channels import add_open_deliveries
 from bus.errors import ValidationFailed
 from bus.queries import FROM_SQL
 from bus.queries import MESSAGE_COLUMNS
@@ -75,7 +76,6 @@ _HAND_OUT_SQL = (
 _MARK_DELIVERED_SQL = (
     "UPDATE channel_messages SET status = 'delivered' WHERE seq = ? AND status = 'sent'"
 )
-_ADD_OPEN_SQL = "UPDATE channels SET open_deliveries = open_deliveries + ? WHERE id = ?"
 _REFRESH_DEDUP_SQL = (
     "UPDATE dedup SET expires_at_ms = ? WHERE correlation_id = ? AND recipient = ? AND seq = ?"
 )
@@ -204,7 +204,7 @@ def _hand_out(conn: apsw.Connection, message: ChannelMessage, agent: str, channe
     if message.status == "sent":
         conn.execute(_MARK_DELIVERED_SQL, (seq,))
     if mode == "at_most_once":  # handed out is done: nothing is ever retried
-        conn.execute(_ADD_OPEN_SQL, (-1, channel_id))
+        add_open_deliveries(conn, channel_id, -1)
     elif mode == "exactly_once":
         conn.execute(_REFRESH_DEDUP_SQL, (now_ms + 2 * ack_timeout_ms, message.correlation_id,
                                           agent, seq))
@@ -237,7 +237,7 @@ def acknowledge(conn: apsw.Connection, seq: int, agent: str, status: str, note: 
     conn.execute(_ACK_SQL, {"status": status, "note": note, "now": now_ms,
                             "deadline": new_deadline, "seq": seq, "agent": agent})
     if final and was_open:
-        conn.execute(_ADD_OPEN_SQL, (-1, channel_id))
+        add_open_deliveries(conn, channel_id, -1)
     if final:
         _settle_message(conn, seq)
     if mode == "exactly_once" and correlation_id is not None:
@@ -299,7 +299,7 @@ def bury(conn: apsw.Connection, seq: int, recipient: str, channel_id: int, retri
     conn.execute(_BURY_SQL, (error, seq, recipient))
     dead_id = conn.execute(_INSERT_DEAD_LETTER_SQL, (seq, recipient, channel_id, retries, error,
                                                      now_ms)).get
-    conn.execute(_ADD_OPEN_SQL, (-1, channel_id))
+    add_open_deliveries(conn, channel_id, -1)
     _settle_message(conn, seq)
     notice = messages.prepare_row(SYSTEM_AGENT, DEADLETTER_TYPE, {
         "dead_letter": dead_id, "seq": seq, "recipient": recipient, "retry_count": retries,

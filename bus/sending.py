@@ -20,6 +20,7 @@ import apsw
 from bus import messages
 from bus.channels import SENDING_STATES
 from bus.channels import Channel
+from bus.channels import add_open_deliveries
 from bus.channels import participants
 from bus.channels import role_of
 from bus.errors import ValidationFailed
@@ -54,7 +55,6 @@ _DEDUP_UPSERT_SQL = (
     "INSERT INTO dedup (correlation_id, recipient, seq, expires_at_ms) VALUES (?, ?, ?, ?)"
     " ON CONFLICT DO UPDATE SET seq = excluded.seq, expires_at_ms = excluded.expires_at_ms"
 )
-_ADD_OPEN_SQL = "UPDATE channels SET open_deliveries = open_deliveries + ? WHERE id = ?"
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ def insert(conn: apsw.Connection, channel: Channel, out: Outgoing, targets: list
                                                out.topic, out.priority, expires))
     fresh = _insert_deliveries(conn, channel, seq, row.correlation_id, targets, now_ms)
     if fresh:
-        conn.execute(_ADD_OPEN_SQL, (fresh, channel.id))
+        add_open_deliveries(conn, channel.id, fresh)
     return seq, row.correlation_id
 
 

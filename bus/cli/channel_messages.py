@@ -23,6 +23,7 @@ from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import PAYLOAD_PREVIEW
 from bus.cli.output import echo_json
+from bus.cli.output import echo_messages
 from bus.cli.output import echo_rows
 from bus.delivery import ACK_STATUSES
 from bus.engine import Channels
@@ -257,11 +258,7 @@ def _echo_result(found: QueryResult, as_json: bool, what: str, hint: str) -> Non
 
 
 def _echo_channel_messages(found: list[ChannelMessage], as_json: bool) -> None:
-    for message in found:
-        if as_json:
-            echo_json(message.to_json_dict())
-        else:
-            click.echo(format_channel_message(message))
+    echo_messages(found, as_json, format_channel_message)
 
 
 def format_channel_message(message: ChannelMessage) -> str:

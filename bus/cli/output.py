@@ -19,12 +19,14 @@ def echo_json(obj: Any) -> None:
     click.echo(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode())
 
 
-def echo_messages(found: Iterable[Message], as_json: bool) -> None:
+def echo_messages(found: Iterable[Any], as_json: bool,
+                  format: Callable[[Any], str] | None = None) -> None:
+    """A message stream: one JSON object per line, or one `format`ted line each."""
     for message in found:
         if as_json:
             echo_json(message.to_json_dict())
         else:
-            click.echo(format_message(message))
+            click.echo((format or format_message)(message))
 
 
 def format_message(message: Message) -> str:
