@@ -4,10 +4,11 @@
         pump = Pump(bus, load_organism("organism.yaml"))
         stats = pump.run(until_idle=True)        # or run() until pump.stop()
 
-One step is ONE `BEGIN IMMEDIATE` on the pump's database thread: commit the
-units whose handlers finished (each in a savepoint, only if its claim is
-still ours), route client envelopes from the inbox, bury units out of
-attempts, then claim as many units as the concurrency limits allow. The
+A step is one call to the pump's database thread: it commits the units
+whose handlers finished, `commit_batch` per `BEGIN IMMEDIATE` (each unit in a
+savepoint, only if its claim is still ours), and in its last transaction
+also routes client envelopes from the inbox, buries units out of attempts
+and claims as many units as the concurrency limits allow. The
 pipeline and the handler run outside any transaction: pipelines on the
 event loop's thread (lxml parsers and schemas are per thread), async
 handlers on the loop, sync ones in a thread pool, each with the listener's
@@ -37,6 +38,7 @@ import apsw
 from lxml import etree
 
 from bus import threads
+from bus.checkpoints import Checkpointer
 from bus.db import write_transaction
 from bus.errors import BusError
 from bus.errors import ValidationFailed
@@ -117,7 +119,7 @@ class _Scan:
     that commits while other units are in flight skips the scan when none of
     those happened, and a step with nothing to commit is no transaction at
     all when, on top of that, the last scan's claims were not cut short by
-    the concurrency limits.
+    the concurrency limits (the pump's own claim is no reason to look again).
     """
 
     def __init__(self) -> None:
@@ -126,7 +128,7 @@ class _Scan:
         self.due_ms: int | None = None  # a lease may run out from then on
         self.more = True  # the inbox had more than one step routes
         self.pending = True  # what the last scan said is left
-        self.settled = False  # nothing was claimed or committed since the last scan
+        self.settled = False  # the last scan left nothing it could claim
 
     def _same(self, conn: apsw.Connection, routes: Routes, now: int) -> bool:
         version = conn.execute(_DATA_VERSION_SQL).get
@@ -158,8 +160,10 @@ class _Scan:
         got: dict[str, int] = {}
         for unit, _ in claimed:
             got[unit.listener] = got.get(unit.listener, 0) + 1
+        # A claim that got fewer units than it asked for left none behind: only a
+        # commit elsewhere, a lease running out or a new table can change that.
         full = any(got.get(name, 0) >= slots for name, slots in capacity.items())
-        self.settled = scanned and not claimed and not full
+        self.settled = scanned and not full
         if not scanned:
             self.pending = True
 
@@ -246,8 +250,9 @@ class Pump:
         self.stats.booted = await self._db(self._boot)
         while True:
             self._wake.clear()
-            batch = self._finished[:self.commit_batch]
-            del self._finished[:len(batch)]
+            # Every finished unit goes in one call to the database thread, which
+            # commits them `commit_batch` per transaction: one hop, not one per commit.
+            batch, self._finished = self._finished, []
             for done in batch:  # its slots are free for the claims after its commit
                 self._in_flight[done.unit.listener] -= 1
             busy = sum(self._in_flight.values()) > 0  # units beyond this batch
@@ -316,14 +321,20 @@ class Pump:
         return True
 
     def _step(self, finished: list[Finished], capacity: dict[str, int], busy: bool) -> _Step:
-        """One transaction: commit `finished`, route, bury, claim up to `capacity`.
+        """Commit `finished`, `commit_batch` units per transaction; the last
+        transaction also routes, buries and claims up to `capacity`.
 
         `busy`: units beyond `finished` are in flight, so the loop does not ask
         what is left before they are back: a step that commits may skip its scan.
         """
+        conn = self.bus.conn
+        size = self.commit_batch
+        for first in range(0, len(finished) - size, size):  # all but the last transaction
+            self._commit(finished[first:first + size])
+        if len(finished) > size:
+            finished = finished[(len(finished) - 1) // size * size:]
         if finished and self.before_commit is not None:
             self.before_commit(finished)
-        conn = self.bus.conn
         routes = self.table.routes
         if not finished and self._scan.quiet(conn, routes, now_ms()):
             return _Step([], routes, False, self._scan.pending, self._scan.due_ms)
@@ -347,6 +358,16 @@ class Pump:
                 pending, next_expiry = True, self._scan.due_ms
             self._scan.claimed(writer.now + self.lease_ms, claimed, capacity, scan)
         return _Step(claimed, routes, routed >= ROUTE_BATCH, pending, next_expiry)
+
+    def _commit(self, finished: list[Finished]) -> None:
+        """A transaction that commits `finished` and does nothing else."""
+        if self.before_commit is not None:
+            self.before_commit(finished)
+        conn = self.bus.conn
+        with write_transaction(conn):
+            writer = Writer(self.bus, conn, self.name, self.table.routes, now_ms())
+            for outcome in writer.finish(finished, self.owner):
+                self.stats.count(outcome)
 
     def _route_inbox(self, writer: Writer) -> int:
         inbound = work.take_inbox(writer.conn, self.name, ROUTE_BATCH)
@@ -456,7 +477,8 @@ class Pump:
 
 
 class _Services:
-    """The pump's side threads: lease renewal (with heartbeats), change watcher, OOB server."""
+    """The pump's side threads: lease renewal (with heartbeats), change watcher, OOB
+    server, checkpoints."""
 
     def __init__(self, pump: Pump) -> None:
         self.pump = pump
@@ -464,9 +486,13 @@ class _Services:
         self.threads: list[threading.Thread] = []
         self.heartbeat: Heartbeat | None = None
         self.oob: OobServer | None = None
+        self.checkpointer: Checkpointer | None = None
 
     def __enter__(self) -> _Services:
         pump = self.pump
+        # The pump commits all the time: its checkpoints run on a thread of their own.
+        self.checkpointer = Checkpointer(pump.bus).__enter__()
+        pump._db_pool.submit(lambda: self.checkpointer.attach(pump.bus.conn)).result()
         self.heartbeat = Heartbeat(pump.bus.path, f"pump:{pump.name}",
                                    interval=pump.lease_ms / 3000, status="working",
                                    on_beat=pump._renew).start()
@@ -507,3 +533,5 @@ class _Services:
             self.oob.close()
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        if self.checkpointer is not None:
+            self.checkpointer.stop()

@@ -1,0 +1,111 @@
+"""Checkpoints off the writer's path: a thread of its own copies the WAL into the file.
+
+By default SQLite checkpoints inside the commit that takes the WAL past 1000
+pages (`wal_autocheckpoint`): that commit copies the log into the database
+file and fsyncs both while its writer waits. A writer that commits all the
+time pays for it every hundred commits or so; for the pump at one unit per
+transaction that was about a quarter of its throughput (docs/benchmarks.md).
+`Checkpointer` moves the work to a thread:
+
+    with Checkpointer(bus) as checkpointer:
+        checkpointer.attach(conn)         # the busy writer's connection
+        ...                               # commits on conn
+
+The WAL hook installed on `conn` (it replaces the connection's
+autocheckpoint) wakes the thread once the log holds `threshold` pages. The
+thread runs PASSIVE checkpoints on its own connection, at most one every
+`INTERVAL_S`; they block neither writers nor readers. A passive checkpoint
+copies what was committed when it started, and the log only starts over when
+a writer finds all of it copied, which a steady stream of commits can put
+off for good. So once the log holds `backstop` pages the writer checkpoints
+in the hook itself, as autocheckpoint would have, and the WAL stays bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+import apsw
+
+from bus.errors import BusError
+
+if TYPE_CHECKING:
+    from bus.api import Bus
+
+log = logging.getLogger("bus.checkpoints")
+DEFAULT_THRESHOLD_PAGES = 1000  # SQLite's own wal_autocheckpoint
+DEFAULT_BACKSTOP_PAGES = 4000  # 16 MB of WAL at 4 KB pages
+INTERVAL_S = 0.01
+_AUTOCHECKPOINT_PAGES = 1000
+
+
+class Checkpointer:
+    """A thread that checkpoints the bus for the connections attached to it."""
+
+    def __init__(self, bus: Bus, threshold: int = DEFAULT_THRESHOLD_PAGES,
+                 backstop: int = DEFAULT_BACKSTOP_PAGES) -> None:
+        if not 0 < threshold <= backstop:
+            raise ValueError(f"need 0 < threshold <= backstop, got {threshold}, {backstop}")
+        self.bus, self.threshold, self.backstop = bus, threshold, backstop
+        self.runs = 0  # checkpoints the thread ran
+        self._due = threading.Event()
+        self._stopping = threading.Event()
+        self._ran = threading.Condition()
+        self._attached: list[apsw.Connection] = []
+        self._thread = threading.Thread(target=self._run, name="bus-checkpointer", daemon=True)
+
+    def __enter__(self) -> Checkpointer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def attach(self, conn: apsw.Connection) -> None:
+        """Checkpoint for `conn` from now on: call it on the thread that owns `conn`."""
+        conn.set_wal_hook(self._on_commit)
+        self._attached.append(conn)
+
+    def stop(self) -> None:
+        """Give the attached connections their autocheckpoint back and end the thread."""
+        for conn in self._attached:
+            conn.wal_autocheckpoint(_AUTOCHECKPOINT_PAGES)  # also removes our hook
+        self._attached.clear()
+        self._stopping.set()
+        self._due.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def wait_for_run(self, runs: int, timeout: float) -> bool:
+        """Block until the thread has run `runs` checkpoints; False after `timeout` s."""
+        with self._ran:
+            return self._ran.wait_for(lambda: self.runs >= runs, timeout)
+
+    def _on_commit(self, conn: apsw.Connection, name: str, pages: int) -> int:
+        # Runs inside each commit on an attached connection, after the commit
+        # is durable: an exception here would fail a statement that succeeded.
+        if pages >= self.backstop:
+            try:
+                conn.wal_checkpoint(name, apsw.SQLITE_CHECKPOINT_PASSIVE)
+            except apsw.Error:  # the thread is checkpointing: the next commit tries again
+                pass
+        elif pages >= self.threshold:
+            self._due.set()
+        return apsw.SQLITE_OK
+
+    def _run(self) -> None:
+        while True:
+            self._due.wait()
+            if self._stopping.is_set():
+                return
+            self._due.clear()
+            try:
+                self.bus.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except (apsw.Error, BusError) as exc:  # busy or closed: the backstop still holds
+                log.warning("background checkpoint failed: %s", exc)
+            with self._ran:
+                self.runs += 1
+                self._ran.notify_all()
+            self._stopping.wait(INTERVAL_S)
