@@ -9,9 +9,14 @@
   BEGIN IMMEDIATE transaction: what the commit alone costs.
 - round trip: a client sends one request and waits for its reply, one at a
   time, with the pump running in another process (woken by the commit, via
-  inotify) and, as a floor, in a thread of this process.
+  inotify) and in a thread of this process. The baseline is raw apsw making
+  the same three commits, woken the same way (`bus.wake.ChangeWatcher`), its
+  server in another process or a thread alike: the client writes the
+  request and its inbox row; the server takes the row and claims the work
+  (one commit), then writes the reply and marks the work done (another).
 
     python scripts/bench_pump.py [--rounds 3] [--scale 1.0]
+    python scripts/bench_pump.py --raw-server DB   # the baseline's server, on its own
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import apsw
 import orjson
@@ -37,6 +43,7 @@ from bus.messages import now_ms
 from bus.pump import Pump
 from bus.pump import client
 from bus.pump.organism import load_organism
+from bus.wake import ChangeWatcher
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
@@ -111,26 +118,39 @@ def raw_replies(path: Path, count: int, batch: int, payload: object) -> float:
 
 
 def round_trip_row(workdir: Path, organism: Path, trips: int, in_process: bool) -> dict:
-    path = workdir / f"trip-{'thread' if in_process else 'process'}.db"
+    where = "thread" if in_process else "process"
+    path = workdir / f"trip-{where}.db"
     with Bus.open(path) as bus:
         stop = _start_pump(bus, path, organism, in_process)
         try:
-            client.wait_replies(bus, client.send(bus, "bench", REQUEST), timeout=30)  # warm up
-            latencies = []
-            for _ in range(trips):
-                start = time.perf_counter()
-                sent = client.send(bus, "bench", REQUEST)
-                got = client.wait_replies(bus, sent, timeout=30)
-                latencies.append((time.perf_counter() - start) * 1000)
+            def trip() -> None:
+                got = client.wait_replies(bus, client.send(bus, "bench", REQUEST), timeout=30)
                 assert got and got[0].root_tag == "sum", got
+            latencies = _latencies(trip, trips)
         finally:
             stop()
-    p50 = statistics.median(latencies)
-    p99 = sorted(latencies)[max(0, int(len(latencies) * 0.99) - 1)]
-    where = "pump in a thread" if in_process else "pump in another process"
-    return {"case": f"round trip, {where}", "messages": trips, "p50_ms": round(p50, 3),
-            "p99_ms": round(p99, 3), "target_p50_ms": TARGET_P50_MS,
+    raw = raw_round_trips(workdir / f"raw-trip-{where}.db", trips, in_process)
+    p50, raw_p50 = statistics.median(latencies), statistics.median(raw)
+    return {"case": f"round trip, pump in a{'' if in_process else 'nother'} {where}",
+            "messages": trips, "p50_ms": round(p50, 3), "p99_ms": round(_p99(latencies), 3),
+            "raw_p50_ms": round(raw_p50, 3), "raw_p99_ms": round(_p99(raw), 3),
+            "ratio": round(raw_p50 / p50, 3), "target_p50_ms": TARGET_P50_MS,
             "ok": p50 < TARGET_P50_MS}
+
+
+def _latencies(trip: Callable[[], None], trips: int) -> list[float]:
+    """Milliseconds per `trip()`, one at a time, after one to warm up."""
+    trip()
+    latencies = []
+    for _ in range(trips):
+        start = time.perf_counter()
+        trip()
+        latencies.append((time.perf_counter() - start) * 1000)
+    return latencies
+
+
+def _p99(latencies: list[float]) -> float:
+    return sorted(latencies)[max(0, int(len(latencies) * 0.99) - 1)]
 
 
 def _start_pump(bus: Bus, path: Path, organism: Path, in_process: bool):
@@ -146,13 +166,89 @@ def _start_pump(bus: Bus, path: Path, organism: Path, in_process: bool):
     return lambda: (process.terminate(), process.wait())
 
 
+# --- the round trip's baseline: raw apsw, the same commits, the same wake -------------
+
+_RAW_REQUEST = orjson.dumps({"xml": REQUEST.decode()}).decode()
+_RAW_REPLY = orjson.dumps({"xml": "<sum>3.5</sum>"}).decode()
+
+
+def _raw_conn(path: Path) -> apsw.Connection:
+    conn = apsw.Connection(str(path))
+    conn.set_busy_timeout(5000)
+    conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+def raw_round_trips(path: Path, trips: int, in_process: bool) -> list[float]:
+    Bus.open(path).close()  # the same schema and pragmas
+    if in_process:
+        stopped = threading.Event()
+        server = threading.Thread(target=raw_server, args=(path, stopped.is_set), daemon=True)
+        server.start()
+        stop = lambda: (stopped.set(), server.join())  # noqa: E731
+    else:
+        process = subprocess.Popen([sys.executable, __file__, "--raw-server", str(path)],
+                                   env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+        stop = lambda: (process.terminate(), process.wait())  # noqa: E731
+    conn = _raw_conn(path)
+    watcher = ChangeWatcher(conn, path)
+
+    def trip() -> None:
+        thread = new_message_id()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(_INSERT_SQL, (new_message_id(), now_ms(), "console", "@bench", "envelope",
+                                   thread, None, _RAW_REQUEST, None)).get
+        seq = conn.last_insert_rowid()
+        conn.execute("INSERT INTO pump_inbox (seq, organism, root_tag, created_at_ms)"
+                     " VALUES (?, 'bench', 'add', ?)", (seq, now_ms()))
+        conn.execute("COMMIT")
+        while not conn.execute("SELECT 1 FROM messages WHERE correlation_id = ? AND seq > ?",
+                               (thread, seq)).fetchall():
+            watcher.wait(1.0)
+
+    try:
+        return _latencies(trip, trips)
+    finally:
+        stop()
+        watcher.close()
+        conn.close()
+
+
+def raw_server(path: Path, stopped: Callable[[], bool] = lambda: False) -> None:
+    """Answer every inbox row: claim it in one commit, reply in the next."""
+    conn = _raw_conn(path)
+    watcher = ChangeWatcher(conn, path)
+    while not stopped():
+        watcher.wait(0.05)
+        conn.execute("BEGIN IMMEDIATE")
+        taken = conn.execute("DELETE FROM pump_inbox RETURNING seq").fetchall()
+        for (seq,) in taken:
+            conn.execute("INSERT INTO pump_work (organism, input_seq, listener, kind, thread,"
+                         " attempts, max_attempts, lease_owner, lease_until_ms, created_at_ms)"
+                         " VALUES ('bench', ?, 'calculator', 'call', '', 1, 3, 'raw', ?, ?)",
+                         (seq, now_ms() + 30_000, now_ms()))
+        conn.execute("COMMIT")
+        for (seq,) in taken:
+            thread, request_id = conn.execute(
+                "SELECT correlation_id, id FROM messages WHERE seq = ?", (seq,)).fetchone()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(_INSERT_SQL, (new_message_id(), now_ms(), "calculator", "@bench",
+                                       "envelope", thread, request_id, _RAW_REPLY, None)).get
+            conn.execute("UPDATE pump_work SET status = 'done' WHERE input_seq = ?", (seq,))
+            conn.execute("COMMIT")
+    watcher.close()
+    conn.close()
+
+
 def print_rows(rows: list[dict]) -> None:
     print(f"{'pump':40} {'n':>6} {'baseline':>11} {'agentbus':>11} {'ratio':>7}  target")
     for r in rows:
         if "p50_ms" in r:
-            print(f"{r['case']:40} {r['messages']:>6} {'p50 ' + str(r['p50_ms']):>11}"
-                  f" {'p99 ' + str(r['p99_ms']):>11} {'':>7}  p50 < {r['target_p50_ms']} ms"
-                  f" {'ok' if r['ok'] else 'MISSED'}")
+            print(f"{r['case']:40} {r['messages']:>6} {'p50 ' + str(r['raw_p50_ms']):>11}"
+                  f" {'p50 ' + str(r['p50_ms']):>11} {r['ratio']:>7}  p50 < {r['target_p50_ms']}"
+                  f" ms {'ok' if r['ok'] else 'MISSED'}")
+            print(f"{'':40} {'':>6} {'p99 ' + str(r['raw_p99_ms']):>11}"
+                  f" {'p99 ' + str(r['p99_ms']):>11}")
         else:
             target = (f"{r['target_per_s']}/s {'ok' if r['ok'] else 'MISSED'}"
                       if "target_per_s" in r else "-")
@@ -164,7 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--raw-server", type=Path, metavar="DB",
+                        help="run the round trip baseline's server on DB until terminated")
     args = parser.parse_args(argv)
+    if args.raw_server:
+        raw_server(args.raw_server)
+        return 0
     workdir = Path(tempfile.mkdtemp(prefix="agentbus-bench-pump-"))
     try:
         rows = pump_rows(workdir, args.rounds, args.scale)
