@@ -25,6 +25,7 @@ import ctypes
 import ctypes.util
 import os
 import select
+import struct
 import time
 from pathlib import Path
 
@@ -39,6 +40,7 @@ _IN_MODIFY = 0x002
 _IN_MOVED_TO = 0x080
 _IN_CREATE = 0x100
 _WATCH_MASK = _IN_MODIFY | _IN_MOVED_TO | _IN_CREATE
+_EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 
 
 class ChangeWatcher:
@@ -56,7 +58,12 @@ class ChangeWatcher:
         self._inotify_fd = -1
         if use_inotify is not False:
             # SQLite writes the WAL beside the real file, wherever a symlink points.
-            directory = Path(db_path).resolve().parent
+            real = Path(db_path).resolve()
+            directory = real.parent
+            # Every commit writes the WAL; nothing else in the directory (the
+            # database file a checkpoint writes, an export being appended to)
+            # can mean a commit, so only the WAL's events count.
+            self._wal_name = os.fsencode(real.name + "-wal")
             self._inotify_fd = _inotify_watch(directory)
             if use_inotify and self._inotify_fd < 0:
                 raise OSError(f"cannot watch {directory} with inotify (not Linux, or no such"
@@ -96,16 +103,38 @@ class ChangeWatcher:
             self._inotify_fd = -1
 
     def _block(self, timeout: float) -> bool:
-        """Wait for directory events; True if any arrived (they are drained)."""
-        ready, _, _ = select.select([self._inotify_fd], [], [], timeout)
-        if not ready:
-            return False
+        """Wait for directory events; True if any was the WAL's (all are drained)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ready, _, _ = select.select([self._inotify_fd], [], [], timeout)
+            if not ready:
+                return False
+            if self._wal_name in _event_names(self._drain()):
+                return True
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                return False
+
+    def _drain(self) -> bytes:
+        events = b""
         try:
-            while os.read(self._inotify_fd, 65536):
-                pass
+            while chunk := os.read(self._inotify_fd, 65536):
+                events += chunk
         except BlockingIOError:
             pass
-        return True
+        return events
+
+
+def _event_names(events: bytes) -> set[bytes]:
+    """The file names in a buffer of `struct inotify_event` records."""
+    names = set()
+    offset = 0
+    while offset + _EVENT_HEADER.size <= len(events):
+        _wd, _mask, _cookie, length = _EVENT_HEADER.unpack_from(events, offset)
+        start = offset + _EVENT_HEADER.size
+        names.add(events[start:start + length].rstrip(b"\0"))
+        offset = start + length
+    return names
 
 
 def _inotify_watch(directory: Path) -> int:

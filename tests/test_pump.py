@@ -346,3 +346,15 @@ def test_a_unit_that_fails_to_commit_fails_alone_and_is_tried_again(bus, tmp_pat
         got, = answers(bus, one)
         assert got.message.id == derived_id(one.id, "calculator", 0)
     assert [work.units_for_input(bus.conn, one.seq)[0].attempts for one in sent] == [1, 2, 1]
+
+
+def test_a_claim_reads_its_listener_s_units_in_order_and_stops(bus: Bus) -> None:
+    """The claim walks idx_pump_work_pending in id order and stops after
+    `limit`: no temporary sort, and never the whole unclaimed backlog of
+    every listener (as the lease index range would be)."""
+    args = {"owner": "o", "now": 1, "lease": 1, "organism": "org", "listener": "l",
+            "limit": 64}
+    plan = " | ".join(row[3] for row in bus.conn.execute(
+        "EXPLAIN QUERY PLAN " + work._CLAIM_SQL, args))
+    assert "USING INDEX idx_pump_work_pending" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan

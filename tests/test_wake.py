@@ -532,3 +532,28 @@ def test_bus_wait_for_change_after_close_raises_bus_closed_once_a_watcher_exists
     opened.close()
     with pytest.raises(BusClosed):
         opened.wait_for_change(0)
+
+
+# --- which events count ----------------------------------------------------------------
+
+
+def test_only_the_wal_s_events_end_a_blocking_wait(need_inotify, bus: Bus, db_path: Path,
+                                                   tmp_path: Path) -> None:
+    """A file appended to beside the bus (an export, a log) and the database
+    file a checkpoint writes are no commit: the inotify wait goes on through
+    their events and ends at the WAL's."""
+    bus.publish("a", "t", {"n": 1})
+    watcher = ChangeWatcher(bus.conn, db_path, use_inotify=True)
+    try:
+        other = connect(db_path)
+        export = tmp_path / "bus.jsonl"
+        with export.open("ab") as out:
+            out.write(b"{}\n")
+            out.flush()
+            other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # writes the db file
+            assert watcher._block(0.2) is False  # their events arrived, and were not enough
+        other.execute("INSERT INTO meta (key, value) VALUES ('wake', 'x')")
+        assert watcher._block(WAIT_TIMEOUT) is True
+        other.close()
+    finally:
+        watcher.close()

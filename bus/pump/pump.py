@@ -517,11 +517,23 @@ class _Services:
             if not self.pump._sleeping.wait(WATCH_S) or self.stopped.is_set():
                 continue
             try:
-                if self.pump.bus.wait_for_change(WATCH_POLL_S):
+                if self.pump.bus.wait_for_change(WATCH_POLL_S) and self._worth_a_step():
                     self.pump._poke()
             except BusError as exc:  # busy or closed: look again, or stop with the pump
                 log.warning("pump change watcher: %s", exc)
                 self.stopped.wait(WATCH_S)
+
+    def _worth_a_step(self) -> bool:
+        """After a commit: whether it left the sleeping loop something to do.
+
+        Most commits the watcher sees are the pump's own (its claims, while
+        the handlers run); waking the loop for those only took time from them.
+        The other reasons to wake have their own alarms: finished handlers and
+        `stop()` wake the loop, leases it waits for are its sleep's timeout.
+        """
+        pump = self.pump
+        return pump.table.routes is not pump._scan.routes or \
+            work.has_work(pump.bus.conn, pump.name, now_ms())
 
     def __exit__(self, *exc_info: object) -> None:
         self.stopped.set()

@@ -29,11 +29,15 @@ _INSERT_UNIT_SQL = (
     " created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (input_seq, listener) DO NOTHING RETURNING id"
 )
+# The oldest claimable units of one listener, read in id order from
+# idx_pump_work_pending, which stops after `limit` of them. (The `+` keeps the
+# planner off idx_pump_work_lease: that range holds every listener's whole
+# unclaimed backlog, which it then had to read and sort on every claim.)
 _CLAIM_SQL = (
     "UPDATE pump_work SET lease_owner = :owner, lease_until_ms = :now + :lease,"
     " attempts = attempts + 1"
     " WHERE id IN (SELECT id FROM pump_work WHERE organism = :organism"
-    " AND listener = :listener AND status = 'pending' AND lease_until_ms <= :now"
+    " AND listener = :listener AND status = 'pending' AND +lease_until_ms <= :now"
     " AND attempts < max_attempts ORDER BY id LIMIT :limit)"
     f" RETURNING {_UNIT_COLUMNS}"
 )
@@ -70,6 +74,12 @@ _PENDING_SQL = (
     " OR EXISTS (SELECT 1 FROM pump_work WHERE organism = :organism AND status = 'pending'),"
     " (SELECT min(lease_until_ms) FROM pump_work WHERE organism = :organism"
     " AND status = 'pending' AND lease_until_ms > :now)"
+)
+# For the change watcher: is there anything a step would take? Index lookups only.
+_HAS_WORK_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM pump_inbox WHERE organism = :organism)"
+    " OR EXISTS (SELECT 1 FROM pump_work WHERE organism = :organism AND status = 'pending'"
+    " AND lease_until_ms <= :now)"
 )
 _INSERT_INBOX_SQL = (
     "INSERT INTO pump_inbox (seq, organism, root_tag, to_listener, created_at_ms)"
@@ -186,6 +196,11 @@ def pending(conn: apsw.Connection, organism: str, now: int) -> tuple[bool, int |
     """(whether units or inbox rows are left, when the next running lease ends)."""
     left, next_expiry = conn.execute(_PENDING_SQL, {"organism": organism, "now": now}).fetchone()
     return bool(left), next_expiry
+
+
+def has_work(conn: apsw.Connection, organism: str, now: int) -> bool:
+    """Whether envelopes wait to be routed, or units to be claimed (or buried)."""
+    return bool(conn.execute(_HAS_WORK_SQL, {"organism": organism, "now": now}).get)
 
 
 def insert_inbox(conn: apsw.Connection, seq: int, organism: str, root_tag: str,
