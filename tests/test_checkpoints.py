@@ -71,3 +71,15 @@ def test_stop_gives_the_connection_its_autocheckpoint_back(bus, db_path):
 def test_bad_limits_are_refused(bus, threshold, backstop):
     with pytest.raises(ValueError, match="threshold"):
         Checkpointer(bus, threshold=threshold, backstop=backstop)
+
+
+def test_a_writer_that_is_not_busy_checkpoints_itself_at_the_threshold(bus, db_path):
+    """`defer()` False: the hook checkpoints in the commit, as autocheckpoint
+    would, and the log starts over (no thread needed, none started)."""
+    checkpointer = Checkpointer(bus, threshold=4, backstop=10_000, defer=lambda: False)
+    conn = bus.conn
+    size = os.path.getsize(db_path)
+    checkpointer.attach(conn)
+    commit_rows(conn, 100)
+    assert os.path.getsize(db_path) > size
+    assert wal_frames(bus) < 4 + 10

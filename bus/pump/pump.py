@@ -211,6 +211,10 @@ class Pump:
         self._sleeping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        self._until_idle = False
+        # Whether more of the pump's commits follow soon (units in flight, or in
+        # the step's queue): its checkpoints go to a thread then, see _Services.
+        self._backlog = False
 
     @property
     def organism(self) -> Organism:
@@ -226,6 +230,7 @@ class Pump:
                                    thread_name_prefix="pump-handler") as handlers:
             self._db_pool, self._handler_pool = db, handlers
             with self._services():
+                self._until_idle = until_idle
                 asyncio.run(self._main(until_idle))
         return self.stats
 
@@ -329,10 +334,12 @@ class Pump:
         """
         conn = self.bus.conn
         size = self.commit_batch
+        self._backlog = True  # more commits follow at once: checkpoints wait (the thread's)
         for first in range(0, len(finished) - size, size):  # all but the last transaction
             self._commit(finished[first:first + size])
         if len(finished) > size:
             finished = finished[(len(finished) - 1) // size * size:]
+        self._backlog = busy
         if finished and self.before_commit is not None:
             self.before_commit(finished)
         routes = self.table.routes
@@ -350,6 +357,7 @@ class Pump:
             if scan:
                 self._bury(writer)
             claimed = self._claim(writer, capacity)
+            self._backlog = busy or bool(claimed)  # read by this COMMIT's WAL hook
             if scan:
                 pending, next_expiry = work.pending(conn, self.name, writer.now)
                 self._scan.done(conn, routes, writer.now, pending, next_expiry,
@@ -490,8 +498,9 @@ class _Services:
 
     def __enter__(self) -> _Services:
         pump = self.pump
-        # The pump commits all the time: its checkpoints run on a thread of their own.
-        self.checkpointer = Checkpointer(pump.bus).__enter__()
+        # While units are in flight the pump commits all the time: its checkpoints
+        # run on a thread of their own then (bus/checkpoints.py says why not always).
+        self.checkpointer = Checkpointer(pump.bus, defer=lambda: pump._backlog).__enter__()
         pump._db_pool.submit(lambda: self.checkpointer.attach(pump.bus.conn)).result()
         self.heartbeat = Heartbeat(pump.bus.path, f"pump:{pump.name}",
                                    interval=pump.lease_ms / 3000, status="working",
@@ -530,9 +539,10 @@ class _Services:
         the handlers run); waking the loop for those only took time from them.
         The other reasons to wake have their own alarms: finished handlers and
         `stop()` wake the loop, leases it waits for are its sleep's timeout.
+        Running until idle, any commit may be another pump's last: look again.
         """
         pump = self.pump
-        return pump.table.routes is not pump._scan.routes or \
+        return pump._until_idle or pump.table.routes is not pump._scan.routes or \
             work.has_work(pump.bus.conn, pump.name, now_ms())
 
     def __exit__(self, *exc_info: object) -> None:
