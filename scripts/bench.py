@@ -350,7 +350,7 @@ def report(rows: list[dict], small: float, large: float, wakes: list[dict],
               f" {r['ratio']:>6.2f} {target:>7} {verdict}")
     print(f"\npoll+ack with 100 waiting: {backlog['rate_100']}/s; with 100,000 waiting:"
           f" {backlog['rate_100000']}/s (ratio {backlog['ratio']:.2f}, 1.0 = flat)")
-    print(f"\n{'wake after a commit in another process':40} {'p50 ms':>7} {'p99 ms':>7} {'target':>8}")
+    print(f"\n{'wake after a commit':40} {'p50 ms':>7} {'p99 ms':>7} {'target':>8}")
     for w in wakes:
         target = "-" if w["target_p50_ms"] is None else f"p50<{w['target_p50_ms']}"
         verdict = "" if w["target_p50_ms"] is None else ("ok" if w["ok"] else "ABOVE")
