@@ -17,14 +17,18 @@ thread runs PASSIVE checkpoints on its own connection, at most one every
 `INTERVAL_S`; they block neither writers nor readers.
 
 A passive checkpoint copies what was committed when it started, and the log
-only starts over when a writer finds all of it copied. A thread racing a
-stream of commits rarely gets there, and until the log starts over, every
-other connection past its own 1000-page autocheckpoint checkpoints in its
-commits (a client's send took three times as long). So the thread only
-takes over while `defer()` says the writer is busy (the pump: units in
-flight); otherwise, and whatever `defer()` says once the log holds
-`backstop` pages, the writer checkpoints in the hook itself, as
-autocheckpoint would have, and its next commit starts the log over.
+only starts over when a writer begins after all of it was copied. A thread
+racing a stream of commits rarely gets there, and until the log starts
+over, every other connection past its own 1000-page autocheckpoint
+checkpoints in its commits (a client's send took three times as long). So
+the writer says, per commit, where its checkpoint goes (`where()`):
+
+    THREAD  more commits follow at once: the thread's
+    HERE    in the hook, as autocheckpoint would (a quiet moment)
+    LATER   not after this commit: another soon is the better moment
+
+and once the log holds `backstop` pages it is HERE whatever `where()` says,
+so the WAL stays bounded.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ if TYPE_CHECKING:
     from bus.api import Bus
 
 log = logging.getLogger("bus.checkpoints")
+THREAD, HERE, LATER = "thread", "here", "later"
 DEFAULT_THRESHOLD_PAGES = 1000  # SQLite's own wal_autocheckpoint
 DEFAULT_BACKSTOP_PAGES = 4000  # 16 MB of WAL at 4 KB pages
 INTERVAL_S = 0.01
@@ -53,10 +58,10 @@ class Checkpointer:
 
     def __init__(self, bus: Bus, threshold: int = DEFAULT_THRESHOLD_PAGES,
                  backstop: int = DEFAULT_BACKSTOP_PAGES,
-                 defer: Callable[[], bool] = lambda: True) -> None:
+                 where: Callable[[], str] = lambda: THREAD) -> None:
         if not 0 < threshold <= backstop:
             raise ValueError(f"need 0 < threshold <= backstop, got {threshold}, {backstop}")
-        self.bus, self.threshold, self.backstop, self.defer = bus, threshold, backstop, defer
+        self.bus, self.threshold, self.backstop, self.where = bus, threshold, backstop, where
         self.runs = 0  # checkpoints the thread ran
         self._due = threading.Event()
         self._stopping = threading.Event()
@@ -94,12 +99,15 @@ class Checkpointer:
     def _on_commit(self, conn: apsw.Connection, name: str, pages: int) -> int:
         # Runs inside each commit on an attached connection, after the commit
         # is durable: an exception here would fail a statement that succeeded.
-        if pages >= self.backstop or (pages >= self.threshold and not self.defer()):
+        if pages < self.threshold:
+            return apsw.SQLITE_OK
+        where = HERE if pages >= self.backstop else self.where()
+        if where == HERE:
             try:
                 conn.wal_checkpoint(name, apsw.SQLITE_CHECKPOINT_PASSIVE)
             except apsw.Error:  # the thread is checkpointing: the next commit tries again
                 pass
-        elif pages >= self.threshold:
+        elif where == THREAD:
             self._due.set()
         return apsw.SQLITE_OK
 

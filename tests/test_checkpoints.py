@@ -10,6 +10,8 @@ import os
 
 import pytest
 
+from bus.checkpoints import HERE
+from bus.checkpoints import LATER
 from bus.checkpoints import Checkpointer
 
 ROW = "x" * 3000  # most of a page: every commit adds a page to the table
@@ -73,13 +75,25 @@ def test_bad_limits_are_refused(bus, threshold, backstop):
         Checkpointer(bus, threshold=threshold, backstop=backstop)
 
 
-def test_a_writer_that_is_not_busy_checkpoints_itself_at_the_threshold(bus, db_path):
-    """`defer()` False: the hook checkpoints in the commit, as autocheckpoint
+def test_here_checkpoints_in_the_commit_at_the_threshold(bus, db_path):
+    """`where()` HERE: the hook checkpoints in the commit, as autocheckpoint
     would, and the log starts over (no thread needed, none started)."""
-    checkpointer = Checkpointer(bus, threshold=4, backstop=10_000, defer=lambda: False)
+    checkpointer = Checkpointer(bus, threshold=4, backstop=10_000, where=lambda: HERE)
     conn = bus.conn
     size = os.path.getsize(db_path)
     checkpointer.attach(conn)
     commit_rows(conn, 100)
     assert os.path.getsize(db_path) > size
     assert wal_frames(bus) < 4 + 10
+
+
+def test_later_leaves_the_log_to_a_later_commit(bus, db_path):
+    checkpointer = Checkpointer(bus, threshold=4, backstop=10_000, where=lambda: LATER)
+    conn = bus.conn
+    size = os.path.getsize(db_path)
+    checkpointer.attach(conn)
+    commit_rows(conn, 200)
+    assert os.path.getsize(db_path) == size
+    checkpointer.where = lambda: HERE
+    commit_rows(conn, 1, start=200)
+    assert os.path.getsize(db_path) > size

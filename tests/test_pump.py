@@ -352,9 +352,8 @@ def test_a_claim_reads_its_listener_s_units_in_order_and_stops(bus: Bus) -> None
     """The claim walks idx_pump_work_pending in id order and stops after
     `limit`: no temporary sort, and never the whole unclaimed backlog of
     every listener (as the lease index range would be)."""
-    args = {"owner": "o", "now": 1, "lease": 1, "organism": "org", "listener": "l",
-            "limit": 64}
+    args = {"now": 1, "organism": "org", "listener": "l", "limit": 64}
     plan = " | ".join(row[3] for row in bus.conn.execute(
-        "EXPLAIN QUERY PLAN " + work._CLAIM_SQL, args))
+        "EXPLAIN QUERY PLAN " + work._CLAIMABLE_SQL, args))
     assert "USING INDEX idx_pump_work_pending" in plan, plan
     assert "TEMP B-TREE" not in plan, plan

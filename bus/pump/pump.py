@@ -38,6 +38,7 @@ import apsw
 from lxml import etree
 
 from bus import threads
+from bus import checkpoints
 from bus.checkpoints import Checkpointer
 from bus.db import write_transaction
 from bus.errors import BusError
@@ -212,9 +213,8 @@ class Pump:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._until_idle = False
-        # Whether more of the pump's commits follow soon (units in flight, or in
-        # the step's queue): its checkpoints go to a thread then, see _Services.
-        self._backlog = False
+        # Where the checkpoint of the step's next commit goes (see _Services).
+        self._checkpoint = checkpoints.HERE
 
     @property
     def organism(self) -> Organism:
@@ -334,12 +334,12 @@ class Pump:
         """
         conn = self.bus.conn
         size = self.commit_batch
-        self._backlog = True  # more commits follow at once: checkpoints wait (the thread's)
+        self._checkpoint = checkpoints.THREAD  # more commits follow at once
         for first in range(0, len(finished) - size, size):  # all but the last transaction
             self._commit(finished[first:first + size])
         if len(finished) > size:
             finished = finished[(len(finished) - 1) // size * size:]
-        self._backlog = busy
+        self._checkpoint = checkpoints.LATER if finished else checkpoints.HERE
         if finished and self.before_commit is not None:
             self.before_commit(finished)
         routes = self.table.routes
@@ -357,7 +357,6 @@ class Pump:
             if scan:
                 self._bury(writer)
             claimed = self._claim(writer, capacity)
-            self._backlog = busy or bool(claimed)  # read by this COMMIT's WAL hook
             if scan:
                 pending, next_expiry = work.pending(conn, self.name, writer.now)
                 self._scan.done(conn, routes, writer.now, pending, next_expiry,
@@ -498,9 +497,15 @@ class _Services:
 
     def __enter__(self) -> _Services:
         pump = self.pump
-        # While units are in flight the pump commits all the time: its checkpoints
-        # run on a thread of their own then (bus/checkpoints.py says why not always).
-        self.checkpointer = Checkpointer(pump.bus, defer=lambda: pump._backlog).__enter__()
+        # While finished units queue up for their commits, the pump commits all the
+        # time: its checkpoints run on a thread. Otherwise a step that only routes
+        # and claims checkpoints in its commit, and one that commits replies leaves
+        # it to the next: after a reply's commit the woken client writes its next
+        # request while the checkpoint runs, and the log never started over (it
+        # grew to the backstop, all commits past 1000 pages checkpointing); after a
+        # claim, the reply's commit finds the log copied and starts it over.
+        self.checkpointer = Checkpointer(pump.bus, where=lambda: (
+            checkpoints.THREAD if pump._finished else pump._checkpoint)).__enter__()
         pump._db_pool.submit(lambda: self.checkpointer.attach(pump.bus.conn)).result()
         self.heartbeat = Heartbeat(pump.bus.path, f"pump:{pump.name}",
                                    interval=pump.lease_ms / 3000, status="working",
