@@ -37,8 +37,8 @@ from typing import Callable
 import apsw
 from lxml import etree
 
-from bus import threads
 from bus import checkpoints
+from bus import threads
 from bus.checkpoints import Checkpointer
 from bus.db import write_transaction
 from bus.errors import BusError
