@@ -28,7 +28,8 @@ the writer says, per commit, where its checkpoint goes (`where()`):
     LATER   not after this commit: another soon is the better moment
 
 and once the log holds `backstop` pages it is HERE whatever `where()` says,
-so the WAL stays bounded.
+so the WAL stays bounded (as far as readers let any checkpoint go: one that
+keeps a read transaction open holds the log for everyone).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Callable
 
 import apsw
 
+from bus.db import connect
 from bus.errors import BusError
 
 if TYPE_CHECKING:
@@ -62,7 +64,7 @@ class Checkpointer:
         if not 0 < threshold <= backstop:
             raise ValueError(f"need 0 < threshold <= backstop, got {threshold}, {backstop}")
         self.bus, self.threshold, self.backstop, self.where = bus, threshold, backstop, where
-        self.runs = 0  # checkpoints the thread ran
+        self.runs = 0  # checkpoints the thread completed
         self._due = threading.Event()
         self._stopping = threading.Event()
         self._ran = threading.Condition()
@@ -82,14 +84,22 @@ class Checkpointer:
         self._attached.append(conn)
 
     def stop(self) -> None:
-        """Give the attached connections their autocheckpoint back and end the thread."""
-        for conn in self._attached:
-            conn.wal_autocheckpoint(_AUTOCHECKPOINT_PAGES)  # also removes our hook
-        self._attached.clear()
+        """End the thread, then give the attached connections their autocheckpoint back.
+
+        Call it on the thread that owns them, when none is running a statement.
+        """
         self._stopping.set()
         self._due.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        try:
+            if self._thread.is_alive():
+                self._thread.join()
+        finally:
+            attached, self._attached = self._attached, []
+            for conn in attached:
+                try:
+                    conn.wal_autocheckpoint(_AUTOCHECKPOINT_PAGES)  # also removes our hook
+                except apsw.Error as exc:  # closed: nothing left to checkpoint for
+                    log.warning("could not detach the checkpointer: %s", exc)
 
     def wait_for_run(self, runs: int, timeout: float) -> bool:
         """Block until the thread has run `runs` checkpoints; False after `timeout` s."""
@@ -101,27 +111,42 @@ class Checkpointer:
         # is durable: an exception here would fail a statement that succeeded.
         if pages < self.threshold:
             return apsw.SQLITE_OK
-        where = HERE if pages >= self.backstop else self.where()
-        if where == HERE:
-            try:
+        try:
+            where = HERE if pages >= self.backstop else self.where()
+            if where == HERE:
                 conn.wal_checkpoint(name, apsw.SQLITE_CHECKPOINT_PASSIVE)
-            except apsw.Error:  # the thread is checkpointing: the next commit tries again
-                pass
-        elif where == THREAD:
-            self._due.set()
+            elif where == THREAD:
+                self._due.set()
+        except apsw.BusyError:  # the thread is checkpointing: the next commit tries again
+            pass
+        except Exception as exc:  # noqa: BLE001 - the commit stands; say why nothing ran
+            log.warning("checkpoint after a commit failed: %s", exc)
         return apsw.SQLITE_OK
 
     def _run(self) -> None:
-        while True:
-            self._due.wait()
-            if self._stopping.is_set():
-                return
-            self._due.clear()
-            try:
-                self.bus.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-            except (apsw.Error, BusError) as exc:  # busy or closed: the backstop still holds
-                log.warning("background checkpoint failed: %s", exc)
-            with self._ran:
-                self.runs += 1
-                self._ran.notify_all()
-            self._stopping.wait(INTERVAL_S)
+        try:
+            conn = connect(self.bus.path, self.bus.durability, create=False)
+        except BusError as exc:  # the writers' autocheckpoint is gone: the backstop holds
+            log.warning("the checkpoint thread cannot open the bus: %s", exc)
+            return
+        try:
+            while True:
+                self._due.wait()
+                self._due.clear()  # before the check: a stop() from now on is seen
+                if self._stopping.is_set():
+                    return
+                self._checkpoint(conn)
+                if self._stopping.wait(INTERVAL_S):
+                    return
+        finally:
+            conn.close()
+
+    def _checkpoint(self, conn: apsw.Connection) -> None:
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except apsw.Error as exc:  # busy, or the file went away: the backstop still holds
+            log.warning("background checkpoint failed: %s", exc)
+            return
+        with self._ran:
+            self.runs += 1
+            self._ran.notify_all()

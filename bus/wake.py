@@ -39,6 +39,7 @@ HOT_PERIOD_S = 0.02
 _IN_MODIFY = 0x002
 _IN_MOVED_TO = 0x080
 _IN_CREATE = 0x100
+_IN_Q_OVERFLOW = 0x4000
 _WATCH_MASK = _IN_MODIFY | _IN_MOVED_TO | _IN_CREATE
 _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 
@@ -109,7 +110,7 @@ class ChangeWatcher:
             ready, _, _ = select.select([self._inotify_fd], [], [], timeout)
             if not ready:
                 return False
-            if self._wal_name in _event_names(self._drain()):
+            if _wal_changed(self._drain(), self._wal_name):
                 return True
             timeout = deadline - time.monotonic()
             if timeout <= 0:
@@ -125,16 +126,17 @@ class ChangeWatcher:
         return events
 
 
-def _event_names(events: bytes) -> set[bytes]:
-    """The file names in a buffer of `struct inotify_event` records."""
-    names = set()
+def _wal_changed(events: bytes, wal_name: bytes) -> bool:
+    """Whether a buffer of `struct inotify_event` records names the WAL, or says
+    events were lost (the queue overflowed: one of them may have been the WAL's)."""
     offset = 0
     while offset + _EVENT_HEADER.size <= len(events):
-        _wd, _mask, _cookie, length = _EVENT_HEADER.unpack_from(events, offset)
+        _wd, mask, _cookie, length = _EVENT_HEADER.unpack_from(events, offset)
         start = offset + _EVENT_HEADER.size
-        names.add(events[start:start + length].rstrip(b"\0"))
+        if mask & _IN_Q_OVERFLOW or events[start:start + length].rstrip(b"\0") == wal_name:
+            return True
         offset = start + length
-    return names
+    return False
 
 
 def _inotify_watch(directory: Path) -> int:

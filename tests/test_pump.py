@@ -7,6 +7,7 @@ reads what it committed.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from bus import Bus
 from bus import threads
+from bus.db import write_transaction
 from bus.errors import OrganismInvalid
 from bus.errors import ValidationFailed
 from bus.xml import XmlRejected
@@ -357,3 +359,35 @@ def test_a_claim_reads_its_listener_s_units_in_order_and_stops(bus: Bus) -> None
         "EXPLAIN QUERY PLAN " + work._CLAIMABLE_SQL, args))
     assert "USING INDEX idx_pump_work_pending" in plan, plan
     assert "TEMP B-TREE" not in plan, plan
+
+
+def test_a_sleeping_pump_takes_over_when_another_pump_s_lease_runs_out(
+        bus: Bus, db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pump B claims a request with a short lease and dies before its commit.
+    Pump A, asleep, sees B's claim commit: no work for it yet, but a lease that
+    runs out before A would wake by itself, so A wakes then and answers. (With
+    IDLE_WAKE_S at 60 s, only that wake-up can answer within the test.)"""
+    from bus.pump import pump as pump_module
+    monkeypatch.setattr(pump_module, "IDLE_WAKE_S", 60.0)
+    organism = load_organism(write_organism(tmp_path, "calculator"))
+    a = Pump(bus, organism, oob=False)
+    runner = threading.Thread(target=a.run, daemon=True)
+    runner.start()
+    try:
+        assert a._sleeping.wait(10)  # booted, nothing to do
+        with Bus.open(db_path) as other:
+            b = Pump(other, organism, oob=False, lease_ms=300)
+            with write_transaction(other.conn):  # one commit: A never sees the inbox row
+                sent = client.send(other, "org", b"<add><a>1</a><b>2</b></add>",
+                                   to="calculator")
+                step = b._step([], b._capacity(), False)  # B claims it ...
+            assert [unit.listener for unit, _ in step.claimed] == ["calculator"]
+            # ... and never commits: A must answer once B's lease has run out, not
+            # at its next heartbeat (10 s) or IDLE_WAKE_S. 5 s: loose on purpose.
+            got = client.wait_replies(other, sent, timeout=5)
+        assert [reply.root_tag for reply in got] == ["sum"]
+        assert [name for name, _, ctx in pump_tools.CALLS] == ["calculator"]
+        assert pump_tools.CALLS[0][2].attempt == 2
+    finally:
+        a.stop()
+        runner.join(10)

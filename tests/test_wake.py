@@ -551,7 +551,9 @@ def test_only_the_wal_s_events_end_a_blocking_wait(need_inotify, bus: Bus, db_pa
             out.write(b"{}\n")
             out.flush()
             other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # writes the db file
-            assert watcher._block(0.2) is False  # their events arrived, and were not enough
+            ready, _, _ = select.select([watcher._inotify_fd], [], [], WAIT_TIMEOUT)
+            assert ready  # their events arrived ...
+            assert watcher._block(0.2) is False  # ... and were not enough
         other.execute("INSERT INTO meta (key, value) VALUES ('wake', 'x')")
         assert watcher._block(WAIT_TIMEOUT) is True
         other.close()

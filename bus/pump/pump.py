@@ -17,8 +17,9 @@ for the pump), so a long handler keeps its claim; a killed pump's units are
 claimed again once their leases run out, and since reply ids derive from the
 input id, listener and index, a retried commit cannot duplicate anything.
 
-The loop wakes when a handler finishes, when another process commits
-(`Bus.wait_for_change` on a watcher thread) or after `IDLE_WAKE_S`.
+The loop wakes when a handler finishes, when another connection commits
+something it can take (`Bus.wait_for_change` on a watcher thread, then
+`work.has_work`), before a lease it knows of runs out, or after `IDLE_WAKE_S`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from lxml import etree
 from bus import checkpoints
 from bus import threads
 from bus.checkpoints import Checkpointer
+from bus.db import translate_busy
 from bus.db import write_transaction
 from bus.errors import BusError
 from bus.errors import ValidationFailed
@@ -163,6 +165,8 @@ class _Scan:
             got[unit.listener] = got.get(unit.listener, 0) + 1
         # A claim that got fewer units than it asked for left none behind: only a
         # commit elsewhere, a lease running out or a new table can change that.
+        # (A busy listener skipped by the quarter rule in _claim got none; its
+        # running handlers bring the next step.)
         full = any(got.get(name, 0) >= slots for name, slots in capacity.items())
         self.settled = scanned and not full
         if not scanned:
@@ -213,6 +217,7 @@ class Pump:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._until_idle = False
+        self._wake_at_ms = 0  # when the sleeping loop wakes anyway
         # Where the checkpoint of the step's next commit goes (see _Services).
         self._checkpoint = checkpoints.HERE
 
@@ -282,6 +287,7 @@ class Pump:
         timeout = IDLE_WAKE_S
         if next_expiry is not None:
             timeout = min(timeout, max(0.001, (next_expiry - now_ms()) / 1000 + 0.001))
+        self._wake_at_ms = now_ms() + int(timeout * 1000)  # for the watcher
         self._sleeping.set()
         try:
             await asyncio.wait_for(self._wake.wait(), timeout)
@@ -496,6 +502,13 @@ class _Services:
         self.checkpointer: Checkpointer | None = None
 
     def __enter__(self) -> _Services:
+        try:
+            return self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _start(self) -> _Services:
         pump = self.pump
         # While finished units queue up for their commits, the pump commits all the
         # time: its checkpoints run on a thread. Otherwise a step that only routes
@@ -542,13 +555,18 @@ class _Services:
 
         Most commits the watcher sees are the pump's own (its claims, while
         the handlers run); waking the loop for those only took time from them.
-        The other reasons to wake have their own alarms: finished handlers and
-        `stop()` wake the loop, leases it waits for are its sleep's timeout.
-        Running until idle, any commit may be another pump's last: look again.
+        So: the inbox holds something, a unit can be claimed, the routing
+        table changed, or a lease (another pump's claim) runs out before the
+        loop would wake anyway (its scan then learns when). Finished handlers
+        and `stop()` wake the loop themselves. Running until idle, any commit
+        may be another pump's last: look again.
         """
         pump = self.pump
-        return pump._until_idle or pump.table.routes is not pump._scan.routes or \
-            work.has_work(pump.bus.conn, pump.name, now_ms())
+        if pump._until_idle or pump.table.routes is not pump._scan.routes:
+            return True
+        with translate_busy():
+            ready, next_expiry = work.has_work(pump.bus.conn, pump.name, now_ms())
+        return ready or (next_expiry is not None and next_expiry < pump._wake_at_ms)
 
     def __exit__(self, *exc_info: object) -> None:
         self.stopped.set()
@@ -556,9 +574,11 @@ class _Services:
         for thread in self.threads:
             thread.join()
         self.pump._sleeping.clear()
-        if self.oob is not None:
-            self.oob.close()
-        if self.heartbeat is not None:
-            self.heartbeat.stop()
-        if self.checkpointer is not None:
-            self.checkpointer.stop()
+        try:
+            if self.oob is not None:
+                self.oob.close()
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
+        finally:
+            if self.checkpointer is not None:  # on the thread its connection belongs to
+                self.pump._db_pool.submit(self.checkpointer.stop).result()

@@ -1,11 +1,12 @@
 """Work units of the pump: the SQL of routing, claiming, renewing and finishing.
 
 A unit is one (input envelope, listener) pair in `pump_work`
-(migrations/0007_pump.sql). Every function runs inside the caller's write
-transaction (the pump's one BEGIN IMMEDIATE per step), with `now` taken
-under its lock. Claims are leases as in bus/claims.py, done in one UPDATE ...
-RETURNING per listener: a pending unit whose lease has run out (or that was
-never leased) gets this pump as owner, a new lease and one more attempt.
+(migrations/0007_pump.sql). The functions that write run inside the
+caller's write transaction (one of the pump's BEGIN IMMEDIATE), with `now`
+taken under its lock, so what they read first nobody changes before they
+write. Claims are leases as in bus/claims.py: per listener, the oldest
+pending units whose lease has run out (or that were never leased) are
+looked up, then get this pump as owner, a new lease and one more attempt.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ _CLAIMABLE_SQL = (
 _CLAIM_SQL = (
     "UPDATE pump_work SET lease_owner = :owner, lease_until_ms = :now + :lease,"
     " attempts = attempts + 1 WHERE id IN (SELECT value FROM json_each(:ids))"
+    " AND status = 'pending' AND lease_until_ms <= :now"
     f" RETURNING {_UNIT_COLUMNS}"
 )
 _RENEW_SQL = (
@@ -79,11 +81,14 @@ _PENDING_SQL = (
     " (SELECT min(lease_until_ms) FROM pump_work WHERE organism = :organism"
     " AND status = 'pending' AND lease_until_ms > :now)"
 )
-# For the change watcher: is there anything a step would take? Index lookups only.
+# For the change watcher: is there anything a step would take, and when does
+# the next lease run out? Index lookups only.
 _HAS_WORK_SQL = (
     "SELECT EXISTS (SELECT 1 FROM pump_inbox WHERE organism = :organism)"
     " OR EXISTS (SELECT 1 FROM pump_work WHERE organism = :organism AND status = 'pending'"
-    " AND lease_until_ms <= :now)"
+    " AND lease_until_ms <= :now),"
+    " (SELECT min(lease_until_ms) FROM pump_work WHERE organism = :organism"
+    " AND status = 'pending' AND lease_until_ms > :now)"
 )
 _INSERT_INBOX_SQL = (
     "INSERT INTO pump_inbox (seq, organism, root_tag, to_listener, created_at_ms)"
@@ -210,9 +215,11 @@ def pending(conn: apsw.Connection, organism: str, now: int) -> tuple[bool, int |
     return bool(left), next_expiry
 
 
-def has_work(conn: apsw.Connection, organism: str, now: int) -> bool:
-    """Whether envelopes wait to be routed, or units to be claimed (or buried)."""
-    return bool(conn.execute(_HAS_WORK_SQL, {"organism": organism, "now": now}).get)
+def has_work(conn: apsw.Connection, organism: str, now: int) -> tuple[bool, int | None]:
+    """(whether envelopes wait to be routed or units to be claimed or buried, when the
+    next running lease ends); read outside any transaction."""
+    ready, next_expiry = conn.execute(_HAS_WORK_SQL, {"organism": organism, "now": now}).get
+    return bool(ready), next_expiry
 
 
 def insert_inbox(conn: apsw.Connection, seq: int, organism: str, root_tag: str,
