@@ -503,12 +503,12 @@ class _Services:
 
     def __enter__(self) -> _Services:
         try:
-            return self._start()
+            return self._open()
         except BaseException:
             self.__exit__()
             raise
 
-    def _start(self) -> _Services:
+    def _open(self) -> _Services:
         pump = self.pump
         # While finished units queue up for their commits, the pump commits all the
         # time: its checkpoints run on a thread. Otherwise a step that only routes
