@@ -21,10 +21,10 @@ import orjson
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
-from bus.cli.output import PAYLOAD_PREVIEW
 from bus.cli.output import echo_json
 from bus.cli.output import echo_messages
 from bus.cli.output import echo_rows
+from bus.cli.output import shortened
 from bus.delivery import ACK_STATUSES
 from bus.engine import Channels
 from bus.messages import iso_utc
@@ -278,14 +278,8 @@ def format_channel_message(message: ChannelMessage) -> str:
     if message.content_error:
         parts.append(f"!{message.content_error}")
     else:
-        parts.append(_preview(orjson.dumps(message.content).decode()))
+        parts.append(shortened(orjson.dumps(message.content).decode()))
     return "  ".join(parts)
-
-
-def _preview(text: str) -> str:
-    if len(text) <= PAYLOAD_PREVIEW:
-        return text
-    return f"{text[:PAYLOAD_PREVIEW]}... ({len(text.encode())} bytes, see --json)"
 
 
 COMMANDS = [send, receive, acknowledge, deliveries, query, thread]

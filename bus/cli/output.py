@@ -41,11 +41,11 @@ def format_message(message: Message) -> str:
     if message.payload_error:
         parts.append(f"!{message.payload_error}")
     elif message.payload is not None:
-        parts.append(_shortened(orjson.dumps(message.payload).decode()))
+        parts.append(shortened(orjson.dumps(message.payload).decode()))
     return "  ".join(parts)
 
 
-def _shortened(text: str) -> str:
+def shortened(text: str) -> str:
     """Keep a line readable: long payloads are cut (--json prints them whole)."""
     if len(text) <= PAYLOAD_PREVIEW:
         return text
