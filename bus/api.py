@@ -27,11 +27,11 @@ from bus import cursors
 from bus import heartbeats
 from bus import messages
 from bus import retention
+from bus.channels.engine import Channels
 from bus.claims import Claim
 from bus.claims import ClaimResult
 from bus.claims import DeadClaim
 from bus.cursors import Cursor
-from bus.engine import Channels
 from bus.db import DURABLE_BY_DURABILITY
 from bus.db import connect
 from bus.db import synchronous_for

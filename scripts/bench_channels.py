@@ -27,10 +27,10 @@ from typing import Callable
 import apsw
 
 from bus import Bus
+from bus.channels.engine import StoreLimits
+from bus.channels.topics import TopicIndex
+from bus.channels.topics import matches
 from bus.db import connect
-from bus.engine import StoreLimits
-from bus.topics import TopicIndex
-from bus.topics import matches
 
 _INSERT_MESSAGE = (
     "INSERT INTO messages (id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to,"

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from bus import Bus
-from bus.engine import Channels
+from bus.channels.engine import Channels
 from bus.errors import ValidationFailed
 from conftest import ManualClock
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bus import Bus
-from bus.topics import matches
+from bus.channels.topics import matches
 from tests.children import Children
 
 PROGRAM = Path(__file__).resolve().parent / "procs_channels.py"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bus import Bus
-from bus.engine import Channels
-from bus.engine import StoreLimits
+from bus.channels.engine import Channels
+from bus.channels.engine import StoreLimits
 from bus.errors import StoreCapacity
 from bus.errors import StoreFull
 from bus.errors import UnknownChannel
@@ -327,9 +327,9 @@ def test_bad_filters_name_the_field(ch: Channels, flt: dict, field: str) -> None
     {"channel": "g"}, {"sender": "b"}, {"topic": "build.web.ok"}, {"correlation_id": "c"},
 ])
 def test_filters_use_an_index_not_a_table_scan(history: Channels, bus: Bus, flt: dict) -> None:
-    from bus.queries import FROM_SQL
-    from bus.queries import MessageFilter
-    from bus.queries import filter_sql
+    from bus.channels.queries import FROM_SQL
+    from bus.channels.queries import MessageFilter
+    from bus.channels.queries import filter_sql
     clauses, params = filter_sql(MessageFilter.coerce(flt))
     plan = [row[3] for row in history.conn.execute(
         "EXPLAIN QUERY PLAN SELECT cm.seq" + FROM_SQL + " WHERE " + " AND ".join(clauses),

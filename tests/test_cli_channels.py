@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-import bus.api
 from bus import Bus
-from bus.engine import Channels
-from bus.engine import StoreLimits
+import bus.api
+from bus.channels.engine import Channels
+from bus.channels.engine import StoreLimits
 from tests.cli_helpers import iso
 from tests.cli_helpers import json_lines
 from tests.cli_helpers import run

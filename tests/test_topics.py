@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bus.channels.topics import TopicIndex
+from bus.channels.topics import matches
+from bus.channels.topics import validate_pattern
+from bus.channels.topics import validate_topic
 from bus.errors import ValidationFailed
-from bus.topics import TopicIndex
-from bus.topics import matches
-from bus.topics import validate_pattern
-from bus.topics import validate_topic
 
 # Seed 004, "Matching Examples": (topic, pattern, matches?)
 SEED_TABLE = [

@@ -18,6 +18,14 @@ from typing import Callable
 import click
 import orjson
 
+from bus.channels.delivery import ACK_STATUSES
+from bus.channels.engine import Channels
+from bus.channels.queries import MESSAGE_STATUSES
+from bus.channels.queries import MESSAGE_TYPES
+from bus.channels.queries import SORT_COLUMNS
+from bus.channels.queries import ChannelMessage
+from bus.channels.queries import QueryResult
+from bus.channels.sending import DEFAULT_PRIORITY
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
@@ -25,15 +33,7 @@ from bus.cli.output import echo_json
 from bus.cli.output import echo_messages
 from bus.cli.output import echo_rows
 from bus.cli.output import shortened
-from bus.delivery import ACK_STATUSES
-from bus.engine import Channels
 from bus.messages import iso_utc
-from bus.queries import MESSAGE_STATUSES
-from bus.queries import MESSAGE_TYPES
-from bus.queries import SORT_COLUMNS
-from bus.queries import ChannelMessage
-from bus.queries import QueryResult
-from bus.sending import DEFAULT_PRIORITY
 
 WAIT_SLICE_S = 1.0  # re-run receive at least this often: retries become visible by time
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import click
 
-from bus.channels import CHANNEL_TYPES
-from bus.channels import DELIVERY_MODES
-from bus.channels import Channel
+from bus.channels.store import CHANNEL_TYPES
+from bus.channels.store import DELIVERY_MODES
+from bus.channels.store import Channel
 from bus.cli.channel_messages import choices
 from bus.cli.channel_messages import engine_of
 from bus.cli.channel_messages import format_channel_message

@@ -25,17 +25,17 @@ import apsw
 import orjson
 
 from bus import messages
-from bus.channels import DELIVERING_STATES
-from bus.channels import add_open_deliveries
+from bus.channels.queries import FROM_SQL
+from bus.channels.queries import MESSAGE_COLUMNS
+from bus.channels.queries import ChannelMessage
+from bus.channels.queries import MessageFilter
+from bus.channels.queries import QueryResult
+from bus.channels.queries import filter_sql
+from bus.channels.queries import order_sql
+from bus.channels.queries import row_to_message
+from bus.channels.store import DELIVERING_STATES
+from bus.channels.store import add_open_deliveries
 from bus.errors import ValidationFailed
-from bus.queries import FROM_SQL
-from bus.queries import MESSAGE_COLUMNS
-from bus.queries import ChannelMessage
-from bus.queries import MessageFilter
-from bus.queries import QueryResult
-from bus.queries import filter_sql
-from bus.queries import order_sql
-from bus.queries import row_to_message
 
 ACK_STATUSES = ("received", "in_progress", "completed", "failed")
 FINAL_STATUSES = frozenset({"completed", "failed"})

@@ -20,12 +20,12 @@ from typing import Iterator
 import apsw
 import orjson
 
+from bus.channels.topics import MULTI
+from bus.channels.topics import SINGLE
+from bus.channels.topics import matches
+from bus.channels.topics import validate_pattern
 from bus.errors import ValidationFailed
 from bus.messages import iso_utc
-from bus.topics import MULTI
-from bus.topics import SINGLE
-from bus.topics import matches
-from bus.topics import validate_pattern
 
 MESSAGE_TYPES = ("text", "command", "query", "response", "acknowledgment", "notification",
                  "event")

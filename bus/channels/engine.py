@@ -1,4 +1,4 @@
-"""`bus.channels`: the message engine's facade (seed 004) on an open Bus.
+"""The `Channels` facade of the message engine (seed 004), on an open Bus.
 
     ch = bus.channels
     ch.create_channel("ci-events", "pubsub", "ci-agent")
@@ -26,23 +26,33 @@ from typing import Iterator
 
 import apsw
 
-from bus import channels as store
 from bus import messages
-from bus import deadletters
-from bus import delivery
-from bus import sending
-from bus.channels import CHANNEL_TYPES
-from bus.channels import JOIN_ROLES
-from bus.channels import STATES
-from bus.channels import Channel
-from bus.channels import ChannelConfig
-from bus.channels import Participant
-from bus.channels import validate_choice
-from bus.channels import validate_name
+from bus.channels import deadletters
+from bus.channels import delivery
+from bus.channels import sending
+from bus.channels import store
+from bus.channels.deadletters import DeadLetter
+from bus.channels.delivery import TickReport
+from bus.channels.queries import FROM_SQL
+from bus.channels.queries import MESSAGE_COLUMNS
+from bus.channels.queries import ChannelMessage
+from bus.channels.queries import MessageFilter
+from bus.channels.queries import QueryResult
+from bus.channels.queries import connection_register_functions
+from bus.channels.queries import filter_sql
+from bus.channels.queries import order_sql
+from bus.channels.queries import row_to_message
+from bus.channels.store import CHANNEL_TYPES
+from bus.channels.store import JOIN_ROLES
+from bus.channels.store import STATES
+from bus.channels.store import Channel
+from bus.channels.store import ChannelConfig
+from bus.channels.store import Participant
+from bus.channels.store import validate_choice
+from bus.channels.store import validate_name
+from bus.channels.topics import TopicIndex
 from bus.db import translate_busy
 from bus.db import write_transaction
-from bus.deadletters import DeadLetter
-from bus.delivery import TickReport
 from bus.errors import StoreCapacity
 from bus.errors import StoreFull
 from bus.errors import ValidationFailed
@@ -50,16 +60,6 @@ from bus.messages import load_payload
 from bus.messages import now_ms
 from bus.messages import validate_agent_id
 from bus.messages import validate_positive_int
-from bus.queries import FROM_SQL
-from bus.queries import MESSAGE_COLUMNS
-from bus.queries import ChannelMessage
-from bus.queries import MessageFilter
-from bus.queries import QueryResult
-from bus.queries import connection_register_functions
-from bus.queries import filter_sql
-from bus.queries import order_sql
-from bus.queries import row_to_message
-from bus.topics import TopicIndex
 
 if TYPE_CHECKING:
     from bus.api import Bus

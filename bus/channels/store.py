@@ -4,7 +4,7 @@ A channel has a type that decides who receives what (direct, group,
 broadcast, pubsub), a state that decides whether it accepts and delivers
 messages, and a config: size limit, delivery mode, ack timeout, retries and
 backoff, max_pending, echo and priority ordering. The functions here run
-inside the caller's transaction; `bus.engine.Channels` is the public facade.
+inside the caller's transaction; `bus.channels.engine.Channels` is the public facade.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 import apsw
 
+from bus.channels.topics import validate_pattern
 from bus.errors import UnknownChannel
 from bus.errors import ValidationFailed
 from bus.messages import validate_agent_id
-from bus.topics import validate_pattern
 
 CHANNEL_TYPES = ("direct", "group", "broadcast", "pubsub")
 STATES = ("active", "paused", "draining", "closed")

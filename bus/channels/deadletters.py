@@ -15,14 +15,14 @@ from typing import Callable
 
 import apsw
 
-from bus.channels import SENDING_STATES
-from bus.channels import add_open_deliveries
+from bus.channels.queries import FROM_SQL
+from bus.channels.queries import MESSAGE_COLUMNS
+from bus.channels.queries import ChannelMessage
+from bus.channels.queries import row_to_message
+from bus.channels.store import SENDING_STATES
+from bus.channels.store import add_open_deliveries
 from bus.errors import ValidationFailed
 from bus.messages import iso_utc
-from bus.queries import FROM_SQL
-from bus.queries import MESSAGE_COLUMNS
-from bus.queries import ChannelMessage
-from bus.queries import row_to_message
 
 _COLUMNS = "dl.id, dl.recipient, dl.retry_count, dl.last_error, dl.dead_lettered_at_ms, "
 _SELECT_SQL = (

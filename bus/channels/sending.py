@@ -18,15 +18,15 @@ from typing import Callable
 import apsw
 
 from bus import messages
-from bus.channels import SENDING_STATES
-from bus.channels import Channel
-from bus.channels import add_open_deliveries
-from bus.channels import participants
-from bus.channels import role_of
+from bus.channels.queries import MESSAGE_TYPES
+from bus.channels.store import SENDING_STATES
+from bus.channels.store import Channel
+from bus.channels.store import add_open_deliveries
+from bus.channels.store import participants
+from bus.channels.store import role_of
+from bus.channels.topics import TopicIndex
+from bus.channels.topics import validate_topic
 from bus.errors import ValidationFailed
-from bus.queries import MESSAGE_TYPES
-from bus.topics import TopicIndex
-from bus.topics import validate_topic
 
 PRIORITY_MIN, PRIORITY_MAX = 0, 4
 DEFAULT_PRIORITY = 2
