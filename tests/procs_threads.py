@@ -23,7 +23,7 @@ if __name__ == "__main__":  # run as a script: make `tests.` importable like in 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bus import Bus  # noqa: E402
-from bus import threads  # noqa: E402
+from bus.pump import threads  # noqa: E402
 from tests.procs_coordination import say  # noqa: E402
 from tests.procs_coordination import wait_for_go  # noqa: E402
 

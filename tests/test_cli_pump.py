@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from bus import Bus
-from bus import threads
 from bus.cli import main
 from bus.pump import oob
+from bus.pump import threads
 from tests.test_organism import GOOD
 from tests.test_organism import TOOLS
 

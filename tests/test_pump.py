@@ -17,16 +17,16 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
-from bus import threads
 from bus.db import write_transaction
 from bus.errors import OrganismInvalid
 from bus.errors import ValidationFailed
-from bus.xml import XmlRejected
 from bus.pump import Pump
 from bus.pump import client
+from bus.pump import threads
 from bus.pump import work
 from bus.pump.envelopes import derived_id
 from bus.pump.organism import load_organism
+from bus.xml import XmlRejected
 from tests import pump_tools
 
 ADD = "root_tag: add\n    payload: tests.pump_tools:Add\n    handler: tests.pump_tools:add"

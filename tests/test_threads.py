@@ -1,4 +1,4 @@
-"""The thread registry (bus/threads.py): every operation, properties, real processes."""
+"""The thread registry (bus/pump/threads.py): every operation, properties, real processes."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 
 from bus import Bus
 from bus import ValidationFailed
-from bus import threads
 from bus.db import write_transaction
 from bus.errors import ThreadAmbiguous
 from bus.errors import ThreadClosed
 from bus.errors import ThreadConflict
 from bus.errors import ThreadNotFound
-from bus.threads import Thread
-from bus.threads import ThreadRegistry
+from bus.pump import threads
+from bus.pump.threads import Thread
+from bus.pump.threads import ThreadRegistry
 from tests.procs_coordination import Barrier
 from tests.procs_coordination import Children
 from tests.procs_threads import PROGRAM

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from bus import threads as registry
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_listing
 from bus.messages import iso_utc
+from bus.pump import threads as registry
 
 
 @click.command("threads")

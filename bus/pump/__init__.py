@@ -7,7 +7,7 @@ on a bus (`Pump`); `bus.pump.handlers` is the handler contract (`Reply`,
 `Context`, `FinalAnswer`); `bus.pump.client` sends requests in and waits
 for replies; `bus.pump.oob` signs, verifies and serves privileged control
 requests. The thread registry the pump records conversations in is
-`bus.threads`.
+`bus.pump.threads`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from typing import Any
 
 from lxml import etree
 
-from bus import threads
 from bus.db import translate_busy
 from bus.db import write_transaction
 from bus.errors import ValidationFailed
@@ -32,6 +31,7 @@ from bus.messages import new_message_id
 from bus.messages import now_ms
 from bus.messages import row_to_message
 from bus.messages import validate_agent_id
+from bus.pump import threads
 from bus.pump import work
 from bus.pump.envelopes import envelope_row
 from bus.pump.envelopes import envelope_xml

@@ -25,12 +25,12 @@ from typing import Callable
 import apsw
 from lxml import etree
 
-from bus import threads
 from bus.db import write_transaction
 from bus.errors import BusError
 from bus.errors import ThreadNotFound
 from bus.messages import Message
 from bus.messages import insert_row
+from bus.pump import threads
 from bus.pump import work
 from bus.pump.envelopes import SYSTEM_SENDER
 from bus.pump.envelopes import derived_id
@@ -38,9 +38,9 @@ from bus.pump.envelopes import envelope_row
 from bus.pump.envelopes import huh_element
 from bus.pump.handlers import Output
 from bus.pump.routing import Routes
+from bus.pump.threads import Caller
+from bus.pump.threads import Thread
 from bus.pump.work import Unit
-from bus.threads import Caller
-from bus.threads import Thread
 from bus.xml.envelope import build_envelope
 
 if TYPE_CHECKING:

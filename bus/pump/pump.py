@@ -39,7 +39,6 @@ import apsw
 from lxml import etree
 
 from bus import checkpoints
-from bus import threads
 from bus.checkpoints import Checkpointer
 from bus.db import translate_busy
 from bus.db import write_transaction
@@ -49,6 +48,7 @@ from bus.heartbeats import Heartbeat
 from bus.messages import Message
 from bus.messages import new_message_id
 from bus.messages import now_ms
+from bus.pump import threads
 from bus.pump import work
 from bus.pump.commit import Finished
 from bus.pump.commit import Writer
