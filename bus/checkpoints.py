@@ -36,16 +36,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
 from typing import Callable
+from typing import Protocol
 
 import apsw
 
 from bus.db import connect
 from bus.errors import BusError
-
-if TYPE_CHECKING:
-    from bus.api import Bus
 
 log = logging.getLogger("bus.checkpoints")
 THREAD, HERE, LATER = "thread", "here", "later"
@@ -55,10 +52,17 @@ INTERVAL_S = 0.01
 _AUTOCHECKPOINT_PAGES = 1000
 
 
+class BusFile(Protocol):
+    """Where the checkpoint thread opens its own connection (a `Bus` is one)."""
+
+    path: str
+    durability: str
+
+
 class Checkpointer:
     """A thread that checkpoints the bus for the connections attached to it."""
 
-    def __init__(self, bus: Bus, threshold: int = DEFAULT_THRESHOLD_PAGES,
+    def __init__(self, bus: BusFile, threshold: int = DEFAULT_THRESHOLD_PAGES,
                  backstop: int = DEFAULT_BACKSTOP_PAGES,
                  where: Callable[[], str] = lambda: THREAD) -> None:
         if not 0 < threshold <= backstop:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import Callable
 from typing import Iterator
+from typing import Protocol
 
 import apsw
 
@@ -62,7 +63,7 @@ from bus.messages import validate_agent_id
 from bus.messages import validate_positive_int
 
 if TYPE_CHECKING:
-    from bus.api import Bus
+    from blobs.store import BlobStore
 
 _PRESSURE_SQL = (
     "SELECT (SELECT coalesce(sum(open_deliveries), 0) FROM channels),"
@@ -119,6 +120,21 @@ class Delivery:
         return dict(self.__dict__)
 
 
+class Log(Protocol):
+    """What the engine uses of the bus it runs on: `Bus` hands itself over.
+
+    A protocol rather than an import of `bus.api`, which imports this module:
+    the engine sits below the facade and knows only the log's parts.
+    """
+
+    blobs: BlobStore
+
+    @property
+    def conn(self) -> apsw.Connection: ...
+
+    def move_large_payload(self, row: messages.Row) -> messages.Row: ...
+
+
 class Channels:
     """Channels, delivery, acks, retries and dead letters on one Bus.
 
@@ -126,7 +142,7 @@ class Channels:
     `limits` is the store's backpressure.
     """
 
-    def __init__(self, bus: Bus, clock: Callable[[], int] = now_ms,
+    def __init__(self, bus: Log, clock: Callable[[], int] = now_ms,
                  limits: StoreLimits = StoreLimits()) -> None:
         self.bus = bus
         self.clock = clock

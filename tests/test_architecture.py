@@ -1,0 +1,201 @@
+"""The layout is the architecture: parts, their order, and what may import what.
+
+Parts, lowest first (docs/architecture.md explains each):
+the log (top of `bus/`, with the blob store `blobs/`); the message engine (`bus/channels/`)
+and the XML layer (`bus/xml/`); the `Bus` facade (`bus/api.py`,
+`bus/__init__.py`); the pump (`bus/pump/`) and the worker lifecycle
+(`workers/`); the two CLIs (`bus/cli/`, `workers/cli.py`). A module imports
+its own part or a lower rank, never a part beside it or above it, and no
+import cycle exists between modules, whether the import is at the top of the
+file, inside a function or under TYPE_CHECKING.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("bus", "workers", "blobs")
+RANKS = {"log": 0, "channels": 1, "xml": 1, "facade": 2, "pump": 3,
+         "workers": 3, "cli": 4}
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the three packages."""
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def owning_module(name: str, modules: dict[str, Path]) -> str | None:
+    """The module an imported name lives in: `bus.db.connect` -> `bus.db`."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imported_names(tree: ast.AST) -> list[str]:
+    """Every dotted name a file imports, anywhere in it (functions, TYPE_CHECKING too)."""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.extend(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the modules of the three packages it imports (itself excluded)."""
+    modules = module_files()
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        targets = {owning_module(imported, modules) for imported in imported_names(tree)}
+        graph[name] = {t for t in targets if t is not None and t != name}
+    return graph
+
+
+def part_of(module: str) -> str:
+    if module == "workers.cli" or module.startswith("bus.cli"):
+        return "cli"
+    if module in ("bus", "bus.api"):
+        return "facade"
+    for part in ("channels", "xml", "pump"):
+        if module == f"bus.{part}" or module.startswith(f"bus.{part}."):
+            return part
+    top = module.split(".")[0]
+    return "workers" if top == "workers" else "log"  # the blob store is the log's
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path (first module repeated at the end), or None."""
+    state: dict[str, str] = {}  # "open" while on the DFS stack, "done" after
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_architecture_graph_sees_every_package_and_real_edges():
+    graph = import_graph()
+    assert {"bus.api", "bus.channels.engine", "bus.pump.threads", "bus.cli",
+            "workers.cli", "blobs.store"} <= set(graph)
+    assert "bus.channels.store" in graph["bus.channels.engine"]
+    assert "bus.api" in graph["bus.pump.pump"]
+
+
+def test_architecture_no_import_cycle():
+    assert find_cycle(import_graph()) is None
+
+
+def test_architecture_find_cycle_reports_one():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_architecture_lower_part_never_imports_a_higher_or_sibling_part():
+    wrong = []
+    for module, targets in import_graph().items():
+        for target in targets:
+            mine, theirs = part_of(module), part_of(target)
+            if mine != theirs and RANKS[theirs] >= RANKS[mine]:
+                wrong.append(f"{module} ({mine}) imports {target} ({theirs})")
+    assert wrong == []
+
+
+def test_architecture_parts_are_assigned_as_documented():
+    assert part_of("bus.db") == "log"
+    assert part_of("bus.checkpoints") == "log"
+    assert part_of("bus.channels") == "channels"
+    assert part_of("bus.channels.topics") == "channels"
+    assert part_of("bus.api") == part_of("bus") == "facade"
+    assert part_of("bus.pump.threads") == "pump"
+    assert part_of("bus.cli.context") == part_of("workers.cli") == "cli"
+    assert part_of("workers.lifecycle") == "workers"
+    assert part_of("blobs.store") == "log"
+
+
+def test_architecture_click_only_in_the_cli_modules():
+    outside = []
+    for name, path in module_files().items():
+        tree = ast.parse(path.read_text(), str(path))
+        uses_click = any(n == "click" or n.startswith("click.") for n in imported_names(tree))
+        if uses_click and part_of(name) != "cli":
+            outside.append(name)
+    assert outside == []
+
+
+def copy_sources(dest: Path) -> Path:
+    """What a wheel is built from, copied so the build writes nothing into the repo."""
+    keep = ("bus", "workers", "blobs", "migrations", "setup.cfg", "pyproject.toml", "README.md")
+    for name in keep:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, dest / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+@pytest.mark.slow
+def test_architecture_wheel_installs_every_package(tmp_path):
+    """A non-editable install (a wheel in a fresh venv) imports every part and runs `bus`."""
+    source = copy_sources(tmp_path / "src")
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "-w", str(wheels), str(source)], check=True, cwd=tmp_path)
+    fresh = tmp_path / "fresh"
+    venv.create(fresh, with_pip=True)
+    python = fresh / "bin" / "python"
+    wheel = next(wheels.glob("agentbus-*.whl"))
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    str(wheel)], check=True, cwd=tmp_path)
+    # The dependencies come from the test's own environment, appended after the
+    # fresh site-packages: a plain path line, so the editable install's finder
+    # there is never loaded and `bus` can only come from the wheel.
+    deps = next(p for p in map(Path, sys.path) if p.name == "site-packages" and p.is_dir())
+    fresh_site = next((fresh / "lib").glob("python*/site-packages"))
+    (fresh_site / "zz_test_dependencies.pth").write_text(f"{deps}\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    check = ("import bus, bus.channels, bus.pump, bus.xml, workers, blobs, bus.migrations;"
+             "from bus import Bus; print(bus.__file__)")
+    shown = subprocess.run([str(python), "-c", check], capture_output=True, text=True,
+                           cwd=tmp_path, env=env, check=True)
+    assert shown.stdout.strip().startswith(str(fresh_site))
+    helped = subprocess.run([str(fresh / "bin" / "bus"), "--help"], capture_output=True,
+                            text=True, cwd=tmp_path, env=env)
+    assert helped.returncode == 0, helped.stderr
+    assert "channel" in helped.stdout and "pump" in helped.stdout
+    created = subprocess.run([str(fresh / "bin" / "bus"), "--db", str(tmp_path / "b.db"), "init"],
+                             capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert created.returncode == 0, created.stderr  # migrations and the XSD are in the wheel
