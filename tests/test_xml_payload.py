@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
+from hypothesis import example
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -370,6 +371,8 @@ def test_plain_payload_is_valid_and_decodes_like_the_tree() -> None:
     assert len(hits) > 200  # the strategy reaches the plain form: the test is not vacuous
 
 
+@example(Call("", 0, 0.007705337909260689, False, None, ""))  # 18 digits after the point
+@example(Call("", 0, 0.00012345678901234567, False, None, ""))  # the most: 20
 @given(st.builds(Call, TEXTS, st.integers(-10 ** 18 + 1, 10 ** 18 - 1), st.floats(allow_nan=False, allow_infinity=False),
                  st.booleans(), st.none() | st.integers(0, 10), TEXTS))
 def test_plain_payload_is_what_to_xml_writes(call: Call) -> None:

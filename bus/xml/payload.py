@@ -317,7 +317,9 @@ _PLAIN_TEXT = {
     # [^<&] cannot match, so there is one way to match and backtracking stays linear.
     SCALARS[str]: (rb"([^<&]*(?:&(?:amp|lt|gt|#xD);[^<&]*)*)", _unescape),
     SCALARS[int]: (rb"(-?[0-9]{1,18})", int),
-    SCALARS[float]: (rb"(-?[0-9]{1,17}(?:\.[0-9]{1,17})?(?:[eE][+-]?[0-9]{1,3})?)", float),
+    # repr() writes up to 17 significant digits, after up to 3 zeros below 1e-3
+    # (0.000123...; smaller values get an exponent): 20 digits after the point.
+    SCALARS[float]: (rb"(-?[0-9]{1,17}(?:\.[0-9]{1,20})?(?:[eE][+-]?[0-9]{1,3})?)", float),
     SCALARS[bool]: (rb"(true|false|1|0)", lambda text: text in (b"true", b"1")),
 }
 
