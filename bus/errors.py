@@ -88,7 +88,7 @@ class ThreadNotFound(BusError):
 
     def __init__(self, uuid: str) -> None:
         super().__init__(
-            f"thread: no thread has UUID {uuid}; list known threads with `bus threads`"
+            f"thread: no thread has UUID {uuid}; list known threads with `bus pump threads`"
         )
         self.uuid = uuid
 
@@ -191,7 +191,7 @@ class ReplayedRequest(OobRefused):
     def __init__(self, nonce: str) -> None:
         super().__init__(
             f"nonce: {nonce} was used by an earlier request; every request needs a "
-            "fresh nonce (bus oob send makes one)"
+            "fresh nonce (bus pump oob send makes one)"
         )
         self.nonce = nonce
 

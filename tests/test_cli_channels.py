@@ -129,53 +129,53 @@ def line(sent: dict, extra: str = "") -> str:
 
 def test_workflow_task_delegation_command_received_then_completed(direct: Path) -> None:
     db = direct
-    sent = ok_json(["send", "--channel", "pe", "--from", "planner", "--type", "command",
+    sent = ok_json(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "command",
                     "--content", "Deploy the authentication service to staging"], db)
     assert (sent["seq"], sent["sender"], sent["type"], sent["status"]) == (
         1, "planner", "command", "sent")
 
-    got = ok(["receive", "--agent", "executor"], db)
+    got = ok(["channel", "receive", "--agent", "executor"], db)
     assert got.stdout == line(sent) + "\n"
     assert got.stderr == "1 of 1 message(s) for executor\n"
 
-    received = ok(["acknowledge", "--agent", "executor", "--seq", "1", "--status", "received"], db)
+    received = ok(["channel", "acknowledge", "--agent", "executor", "--seq", "1", "--status", "received"], db)
     assert received.stdout == "executor acknowledged seq 1: received\n"
-    done = ok_json(["acknowledge", "--agent", "executor", "--seq", "1", "--status", "completed",
+    done = ok_json(["channel", "acknowledge", "--agent", "executor", "--seq", "1", "--status", "completed",
                     "--note", "Deployed successfully. Health check passing."], db)
     assert done == {"seq": 1, "agent": "executor", "status": "completed"}
 
-    assert ok(["deliveries", "--seq", "1"], db).stdout == (
+    assert ok(["channel", "deliveries", "--seq", "1"], db).stdout == (
         "recipient  status     attempts  retries  note\n"
         "executor   completed  1         0        Deployed successfully. Health check passing.\n")
-    [history] = json_lines(ok(["query", "--status", "acknowledged", "--json"], db).stdout)
+    [history] = json_lines(ok(["channel", "query", "--status", "acknowledged", "--json"], db).stdout)
     assert (history["seq"], history["status"]) == (1, "acknowledged")
-    empty = ok(["receive", "--agent", "executor"], db)
+    empty = ok(["channel", "receive", "--agent", "executor"], db)
     assert (empty.stdout, empty.stderr) == ("", "no messages for executor\n")
 
 
 def test_workflow_pubsub_ci_events_reach_matching_subscribers_only(ci: Path) -> None:
     db = ci
-    sent = ok_json(["send", "--channel", "ci", "--from", "ci-agent", "--type", "event",
+    sent = ok_json(["channel", "send", "--channel", "ci", "--from", "ci-agent", "--type", "event",
                     "--topic", "build.frontend.success", "--content",
                     "Frontend build completed: 847 tests passed, bundle size 2.1 MB"], db)
     assert sent["topic"] == "build.frontend.success"
 
-    deploy = ok(["receive", "--agent", "deploy", "--json"], db)
+    deploy = ok(["channel", "receive", "--agent", "deploy", "--json"], db)
     [message] = json_lines(deploy.stdout)
     assert (message["seq"], message["recipient"], message["topic"], message["content"]) == (
         sent["seq"], "deploy", "build.frontend.success",
         "Frontend build completed: 847 tests passed, bundle size 2.1 MB")
     assert json.loads(deploy.stderr) == {"returned": 1, "total_count": 1, "has_more": False}
     for agent in ("alert", "monitor"):
-        nothing = ok(["receive", "--agent", agent], db)
+        nothing = ok(["channel", "receive", "--agent", agent], db)
         assert (nothing.stdout, nothing.stderr) == ("", f"no messages for {agent}\n")
 
-    failure = ok_json(["send", "--channel", "ci", "--from", "ci-agent", "--type", "event",
+    failure = ok_json(["channel", "send", "--channel", "ci", "--from", "ci-agent", "--type", "event",
                        "--topic", "deploy.failure", "--content", "staging deploy failed"], db)
     assert [m["seq"] for m in json_lines(
-        ok(["receive", "--agent", "alert", "--json"], db).stdout)] == [failure["seq"]]
+        ok(["channel", "receive", "--agent", "alert", "--json"], db).stdout)] == [failure["seq"]]
     assert [m["seq"] for m in json_lines(
-        ok(["receive", "--agent", "monitor", "--json"], db).stdout)] == [failure["seq"]]
+        ok(["channel", "receive", "--agent", "monitor", "--json"], db).stdout)] == [failure["seq"]]
 
 
 def test_workflow_threaded_conversation_in_real_processes(group: Path, bus_command,
@@ -189,38 +189,38 @@ def test_workflow_threaded_conversation_in_real_processes(group: Path, bus_comma
         assert done.returncode == 0, done.stderr
         return done
 
-    query = json.loads(bus_cli("send", "--channel", "talk", "--from", "lead", "--type", "query",
+    query = json.loads(bus_cli("channel", "send", "--channel", "talk", "--from", "lead", "--type", "query",
                                "--timeout", "30", "--content", "What is the recommended"
                                " connection pool size for 10K concurrent users?", "--json").stdout)
     corr = query["correlation_id"]
     assert corr == query["id"]  # a new query is its own thread
-    answer = bus_cli("send", "--channel", "talk", "--from", "researcher", "--type", "response",
+    answer = bus_cli("channel", "send", "--channel", "talk", "--from", "researcher", "--type", "response",
                      "--correlation-id", corr, "--content", "pool_size = num_cores * 2 +"
                      " disk_spindles. For your 8-core setup: 20 connections.")
     assert answer.stdout.startswith(f"sent seq {query['seq'] + 1} id ")
     assert answer.stdout.endswith(f" correlation_id {corr}\n")
-    bus_cli("send", "--channel", "talk", "--from", "reviewer", "--type", "response",
+    bus_cli("channel", "send", "--channel", "talk", "--from", "reviewer", "--type", "response",
             "--correlation-id", corr, "--content", "Agreed, but consider PgBouncer.")
 
-    thread = json_lines(bus_cli("thread", corr, "--json").stdout)
+    thread = json_lines(bus_cli("channel", "thread", corr, "--json").stdout)
     assert [(m["sender"], m["type"], m["correlation_id"], m["in_reply_to"]) for m in thread] == [
         ("lead", "query", corr, None), ("researcher", "response", corr, query["id"]),
         ("reviewer", "response", corr, query["id"])]
-    human = bus_cli("thread", corr).stdout.splitlines()
+    human = bus_cli("channel", "thread", corr).stdout.splitlines()
     assert human == [line(m) for m in thread]
     # The reviewer receives the query and both answers but not its own (no echo).
-    inbox = json_lines(bus_cli("receive", "--agent", "reviewer", "--json").stdout)
+    inbox = json_lines(bus_cli("channel", "receive", "--agent", "reviewer", "--json").stdout)
     assert [m["seq"] for m in inbox] == [thread[0]["seq"], thread[1]["seq"]]
 
 
 def test_workflow_command_answered_by_acknowledgment_message(direct: Path) -> None:
-    command = ok_json(["send", "--channel", "pe", "--from", "planner", "--type", "command",
+    command = ok_json(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "command",
                        "--correlation-id", "deploy-1", "--content", "Deploy"], direct)
-    answer = ok_json(["send", "--channel", "pe", "--from", "executor", "--type",
+    answer = ok_json(["channel", "send", "--channel", "pe", "--from", "executor", "--type",
                       "acknowledgment", "--correlation-id", "deploy-1", "--content", "on it"],
                      direct)
     assert (answer["in_reply_to"], answer["correlation_id"]) == (command["id"], "deploy-1")
-    assert [m["type"] for m in json_lines(ok(["thread", "deploy-1", "--json"], direct).stdout)] \
+    assert [m["type"] for m in json_lines(ok(["channel", "thread", "deploy-1", "--json"], direct).stdout)] \
         == ["command", "acknowledgment"]
 
 
@@ -228,7 +228,7 @@ def test_receive_wait_in_real_process_returns_message_sent_meanwhile(
         direct: Path, bus: Bus, bus_command, python_env) -> None:
     env = dict(python_env)
     env.pop("BUS_DURABILITY", None)
-    proc = subprocess.Popen(bus_command + ["--db", str(direct), "receive", "--agent", "executor",
+    proc = subprocess.Popen(bus_command + ["--db", str(direct), "channel", "receive", "--agent", "executor",
                                            "--wait", "60", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     try:
@@ -358,7 +358,7 @@ def test_channel_list_table_and_json(direct: Path, ci: Path) -> None:
 
 def test_channel_show_human_lists_config_participants_and_subscriptions(ci: Path,
                                                                          bus: Bus) -> None:
-    ok(["send", "--channel", "ci", "--from", "ci-agent", "--type", "event", "--topic",
+    ok(["channel", "send", "--channel", "ci", "--from", "ci-agent", "--type", "event", "--topic",
         "deploy.web", "--content", "x"], ci)
     channel = bus.channels.get_channel("ci")
     joined = {p.agent: iso(p.joined_at_ms) for p in bus.channels.participants("ci")}
@@ -398,25 +398,25 @@ def test_channel_show_unknown_is_error(db: Path) -> None:
 
 def test_channel_pause_holds_sends_and_deliveries_until_resume(direct: Path) -> None:
     db = direct
-    ok(["send", "--channel", "pe", "--from", "planner", "--type", "text", "--content", "a"], db)
+    ok(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "text", "--content", "a"], db)
     assert ok(["channel", "pause", "pe"], db).stdout == "channel pe is paused\n"
-    assert_error(["send", "--channel", "pe", "--from", "planner", "--type", "text", "--content",
+    assert_error(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "text", "--content",
                   "b"], db, "channel: channel 'pe' is paused; it accepts messages only while"
                             " active (bus channel resume pe)")
-    assert ok(["receive", "--agent", "executor"], db).stdout == ""
+    assert ok(["channel", "receive", "--agent", "executor"], db).stdout == ""
     assert ok_json(["channel", "resume", "pe"], db) == {"channel": "pe", "state": "active"}
     assert [m["content"] for m in json_lines(
-        ok(["receive", "--agent", "executor", "--json"], db).stdout)] == ["a"]
+        ok(["channel", "receive", "--agent", "executor", "--json"], db).stdout)] == ["a"]
 
 
 def test_channel_drain_delivers_but_refuses_new_sends(direct: Path) -> None:
     db = direct
-    ok(["send", "--channel", "pe", "--from", "planner", "--type", "text", "--content", "a"], db)
+    ok(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "text", "--content", "a"], db)
     assert ok(["channel", "drain", "pe"], db).stdout == "channel pe is draining\n"
-    assert_error(["send", "--channel", "pe", "--from", "planner", "--type", "text", "--content",
+    assert_error(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "text", "--content",
                   "b"], db, "channel: channel 'pe' is draining; it accepts messages only while"
                             " active (bus channel resume pe)")
-    assert len(ok(["receive", "--agent", "executor"], db).stdout.splitlines()) == 1
+    assert len(ok(["channel", "receive", "--agent", "executor"], db).stdout.splitlines()) == 1
 
 
 def test_channel_close_is_final(direct: Path) -> None:
@@ -424,7 +424,7 @@ def test_channel_close_is_final(direct: Path) -> None:
     assert ok(["channel", "close", "pe"], db).stdout == "channel pe is closed\n"
     assert_error(["channel", "resume", "pe"], db, "state: channel 'pe' is closed; a closed"
                  " channel cannot be reopened, create a new one")
-    assert_error(["send", "--channel", "pe", "--from", "planner", "--type", "text", "--content",
+    assert_error(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "text", "--content",
                   "b"], db, "channel: channel 'pe' is closed; it accepts messages only while"
                             " active")
     assert_error(["channel", "join", "pe", "--agent", "x"], db, "channel: channel 'pe' is closed")
@@ -447,24 +447,24 @@ def test_channel_tick_redelivers_unacknowledged_message(db: Path) -> None:
     ok(["channel", "create", "j", "--type", "direct", "--owner", "boss", "--ack-timeout", "0.05",
         "--max-retries", "1", "--retry-backoff-ms", "0"], db)
     ok(["channel", "join", "j", "--agent", "w"], db)
-    sent = ok_json(["send", "--channel", "j", "--from", "boss", "--type", "command",
+    sent = ok_json(["channel", "send", "--channel", "j", "--from", "boss", "--type", "command",
                     "--content", "go"], db)
-    ok(["receive", "--agent", "w"], db)
+    ok(["channel", "receive", "--agent", "w"], db)
     assert tick_until(db, "redelivered")["dead_lettered"] == 0
-    again = ok(["receive", "--agent", "w"], db)
+    again = ok(["channel", "receive", "--agent", "w"], db)
     assert again.stdout == line(sent, "attempt=2") + "\n"
 
 
-# --- bus send ---------------------------------------------------------------------
+# --- bus channel send ---------------------------------------------------------------------
 
 
 def test_send_human_line_and_json(direct: Path) -> None:
     db = direct
-    result = ok(["send", "--channel", "pe", "--from", "planner", "--type", "text", "--content",
+    result = ok(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "text", "--content",
                  "hi"], db)
     assert result.stdout.startswith("sent seq 1 id ")
     assert len(result.stdout) == len("sent seq 1 id ") + 36 + 1
-    sent = ok_json(["send", "--channel", "pe", "--from", "planner", "--type", "command",
+    sent = ok_json(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "command",
                     "--content", "go", "--priority", "4", "--correlation-id", "t1",
                     "--in-reply-to", "x"], db)
     assert {k: sent[k] for k in ("seq", "channel", "sender", "type", "content", "priority",
@@ -475,26 +475,26 @@ def test_send_human_line_and_json(direct: Path) -> None:
 
 
 def test_send_content_from_stdin_drops_one_trailing_newline(direct: Path) -> None:
-    sent = ok_json(["send", "--channel", "pe", "--from", "planner", "--type", "text",
+    sent = ok_json(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "text",
                     "--content", "-"], direct, input="line one\nline two\n\n")
     assert sent["content"] == "line one\nline two\n"
 
 
 def test_send_json_content_sends_the_value(direct: Path) -> None:
-    sent = ok_json(["send", "--channel", "pe", "--from", "planner", "--type", "command",
+    sent = ok_json(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "command",
                     "--json-content", "--content", '{"task": "t1", "n": [1, 2]}'], direct)
     assert sent["content"] == {"task": "t1", "n": [1, 2]}
-    [got] = json_lines(ok(["receive", "--agent", "executor", "--json"], direct).stdout)
+    [got] = json_lines(ok(["channel", "receive", "--agent", "executor", "--json"], direct).stdout)
     assert got["content"] == {"task": "t1", "n": [1, 2]}
 
 
 def test_send_query_gets_correlation_id_and_response_answers_it(group: Path) -> None:
     db = group
-    query = ok(["send", "--channel", "talk", "--from", "lead", "--type", "query", "--content",
+    query = ok(["channel", "send", "--channel", "talk", "--from", "lead", "--type", "query", "--content",
                 "q?"], db)
     corr = query.stdout.rsplit(" ", 1)[1].strip()
     assert query.stdout.startswith("sent seq 1 id ") and len(corr) == 36
-    answer = ok_json(["send", "--channel", "talk", "--from", "researcher", "--type", "response",
+    answer = ok_json(["channel", "send", "--channel", "talk", "--from", "researcher", "--type", "response",
                       "--correlation-id", corr, "--content", "a."], db)
     assert (answer["correlation_id"], answer["type"]) == (corr, "response")
 
@@ -502,10 +502,10 @@ def test_send_query_gets_correlation_id_and_response_answers_it(group: Path) -> 
 def test_send_query_on_pubsub_with_topic_gets_correlation_id(ci: Path) -> None:
     ok(["channel", "subscribe", "ci", "--agent", "ci-agent", "--pattern", "ask.#"], ci)
     ok(["channel", "subscribe", "ci", "--agent", "deploy", "--pattern", "ask.#"], ci)
-    query = ok_json(["send", "--channel", "ci", "--from", "ci-agent", "--type", "query",
+    query = ok_json(["channel", "send", "--channel", "ci", "--from", "ci-agent", "--type", "query",
                      "--topic", "ask.deploy", "--priority", "3", "--content", "ready?"], ci)
     assert len(query["correlation_id"]) == 36 and query["topic"] == "ask.deploy"
-    answer = ok_json(["send", "--channel", "ci", "--from", "deploy", "--type", "response",
+    answer = ok_json(["channel", "send", "--channel", "ci", "--from", "deploy", "--type", "response",
                       "--topic", "ask.deploy", "--correlation-id", query["correlation_id"],
                       "--content", "yes"], ci)
     assert answer["in_reply_to"] == query["id"]
@@ -513,10 +513,10 @@ def test_send_query_on_pubsub_with_topic_gets_correlation_id(ci: Path) -> None:
 
 def test_send_query_timeout_expires_unanswered_query(group: Path) -> None:
     db = group
-    query = ok_json(["send", "--channel", "talk", "--from", "lead", "--type", "query",
+    query = ok_json(["channel", "send", "--channel", "talk", "--from", "lead", "--type", "query",
                      "--timeout", "0.05", "--content", "anyone?"], db)
     tick_until(db, "expired_queries")
-    [expired] = json_lines(ok(["query", "--status", "expired", "--json"], db).stdout)
+    [expired] = json_lines(ok(["channel", "query", "--status", "expired", "--json"], db).stdout)
     assert expired["seq"] == query["seq"]
 
 
@@ -547,21 +547,21 @@ def test_send_query_timeout_expires_unanswered_query(group: Path) -> None:
 ], ids=["unknown-channel", "non-participant", "bad-type", "empty", "bad-priority",
         "response-without-correlation", "response-without-query", "ack-without-command"])
 def test_send_errors(direct: Path, args: list[str], message: str) -> None:
-    assert_error(["send", *args], direct, message)
-    assert ok(["query"], direct).stdout == ""
+    assert_error(["channel", "send", *args], direct, message)
+    assert ok(["channel", "query"], direct).stdout == ""
 
 
 def test_send_oversized_content_is_error(db: Path) -> None:
     ok(["channel", "create", "small", "--type", "direct", "--owner", "a",
         "--max-message-size", "10"], db)
     ok(["channel", "join", "small", "--agent", "b"], db)
-    assert_error(["send", "--channel", "small", "--from", "a", "--type", "text", "--content",
+    assert_error(["channel", "send", "--channel", "small", "--from", "a", "--type", "text", "--content",
                   "x" * 20], db,
                  "content: Message content exceeds channel max_message_size (10 bytes)")
 
 
 def test_send_pubsub_without_topic_is_error(ci: Path) -> None:
-    assert_error(["send", "--channel", "ci", "--from", "ci-agent", "--type", "event",
+    assert_error(["channel", "send", "--channel", "ci", "--from", "ci-agent", "--type", "event",
                   "--content", "x"], ci,
                  "topic: channel 'ci' is pubsub: a message needs a topic like"
                  " build.frontend.success")
@@ -570,21 +570,21 @@ def test_send_pubsub_without_topic_is_error(ci: Path) -> None:
 def test_send_broadcast_only_from_owner(db: Path) -> None:
     ok(["channel", "create", "news", "--type", "broadcast", "--owner", "anchor"], db)
     ok(["channel", "join", "news", "--agent", "viewer"], db)
-    assert_error(["send", "--channel", "news", "--from", "viewer", "--type", "text", "--content",
+    assert_error(["channel", "send", "--channel", "news", "--from", "viewer", "--type", "text", "--content",
                   "x"], db, "sender: only the owner (anchor) sends on broadcast channel 'news'")
-    ok(["send", "--channel", "news", "--from", "anchor", "--type", "text", "--content", "x"], db)
-    assert len(ok(["receive", "--agent", "viewer"], db).stdout.splitlines()) == 1
+    ok(["channel", "send", "--channel", "news", "--from", "anchor", "--type", "text", "--content", "x"], db)
+    assert len(ok(["channel", "receive", "--agent", "viewer"], db).stdout.splitlines()) == 1
 
 
 def test_send_observer_cannot_send(group: Path) -> None:
     ok(["channel", "join", "talk", "--agent", "bot", "--role", "observer"], group)
-    assert_error(["send", "--channel", "talk", "--from", "bot", "--type", "text", "--content",
+    assert_error(["channel", "send", "--channel", "talk", "--from", "bot", "--type", "text", "--content",
                   "x"], group, "sender: bot observes channel 'talk' and cannot send; join it as"
                                " a member")
 
 
 def test_send_usage_errors(direct: Path) -> None:
-    base = ["send", "--channel", "pe", "--from", "planner"]
+    base = ["channel", "send", "--channel", "pe", "--from", "planner"]
     assert_usage_error([*base, "--content", "x"], direct, "Missing option '--type'")
     assert_usage_error([*base, "--type", "text", "--content", "{", "--json-content"], direct,
                        "Invalid value for --content: not valid JSON")
@@ -596,7 +596,7 @@ def test_send_store_full_and_store_capacity_are_errors(direct: Path, monkeypatch
     def limited(limits: StoreLimits):
         monkeypatch.setattr(bus.api, "Channels", lambda b: Channels(b, limits=limits))
 
-    args = ["send", "--channel", "pe", "--from", "planner", "--type", "text", "--content", "x"]
+    args = ["channel", "send", "--channel", "pe", "--from", "planner", "--type", "text", "--content", "x"]
     limited(StoreLimits(max_active=0))
     assert_error(args, direct, "the bus holds 0 unfinished deliveries, the limit is 0; receivers"
                  " must acknowledge (or dead letters be purged) before more messages are"
@@ -609,20 +609,20 @@ def test_send_store_full_and_store_capacity_are_errors(direct: Path, monkeypatch
                                   " `bus compact` or purge dead letters\n")
 
 
-# --- bus receive / acknowledge / deliveries -------------------------------------------------
+# --- bus channel receive / acknowledge / deliveries -------------------------------------------------
 
 
 def send_texts(db: Path, *contents: str, sender: str = "lead") -> list[dict]:
-    return [ok_json(["send", "--channel", "talk", "--from", sender, "--type", "text",
+    return [ok_json(["channel", "send", "--channel", "talk", "--from", sender, "--type", "text",
                      "--content", c], db) for c in contents]
 
 
 def test_receive_limit_reports_total_and_more_on_stderr(group: Path) -> None:
     sent = send_texts(group, "one", "two", "three")
-    first = ok(["receive", "--agent", "reviewer", "--limit", "2"], group)
+    first = ok(["channel", "receive", "--agent", "reviewer", "--limit", "2"], group)
     assert first.stdout == line(sent[0]) + "\n" + line(sent[1]) + "\n"
     assert first.stderr == "2 of 3 message(s) for reviewer; more are waiting: receive again\n"
-    rest = ok(["receive", "--agent", "reviewer", "--json"], group)
+    rest = ok(["channel", "receive", "--agent", "reviewer", "--json"], group)
     assert [m["content"] for m in json_lines(rest.stdout)] == ["three"]
     assert json.loads(rest.stderr) == {"returned": 1, "total_count": 1, "has_more": False}
 
@@ -631,10 +631,10 @@ def test_receive_filters_by_sender_type_content_and_sort(group: Path) -> None:
     db = group
     send_texts(db, "alpha", "beta")
     send_texts(db, "gamma", sender="researcher")
-    ok(["send", "--channel", "talk", "--from", "lead", "--type", "command", "--content", "do"], db)
+    ok(["channel", "send", "--channel", "talk", "--from", "lead", "--type", "command", "--content", "do"], db)
 
     def contents(*args: str) -> list[str]:
-        found = ok(["receive", "--agent", "reviewer", "--json", *args], db).stdout
+        found = ok(["channel", "receive", "--agent", "reviewer", "--json", *args], db).stdout
         return [m["content"] for m in json_lines(found)]
 
     assert contents("--sender", "researcher") == ["gamma"]
@@ -647,9 +647,9 @@ def test_receive_priority_ordering_channel_gives_urgent_first(db: Path) -> None:
     ok(["channel", "create", "ops", "--type", "direct", "--owner", "a", "--priority-ordering"], db)
     ok(["channel", "join", "ops", "--agent", "b"], db)
     for content, priority in (("low", "0"), ("urgent", "4"), ("normal", "2")):
-        ok(["send", "--channel", "ops", "--from", "a", "--type", "text", "--content", content,
+        ok(["channel", "send", "--channel", "ops", "--from", "a", "--type", "text", "--content", content,
             "--priority", priority], db)
-    found = json_lines(ok(["receive", "--agent", "b", "--json"], db).stdout)
+    found = json_lines(ok(["channel", "receive", "--agent", "b", "--json"], db).stdout)
     assert [m["content"] for m in found] == ["urgent", "normal", "low"]
 
 
@@ -669,87 +669,87 @@ def test_receive_priority_ordering_channel_gives_urgent_first(db: Path) -> None:
      " missing ), unterminated subpattern at position 0"),
 ], ids=["unknown-channel", "type", "status", "sort-by", "sort-order", "limit", "offset", "regex"])
 def test_receive_and_query_filter_errors(group: Path, args: list[str], message: str) -> None:
-    assert_error(["receive", "--agent", "reviewer", *args], group, message)
-    assert_error(["query", *args], group, message)
+    assert_error(["channel", "receive", "--agent", "reviewer", *args], group, message)
+    assert_error(["channel", "query", *args], group, message)
 
 
 def test_receive_wait_returns_empty_after_timeout(group: Path) -> None:
-    result = ok(["receive", "--agent", "reviewer", "--wait", "0.05"], group)
+    result = ok(["channel", "receive", "--agent", "reviewer", "--wait", "0.05"], group)
     assert (result.stdout, result.stderr) == ("", "no messages for reviewer\n")
-    assert_usage_error(["receive", "--agent", "reviewer", "--wait", "-1"], group,
+    assert_usage_error(["channel", "receive", "--agent", "reviewer", "--wait", "-1"], group,
                        "Invalid value for '--wait'")
 
 
 def test_receive_missing_agent_is_usage_error(group: Path) -> None:
-    assert_usage_error(["receive"], group, "Missing option '--agent'")
+    assert_usage_error(["channel", "receive"], group, "Missing option '--agent'")
 
 
 def test_acknowledge_errors(direct: Path) -> None:
     db = direct
-    ok(["send", "--channel", "pe", "--from", "planner", "--type", "command", "--content", "x"], db)
-    ack = ["acknowledge", "--agent", "executor", "--seq", "1", "--status"]
+    ok(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "command", "--content", "x"], db)
+    ack = ["channel", "acknowledge", "--agent", "executor", "--seq", "1", "--status"]
     assert_error([*ack, "completed"], db, "message: message 1 has not been received by executor"
                  " yet; receive it before acknowledging it")
-    assert_error(["acknowledge", "--agent", "executor", "--seq", "9", "--status", "completed"],
+    assert_error(["channel", "acknowledge", "--agent", "executor", "--seq", "9", "--status", "completed"],
                  db, "message: message 9 has no delivery to executor; ack only messages you"
                      " received")
-    ok(["receive", "--agent", "executor"], db)
+    ok(["channel", "receive", "--agent", "executor"], db)
     assert_error([*ack, "done"], db,
                  "status: 'done' is not one of received, in_progress, completed, failed")
     assert ok([*ack, "failed", "--note", "disk full"], db).stdout == (
         "executor acknowledged seq 1: failed\n")
     assert_error([*ack, "completed"], db, "status: message 1 to executor is already failed;"
                  " a final status cannot change")
-    assert ok(["deliveries", "--seq", "1", "--json"], db).stdout.count('"note":"disk full"') == 1
-    assert_usage_error(["acknowledge", "--agent", "executor", "--seq", "one", "--status",
+    assert ok(["channel", "deliveries", "--seq", "1", "--json"], db).stdout.count('"note":"disk full"') == 1
+    assert_usage_error(["channel", "acknowledge", "--agent", "executor", "--seq", "one", "--status",
                         "failed"], db, "'one' is not a valid integer")
 
 
 def test_deliveries_of_message_without_recipients(db: Path) -> None:
     ok(["channel", "create", "solo", "--type", "group", "--owner", "a"], db)
-    ok(["send", "--channel", "solo", "--from", "a", "--type", "text", "--content", "x"], db)
-    assert ok(["deliveries", "--seq", "1"], db).stdout == "message 1 has no deliveries\n"
-    assert_error(["deliveries", "--seq", "0"], db, "message: must be an integer >= 1, got 0")
+    ok(["channel", "send", "--channel", "solo", "--from", "a", "--type", "text", "--content", "x"], db)
+    assert ok(["channel", "deliveries", "--seq", "1"], db).stdout == "message 1 has no deliveries\n"
+    assert_error(["channel", "deliveries", "--seq", "0"], db, "message: must be an integer >= 1, got 0")
 
 
-# --- bus query / thread ---------------------------------------------------------------
+# --- bus channel query / thread ---------------------------------------------------------------
 
 
 def test_query_newest_first_and_nothing_is_delivered(group: Path) -> None:
     sent = send_texts(group, "one", "two", "three")
-    result = ok(["query", "--channel", "talk"], group)
+    result = ok(["channel", "query", "--channel", "talk"], group)
     assert result.stdout == "".join(line(s) + "\n" for s in reversed(sent))
     assert result.stderr == "3 of 3 message(s) matching\n"
-    page = ok(["query", "--sort-order", "asc", "--limit", "1", "--offset", "1"], group)
+    page = ok(["channel", "query", "--sort-order", "asc", "--limit", "1", "--offset", "1"], group)
     assert page.stdout == line(sent[1]) + "\n"
     assert page.stderr == "1 of 3 message(s) matching; more follow: page with --offset\n"
-    assert len(ok(["receive", "--agent", "reviewer"], group).stdout.splitlines()) == 3
+    assert len(ok(["channel", "receive", "--agent", "reviewer"], group).stdout.splitlines()) == 3
 
 
 def test_query_by_time_range_and_topic_pattern(ci: Path) -> None:
     db = ci
-    first = ok_json(["send", "--channel", "ci", "--from", "ci-agent", "--type", "event",
+    first = ok_json(["channel", "send", "--channel", "ci", "--from", "ci-agent", "--type", "event",
                      "--topic", "build.web.success", "--content", "a"], db)
-    second = ok_json(["send", "--channel", "ci", "--from", "ci-agent", "--type", "event",
+    second = ok_json(["channel", "send", "--channel", "ci", "--from", "ci-agent", "--type", "event",
                       "--topic", "deploy.web", "--content", "b"], db)
 
     def seqs(*args: str) -> list[int]:
-        return [m["seq"] for m in json_lines(ok(["query", "--json", *args], db).stdout)]
+        return [m["seq"] for m in json_lines(ok(["channel", "query", "--json", *args], db).stdout)]
 
     assert seqs("--topic", "build.#") == [first["seq"]]
     assert seqs("--topic", "*.web") == [second["seq"]]
     assert seqs("--after-ms", str(second["ts_ms"] + 1)) == []
     assert seqs("--before-ms", str(first["ts_ms"] + 1), "--after-ms", str(first["ts_ms"])) == [
         first["seq"]]
-    empty = ok(["query", "--sender", "nobody"], db)
+    empty = ok(["channel", "query", "--sender", "nobody"], db)
     assert (empty.stdout, empty.stderr) == ("", "no messages matching\n")
 
 
 def test_thread_unknown_correlation_id_prints_nothing(db: Path) -> None:
-    result = ok(["thread", "nope"], db)
+    result = ok(["channel", "thread", "nope"], db)
     assert (result.stdout, result.stderr) == ("", "no messages with correlation id nope\n")
-    assert ok(["thread", "nope", "--json"], db).stdout == ""
-    assert_error(["thread", ""], db, "correlation_id: must be a non-empty string")
+    assert ok(["channel", "thread", "nope", "--json"], db).stdout == ""
+    assert_error(["channel", "thread", ""], db, "correlation_id: must be a non-empty string")
 
 
 # --- bus dlq --------------------------------------------------------------------
@@ -762,9 +762,9 @@ def dead(db: Path) -> dict:
     ok(["channel", "create", "jobs", "--type", "direct", "--owner", "boss", "--ack-timeout",
         "0.05", "--max-retries", "0"], db)
     ok(["channel", "join", "jobs", "--agent", "w"], db)
-    sent = ok_json(["send", "--channel", "jobs", "--from", "boss", "--type", "command",
+    sent = ok_json(["channel", "send", "--channel", "jobs", "--from", "boss", "--type", "command",
                     "--content", "do it"], db)
-    assert len(ok(["receive", "--agent", "w"], db).stdout.splitlines()) == 1
+    assert len(ok(["channel", "receive", "--agent", "w"], db).stdout.splitlines()) == 1
     report = tick_until(db, "dead_lettered")
     assert report == {"redelivered": 0, "dead_lettered": 1, "expired_queries": 0}
     return sent
@@ -791,7 +791,7 @@ def test_dlq_dead_letter_listed_shown_replayed_and_received_again(db: Path, dead
         f"{line(dead)}\n")
     assert ok_json(["dlq", "show", "1"], db) == letter
     assert [m["seq"] for m in json_lines(
-        ok(["query", "--status", "dead_letter", "--json"], db).stdout)] == [1]
+        ok(["channel", "query", "--status", "dead_letter", "--json"], db).stdout)] == [1]
     notice = bus.last_messages(1)[0]
     assert (notice.type, notice.payload["dead_letter"], notice.payload["seq"]) == (
         "_system.message.deadletter", 1, 1)
@@ -799,10 +799,10 @@ def test_dlq_dead_letter_listed_shown_replayed_and_received_again(db: Path, dead
     assert ok(["dlq", "replay", "1"], db).stdout == (
         "replayed dead letter 1: seq 1 is waiting for w\n")
     assert ok(["dlq", "list"], db).stdout == "no dead letters\n"
-    again = ok(["receive", "--agent", "w"], db)
+    again = ok(["channel", "receive", "--agent", "w"], db)
     assert again.stdout == line(dead, "attempt=2") + "\n"
-    ok(["acknowledge", "--agent", "w", "--seq", "1", "--status", "completed"], db)
-    assert json_lines(ok(["query", "--json"], db).stdout)[0]["status"] == "acknowledged"
+    ok(["channel", "acknowledge", "--agent", "w", "--seq", "1", "--status", "completed"], db)
+    assert json_lines(ok(["channel", "query", "--json"], db).stdout)[0]["status"] == "acknowledged"
 
 
 def test_dlq_replay_json_and_discard(db: Path, dead: dict) -> None:
@@ -851,8 +851,8 @@ def test_dlq_usage_errors(db: Path) -> None:
     ["channel"], ["channel", "create"], ["channel", "join"], ["channel", "leave"],
     ["channel", "subscribe"], ["channel", "unsubscribe"], ["channel", "list"],
     ["channel", "show"], ["channel", "pause"], ["channel", "resume"], ["channel", "drain"],
-    ["channel", "close"], ["channel", "tick"], ["send"], ["receive"], ["acknowledge"],
-    ["deliveries"], ["query"], ["thread"], ["dlq"], ["dlq", "list"], ["dlq", "show"],
+    ["channel", "close"], ["channel", "tick"], ["channel", "send"], ["channel", "receive"], ["channel", "acknowledge"],
+    ["channel", "deliveries"], ["channel", "query"], ["channel", "thread"], ["dlq"], ["dlq", "list"], ["dlq", "show"],
     ["dlq", "replay"], ["dlq", "discard"], ["dlq", "purge"],
 ], ids=" ".join)
 def test_help_has_summary_and_example(tmp_path: Path, command: list[str]) -> None:
@@ -865,8 +865,8 @@ def test_help_has_summary_and_example(tmp_path: Path, command: list[str]) -> Non
     assert not (tmp_path / "unused.db").exists()
 
 
-@pytest.mark.parametrize("args", [["channel", "list"], ["receive", "--agent", "a"],
-                                  ["dlq", "list"], ["query"]], ids=" ".join)
+@pytest.mark.parametrize("args", [["channel", "list"], ["channel", "receive", "--agent", "a"],
+                                  ["dlq", "list"], ["channel", "query"]], ids=" ".join)
 def test_commands_on_missing_database_exit_1_without_creating_it(tmp_path: Path,
                                                                   args: list[str]) -> None:
     db = tmp_path / "missing" / "bus.db"

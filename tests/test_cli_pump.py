@@ -1,5 +1,5 @@
-"""`bus threads`, `bus organism check` and `bus oob` through click's CliRunner
-(exit codes and whole outputs), plus `bus oob send` as a real subprocess."""
+"""`bus pump threads`, `bus pump organism check` and `bus pump oob` through click's CliRunner
+(exit codes and whole outputs), plus `bus pump oob send` as a real subprocess."""
 
 from __future__ import annotations
 
@@ -33,14 +33,14 @@ def json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
 
 
-# --- bus threads -----------------------------------------------------------------------
+# --- bus pump threads -----------------------------------------------------------------------
 
 
 def test_threads_lists_paths_oldest_first(bus: Bus, db_path: Path):
     root = threads.initialize_root(bus.conn, "org", now=T0)
     call = threads.extend_chain(bus.conn, root.uuid, "calc.add", now=T0 + 1000)
     threads.prune_for_response(bus.conn, call.uuid, now=T0 + 2500)
-    result = run(["threads"], db_path)
+    result = run(["pump", "threads"], db_path)
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
         "  ".join(["uuid".ljust(36), "path".ljust(12), "parent".ljust(36), "status",
@@ -55,31 +55,31 @@ def test_threads_json_and_filters(bus: Bus, db_path: Path):
     root = threads.initialize_root(bus.conn, "org", now=T0)
     call = threads.extend_chain(bus.conn, root.uuid, "calc.add", now=T0)
     threads.close_thread(bus.conn, call.uuid, now=T0 + 1)
-    result = run(["threads", "--json", "--status", "closed"], db_path)
+    result = run(["pump", "threads", "--json", "--status", "closed"], db_path)
     assert result.exit_code == 0
     assert json_lines(result.stdout) == [threads.get_thread(bus.conn, call.uuid).to_json_dict()]
-    newest = run(["threads", "--json", "--limit", "1"], db_path)
+    newest = run(["pump", "threads", "--json", "--limit", "1"], db_path)
     assert [t["uuid"] for t in json_lines(newest.stdout)] == [call.uuid]
 
 
 def test_threads_on_an_empty_registry(bus: Bus, db_path: Path):
-    result = run(["threads"], db_path)
+    result = run(["pump", "threads"], db_path)
     assert (result.exit_code, result.stdout) == (0, "no threads\n")
 
 
 def test_threads_usage_errors_exit_2(bus: Bus, db_path: Path):
-    assert run(["threads", "--status", "gone"], db_path).exit_code == 2
-    assert run(["threads", "--limit", "0"], db_path).exit_code == 2
+    assert run(["pump", "threads", "--status", "gone"], db_path).exit_code == 2
+    assert run(["pump", "threads", "--limit", "0"], db_path).exit_code == 2
 
 
 def test_threads_without_a_bus_exits_1(tmp_path: Path):
-    result = run(["threads"], tmp_path / "none.db")
+    result = run(["pump", "threads"], tmp_path / "none.db")
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: no bus database at ")
     assert not (tmp_path / "none.db").exists()
 
 
-# --- bus organism check ------------------------------------------------------------------
+# --- bus pump organism check ------------------------------------------------------------------
 
 
 def write_organism(directory: Path, text: str = GOOD) -> Path:
@@ -100,7 +100,7 @@ def test_pump_dead_with_none_says_so(bus: Bus, db_path: Path, tmp_path: Path):
 
 def test_organism_check_reports_the_routes(tmp_path: Path):
     path = write_organism(tmp_path)
-    result = run(["organism", "check", str(path)])
+    result = run(["pump", "organism", "check", str(path)])
     assert result.exit_code == 0, result.output
     assert result.stdout == (
         f"{path}: organism demo-org is valid: 3 listeners, 1 agent\n"
@@ -109,7 +109,7 @@ def test_organism_check_reports_the_routes(tmp_path: Path):
 
 def test_organism_check_json(tmp_path: Path):
     path = write_organism(tmp_path)
-    result = run(["organism", "check", str(path), "--json"])
+    result = run(["pump", "organism", "check", str(path), "--json"])
     assert result.exit_code == 0
     assert json.loads(result.stdout) == {
         "ok": True, "organism": "demo-org", "source": str(path),
@@ -121,7 +121,7 @@ def test_organism_check_json(tmp_path: Path):
 def test_organism_check_names_the_key_of_a_bad_file(tmp_path: Path):
     path = write_organism(tmp_path, GOOD.replace("peers: [calc.add, websearch]",
                                                  "peers: [calc.add, bing]"))
-    result = run(["organism", "check", str(path)])
+    result = run(["pump", "organism", "check", str(path)])
     assert result.exit_code == 1
     assert result.stdout == ""
     assert result.stderr == (f"Error: {path}: listeners[1].peers[1]: no listener is named "
@@ -130,23 +130,23 @@ def test_organism_check_names_the_key_of_a_bad_file(tmp_path: Path):
 
 def test_organism_check_imports_the_references(tmp_path: Path):
     path = write_organism(tmp_path, GOOD.replace("demo_tools:search", "demo_tools:nothing"))
-    result = run(["organism", "check", str(path)])
+    result = run(["pump", "organism", "check", str(path)])
     assert result.exit_code == 1
     assert result.stderr.startswith(f"Error: {path}: listeners[2].handler: ")
     assert "has no attribute 'nothing'" in result.stderr
 
 
 def test_organism_check_of_a_missing_file_exits_1(tmp_path: Path):
-    result = run(["organism", "check", str(tmp_path / "none.yaml")])
+    result = run(["pump", "organism", "check", str(tmp_path / "none.yaml")])
     assert result.exit_code == 1
     assert "(file): cannot be read" in result.stderr
 
 
-# --- bus oob keygen / send ----------------------------------------------------------------
+# --- bus pump oob keygen / send ----------------------------------------------------------------
 
 
 def test_oob_keygen_writes_the_pair_beside_the_bus(db_path: Path):
-    result = run(["oob", "keygen"], db_path)
+    result = run(["pump", "oob", "keygen"], db_path)
     assert result.exit_code == 0, result.output
     private, public = db_path.parent / "oob_ed25519", db_path.parent / "oob_ed25519.pub"
     key_id = oob.key_id(oob.load_public_key(public))
@@ -160,12 +160,12 @@ def test_oob_keygen_writes_the_pair_beside_the_bus(db_path: Path):
 
 def test_oob_keygen_json_and_refusal_to_overwrite(tmp_path: Path):
     out = tmp_path / "keys"
-    result = run(["oob", "keygen", "--out", str(out), "--json"])
+    result = run(["pump", "oob", "keygen", "--out", str(out), "--json"])
     assert result.exit_code == 0
     assert json.loads(result.stdout) == {
         "private_key": str(out / "oob_ed25519"), "public_key": str(out / "oob_ed25519.pub"),
         "key_id": oob.key_id(oob.load_public_key(out / "oob_ed25519.pub"))}
-    again = run(["oob", "keygen", "--out", str(out)])
+    again = run(["pump", "oob", "keygen", "--out", str(out)])
     assert again.exit_code == 1
     assert again.stderr == (f"Error: key file {out / 'oob_ed25519'}: exists already; keygen "
                             "never overwrites a key: remove it or choose another --out "
@@ -192,7 +192,7 @@ def serving(bus: Bus, db_path: Path, tmp_path: Path):
 def test_oob_send_as_a_real_process(serving, db_path: Path, bus_command, python_env):
     pair, requests = serving
     result = subprocess.run(
-        [*bus_command, "--db", str(db_path), "oob", "send", "remove-listener",
+        [*bus_command, "--db", str(db_path), "pump", "oob", "send", "remove-listener",
          '{"name": "calc.add"}', "--key", str(pair.private_path)],
         env=python_env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -204,7 +204,7 @@ def test_oob_send_as_a_real_process(serving, db_path: Path, bus_command, python_
 
 def test_oob_send_json(serving, db_path: Path):
     pair, requests = serving
-    result = run(["oob", "send", "hot-reload", "--key", str(pair.private_path), "--json"],
+    result = run(["pump", "oob", "send", "hot-reload", "--key", str(pair.private_path), "--json"],
                  db_path)
     assert result.exit_code == 0
     assert json.loads(result.stdout) == {"ok": True, "nonce": requests[0].nonce,
@@ -213,11 +213,11 @@ def test_oob_send_json(serving, db_path: Path):
 
 def test_oob_send_refused_exits_1(serving, db_path: Path, tmp_path: Path):
     stranger = oob.generate_keys(tmp_path / "stranger")
-    result = run(["oob", "send", "hot-reload", "--key", str(stranger.private_path)], db_path)
+    result = run(["pump", "oob", "send", "hot-reload", "--key", str(stranger.private_path)], db_path)
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: hot-reload refused (bad_signature): signature: "
                                     "no authorized key made it")
-    as_json = run(["oob", "send", "hot-reload", "--key", str(stranger.private_path), "--json"],
+    as_json = run(["pump", "oob", "send", "hot-reload", "--key", str(stranger.private_path), "--json"],
                   db_path)
     assert as_json.exit_code == 1
     assert json.loads(as_json.stdout)["error"] == "bad_signature"
@@ -227,12 +227,12 @@ def test_oob_send_refused_exits_1(serving, db_path: Path, tmp_path: Path):
 def test_oob_send_usage_and_connection_errors(db_path: Path, tmp_path: Path):
     pair = oob.generate_keys(tmp_path / "keys")
     key = ["--key", str(pair.private_path)]
-    assert run(["oob", "send", "shutdown", *key], db_path).exit_code == 2
-    bad_args = run(["oob", "send", "hot-reload", "[1]", *key], db_path)
+    assert run(["pump", "oob", "send", "shutdown", *key], db_path).exit_code == 2
+    bad_args = run(["pump", "oob", "send", "hot-reload", "[1]", *key], db_path)
     assert bad_args.exit_code == 2
     assert "ARGS" in bad_args.stderr and "must be a JSON object" in bad_args.stderr
-    assert run(["oob", "send", "hot-reload", "{", *key], db_path).exit_code == 2
-    nobody = run(["oob", "send", "hot-reload", *key], db_path)
+    assert run(["pump", "oob", "send", "hot-reload", "{", *key], db_path).exit_code == 2
+    nobody = run(["pump", "oob", "send", "hot-reload", *key], db_path)
     assert nobody.exit_code == 1
     assert nobody.stderr.startswith(f"Error: oob socket {db_path.parent / 'oob.sock'}: "
                                     "nobody is listening")

@@ -10,23 +10,22 @@ from __future__ import annotations
 import click
 
 from bus import __version__
-from bus.cli import channel_messages
 from bus.cli import channels
 from bus.cli import coordination
 from bus.cli import history
 from bus.cli import messaging
 from bus.cli import pump
-from bus.cli import threads
 from bus.cli import xml
 from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
-from bus.cli.context import BusGroup
+from bus.cli.layout import SectionedGroup
+from bus.cli.layout import add_moved_aliases
 from bus.cli.output import format_message
 
 __all__ = ["main", "format_message"]
 
 
-@click.group(cls=BusGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=SectionedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--db", envvar="BUS_DB", default=DEFAULT_DB, show_default=True,
               type=click.Path(dir_okay=False), help="Bus database file (env: BUS_DB).")
 @click.option("--durability", envvar="BUS_DURABILITY", default="normal", show_default=True,
@@ -47,7 +46,7 @@ def main(ctx: click.Context, db: str, durability: str) -> None:
     ctx.obj = BusContext(ctx, db, durability)
 
 
-for _module in (messaging, coordination, history, channels, channel_messages, threads, pump,
-                xml):
+for _module in (messaging, coordination, history, channels, pump, xml):
     for _command in _module.COMMANDS:
         main.add_command(_command)
+add_moved_aliases(main)

@@ -1,4 +1,4 @@
-"""Channel messages (seed 004): `bus send`, receive, acknowledge, deliveries, query, thread.
+"""Channel messages (seed 004): `bus channel send`, receive, acknowledge, deliveries, query, thread.
 
 Message streams (receive, query, thread) print one line per message, or
 with --json one object per line, on stdout. receive and query then print a
@@ -73,8 +73,8 @@ def send(obj: BusContext, channel_name: str, sender: str, type_: str, content: s
 
     \b
     Example:
-      bus send --channel discussion --from agent-lead --type query --content 'Pool size?'
-      bus send --channel discussion --from agent-researcher --type response \\
+      bus channel send --channel discussion --from agent-lead --type query --content 'Pool size?'
+      bus channel send --channel discussion --from agent-researcher --type response \\
         --correlation-id CORR --content '20 connections'
     """
     value = _read_content(content, json_content)
@@ -155,10 +155,10 @@ def receive(obj: BusContext, agent: str, wait: float, as_json: bool, **options: 
     """Take the messages waiting for an agent on its channels, oldest first.
 
     Each message printed counts as delivered: on an at_least_once channel it
-    comes back after the ack timeout unless acknowledged (`bus acknowledge`).
+    comes back after the ack timeout unless acknowledged (`bus channel acknowledge`).
     stderr gets a summary: how many were waiting and whether more are.
 
-    Example: bus receive --agent agent-executor --channel planner-executor --wait 30
+    Example: bus channel receive --agent agent-executor --channel planner-executor --wait 30
     """
     bus = obj.open()
     engine = bus.channels
@@ -183,7 +183,10 @@ def acknowledge(obj: BusContext, agent: str, seq: int, status: str, note: str | 
                 as_json: bool) -> None:
     """Record an agent's acknowledgment of a message it received.
 
-    Example: bus acknowledge --agent agent-executor --seq 3 --status completed --note 'Deployed.'
+    \b
+    Example:
+      bus channel acknowledge --agent agent-executor --seq 3 --status completed \\
+          --note 'Deployed.'
     """
     result = engine_of(obj).acknowledge_message(seq, agent, status, note)
     if as_json:
@@ -199,7 +202,7 @@ def acknowledge(obj: BusContext, agent: str, seq: int, status: str, note: str | 
 def deliveries(obj: BusContext, seq: int, as_json: bool) -> None:
     """Show each recipient's delivery of a message: the sender's view of its acks.
 
-    Example: bus deliveries --seq 3
+    Example: bus channel deliveries --seq 3
     """
     found = engine_of(obj).deliveries(seq)
     if as_json:
@@ -222,7 +225,7 @@ def query(obj: BusContext, as_json: bool, **options: Any) -> None:
 
     stderr gets a summary: how many matched and whether more follow.
 
-    Example: bus query --type command --after-ms 1767225600000 --limit 50
+    Example: bus channel query --type command --after-ms 1767225600000 --limit 50
     """
     engine = engine_of(obj)
     found = engine.query_messages(_filter(engine, options))
@@ -236,7 +239,7 @@ def query(obj: BusContext, as_json: bool, **options: Any) -> None:
 def thread(obj: BusContext, correlation_id: str, as_json: bool) -> None:
     """Print a thread: the messages sharing a correlation id, oldest first.
 
-    Example: bus thread 0b6c3f2e-5d0e-4c1a-9f5e-2d7c1b8a9e10
+    Example: bus channel thread 0b6c3f2e-5d0e-4c1a-9f5e-2d7c1b8a9e10
     """
     found = engine_of(obj).get_thread(correlation_id)
     _echo_channel_messages(found, as_json)

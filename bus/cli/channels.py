@@ -1,9 +1,9 @@
 """`bus channel ...` and `bus dlq ...`: the message engine's channels and dead letters (seed 004).
 
 `bus channel` creates, joins, inspects and changes channels and runs the
-delivery timers (`tick`); `bus dlq` lists, shows, replays, discards and
-purges the channels' dead letters. Sending and receiving are in
-`bus.cli.channel_messages`.
+delivery timers (`tick`); its message commands (send, receive, acknowledge,
+deliveries, query, thread) are in `bus.cli.channel_messages`. `bus dlq`
+lists, shows, replays, discards and purges the channels' dead letters.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import click
 from bus.channels.store import CHANNEL_TYPES
 from bus.channels.store import DELIVERY_MODES
 from bus.channels.store import Channel
+from bus.cli import channel_messages
 from bus.cli.channel_messages import choices
 from bus.cli.channel_messages import engine_of
 from bus.cli.channel_messages import format_channel_message
@@ -34,14 +35,20 @@ agent_option = click.option("--agent", required=True, help="Agent id.")
 
 @click.group()
 def channel() -> None:
-    """Create, join, inspect and change channels (direct, group, broadcast, pubsub).
+    """Channels (direct, group, broadcast, pubsub) and the messages sent on them.
 
     \b
     Example:
       bus channel create ci-events --type pubsub --owner ci-agent
       bus channel subscribe ci-events --agent deploy-agent --pattern 'build.*.success'
-      bus channel show ci-events
+      bus channel send --channel ci-events --from ci-agent --type event \\
+          --topic build.frontend.success --content '847 tests passed'
+      bus channel receive --agent deploy-agent
     """
+
+
+for _command in channel_messages.COMMANDS:
+    channel.add_command(_command)
 
 
 @channel.command("create")
@@ -251,7 +258,7 @@ _state_command("close", "closed", "Close a channel for good: no sends, no delive
 def channel_tick(obj: BusContext, as_json: bool) -> None:
     """Run the due timers: redeliver unacknowledged messages, dead-letter, expire queries.
 
-    `bus receive` runs them too; run this from cron or a loop when nobody receives.
+    `bus channel receive` runs them too; run this from cron or a loop when nobody receives.
 
     Example: bus channel tick --json
     """

@@ -1,5 +1,5 @@
-"""`bus organism`, `bus pump` and `bus oob`: check organism.yaml, run the pump, send
-requests into it, keys and signed control requests."""
+"""`bus pump ...`: check organism.yaml, run the pump, send requests into it, list its
+threads and dead units, keys and signed control requests (`bus pump oob`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import orjson
 
+from bus.cli import threads
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
@@ -42,7 +43,7 @@ def organism_check(file: str, as_json: bool) -> None:
     Handler and payload modules are imported (the file's directory first on
     the path); exit 1 with the key path of the first problem.
 
-    Example: bus organism check organism.yaml
+    Example: bus pump organism check organism.yaml
     """
     checked = organisms.load_organism(file)
     organisms.check_references(checked)
@@ -65,7 +66,15 @@ def _count(n: int, noun: str) -> str:
 
 @click.group()
 def pump() -> None:
-    """The message pump: run an organism, send it requests."""
+    """The message pump: run an organism, send it requests, inspect its threads.
+
+    \b
+    Example:
+      bus pump organism check examples/organism.yaml
+      bus pump run examples/organism.yaml
+      bus pump send examples/organism.yaml '<add><a>1</a><b>2</b></add>' --wait
+      bus pump threads --status open
+    """
 
 
 @pump.command("run")
@@ -195,7 +204,7 @@ def oob_keygen(obj: BusContext, out_dir: str | None, as_json: bool) -> None:
 
     List the .pub file under oob.authorized_keys in organism.yaml.
 
-    Example: bus oob keygen --out ~/.agentbus
+    Example: bus pump oob keygen --out ~/.agentbus
     """
     pair = channel.generate_keys(out_dir or Path(obj.db).absolute().parent)
     if as_json:
@@ -211,7 +220,7 @@ def oob_keygen(obj: BusContext, out_dir: str | None, as_json: bool) -> None:
 @click.argument("command", type=click.Choice(channel.COMMANDS))
 @click.argument("args", default="{}")
 @click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False),
-              help="Private key file from `bus oob keygen`.")
+              help="Private key file from `bus pump oob keygen`.")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False),
               help=f"The pump's OOB socket (default: {organisms.DEFAULT_SOCKET} beside the bus).")
 @click.option("--json", "as_json", is_flag=True, help="Print the server's response as JSON.")
@@ -220,7 +229,10 @@ def oob_send(obj: BusContext, command: str, args: str, key_file: str, socket_pat
              as_json: bool) -> None:
     """Sign COMMAND with ARGS (a JSON object) and send it to the pump; exit 1 if refused.
 
-    Example: bus oob send remove-listener '{"name": "calc.add"}' --key .worker-state/oob_ed25519
+    \b
+    Example:
+      bus pump oob send remove-listener '{"name": "calc.add"}' \\
+          --key .worker-state/oob_ed25519
     """
     try:
         parsed = orjson.loads(args)
@@ -243,4 +255,7 @@ def oob_send(obj: BusContext, command: str, args: str, key_file: str, socket_pat
                                    f"{response.get('message')}")
 
 
-COMMANDS = (organism, pump, oob)
+for _command in (organism, oob, threads.threads):
+    pump.add_command(_command)
+
+COMMANDS = (pump,)

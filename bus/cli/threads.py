@@ -1,4 +1,4 @@
-"""`bus threads`: the pump's conversations as the thread registry holds them."""
+"""`bus pump threads`: the pump's conversations as the thread registry holds them."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from bus.pump import threads as registry
 def threads(obj: BusContext, status: str | None, limit: int, as_json: bool) -> None:
     """List threads, oldest first: UUID, path (organism/caller/.../listener), parent, status.
 
-    Example: bus threads --status open --json
+    Example: bus pump threads --status open --json
     """
     found = registry.list_threads(obj.open().conn, status, limit)
     echo_listing(found, as_json, "no threads",
@@ -30,4 +30,3 @@ def threads(obj: BusContext, status: str | None, limit: int, as_json: bool) -> N
                             t.status, iso_utc(t.created_at_ms),
                             "-" if t.closed_at_ms is None else iso_utc(t.closed_at_ms)))
 
-COMMANDS = (threads,)

@@ -156,7 +156,7 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as exc:
         raise OobKeyError(str(path), f"is not an unencrypted PEM private key ({exc}); "
-                                     "use the file `bus oob keygen` wrote") from None
+                                     "use the file `bus pump oob keygen` wrote") from None
     return _expect(key, Ed25519PrivateKey, path, "private")
 
 
@@ -167,7 +167,7 @@ def load_public_key(path: str | os.PathLike[str]) -> Ed25519PublicKey:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError) as exc:
         raise OobKeyError(str(path), f"is not a PEM public key ({exc}); list the .pub file "
-                                     "`bus oob keygen` wrote") from None
+                                     "`bus pump oob keygen` wrote") from None
     return _expect(key, Ed25519PublicKey, path, "public")
 
 
@@ -177,13 +177,13 @@ def _read_key_file(path: str | os.PathLike[str]) -> tuple[bytes, int]:
             return f.read(), stat.S_IMODE(os.fstat(f.fileno()).st_mode)
     except OSError as exc:
         raise OobKeyError(str(path), f"cannot be read ({exc.strerror}); check the path, "
-                                     "or create a key pair with `bus oob keygen`") from None
+                                     "or create a key pair with `bus pump oob keygen`") from None
 
 
 def _expect(key: object, kind: type, path: str | os.PathLike[str], which: str) -> Any:
     if not isinstance(key, kind):
         raise OobKeyError(str(path), f"holds a {type(key).__name__}, not an Ed25519 {which} "
-                                     "key; create one with `bus oob keygen`")
+                                     "key; create one with `bus pump oob keygen`")
     return key
 
 
@@ -223,7 +223,7 @@ def verify_request(wire: bytes, public_keys: Iterable[Ed25519PublicKey], *, now:
     signature = envelope.get("signature")
     if signature in (None, ""):
         raise UnsignedRequest("signature: the request is not signed; sign it with an "
-                              "authorized key (bus oob send --key FILE)")
+                              "authorized key (bus pump oob send --key FILE)")
     payload = envelope.get("payload")
     if not isinstance(payload, str):
         raise MalformedRequest("payload", "must be the signed canonical JSON text")
@@ -243,7 +243,7 @@ def _signer(payload: bytes, signature: object, public_keys: Iterable[Ed25519Publ
         raw = b""
     if len(raw) != 64:
         raise BadSignature("signature: is not a base64 Ed25519 signature (64 bytes); "
-                           "sign the request with bus oob send")
+                           "sign the request with bus pump oob send")
     for public_key in public_keys:
         try:
             public_key.verify(raw, payload)

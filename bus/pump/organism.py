@@ -29,7 +29,7 @@ duplicate keys, which YAML would otherwise resolve silently) and returns a
 frozen `Organism`; every error is an `OrganismInvalid` whose `field` is the
 key path (``listeners[2].handler``) and whose message says the fix.
 References (`handler`, `payload`) are checked for shape at load time and
-imported only by `check_references` (what `bus organism check` runs), so
+imported only by `check_references` (what `bus pump organism check` runs), so
 loading never runs handler code.
 """
 
@@ -233,7 +233,7 @@ def _parse_oob(s: _Section, base_dir: Path) -> OobSpec:
     for path, item in s.items("authorized_keys"):
         if not isinstance(item, str) or not item.strip():
             raise OrganismInvalid(s.source, path, f"must be the path of a public key file "
-                                  f"(from `bus oob keygen`), got {_kind(item)}")
+                                  f"(from `bus pump oob keygen`), got {_kind(item)}")
         keys.append(base_dir / item)
     spec = OobSpec(authorized_keys=tuple(keys), socket=s.text("socket") or DEFAULT_SOCKET,
                    window_s=s.number("window_s", DEFAULT_WINDOW_S, WINDOW_MAX_S))
@@ -301,7 +301,7 @@ def _unknown(name: str, index: Mapping[str, int]) -> str:
 def check_references(organism: Organism) -> None:
     """Import every handler and payload class; raises OrganismInvalid naming the key.
 
-    Runs the modules' import-time code: `bus organism check` does this, loading does not.
+    Runs the modules' import-time code: `bus pump organism check` does this, loading does not.
     """
     for i, spec in enumerate(organism.listeners):
         resolve_handler(spec, organism, f"listeners[{i}]")
