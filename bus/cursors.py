@@ -19,7 +19,7 @@ _POSITION_SQL = "SELECT last_acked_seq FROM cursors WHERE agent_id = ?"
 _ACK_SQL = (
     "INSERT INTO cursors (agent_id, last_acked_seq, updated_at_ms)"
     " SELECT :agent, :seq, :now"
-    " WHERE :seq <= (SELECT seq FROM sqlite_sequence WHERE name = 'messages')"
+    " WHERE :seq <= (SELECT max(seq) FROM messages)"
     " ON CONFLICT (agent_id) DO UPDATE SET"
     " last_acked_seq = max(last_acked_seq, excluded.last_acked_seq),"
     " updated_at_ms = CASE WHEN excluded.last_acked_seq > last_acked_seq"

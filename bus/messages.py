@@ -46,14 +46,6 @@ _INSERT_SQL = (
     " ON CONFLICT (id) DO NOTHING RETURNING seq"
 )
 _SEQ_BY_ID_SQL = "SELECT seq FROM messages WHERE id = ?"
-# A caller's id may exist already: the lookup and the insert in one statement
-# (an INSERT whose SELECT finds nothing takes no AUTOINCREMENT seq).
-_INSERT_NEW_ID_SQL = (
-    "INSERT INTO messages (id, ts_ms, from_agent, to_agent, type, correlation_id,"
-    " in_reply_to, payload, payload_ref) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9"
-    " WHERE NOT EXISTS (SELECT 1 FROM messages WHERE id = ?1)"
-    " ON CONFLICT (id) DO NOTHING RETURNING seq"
-)
 # Two index range scans merged by seq: the cost follows `limit`, not the
 # backlog. The seed's `to_agent IS NULL OR to_agent = ?` sorts every waiting row.
 _POLL_SQL = (
@@ -67,7 +59,7 @@ _PENDING_COUNT_SQL = (
 )
 _LIST_SQL = f"SELECT {_COLUMNS} FROM messages WHERE seq > ? ORDER BY seq LIMIT ?"
 _TAIL_SQL = f"SELECT {_COLUMNS} FROM messages ORDER BY seq DESC LIMIT ?"
-_LAST_SEQ_SQL = "SELECT seq FROM sqlite_sequence WHERE name = 'messages'"
+_LAST_SEQ_SQL = "SELECT max(seq) FROM messages"  # the newest row is never deleted
 _COUNT_SQL = "SELECT count(*) FROM messages"
 _REFERENCED_BLOBS_SQL = "SELECT DISTINCT payload_ref FROM messages WHERE payload_ref IS NOT NULL"
 
@@ -138,7 +130,6 @@ class Row(NamedTuple):
     in_reply_to: str | None
     payload: str | None
     payload_ref: str | None = None
-    id_from_caller: bool = False
 
     def bindings(self, ts_ms: int) -> tuple[Any, ...]:
         return (self.id, ts_ms, *self[1:8])
@@ -236,7 +227,6 @@ def prepare_row(
         correlation_id=validate_text(correlation_id, "correlation_id", REFERENCE_MAX, True),
         in_reply_to=validate_text(in_reply_to, "in_reply_to", REFERENCE_MAX, True),
         payload=encode_payload(payload),
-        id_from_caller=id is not None,
     )
 
 
@@ -275,12 +265,10 @@ def insert_row(conn: apsw.Connection, row: Row, ts_ms: int) -> tuple[int, bool]:
     The caller takes `ts_ms` after acquiring the write lock, so times follow
     seq order across processes (as far as the clock allows).
 
-    A row whose id exists already is not written: the original seq comes back.
-    Only a caller's id can already exist, and it is looked up in the insert's
-    own SELECT because a conflicting insert still uses up an AUTOINCREMENT seq.
+    A row whose id exists already is not written (and takes no seq): the
+    original seq comes back.
     """
-    sql = _INSERT_NEW_ID_SQL if row.id_from_caller else _INSERT_SQL
-    seq = conn.execute(sql, row.bindings(ts_ms)).get
+    seq = conn.execute(_INSERT_SQL, row.bindings(ts_ms)).get
     if seq is not None:
         return seq, False
     return conn.execute(_SEQ_BY_ID_SQL, (row.id,)).get, True
@@ -309,7 +297,8 @@ def select_last(conn: apsw.Connection, count: int, blobs: BlobStore | None = Non
 
 
 def last_seq(conn: apsw.Connection) -> int:
-    """The highest seq ever assigned (0 for an empty log); seqs are never reused."""
+    """The highest seq ever assigned (0 for an empty log); seqs are never reused,
+    since compaction keeps the newest message."""
     return conn.execute(_LAST_SEQ_SQL).get or 0
 
 
@@ -359,9 +348,15 @@ def referenced_blobs(conn: apsw.Connection) -> set[str]:
 
 
 def new_message_id() -> str:
-    """A random (version 4) UUID string; formatted by hand, it costs a third of uuid4()."""
-    h = os.urandom(16).hex()
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_UUID_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+    """A time-ordered (version 7, RFC 9562) UUID string.
+
+    48 bits of Unix milliseconds, then 74 random bits: ids made later sort
+    later (to the millisecond), so the unique index on `messages.id` grows
+    at its right edge instead of taking a random page per insert. Formatted
+    by hand, like the version 4 ids before it, for speed.
+    """
+    h = f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
+    return f"{h[:8]}-{h[8:12]}-7{h[13:16]}-{_UUID_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
 
 
 # RFC 9562 variant bits: the first hex digit of the fourth group is 8, 9, a or b.

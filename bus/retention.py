@@ -1,7 +1,8 @@
 """Retention: delete old messages every consumer has acknowledged, gc blobs, shrink the WAL.
 
 A message may go only when it is older than the retention period AND at or
-below every cursor, so nothing any consumer still has to handle is lost.
+below every cursor, so nothing any consumer still has to handle is lost. The
+newest message always stays: it is what keeps seq increasing.
 Once the exporter has exported anything, its position counts as one more
 cursor, so history reaches the JSONL export before it leaves the database.
 """
@@ -22,9 +23,13 @@ from bus.db import write_transaction
 from bus.messages import referenced_blobs
 
 DELETE_BATCH = 5000  # rows per write transaction, so other writers get their turn
+# The newest message is never deleted: seq is max(seq) + 1 (no AUTOINCREMENT,
+# migrations/0008_lean_messages.sql), so it must never go down. min() of a NULL
+# (no cursor yet, or no message) is NULL: then nothing is deleted.
 _MIN_CURSOR_SQL = (
-    "SELECT min(seq) FROM (SELECT last_acked_seq AS seq FROM cursors"
-    " UNION ALL SELECT last_seq FROM export_state WHERE last_seq > 0)"
+    "SELECT min((SELECT min(seq) FROM (SELECT last_acked_seq AS seq FROM cursors"
+    " UNION ALL SELECT last_seq FROM export_state WHERE last_seq > 0)),"
+    " (SELECT max(seq) FROM messages) - 1)"
 )
 _CHECKPOINT_SQL = "PRAGMA wal_checkpoint(TRUNCATE)"
 # A channel message stays while a delivery of it is unfinished or a dead
@@ -64,7 +69,8 @@ class CompactReport:
 
 
 def acked_through(conn: apsw.Connection) -> int:
-    """The highest seq that every cursor (and the exporter, once used) has passed; 0 if none."""
+    """The highest seq compaction may delete: every cursor (and the exporter, once used)
+    has passed it, and it is below the newest message; 0 if none."""
     return conn.execute(_MIN_CURSOR_SQL).get or 0
 
 

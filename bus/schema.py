@@ -85,17 +85,36 @@ def migrate(conn: apsw.Connection, path: str = "") -> list[Migration]:
 
     Safe when several processes open a new file at once: each migration
     re-reads the version under the write lock and skips work already done.
+    Foreign keys are off while migrations run, so a migration can rebuild a
+    parent table (create, copy, drop, rename) without its DROP cascading into
+    the children; `PRAGMA foreign_key_check` must come back empty before each
+    commit (https://sqlite.org/lang_altertable.html#otheralter).
     """
-    applied = []
-    for migration in schema_status(conn, path).pending:
-        with write_transaction(conn):
-            if current_version(conn) >= migration.version:
-                continue
-            # A script runs statement by statement as its cursor is consumed.
-            conn.execute(migration.sql()).fetchall()
-            # PRAGMAs take no bound parameters; both values are integers we own.
-            conn.execute(f"PRAGMA user_version = {int(migration.version)}")
-            conn.execute(f"PRAGMA application_id = {int(APPLICATION_ID)}")
-            conn.execute(_META_VERSION_SQL, (str(migration.version),))
-        applied.append(migration)
-    return applied
+    pending = schema_status(conn, path).pending
+    if not pending:
+        return []
+    if conn.in_transaction:  # PRAGMA foreign_keys is a no-op inside a transaction
+        raise RuntimeError("migrate() needs a connection outside any transaction")
+    enforced = conn.execute("PRAGMA foreign_keys").get
+    conn.execute("PRAGMA foreign_keys = OFF")
+    try:
+        return [m for m in pending if _apply(conn, m)]
+    finally:
+        conn.execute("PRAGMA foreign_keys = ON" if enforced else "PRAGMA foreign_keys = OFF")
+
+
+def _apply(conn: apsw.Connection, migration: Migration) -> bool:
+    """Run one migration in one transaction; False if another process already did."""
+    with write_transaction(conn):
+        if current_version(conn) >= migration.version:
+            return False
+        # A script runs statement by statement as its cursor is consumed.
+        conn.execute(migration.sql()).fetchall()
+        broken = conn.execute("PRAGMA foreign_key_check").fetchall()
+        if broken:
+            raise RuntimeError(f"migration {migration.path.name} breaks foreign keys: {broken[:5]}")
+        # PRAGMAs take no bound parameters; both values are integers we own.
+        conn.execute(f"PRAGMA user_version = {int(migration.version)}")
+        conn.execute(f"PRAGMA application_id = {int(APPLICATION_ID)}")
+        conn.execute(_META_VERSION_SQL, (str(migration.version),))
+    return True

@@ -370,6 +370,25 @@ def test_receive_reads_the_pending_index_in_order_whatever_the_backlog(
     assert "SEARCH d USING COVERING INDEX idx_deliveries_pending (recipient=?)" in count_plan
 
 
+@pytest.mark.parametrize("flt, first_step", [
+    ({"types": ["command"]}, "SCAN cm"),  # seq order, stopping at the limit: types are few
+    ({"sender": "b"}, "SEARCH cm USING INDEX idx_channel_messages_sender (sender=?)"),
+    ({"types": ["command"], "sender": "b"},
+     "SEARCH cm USING INDEX idx_channel_messages_sender (sender=?)"),
+])
+def test_query_by_type_and_sender_reads_in_order_without_sorting(
+        history: Channels, flt: dict, first_step: str) -> None:
+    """`bus channel query --type/--sender` (the messages table has no type index since
+    migration 8: these filters read channel_messages)."""
+    conn = history.conn
+    statements = traced_selects(conn, lambda: history.query_messages({**flt, "limit": 5}).messages)
+    assert statements
+    for sql, bindings in statements:
+        plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, bindings)]
+        assert plan[0] == first_step, plan
+        assert not [step for step in plan if "TEMP B-TREE" in step], plan
+
+
 # --- content ----------------------------------------------------------------------------------
 
 

@@ -82,7 +82,6 @@ def test_validate_agent_id_names_the_problem(agent, problem):
 def test_prepare_row_normalises_caller_uuid_to_lower_case():
     row = prepare_row("a", "t", id="AAAAAAAA-BBBB-4CCC-8DDD-EEEEEEEEEEEE")
     assert row.id == "aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee"
-    assert row.id_from_caller
 
 
 @pytest.mark.parametrize("kwargs, field", [

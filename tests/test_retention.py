@@ -117,8 +117,8 @@ def test_compact_agent_without_cursor_does_not_hold_back(bus: Bus) -> None:
     publish_n(bus, 3, to="newcomer")
     publish_n(bus, 1)
     bus.ack("veteran", 4)
-    assert bus.compact(0, now=later()).messages == 4
-    assert bus.poll("newcomer") == []
+    assert bus.compact(0, now=later()).messages == 3  # all but the newest, which always stays
+    assert [m.seq for m in bus.poll("newcomer")] == [4]  # the broadcast; its own three are gone
 
 
 def test_compact_keeps_messages_younger_than_keep_days(bus: Bus) -> None:
@@ -129,7 +129,7 @@ def test_compact_keeps_messages_younger_than_keep_days(bus: Bus) -> None:
     before = now_ms()
     report = bus.compact(7)
     after = now_ms()
-    assert (report.messages, report.acked_through) == (4, 10)
+    assert (report.messages, report.acked_through) == (4, 9)  # 10 is the newest: it stays
     assert before - 7 * DAY_MS <= report.cutoff_ms <= after - 7 * DAY_MS
     assert seqs(bus) == list(range(5, 11))
 
@@ -187,8 +187,9 @@ def test_compact_dry_run_counts_and_changes_nothing(tmp_path: Path) -> None:
         tables = table_dump(bus)
         wal = wal_size(db)
         report = bus.compact(0, now=later(), dry_run=True, grace_seconds=0)
+        # The orphan's row is gone, so seq 6 is the newest: it stays.
         assert report == CompactReport(dry_run=True, cutoff_ms=report.cutoff_ms,
-                                       acked_through=orphan_seq, messages=6, blobs=[],
+                                       acked_through=5, messages=5, blobs=[],
                                        wal_bytes_before=0, wal_bytes_after=0)
         assert table_dump(bus) == tables
         assert bus.blobs.list_refs() == [ref]   # the orphan is not collected either
@@ -285,8 +286,8 @@ def test_compact_deletes_more_than_one_batch(bus: Bus) -> None:
     bus.conn.set_commit_hook(lambda: commits.append(1) is not None)
     report = bus.compact(0, now=later())
     bus.conn.set_commit_hook(None)
-    assert report.messages == total
-    assert bus.message_count() == 0
+    assert report.messages == total - 1  # the newest stays: it keeps seq increasing
+    assert seqs(bus) == [total]
     assert len(commits) >= 3  # one transaction per batch, so other writers get turns
     assert bus.publish("p", "after").seq == total + 1
 
@@ -310,8 +311,8 @@ def test_compact_batches_at_the_boundaries(bus: Bus, monkeypatch, count: int) ->
 def test_compact_then_poll_ack_and_publish_keep_working(bus: Bus, db_path: Path) -> None:
     publish_n(bus, 5)
     bus.ack("a", 5)
-    assert bus.compact(0, now=later()).messages == 5
-    assert bus.message_count() == 0
+    assert bus.compact(0, now=later()).messages == 4
+    assert seqs(bus) == [5]                   # everything it may: the newest stays
     assert bus.last_seq() == 5
     assert bus.poll("a") == []
     assert bus.publish("p", "next").seq == 6  # never reused
@@ -319,13 +320,28 @@ def test_compact_then_poll_ack_and_publish_keep_working(bus: Bus, db_path: Path)
     assert bus.ack("a", 6) == 6
     assert bus.ack("a", 3) == 6               # an old, deleted seq: no move back
     assert bus.ack("late", 2) == 2            # a deleted seq is still a valid position
-    assert [m.seq for m in bus.poll("late")] == [6]
+    assert [m.seq for m in bus.poll("late")] == [5, 6]
     with pytest.raises(ValidationFailed):
         bus.ack("a", 7)
     bus.close()
     with Bus.open(db_path) as reopened:       # the sequence survives reopening
         assert reopened.last_seq() == 6
         assert reopened.publish("p", "again").seq == 7
+
+
+def test_compact_everything_then_publish_never_reuses_a_seq(bus: Bus, db_path: Path) -> None:
+    """seq is max(seq) + 1 (no AUTOINCREMENT): compaction keeps the newest message."""
+    for round_ in range(3):
+        first = bus.last_seq() + 1
+        publish_n(bus, 4)
+        bus.ack("a", bus.last_seq())
+        bus.compact(0, now=later())
+        assert seqs(bus) == [first + 3]
+        bus.close()
+        bus = Bus.open(db_path)
+        assert bus.publish("p", "after").seq == first + 4
+        bus.ack("a", first + 4)
+    bus.close()
 
 
 @pytest.mark.parametrize("keep_days", [-1, float("inf"), float("nan"), True, "7", None])
@@ -384,6 +400,8 @@ def test_compact_never_removes_what_a_cursor_has_not_acked(tmp_path: Path, ops) 
                 times = sorted({ts for ts, _ in present.values()})
                 now = times[x] if x < len(times) else (times[-1] + 1 if times else now_ms())
                 lowest = min([*cursors.values(), *([export] if export > 0 else [])], default=0)
+                if present:  # the newest message always stays
+                    lowest = min(lowest, max(present) - 1)
                 doomed = {s for s, (ts, _) in present.items() if s <= lowest and ts < now}
                 before = set(seqs(bus))
                 report = bus.compact(0, now=now, dry_run=y, grace_seconds=0)

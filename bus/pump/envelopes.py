@@ -58,7 +58,7 @@ def envelope_row(element: etree._Element, *, id: str, sender: str, thread: str,
     xml = canonicalize(element).decode()
     return Row(id=id, from_agent=sender, to_agent=address(organism), type=ENVELOPE_TYPE,
                correlation_id=thread, in_reply_to=in_reply_to,
-               payload=orjson.dumps({"xml": xml}).decode(), id_from_caller=True)
+               payload=orjson.dumps({"xml": xml}).decode())
 
 
 def envelope_xml(message: Message) -> bytes:
