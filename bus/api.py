@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from typing import Iterable
 from typing import Mapping
+from typing import Sequence
 
 import apsw
 
@@ -40,6 +41,7 @@ from bus.db import write_transaction
 from bus.errors import BusClosed
 from bus.errors import ValidationFailed
 from bus.export import JsonlExporter
+from bus.group_commit import GroupCommit
 from bus.heartbeats import Liveness
 from bus.heartbeats import Thresholds
 from bus.messages import Message
@@ -74,6 +76,8 @@ class Bus:
         self._lock = threading.Lock()
         self._closed = False
         self._channels: Channels | None = None
+        # Publishes from this Bus's threads share transactions (bus/group_commit.py).
+        self._publishes: GroupCommit[messages.Row, PublishResult] = GroupCommit(self._write_rows)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], durability: str = "normal", *,
@@ -166,13 +170,23 @@ class Bus:
     def _insert(self, rows: list[messages.Row]) -> list[PublishResult]:
         # Blobs are written (and fsynced) before the transaction, outside the lock.
         rows = [self.move_large_payload(row) for row in rows]
+        if self.conn.in_transaction:  # the caller's own transaction: write in it
+            return self._write_rows([rows])[0]
+        return self._publishes.submit(rows)
+
+    def _write_rows(self, batches: list[Sequence[messages.Row]]) -> list[list[PublishResult]]:
+        """Every batch's rows in one transaction on this thread's connection."""
         conn = self.conn
+        durable = self.durable
         results = []
         with write_transaction(conn):
             ts_ms = messages.now_ms()
-            for row in rows:
-                seq, duplicate = messages.insert_row(conn, row, ts_ms)
-                results.append(PublishResult(seq, row.id, duplicate, self.durable))
+            for rows in batches:
+                written = []
+                for row in rows:
+                    seq, duplicate = messages.insert_row(conn, row, ts_ms)
+                    written.append(PublishResult(seq, row.id, duplicate, durable))
+                results.append(written)
         return results
 
     def move_large_payload(self, row: messages.Row) -> messages.Row:

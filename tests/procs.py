@@ -19,8 +19,10 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 import traceback
+import uuid
 from pathlib import Path
 
 from bus import Bus
@@ -137,6 +139,35 @@ def publish_stream(args: argparse.Namespace) -> None:
         n += 1
 
 
+def publish_threads(args: argparse.Namespace) -> None:
+    """`--threads` threads share one Bus and publish forever (group commit).
+
+    Each prints "try <id>" before a publish and "ok <id> <seq>" once it
+    returned, so the parent knows every id that may be in the file and every
+    one that must be.
+    """
+    bus = Bus.open(args.db)
+    lock = threading.Lock()
+
+    def tell(text: str) -> None:
+        with lock:
+            say(text)
+
+    def publish_forever(thread: int) -> None:
+        n = 0
+        while True:
+            id_ = str(uuid.uuid4())
+            tell(f"try {id_}")
+            result = bus.publish(f"t{thread}", "stream", {"thread": thread, "n": n}, id=id_)
+            tell(f"ok {id_} {result.seq}")
+            n += 1
+
+    for thread in range(args.threads):
+        threading.Thread(target=publish_forever, args=(thread,), daemon=True).start()
+    sys.stdin.read()  # the parent never writes: this blocks until SIGKILL
+    raise AssertionError("stdin closed: the parent was supposed to kill this process")
+
+
 def open_and_publish(args: argparse.Namespace) -> None:
     """Round after round: wait for that round's barrier, open a new bus file, publish one.
 
@@ -204,6 +235,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("db")
     p.add_argument("--sender", required=True)
     p.set_defaults(func=publish_stream)
+
+    p = roles.add_parser("publish-threads")
+    p.add_argument("db")
+    p.add_argument("--threads", type=int, default=16)
+    p.set_defaults(func=publish_threads)
 
     p = roles.add_parser("open-and-publish")
     p.add_argument("db", help='path template containing "{round}"')

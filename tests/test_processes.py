@@ -226,6 +226,32 @@ def test_processes_publisher_killed_mid_stream_loses_nothing_returned(db_path, s
         assert after.seq == len(rows) + 1
 
 
+def test_processes_sixteen_publishing_threads_killed_lose_and_invent_nothing(db_path, spawn):
+    """Group commit under SIGKILL: every publish that returned is in the file with the
+    seq it returned, and nothing is there that no thread tried to publish."""
+    Bus.open(db_path).close()
+    child = spawn("threads", "publish-threads", str(db_path), "--threads", "16")
+    lines = []
+    while sum(line.startswith("ok ") for line in lines) < 2000:
+        lines.append(child.read_line(SHORT_TIMEOUT))
+    child.kill()
+    more, partial = child.remaining_lines()
+    lines += more
+    tried = {line.split()[1] for line in lines if line.startswith("try ")}
+    returned = {line.split()[1]: int(line.split()[2]) for line in lines if line.startswith("ok ")}
+    # A "try" line cut short by the kill names an attempt we cannot read in full.
+    hidden_attempts = 1 if partial.startswith(b"try ") else 0
+
+    with Bus.open(db_path) as bus:
+        assert bus.conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        rows = {m.id: m.seq for m in all_messages(bus)}
+        assert {id_: rows.get(id_) for id_ in returned} == returned  # nothing returned is lost
+        unknown = set(rows) - tried
+        assert len(unknown) <= hidden_attempts, unknown  # nothing invented
+        assert len(rows) - len(returned) <= 16  # at most the publishes in flight
+        assert bus.publish("parent", "after-kill").seq == max(rows.values()) + 1
+
+
 # --- several processes opening a new file at once ---------------------------------------
 
 OPENERS = 6
