@@ -140,9 +140,20 @@ class Row(NamedTuple):
 
 def validate_agent_id(value: object, field: str = "agent") -> str:
     """An agent id: 1-128 characters of letters, digits and . _ : -"""
+    # The same few agents publish again and again: a set lookup instead of
+    # the regex for ids already seen (only valid ones are kept, a few thousand).
+    if type(value) is str and value in _VALID_AGENT_IDS:
+        return value
     if isinstance(value, str) and 0 < len(value) <= AGENT_ID_MAX and _AGENT_ID.fullmatch(value):
+        if len(_VALID_AGENT_IDS) >= _VALID_AGENT_IDS_MAX:
+            _VALID_AGENT_IDS.clear()
+        _VALID_AGENT_IDS.add(value)
         return value
     raise ValidationFailed(field, _agent_id_problem(value), value=value)
+
+
+_VALID_AGENT_IDS: set[str] = set()
+_VALID_AGENT_IDS_MAX = 4096
 
 
 def _agent_id_problem(value: object) -> str:

@@ -6,7 +6,10 @@ rounds; the best round of each counts. The figure to watch is the ratio
 (agentbus / baseline throughput): it cancels most of a noisy machine's drift.
 Wake latency (scripts/bench_wake.py) is measured against a raw polling loop;
 the message engine (scripts/bench_channels.py) against raw apsw and plain Python;
-the Spark history job (scripts/bench_history.py) against Spark's read-and-count.
+the Spark history job (scripts/bench_history.py) against Spark's read-and-count;
+publish with a 200,000-message backlog, from 16 threads and from 16 processes
+(scripts/bench_publish.py) against publish into an empty file, from one thread
+and from one process.
 
     python scripts/bench.py [--rounds 3] [--scale 1.0] [--spark-messages 1000000] [--json]
 """
@@ -31,6 +34,8 @@ from bench_channels import channel_rows
 from bench_channels import print_rows as print_channel_rows
 from bench_history import history_row
 from bench_history import print_row as print_history_row
+from bench_publish import print_rows as print_publish_rows
+from bench_publish import publish_rows
 from bench_pump import print_rows as print_pump_rows
 from bench_pump import pump_rows
 from bench_wake import wake_rows
@@ -280,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_cases(cases(args.scale), args.rounds, workdir)
         rows.append(export_figures(workdir, max(10_000, int(200_000 * args.scale)), args.rounds))
         small, large = backlog_figures(workdir, 100), backlog_figures(workdir, 100_000)
+        publishes = publish_rows(workdir, args.rounds, args.scale)
         wakes = wake_rows(workdir, commits=max(100, int(500 * args.scale)))
         channels = channel_rows(workdir, args.rounds, args.scale)
         spark = history_row(workdir, args.spark_messages) if args.spark_messages else None
@@ -287,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report(rows, small, large, wakes, args.json)
+    report_section(publishes, print_publish_rows, args.json)
     report_section(channels, print_channel_rows, args.json)
     xml = xml_figures(max(2000, int(20_000 * args.scale)), args.rounds)
     report_xml(xml, args.json)
@@ -302,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     met += [r["agentbus_per_s"] >= r["target_per_s"] for r in rows if r.get("target_per_s")]
     met += [x["us"] <= x["target_us"] for x in xml if x["target_us"] is not None]
     met += [p["ok"] for p in pumps if "ok" in p]
+    met += [p["ok"] for p in publishes]
     return 0 if all(met) and all(w["ok"] for w in wakes) else 1
 
 

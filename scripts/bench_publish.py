@@ -27,9 +27,7 @@ from pathlib import Path
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bus import Bus  # noqa: E402
+from bus import Bus
 
 BACKLOG_TARGET = 0.9
 THREADS = 16

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime
 from datetime import timedelta
 from datetime import timezone
@@ -141,3 +142,16 @@ def test_iso_utc_round_trips_to_the_millisecond(ts_ms):
     assert text.endswith("Z")
     parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     assert (parsed - EPOCH) // timedelta(milliseconds=1) == ts_ms
+
+
+@given(st.lists(st.one_of(st.text(max_size=140), st.from_regex(r"[A-Za-z0-9._:-]{1,130}",
+                                                                fullmatch=True)), max_size=50))
+def test_validate_agent_id_answers_alike_whether_seen_before_or_not(values):
+    """The cache of valid ids never changes an answer: each value twice, same result."""
+    rule = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+    for value in values + values:
+        valid = rule.fullmatch(value) is not None
+        try:
+            assert validate_agent_id(value) == value and valid
+        except ValidationFailed:
+            assert not valid
