@@ -12,11 +12,13 @@ connection (SQLite connections must not be shared), opened on first use.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
 from typing import Any
 from typing import Iterable
+from typing import Iterator
 from typing import Mapping
 
 import apsw
@@ -34,8 +36,9 @@ from bus.cursors import Cursor
 from bus.engine import Channels
 from bus.db import DURABLE_BY_DURABILITY
 from bus.db import connect
+from bus.db import refuse_write
 from bus.db import synchronous_for
-from bus.db import translate_busy
+from bus.db import translate_errors
 from bus.db import write_transaction
 from bus.errors import BusClosed
 from bus.errors import ValidationFailed
@@ -164,15 +167,17 @@ class Bus:
         return self._insert(messages.prepare_batch(batch))
 
     def _insert(self, rows: list[messages.Row]) -> list[PublishResult]:
-        # Blobs are written (and fsynced) before the transaction, outside the lock.
-        rows = [self.move_large_payload(row) for row in rows]
         conn = self.conn
+        refuse_write(conn)  # a read-only or corrupt bus says so before a blob is written
         results = []
-        with write_transaction(conn):
-            ts_ms = messages.now_ms()
-            for row in rows:
-                seq, duplicate = messages.insert_row(conn, row, ts_ms)
-                results.append(PublishResult(seq, row.id, duplicate, self.durable))
+        with self.staging_blobs():
+            # Blobs are written (and fsynced) before the transaction, outside the lock.
+            rows = [self.move_large_payload(row) for row in rows]
+            with write_transaction(conn):
+                ts_ms = messages.now_ms()
+                for row in rows:
+                    seq, duplicate = messages.insert_row(conn, row, ts_ms)
+                    results.append(PublishResult(seq, row.id, duplicate, self.durable))
         return results
 
     def move_large_payload(self, row: messages.Row) -> messages.Row:
@@ -183,7 +188,31 @@ class Bus:
         data = row.payload.encode()
         if len(data) <= self.blob_threshold:
             return row
-        return row._replace(payload=None, payload_ref=self.blobs.put(data))
+        ref, created = self.blobs.store(data)
+        staged = getattr(self._local, "staged", None)
+        if created and staged is not None:
+            staged.append(ref)
+        return row._replace(payload=None, payload_ref=ref)
+
+    @contextlib.contextmanager
+    def staging_blobs(self) -> Iterator[None]:
+        """Delete the blobs first written inside the block if the block raises.
+
+        So a refused or failed write (full disk, unknown channel, a limit)
+        leaves no blob behind. Known limit, as in `BlobStore.gc`: identical
+        bytes put by another writer in the same instant lose their file too.
+        """
+        if getattr(self._local, "staged", None) is not None:
+            yield  # nested: the outermost block decides
+            return
+        self._local.staged = []
+        try:
+            yield
+        except BaseException:
+            self.blobs.discard(self._local.staged)
+            raise
+        finally:
+            self._local.staged = None
 
     # --- consuming --------------------------------------------------------
 
@@ -196,7 +225,7 @@ class Bus:
         messages.validate_agent_id(agent)
         _validate_limit(limit)
         conn = self.conn
-        with translate_busy():
+        with translate_errors(self.conn):
             after = cursors.position(conn, agent)
             return messages.select_for_agent(conn, agent, after, limit, self.blobs)
 
@@ -237,7 +266,7 @@ class Bus:
             with self._lock:
                 self._watchers.append(watcher)
             self._local.watcher = watcher
-        with translate_busy():
+        with translate_errors(self.conn):
             return watcher.wait(timeout)
 
     # --- heartbeats -------------------------------------------------------
@@ -259,7 +288,7 @@ class Bus:
         `now` (epoch milliseconds) defaults to the clock; `thresholds` to
         30 s warn, 100 s stale, 300 s dead. Most silent first.
         """
-        with translate_busy():
+        with translate_errors(self.conn):
             return heartbeats.liveness(self.conn, _now_ms(now), thresholds or Thresholds())
 
     # --- task claims ------------------------------------------------------
@@ -321,12 +350,12 @@ class Bus:
 
     def claims(self) -> list[Claim]:
         """Every current claim, expired ones included (check `claim.expired(now)`)."""
-        with translate_busy():
+        with translate_errors(self.conn):
             return claims.list_claims(self.conn)
 
     def dead_claims(self) -> list[DeadClaim]:
         """Tasks that ran out of attempts, oldest first."""
-        with translate_busy():
+        with translate_errors(self.conn):
             return claims.list_dead(self.conn)
 
     def reap(self, now: int | None = None, thresholds: Thresholds | None = None) -> list[Claim]:
@@ -359,7 +388,7 @@ class Bus:
     def gc_blobs(self, grace_seconds: float = GC_GRACE_SECONDS) -> list[str]:
         """Delete blobs no message references and untouched for `grace_seconds`."""
         _validate_grace(grace_seconds)
-        with translate_busy():
+        with translate_errors(self.conn):
             referenced = messages.referenced_blobs(self.conn)
         return self.blobs.gc(referenced, grace_seconds)
 
@@ -377,20 +406,21 @@ class Bus:
         _validate_grace(grace_seconds)
         cutoff = _now_ms(now) - int(keep_days * 86_400_000)
         # The blobs' grace period runs on the real clock: it protects real writes in flight.
-        with translate_busy():
+        with translate_errors(self.conn):
             return retention.compact(self.conn, self.blobs, cutoff, grace_seconds, dry_run)
 
     # --- export -------------------------------------------------------------
 
     def export_path(self) -> Path:
         """Where the JSONL export goes: the file it went to before, else bus.jsonl beside the db."""
-        with translate_busy():
+        with translate_errors(self.conn):
             recorded = self.conn.execute("SELECT path FROM export_state WHERE id = 1").get
         return Path(recorded) if recorded else Path(self.path).absolute().parent / "bus.jsonl"
 
     def exporter(self, path: str | os.PathLike[str] | None = None,
                  partition_by: str | None = None) -> JsonlExporter:
         """A JsonlExporter for `path` (default: `export_path()`), not yet opened."""
+        refuse_write(self.conn)  # it records its position in the bus: say so before any file
         return JsonlExporter(self.conn, path if path is not None else self.export_path(),
                              partition_by)
 
@@ -402,7 +432,7 @@ class Bus:
         directory `path` (for Spark). Exactly once across crashes (see
         bus/export.py); one exporter at a time.
         """
-        with translate_busy(), self.exporter(path, partition_by) as exporter:
+        with translate_errors(self.conn), self.exporter(path, partition_by) as exporter:
             return exporter.export()
 
     # --- inspection -------------------------------------------------------
@@ -410,39 +440,39 @@ class Bus:
     def cursor(self, agent: str) -> int:
         """The last seq `agent` acknowledged (0 before its first ack)."""
         messages.validate_agent_id(agent)
-        with translate_busy():
+        with translate_errors(self.conn):
             return cursors.position(self.conn, agent)
 
     def list_cursors(self) -> list[Cursor]:
         """Every consumer's cursor with the number of messages waiting for it."""
         conn = self.conn
-        with translate_busy():
+        with translate_errors(self.conn):
             return [Cursor(agent, seq, updated, messages.pending_count(conn, agent, seq))
                     for agent, seq, updated in cursors.list_rows(conn)]
 
     def list_messages(self, after: int = 0, limit: int = 100) -> list[Message]:
         """All messages above seq `after`, whoever they are for (for tail and tools)."""
         _validate_limit(limit)
-        with translate_busy():
+        with translate_errors(self.conn):
             return messages.select_after(self.conn, after, limit, self.blobs)
 
     def last_messages(self, count: int) -> list[Message]:
         """The newest `count` messages, oldest first."""
         _validate_limit(count)
-        with translate_busy():
+        with translate_errors(self.conn):
             return messages.select_last(self.conn, count, self.blobs)
 
     def message_count(self) -> int:
-        with translate_busy():
+        with translate_errors(self.conn):
             return messages.message_count(self.conn)
 
     def schema_version(self) -> int:
-        with translate_busy():
+        with translate_errors(self.conn):
             return current_version(self.conn)
 
     def last_seq(self) -> int:
         """The highest seq assigned so far (0 for a new bus)."""
-        with translate_busy():
+        with translate_errors(self.conn):
             return messages.last_seq(self.conn)
 
 

@@ -7,6 +7,8 @@ from typing import Any
 import click
 
 from bus.api import Bus
+from bus.db import ENVIRONMENT_ERRORS
+from bus.db import environment_error
 from bus.errors import BusBusy
 from bus.errors import BusError
 
@@ -19,15 +21,28 @@ class BusyExit(click.ClickException):
 
 
 class BusGroup(click.Group):
-    """Turns library errors into `Error: ...` with exit 1 (75 when busy)."""
+    """Turns library errors into `Error: ...` with exit 1 (75 when busy).
+
+    SQLite and OS failures of the environment that reach this far (a full
+    disk, a corrupt or read-only file) get their named error too: no traceback.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except BusBusy as exc:
-            raise BusyExit(str(exc)) from exc
+        except (*ENVIRONMENT_ERRORS, OSError) as exc:
+            named = environment_error(exc, getattr(ctx.obj, "db", ""))
+            if named is None:
+                raise
+            raise _click_error(named) from exc
         except BusError as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise _click_error(exc) from exc
+
+
+def _click_error(exc: BusError) -> click.ClickException:
+    if isinstance(exc, BusBusy):
+        return BusyExit(str(exc))
+    return click.ClickException(str(exc))
 
 
 class BusContext:

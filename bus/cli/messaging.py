@@ -1,4 +1,4 @@
-"""`bus` commands for the message log: init, publish, poll, ack, tail, sql, migrate, status."""
+"""`bus` commands for the message log: init, publish, poll, ack, tail, sql, migrate, status, check."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ from bus.cli.output import echo_json
 from bus.cli.output import echo_messages
 from bus.cli.output import echo_rows
 from bus.db import connect
+from bus.db import environment_error
+from bus.errors import DatabaseCorrupt
+from bus.integrity import check_database
 from bus.schema import migrate
 from bus.schema import schema_status
 
@@ -162,6 +165,8 @@ def sql(obj: BusContext, query: str, as_json: bool) -> None:
     obj.ctx.call_on_close(lambda: conn.close(True))
     try:
         columns, rows = _run_read_only(conn, query)
+    except apsw.CorruptError as exc:
+        raise environment_error(exc, conn.filename) from exc
     except (apsw.ReadOnlyError, apsw.AuthError):
         raise click.ClickException(
             "bus sql is read-only and cannot change the database; "
@@ -221,6 +226,31 @@ def status(obj: BusContext, as_json: bool) -> None:
         echo_rows(["agent", "acked", "lag"], cursor_rows, False)
     else:
         click.echo("no cursors yet (no agent has acked)")
+
+
+@click.command()
+@click.option("--full", is_flag=True,
+              help="Run integrity_check (also compares every index with its table; slower)"
+                   " instead of quick_check.")
+@json_option
+@pass_bus_context
+def check(obj: BusContext, full: bool, as_json: bool) -> None:
+    """Check the bus file for damage with SQLite's quick_check (--full: integrity_check).
+
+    Only reads. Exits 1 when the file is damaged, after listing what SQLite found.
+
+    Example: bus check --full
+    """
+    report = check_database(obj.db, full)
+    if as_json:
+        echo_json(report.to_json_dict())
+    elif report.ok:
+        click.echo(f"{obj.db}: ok ({report.to_json_dict()['check']})")
+    else:
+        for problem in report.problems:
+            click.echo(problem)
+    if not report.ok:
+        raise DatabaseCorrupt(obj.db, f"{len(report.problems)} problem(s) found")
 
 
 # --- helpers --------------------------------------------------------------
@@ -319,4 +349,4 @@ def _export_with_progress(exporter) -> int:
     return total
 
 
-COMMANDS = [init, publish, poll, ack, tail, sql, migrate_command, status, export]
+COMMANDS = [init, publish, poll, ack, tail, sql, migrate_command, status, check, export]
