@@ -74,6 +74,17 @@ class BlobStore:
             raise BlobCorrupt(f"blob {ref} in {self.root} does not match its hash")
         return data
 
+    def head(self, ref: str, size: int) -> tuple[bytes, int]:
+        """The blob's first `size` bytes, unchecked (a preview), and its whole size.
+
+        Raises BlobMissing.
+        """
+        try:
+            with open(self.path(ref), "rb") as f:
+                return f.read(size), os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            raise BlobMissing(f"blob {ref} is not in {self.root}") from None
+
     def exists(self, ref: str) -> bool:
         return self.path(ref).is_file()
 

@@ -53,6 +53,7 @@ from bus.wake import ChangeWatcher
 
 POLL_LIMIT_MAX = 10_000
 BLOB_THRESHOLD = 4096  # bytes of payload JSON above which it goes to the blob store
+MAX_PAYLOAD_BYTES = 16 * 1024 * 1024  # bytes of payload JSON one message may carry
 GC_GRACE_SECONDS = 3600.0
 LEASE_MS_MAX = 7 * 24 * 3600 * 1000
 SYSTEM_AGENT = "bus"  # sender of the messages the bus publishes itself (task_released, ...)
@@ -63,11 +64,13 @@ class Bus:
     """An open bus database. Create with `Bus.open(path)`; close with `close()`."""
 
     def __init__(self, path: str, durability: str, conn: apsw.Connection, *,
-                 blob_threshold: int = BLOB_THRESHOLD, blob_dir: str | None = None) -> None:
+                 blob_threshold: int = BLOB_THRESHOLD, blob_dir: str | None = None,
+                 max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
         self.path = path
         self.durability = durability
         self.durable = DURABLE_BY_DURABILITY[durability]
         self.blob_threshold = blob_threshold
+        self.max_payload_bytes = max_payload_bytes
         # Looked up at run time: `import blobs` first imports bus, which imports this.
         self.blobs = blobs.store.BlobStore(blob_dir or Path(path).absolute().parent / "blobs")
         self._local = threading.local()
@@ -81,7 +84,8 @@ class Bus:
     @classmethod
     def open(cls, path: str | os.PathLike[str], durability: str = "normal", *,
              create: bool = True, blob_threshold: int = BLOB_THRESHOLD,
-             blob_dir: str | os.PathLike[str] | None = None) -> Bus:
+             blob_dir: str | os.PathLike[str] | None = None,
+             max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> Bus:
         """Open the bus at `path`, creating and migrating it as needed.
 
         `durability` is "normal" (a publish survives a process crash) or
@@ -89,10 +93,15 @@ class Bus:
         commit). With `create=False` a missing file raises BusNotFound.
         Payloads whose JSON is longer than `blob_threshold` bytes are kept in
         the blob store, `blobs/` beside the database unless `blob_dir` says.
-        Raises NotABusDatabase or SchemaTooNew for files it must not touch.
+        A payload whose JSON is longer than `max_payload_bytes` (16 MiB by
+        default) is refused with ValidationFailed before anything is written.
+        Raises NotABusDatabase or SchemaTooNew for files it must not touch,
+        DatabaseCorrupt for a damaged one; a file this process cannot write
+        opens read-only (writes raise BusReadOnly).
         """
         synchronous_for(durability)
         messages.validate_positive_int(blob_threshold, "blob_threshold")
+        messages.validate_positive_int(max_payload_bytes, "max_payload_bytes")
         path = os.fspath(path)
         conn = connect(path, durability, create=create)
         try:
@@ -101,7 +110,8 @@ class Bus:
             conn.close()
             raise
         return cls(path, durability, conn, blob_threshold=blob_threshold,
-                   blob_dir=os.fspath(blob_dir) if blob_dir is not None else None)
+                   blob_dir=os.fspath(blob_dir) if blob_dir is not None else None,
+                   max_payload_bytes=max_payload_bytes)
 
     # --- connections ------------------------------------------------------
 
@@ -156,6 +166,7 @@ class Bus:
         """
         row = messages.prepare_row(from_agent, type, payload, to=to, id=id,
                                    correlation_id=correlation_id, in_reply_to=in_reply_to)
+        self.check_payload_size(row)
         return self._insert([row])[0]
 
     def publish_many(self, batch: Iterable[Mapping[str, Any]]) -> list[PublishResult]:
@@ -164,7 +175,10 @@ class Bus:
         Each item is a dict of `publish` arguments (from_agent, type, payload,
         to, id, correlation_id, in_reply_to). Every item is validated first.
         """
-        return self._insert(messages.prepare_batch(batch))
+        rows = messages.prepare_batch(batch)
+        for index, row in enumerate(rows):
+            self.check_payload_size(row, f"messages[{index}].payload")
+        return self._insert(rows)
 
     def _insert(self, rows: list[messages.Row]) -> list[PublishResult]:
         conn = self.conn
@@ -180,9 +194,24 @@ class Bus:
                     results.append(PublishResult(seq, row.id, duplicate, self.durable))
         return results
 
-    def move_large_payload(self, row: messages.Row) -> messages.Row:
-        """The row, with a payload over blob_threshold bytes moved to the blob store."""
+    def check_payload_size(self, row: messages.Row, field: str = "payload") -> None:
+        """Raise ValidationFailed when the row's payload JSON is over max_payload_bytes."""
         # A character is at most 4 bytes in UTF-8: short payloads skip the encode.
+        if row.payload is None or len(row.payload) * 4 <= self.max_payload_bytes:
+            return
+        size = len(row.payload.encode())
+        if size > self.max_payload_bytes:
+            raise ValidationFailed(
+                field, f"is {size} bytes of JSON; the limit is {self.max_payload_bytes} bytes"
+                       " (Bus.open(max_payload_bytes=...), bus --max-payload-bytes): store"
+                       " large data in a file and send its path", value_length=size)
+
+    def move_large_payload(self, row: messages.Row) -> messages.Row:
+        """The row, with a payload over blob_threshold bytes moved to the blob store.
+
+        Checks the size limit first (ValidationFailed): nothing is written for a refused row.
+        """
+        self.check_payload_size(row)
         if row.payload is None or len(row.payload) * 4 <= self.blob_threshold:
             return row
         data = row.payload.encode()
@@ -216,18 +245,19 @@ class Bus:
 
     # --- consuming --------------------------------------------------------
 
-    def poll(self, agent: str, limit: int = 100) -> list[Message]:
+    def poll(self, agent: str, limit: int = 100, *, preview: int = 0) -> list[Message]:
         """Messages for `agent` (addressed to it or broadcast) above its cursor, in seq order.
 
         Never moves the cursor: call `ack` once a message is handled, or it
-        comes back on the next poll.
+        comes back on the next poll. With `preview` > 0 a payload in the blob
+        store is not loaded: `payload_preview` holds its first `preview` bytes.
         """
         messages.validate_agent_id(agent)
         _validate_limit(limit)
         conn = self.conn
         with translate_errors(self.conn):
             after = cursors.position(conn, agent)
-            return messages.select_for_agent(conn, agent, after, limit, self.blobs)
+            return messages.select_for_agent(conn, agent, after, limit, self.blobs, preview)
 
     def ack(self, agent: str, seq: int) -> int:
         """Mark everything up to `seq` handled for `agent`; return the cursor position.
@@ -450,17 +480,21 @@ class Bus:
             return [Cursor(agent, seq, updated, messages.pending_count(conn, agent, seq))
                     for agent, seq, updated in cursors.list_rows(conn)]
 
-    def list_messages(self, after: int = 0, limit: int = 100) -> list[Message]:
-        """All messages above seq `after`, whoever they are for (for tail and tools)."""
+    def list_messages(self, after: int = 0, limit: int = 100, *,
+                      preview: int = 0) -> list[Message]:
+        """All messages above seq `after`, whoever they are for (for tail and tools).
+
+        `preview` as in `poll`.
+        """
         _validate_limit(limit)
         with translate_errors(self.conn):
-            return messages.select_after(self.conn, after, limit, self.blobs)
+            return messages.select_after(self.conn, after, limit, self.blobs, preview)
 
-    def last_messages(self, count: int) -> list[Message]:
-        """The newest `count` messages, oldest first."""
+    def last_messages(self, count: int, *, preview: int = 0) -> list[Message]:
+        """The newest `count` messages, oldest first; `preview` as in `poll`."""
         _validate_limit(count)
         with translate_errors(self.conn):
-            return messages.select_last(self.conn, count, self.blobs)
+            return messages.select_last(self.conn, count, self.blobs, preview)
 
     def message_count(self) -> int:
         with translate_errors(self.conn):

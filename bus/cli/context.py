@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from bus.api import MAX_PAYLOAD_BYTES
 from bus.api import Bus
 from bus.db import ENVIRONMENT_ERRORS
 from bus.db import environment_error
@@ -48,13 +49,16 @@ def _click_error(exc: BusError) -> click.ClickException:
 class BusContext:
     """What the root command knows; opens the bus on first use, closes it at exit."""
 
-    def __init__(self, ctx: click.Context, db: str, durability: str) -> None:
+    def __init__(self, ctx: click.Context, db: str, durability: str,
+                 max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
         self.ctx = ctx
         self.db = db
         self.durability = durability
+        self.max_payload_bytes = max_payload_bytes
 
     def open(self, create: bool = False) -> Bus:
-        return self.ctx.with_resource(Bus.open(self.db, self.durability, create=create))
+        return self.ctx.with_resource(Bus.open(self.db, self.durability, create=create,
+                                               max_payload_bytes=self.max_payload_bytes))
 
 
 pass_bus_context = click.make_pass_decorator(BusContext)

@@ -16,12 +16,14 @@ from bus.api import Bus
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
+from bus.cli.output import PAYLOAD_PREVIEW
 from bus.cli.output import echo_json
 from bus.cli.output import echo_messages
 from bus.cli.output import echo_rows
 from bus.db import connect
 from bus.db import environment_error
 from bus.errors import DatabaseCorrupt
+from bus.errors import ValidationFailed
 from bus.integrity import check_database
 from bus.schema import migrate
 from bus.schema import schema_status
@@ -70,7 +72,7 @@ def publish(obj: BusContext, from_agent: str, type_: str, to: str | None, payloa
 
     Example: bus publish --from planner --to worker-1 --type task_assign --payload '{"task": "t1"}'
     """
-    value = _read_payload(payload, payload_file)
+    value = _read_payload(payload, payload_file, obj.max_payload_bytes)
     result = obj.open().publish(from_agent, type_, value, to=to, id=message_id,
                                 correlation_id=correlation_id, in_reply_to=in_reply_to)
     if as_json:
@@ -95,11 +97,12 @@ def poll(obj: BusContext, agent: str, limit: int, wait: float, as_json: bool) ->
     Example: bus poll --agent worker-1 --wait 30
     """
     bus = obj.open()
-    found = bus.poll(agent, limit)
+    preview = 0 if as_json else PAYLOAD_PREVIEW  # a line never loads a whole blob
+    found = bus.poll(agent, limit, preview=preview)
     deadline = time.monotonic() + wait
     while not found and time.monotonic() < deadline:
         bus.wait_for_change(deadline - time.monotonic())
-        found = bus.poll(agent, limit)
+        found = bus.poll(agent, limit, preview=preview)
     echo_messages(found, as_json)
     if not found and not as_json:
         click.echo(f"no messages for {agent} above seq {bus.cursor(agent)}", err=True)
@@ -137,7 +140,7 @@ def tail(obj: BusContext, follow: bool, since: int | None, lines: int, as_json: 
     bus = obj.open()
     try:
         if since is None:
-            shown = bus.last_messages(lines)
+            shown = bus.last_messages(lines, preview=0 if as_json else PAYLOAD_PREVIEW)
             after = shown[-1].seq if shown else bus.last_seq()
             echo_messages(shown, as_json)
         else:
@@ -269,15 +272,16 @@ def _run_read_only(conn: apsw.Connection, query: str) -> tuple[list[str], list[t
     return columns, cursor.fetchall()
 
 
-def _read_payload(payload: str | None, payload_file: Any) -> Any:
+def _read_payload(payload: str | None, payload_file: Any, limit: int) -> Any:
+    """The JSON value given; input far over the size limit is refused before it is all read."""
     if payload is not None and payload_file is not None:
         raise click.UsageError("give --payload or --payload-file, not both")
     if payload == "-":
-        text, source = sys.stdin.read(), "--payload -"
+        text, source = _read_at_most(sys.stdin.buffer, limit), "--payload -"
     elif payload is not None:
         text, source = payload, "--payload"
     elif payload_file is not None:
-        text, source = payload_file.read(), "--payload-file"
+        text, source = _read_at_most(payload_file, limit), "--payload-file"
     else:
         return None
     try:
@@ -286,10 +290,22 @@ def _read_payload(payload: str | None, payload_file: Any) -> Any:
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint=source) from None
 
 
+def _read_at_most(stream: Any, limit: int) -> bytes:
+    """Read a payload, refusing it once it is over twice the limit (the bus checks the JSON
+    it stores, which drops whitespace, against the limit itself)."""
+    cap = 2 * limit
+    data = stream.read(cap + 1)
+    if len(data) > cap:
+        raise ValidationFailed("payload", f"is over {cap} bytes as given; the limit is {limit}"
+                                          " bytes of JSON (bus --max-payload-bytes): store large"
+                                          " data in a file and send its path")
+    return data
+
+
 def _echo_all_after(bus: Bus, after: int, as_json: bool) -> int:
     """Print every message above `after` in batches; return the last seq printed."""
     while True:
-        batch = bus.list_messages(after, FOLLOW_BATCH)
+        batch = bus.list_messages(after, FOLLOW_BATCH, preview=0 if as_json else PAYLOAD_PREVIEW)
         echo_messages(batch, as_json)
         if not batch:
             return after
