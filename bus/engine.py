@@ -336,10 +336,15 @@ class Channels:
         validate_agent_id(agent)
         flt = self._checked_filter(filter)
         conn = self.conn
+        candidates = None
+        if flt.content_pattern is not None:  # the user's regex runs outside the write lock
+            with translate_busy(conn):
+                candidates = delivery.content_candidates(conn, agent, flt, self.clock())
         with write_transaction(conn):
             now = self.clock()
             delivery.tick(conn, now)
-            return delivery.receive(conn, agent, flt, now, self._load_content, self._count)
+            return delivery.receive(conn, agent, flt, now, self._load_content, self._count,
+                                    candidates)
 
     def _count(self, sql: str, params: dict[str, Any]) -> int:
         with translate_busy():
