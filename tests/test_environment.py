@@ -110,6 +110,8 @@ def test_corrupt_file_found_by_a_read_refuses_every_later_write(corrupt_db: Path
     before = snapshot(corrupt_db.parent)
     with Bus.open(corrupt_db) as bus:
         with pytest.raises(DatabaseCorrupt, match="is corrupt"):
+            bus.poll("worker", 10_000)
+        with pytest.raises(DatabaseCorrupt, match="is corrupt"):
             bus.list_messages(0, 10_000)
         with pytest.raises(DatabaseCorrupt, match="found earlier by this process"):
             bus.publish("a", "t", BIG)
@@ -213,6 +215,23 @@ def test_read_only_bus_writes_say_why(read_only_bus: Path, args) -> None:
     assert result.stderr.startswith(f"Error: {read_only_bus} cannot be written: ")
     assert "is not writable by this user" in result.stderr and "Traceback" not in result.stderr
     assert snapshot(read_only_bus.parent) == before
+
+
+def test_read_only_bus_reads_beside_the_owner_writing(shared_dir: Path) -> None:
+    """The owner has the bus open (its -wal and -shm exist): another user still reads."""
+    if IS_ROOT and shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: cannot act as another user")
+    path = shared_dir / "bus" / "bus.db"
+    make_bus(path, 10)
+    with Bus.open(path) as owner:
+        owner.publish("owner", "live", {"n": 1})
+        path.parent.chmod(0o555)
+        path.chmod(0o444)
+        read = bus_cli(path, "tail", "-n", "1", "--json")
+        write = bus_cli(path, "ack", "--agent", "x", "--seq", "1")
+    assert read.returncode == 0, read.stderr
+    assert json_lines(read.stdout)[0]["type"] == "live"
+    assert write.returncode == 1 and "cannot be written" in write.stderr
 
 
 def test_read_only_bus_from_python(read_only_bus: Path) -> None:
