@@ -166,7 +166,6 @@ class Bus:
         """
         row = messages.prepare_row(from_agent, type, payload, to=to, id=id,
                                    correlation_id=correlation_id, in_reply_to=in_reply_to)
-        self.check_payload_size(row)
         return self._insert([row])[0]
 
     def publish_many(self, batch: Iterable[Mapping[str, Any]]) -> list[PublishResult]:

@@ -146,6 +146,9 @@ def _open_read_only(path: Path) -> apsw.Connection:
         return conn
     except (apsw.ReadOnlyError, apsw.CantOpenError):
         conn.close()
+    except BaseException:
+        conn.close()
+        raise
     if Path(f"{path}-wal").exists():
         raise BusReadOnly(str(path), "a writer is using the file and this user cannot open its"
                                      " -shm file to read beside it")
@@ -232,10 +235,8 @@ def connection_check_identity(conn: apsw.Connection, path: Path) -> None:
     try:
         with translate_errors(conn):
             app_id, _version, object_count = conn.execute(_IDENTITY_SQL).fetchone()
-    except apsw.NotADBError as exc:
+    except apsw.NotADBError as exc:  # (a CorruptError is DatabaseCorrupt by now)
         raise NotABusDatabase(str(path), f"not a readable SQLite database ({exc})") from None
-    except apsw.CorruptError as exc:
-        raise DatabaseCorrupt(str(path), str(exc)) from None
     if app_id == APPLICATION_ID:
         return
     if app_id != 0:

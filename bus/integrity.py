@@ -74,7 +74,8 @@ def connection_check_at_open(conn: apsw.Connection, path: Path) -> None:
             _refuse(name, problems[0])
 
 
-def connection_problems(conn: apsw.Connection, full: bool, limit: int = PROBLEMS_MAX) -> tuple[str, ...]:
+def connection_problems(conn: apsw.Connection, full: bool,
+                        limit: int = PROBLEMS_MAX) -> tuple[str, ...]:
     """What quick_check (or integrity_check when `full`) finds; empty when intact."""
     try:
         # Pragmas take no bound parameters; the name is ours and the limit an int.

@@ -283,7 +283,8 @@ def test_pump_send_refuses_a_doctype_in_utf16_and_utf32(db_path: Path, name: str
                                 input=xml.read_bytes(), env={"BUS_DB": None},
                                 catch_exceptions=False)
     assert result.exit_code == 1
-    assert result.stderr.startswith("Error: line ") and "a DOCTYPE (DTD) is not accepted" in result.stderr
+    assert result.stderr.startswith("Error: line ")
+    assert "a DOCTYPE (DTD) is not accepted" in result.stderr
     with Bus.open(db_path) as bus:
         assert bus.last_seq() == 0  # nothing reached the bus
 

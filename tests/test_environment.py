@@ -169,7 +169,9 @@ def shared_dir():
 
 def run_as_other_user(args: list[str]) -> subprocess.CompletedProcess:
     """Run `python args...` as `nobody` when root (root writes anywhere), else as ourselves."""
-    prefix = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if IS_ROOT else []
+    prefix = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    if not IS_ROOT:
+        prefix = []
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     return subprocess.run([*prefix, sys.executable, *args], capture_output=True, text=True,
@@ -340,7 +342,8 @@ def test_full_disk_writes_raise_disk_full_and_leave_nothing(full_disk) -> None:
     bus, mount, filler = full_disk
     before = snapshot(mount)
     batch = [{"from_agent": "a", "type": "t", "payload": {"pad": "q" * 3000}}] * 40
-    for write in (lambda: bus.publish_many(batch), lambda: bus.publish("a", "big", {"b": "z" * 9000}),
+    for write in (lambda: bus.publish_many(batch),
+                  lambda: bus.publish("a", "big", {"b": "z" * 9000}),
                   lambda: bus.claim("t1", "a"), lambda: bus.compact(0),
                   lambda: bus.export_jsonl()):
         with pytest.raises(DiskFull, match="nothing was written"):

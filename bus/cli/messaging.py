@@ -1,4 +1,5 @@
-"""`bus` commands for the message log: init, publish, poll, ack, tail, sql, migrate, status, check."""
+"""`bus` commands for the message log: init, publish, poll, ack, tail, sql, migrate, status,
+check."""
 
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def poll(obj: BusContext, agent: str, limit: int, wait: float, as_json: bool) ->
     Example: bus poll --agent worker-1 --wait 30
     """
     bus = obj.open()
-    preview = 0 if as_json else PAYLOAD_PREVIEW  # a line never loads a whole blob
+    preview = _preview(as_json)
     found = bus.poll(agent, limit, preview=preview)
     deadline = time.monotonic() + wait
     while not found and time.monotonic() < deadline:
@@ -140,7 +141,7 @@ def tail(obj: BusContext, follow: bool, since: int | None, lines: int, as_json: 
     bus = obj.open()
     try:
         if since is None:
-            shown = bus.last_messages(lines, preview=0 if as_json else PAYLOAD_PREVIEW)
+            shown = bus.last_messages(lines, preview=_preview(as_json))
             after = shown[-1].seq if shown else bus.last_seq()
             echo_messages(shown, as_json)
         else:
@@ -290,6 +291,11 @@ def _read_payload(payload: str | None, payload_file: Any, limit: int) -> Any:
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint=source) from None
 
 
+def _preview(as_json: bool) -> int:
+    """How much of a blob to read: a human line never loads a whole one, --json prints it."""
+    return 0 if as_json else PAYLOAD_PREVIEW
+
+
 def _read_at_most(stream: Any, limit: int) -> bytes:
     """Read a payload, refusing it once it is over twice the limit (the bus checks the JSON
     it stores, which drops whitespace, against the limit itself)."""
@@ -305,7 +311,7 @@ def _read_at_most(stream: Any, limit: int) -> bytes:
 def _echo_all_after(bus: Bus, after: int, as_json: bool) -> int:
     """Print every message above `after` in batches; return the last seq printed."""
     while True:
-        batch = bus.list_messages(after, FOLLOW_BATCH, preview=0 if as_json else PAYLOAD_PREVIEW)
+        batch = bus.list_messages(after, FOLLOW_BATCH, preview=_preview(as_json))
         echo_messages(batch, as_json)
         if not batch:
             return after
