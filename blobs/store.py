@@ -17,6 +17,7 @@ from bus.errors import BlobCorrupt
 from bus.errors import BlobMissing
 from bus.errors import ValidationFailed
 from bus.files import TEMP_PREFIX
+from bus.files import translate_os_errors
 from bus.files import write_atomically
 
 _REF = re.compile(r"sha256-[0-9a-f]{64}")
@@ -34,15 +35,27 @@ class BlobStore:
         An existing blob gets a fresh modification time, so gc's grace period
         protects it while the message that now references it is being committed;
         an existing copy that no longer matches its hash is rewritten.
+        Raises DiskFull or BusReadOnly, leaving no partial file, when the
+        directory cannot take it.
         """
+        return self.store(data)[0]
+
+    def store(self, data: bytes) -> tuple[str, bool]:
+        """`put`, also saying whether this call created the file (for `discard`)."""
         ref = "sha256-" + hashlib.sha256(data).hexdigest()
         path = self.root / ref
-        if self._intact(path, ref):
-            os.utime(path)
-            return ref
-        self.root.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, data)  # new, or replacing a damaged copy
-        return ref
+        with translate_os_errors(self.root):
+            if self._intact(path, ref):
+                os.utime(path)
+                return ref, False
+            self.root.mkdir(parents=True, exist_ok=True)
+            write_atomically(path, data)  # new, or replacing a damaged copy
+        return ref, True
+
+    def discard(self, refs: list[str]) -> None:
+        """Delete blobs a write created and then did not commit."""
+        for ref in refs:
+            self.path(ref).unlink(missing_ok=True)
 
     @staticmethod
     def _intact(path: Path, ref: str) -> bool:
@@ -60,6 +73,17 @@ class BlobStore:
         if "sha256-" + hashlib.sha256(data).hexdigest() != ref:
             raise BlobCorrupt(f"blob {ref} in {self.root} does not match its hash")
         return data
+
+    def head(self, ref: str, size: int) -> tuple[bytes, int]:
+        """The blob's first `size` bytes, unchecked (a preview), and its whole size.
+
+        Raises BlobMissing.
+        """
+        try:
+            with open(self.path(ref), "rb") as f:
+                return f.read(size), os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            raise BlobMissing(f"blob {ref} is not in {self.root}") from None
 
     def exists(self, ref: str) -> bool:
         return self.path(ref).is_file()

@@ -12,11 +12,13 @@ connection (SQLite connections must not be shared), opened on first use.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
 from typing import Any
 from typing import Iterable
+from typing import Iterator
 from typing import Mapping
 from typing import Sequence
 
@@ -35,8 +37,9 @@ from bus.claims import DeadClaim
 from bus.cursors import Cursor
 from bus.db import DURABLE_BY_DURABILITY
 from bus.db import connect
+from bus.db import refuse_write
 from bus.db import synchronous_for
-from bus.db import translate_busy
+from bus.db import translate_errors
 from bus.db import write_transaction
 from bus.errors import BusClosed
 from bus.errors import ValidationFailed
@@ -52,6 +55,7 @@ from bus.wake import ChangeWatcher
 
 POLL_LIMIT_MAX = 10_000
 BLOB_THRESHOLD = 4096  # bytes of payload JSON above which it goes to the blob store
+MAX_PAYLOAD_BYTES = 16 * 1024 * 1024  # bytes of payload JSON one message may carry
 GC_GRACE_SECONDS = 3600.0
 LEASE_MS_MAX = 7 * 24 * 3600 * 1000
 SYSTEM_AGENT = "bus"  # sender of the messages the bus publishes itself (task_released, ...)
@@ -62,11 +66,13 @@ class Bus:
     """An open bus database. Create with `Bus.open(path)`; close with `close()`."""
 
     def __init__(self, path: str, durability: str, conn: apsw.Connection, *,
-                 blob_threshold: int = BLOB_THRESHOLD, blob_dir: str | None = None) -> None:
+                 blob_threshold: int = BLOB_THRESHOLD, blob_dir: str | None = None,
+                 max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
         self.path = path
         self.durability = durability
         self.durable = DURABLE_BY_DURABILITY[durability]
         self.blob_threshold = blob_threshold
+        self.max_payload_bytes = max_payload_bytes
         # Looked up at run time: `import blobs` first imports bus, which imports this.
         self.blobs = blobs.store.BlobStore(blob_dir or Path(path).absolute().parent / "blobs")
         self._local = threading.local()
@@ -82,7 +88,8 @@ class Bus:
     @classmethod
     def open(cls, path: str | os.PathLike[str], durability: str = "normal", *,
              create: bool = True, blob_threshold: int = BLOB_THRESHOLD,
-             blob_dir: str | os.PathLike[str] | None = None) -> Bus:
+             blob_dir: str | os.PathLike[str] | None = None,
+             max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> Bus:
         """Open the bus at `path`, creating and migrating it as needed.
 
         `durability` is "normal" (a publish survives a process crash) or
@@ -90,10 +97,15 @@ class Bus:
         commit). With `create=False` a missing file raises BusNotFound.
         Payloads whose JSON is longer than `blob_threshold` bytes are kept in
         the blob store, `blobs/` beside the database unless `blob_dir` says.
-        Raises NotABusDatabase or SchemaTooNew for files it must not touch.
+        A payload whose JSON is longer than `max_payload_bytes` (16 MiB by
+        default) is refused with ValidationFailed before anything is written.
+        Raises NotABusDatabase or SchemaTooNew for files it must not touch,
+        DatabaseCorrupt for a damaged one; a file this process cannot write
+        opens read-only (writes raise BusReadOnly).
         """
         synchronous_for(durability)
         messages.validate_positive_int(blob_threshold, "blob_threshold")
+        messages.validate_positive_int(max_payload_bytes, "max_payload_bytes")
         path = os.fspath(path)
         conn = connect(path, durability, create=create)
         try:
@@ -102,7 +114,8 @@ class Bus:
             conn.close()
             raise
         return cls(path, durability, conn, blob_threshold=blob_threshold,
-                   blob_dir=os.fspath(blob_dir) if blob_dir is not None else None)
+                   blob_dir=os.fspath(blob_dir) if blob_dir is not None else None,
+                   max_payload_bytes=max_payload_bytes)
 
     # --- connections ------------------------------------------------------
 
@@ -165,14 +178,20 @@ class Bus:
         Each item is a dict of `publish` arguments (from_agent, type, payload,
         to, id, correlation_id, in_reply_to). Every item is validated first.
         """
-        return self._insert(messages.prepare_batch(batch))
+        rows = messages.prepare_batch(batch)
+        for index, row in enumerate(rows):
+            self.check_payload_size(row, f"messages[{index}].payload")
+        return self._insert(rows)
 
     def _insert(self, rows: list[messages.Row]) -> list[PublishResult]:
-        # Blobs are written (and fsynced) before the transaction, outside the lock.
-        rows = [self.move_large_payload(row) for row in rows]
-        if self.conn.in_transaction:  # the caller's own transaction: write in it
-            return self._write_rows([rows])[0]
-        return self._publishes.submit(rows)
+        conn = self.conn
+        refuse_write(conn)  # a read-only or corrupt bus says so before a blob is written
+        with self.staging_blobs():
+            # Blobs are written (and fsynced) before the transaction, outside the lock.
+            rows = [self.move_large_payload(row) for row in rows]
+            if conn.in_transaction:  # the caller's own transaction: write in it
+                return self._write_rows([rows])[0]
+            return self._publishes.submit(rows)
 
     def _write_rows(self, batches: list[Sequence[messages.Row]]) -> list[list[PublishResult]]:
         """Every batch's rows in one transaction on this thread's connection."""
@@ -189,30 +208,70 @@ class Bus:
                 results.append(written)
         return results
 
-    def move_large_payload(self, row: messages.Row) -> messages.Row:
-        """The row, with a payload over blob_threshold bytes moved to the blob store."""
+    def check_payload_size(self, row: messages.Row, field: str = "payload") -> None:
+        """Raise ValidationFailed when the row's payload JSON is over max_payload_bytes."""
         # A character is at most 4 bytes in UTF-8: short payloads skip the encode.
+        if row.payload is None or len(row.payload) * 4 <= self.max_payload_bytes:
+            return
+        size = len(row.payload.encode())
+        if size > self.max_payload_bytes:
+            raise ValidationFailed(
+                field, f"is {size} bytes of JSON; the limit is {self.max_payload_bytes} bytes"
+                       " (Bus.open(max_payload_bytes=...), bus --max-payload-bytes): store"
+                       " large data in a file and send its path", value_length=size)
+
+    def move_large_payload(self, row: messages.Row) -> messages.Row:
+        """The row, with a payload over blob_threshold bytes moved to the blob store.
+
+        Checks the size limit first (ValidationFailed): nothing is written for a refused row.
+        """
+        self.check_payload_size(row)
         if row.payload is None or len(row.payload) * 4 <= self.blob_threshold:
             return row
         data = row.payload.encode()
         if len(data) <= self.blob_threshold:
             return row
-        return row._replace(payload=None, payload_ref=self.blobs.put(data))
+        ref, created = self.blobs.store(data)
+        staged = getattr(self._local, "staged", None)
+        if created and staged is not None:
+            staged.append(ref)
+        return row._replace(payload=None, payload_ref=ref)
+
+    @contextlib.contextmanager
+    def staging_blobs(self) -> Iterator[None]:
+        """Delete the blobs first written inside the block if the block raises.
+
+        So a refused or failed write (full disk, unknown channel, a limit)
+        leaves no blob behind. Known limit, as in `BlobStore.gc`: identical
+        bytes put by another writer in the same instant lose their file too.
+        """
+        if getattr(self._local, "staged", None) is not None:
+            yield  # nested: the outermost block decides
+            return
+        self._local.staged = []
+        try:
+            yield
+        except BaseException:
+            self.blobs.discard(self._local.staged)
+            raise
+        finally:
+            self._local.staged = None
 
     # --- consuming --------------------------------------------------------
 
-    def poll(self, agent: str, limit: int = 100) -> list[Message]:
+    def poll(self, agent: str, limit: int = 100, *, preview: int = 0) -> list[Message]:
         """Messages for `agent` (addressed to it or broadcast) above its cursor, in seq order.
 
         Never moves the cursor: call `ack` once a message is handled, or it
-        comes back on the next poll.
+        comes back on the next poll. With `preview` > 0 a payload in the blob
+        store is not loaded: `payload_preview` holds its first `preview` bytes.
         """
         messages.validate_agent_id(agent)
         _validate_limit(limit)
         conn = self.conn
-        with translate_busy():
+        with translate_errors(self.conn):
             after = cursors.position(conn, agent)
-            return messages.select_for_agent(conn, agent, after, limit, self.blobs)
+            return messages.select_for_agent(conn, agent, after, limit, self.blobs, preview)
 
     def ack(self, agent: str, seq: int) -> int:
         """Mark everything up to `seq` handled for `agent`; return the cursor position.
@@ -251,7 +310,7 @@ class Bus:
             with self._lock:
                 self._watchers.append(watcher)
             self._local.watcher = watcher
-        with translate_busy():
+        with translate_errors(self.conn):
             return watcher.wait(timeout)
 
     # --- heartbeats -------------------------------------------------------
@@ -273,7 +332,7 @@ class Bus:
         `now` (epoch milliseconds) defaults to the clock; `thresholds` to
         30 s warn, 100 s stale, 300 s dead. Most silent first.
         """
-        with translate_busy():
+        with translate_errors(self.conn):
             return heartbeats.liveness(self.conn, _now_ms(now), thresholds or Thresholds())
 
     # --- task claims ------------------------------------------------------
@@ -335,12 +394,12 @@ class Bus:
 
     def claims(self) -> list[Claim]:
         """Every current claim, expired ones included (check `claim.expired(now)`)."""
-        with translate_busy():
+        with translate_errors(self.conn):
             return claims.list_claims(self.conn)
 
     def dead_claims(self) -> list[DeadClaim]:
         """Tasks that ran out of attempts, oldest first."""
-        with translate_busy():
+        with translate_errors(self.conn):
             return claims.list_dead(self.conn)
 
     def reap(self, now: int | None = None, thresholds: Thresholds | None = None) -> list[Claim]:
@@ -373,7 +432,7 @@ class Bus:
     def gc_blobs(self, grace_seconds: float = GC_GRACE_SECONDS) -> list[str]:
         """Delete blobs no message references and untouched for `grace_seconds`."""
         _validate_grace(grace_seconds)
-        with translate_busy():
+        with translate_errors(self.conn):
             referenced = messages.referenced_blobs(self.conn)
         return self.blobs.gc(referenced, grace_seconds)
 
@@ -391,20 +450,21 @@ class Bus:
         _validate_grace(grace_seconds)
         cutoff = _now_ms(now) - int(keep_days * 86_400_000)
         # The blobs' grace period runs on the real clock: it protects real writes in flight.
-        with translate_busy():
+        with translate_errors(self.conn):
             return retention.compact(self.conn, self.blobs, cutoff, grace_seconds, dry_run)
 
     # --- export -------------------------------------------------------------
 
     def export_path(self) -> Path:
         """Where the JSONL export goes: the file it went to before, else bus.jsonl beside the db."""
-        with translate_busy():
+        with translate_errors(self.conn):
             recorded = self.conn.execute("SELECT path FROM export_state WHERE id = 1").get
         return Path(recorded) if recorded else Path(self.path).absolute().parent / "bus.jsonl"
 
     def exporter(self, path: str | os.PathLike[str] | None = None,
                  partition_by: str | None = None) -> JsonlExporter:
         """A JsonlExporter for `path` (default: `export_path()`), not yet opened."""
+        refuse_write(self.conn)  # it records its position in the bus: say so before any file
         return JsonlExporter(self.conn, path if path is not None else self.export_path(),
                              partition_by)
 
@@ -416,7 +476,7 @@ class Bus:
         directory `path` (for Spark). Exactly once across crashes (see
         bus/export.py); one exporter at a time.
         """
-        with translate_busy(), self.exporter(path, partition_by) as exporter:
+        with translate_errors(self.conn), self.exporter(path, partition_by) as exporter:
             return exporter.export()
 
     # --- inspection -------------------------------------------------------
@@ -424,39 +484,43 @@ class Bus:
     def cursor(self, agent: str) -> int:
         """The last seq `agent` acknowledged (0 before its first ack)."""
         messages.validate_agent_id(agent)
-        with translate_busy():
+        with translate_errors(self.conn):
             return cursors.position(self.conn, agent)
 
     def list_cursors(self) -> list[Cursor]:
         """Every consumer's cursor with the number of messages waiting for it."""
         conn = self.conn
-        with translate_busy():
+        with translate_errors(self.conn):
             return [Cursor(agent, seq, updated, messages.pending_count(conn, agent, seq))
                     for agent, seq, updated in cursors.list_rows(conn)]
 
-    def list_messages(self, after: int = 0, limit: int = 100) -> list[Message]:
-        """All messages above seq `after`, whoever they are for (for tail and tools)."""
-        _validate_limit(limit)
-        with translate_busy():
-            return messages.select_after(self.conn, after, limit, self.blobs)
+    def list_messages(self, after: int = 0, limit: int = 100, *,
+                      preview: int = 0) -> list[Message]:
+        """All messages above seq `after`, whoever they are for (for tail and tools).
 
-    def last_messages(self, count: int) -> list[Message]:
-        """The newest `count` messages, oldest first."""
+        `preview` as in `poll`.
+        """
+        _validate_limit(limit)
+        with translate_errors(self.conn):
+            return messages.select_after(self.conn, after, limit, self.blobs, preview)
+
+    def last_messages(self, count: int, *, preview: int = 0) -> list[Message]:
+        """The newest `count` messages, oldest first; `preview` as in `poll`."""
         _validate_limit(count)
-        with translate_busy():
-            return messages.select_last(self.conn, count, self.blobs)
+        with translate_errors(self.conn):
+            return messages.select_last(self.conn, count, self.blobs, preview)
 
     def message_count(self) -> int:
-        with translate_busy():
+        with translate_errors(self.conn):
             return messages.message_count(self.conn)
 
     def schema_version(self) -> int:
-        with translate_busy():
+        with translate_errors(self.conn):
             return current_version(self.conn)
 
     def last_seq(self) -> int:
         """The highest seq assigned so far (0 for a new bus)."""
-        with translate_busy():
+        with translate_errors(self.conn):
             return messages.last_seq(self.conn)
 
 

@@ -12,14 +12,23 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.parse
 from pathlib import Path
+
 import apsw
 
+from bus import integrity
 from bus.errors import BusBusy
+from bus.errors import BusError
 from bus.errors import BusNotFound
+from bus.errors import BusReadOnly
+from bus.errors import DatabaseCorrupt
+from bus.errors import DiskFull
 from bus.errors import NotABusDatabase
 from bus.errors import UnsupportedFilesystem
 from bus.errors import ValidationFailed
+from bus.files import os_error
+from bus.files import translate_os_errors
 
 APPLICATION_ID = 0x61627573  # "abus": marks a SQLite file as an agentbus database
 BUSY_TIMEOUT_MS = 5000
@@ -49,32 +58,102 @@ def connect(
 ) -> apsw.Connection:
     """Open the bus database at `path` with the bus's pragmas applied.
 
+    A file this process cannot write (another user's, a read-only mount) is
+    opened read-only: reads work and every write raises `BusReadOnly`
+    (check with `conn.readonly("main")`).
+
     Raises `NotABusDatabase` for a file that is not SQLite or belongs to
-    another application (the file is not modified), `BusNotFound` when the
-    file is missing and `create` is false, `UnsupportedFilesystem` for a path
-    on a network filesystem and `ValidationFailed` for an unknown durability.
-    One connection serves one thread.
+    another application (the file is not modified), `DatabaseCorrupt` for a
+    damaged one (see bus/integrity.py), `BusNotFound` when the file is
+    missing and `create` is false, `BusReadOnly` or `DiskFull` when it cannot
+    be created, `UnsupportedFilesystem` for a path on a network filesystem
+    and `ValidationFailed` for an unknown durability. One connection serves
+    one thread.
     """
     path = Path(path)
     synchronous = synchronous_for(durability)
     if (readonly or not create) and not _has_content(path):
         raise BusNotFound(str(path))
     check_file_header(path)
-    if not readonly:
+    readonly = readonly or not _prepare_writable(path)
+    with translate_errors(path=str(path)):
+        conn = _open_read_only(path) if readonly else apsw.Connection(str(path), flags=_READ_WRITE)
+        try:
+            conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+            connection_check_identity(conn, path)
+            if readonly:
+                connection_read_only(conn)
+            else:
+                connection_apply_pragmas(conn, synchronous)
+                integrity.connection_check_at_open(conn, path)
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
+def _prepare_writable(path: Path) -> bool:
+    """Make the directory; False when the existing file can only be read.
+
+    Raises BusReadOnly (or DiskFull) when there is no file and none can be made.
+    """
+    reason = unwritable_reason(path)
+    if reason is not None:
+        if _has_content(path):
+            return False
+        raise BusReadOnly(str(path), reason)
+    with translate_os_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        check_local_filesystem(path)
-    conn = apsw.Connection(str(path), flags=_open_flags(readonly))
+    check_local_filesystem(path)
+    return True
+
+
+def unwritable_reason(path: Path) -> str | None:
+    """Why this process cannot write the bus at `path`, or None when it can.
+
+    SQLite creates the -wal and -shm files beside the database, and the
+    blobs live there too, so the directory must be writable as well.
+    """
+    if path.exists() and not os.access(path, os.W_OK):
+        return _why_not_writable(path, "the file")
+    directory = path.absolute().parent
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    if not os.access(directory, os.W_OK):
+        return _why_not_writable(directory, f"the directory {directory}")
+    return None
+
+
+def _why_not_writable(path: Path, what: str) -> str:
+    if os.statvfs(path).f_flag & os.ST_RDONLY:
+        return f"{what} is on a read-only filesystem"
+    st = path.stat()
+    return (f"{what} is not writable by this user (uid {os.geteuid()}; owner uid "
+            f"{st.st_uid}, mode {st.st_mode & 0o777:o})")
+
+
+def _open_read_only(path: Path) -> apsw.Connection:
+    """A read-only connection, even where SQLite cannot create the WAL's -shm file.
+
+    Reading a WAL database needs the -shm file, which a reader without write
+    access to the directory cannot create. When no -wal file exists nobody is
+    writing, so the file is opened `immutable` (no locks, no -shm:
+    https://sqlite.org/uri.html#uriimmutable).
+    """
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
     try:
-        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
-        connection_check_identity(conn, path)
-        if readonly:
-            connection_read_only(conn)
-        else:
-            connection_apply_pragmas(conn, synchronous)
+        conn.execute(_PROBE_SQL).get
+        return conn
+    except (apsw.ReadOnlyError, apsw.CantOpenError):
+        conn.close()
     except BaseException:
         conn.close()
         raise
-    return conn
+    if Path(f"{path}-wal").exists():
+        raise BusReadOnly(str(path), "a writer is using the file and this user cannot open its"
+                                     " -shm file to read beside it")
+    uri = f"file:{urllib.parse.quote(str(path.absolute()))}?immutable=1"
+    return apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
 
 
 def synchronous_for(durability: str) -> str:
@@ -154,9 +233,9 @@ def _authorize_reads(action: int, arg1: str | None, arg2: str | None,
 def connection_check_identity(conn: apsw.Connection, path: Path) -> None:
     """Refuse a SQLite file that another application owns, before changing it."""
     try:
-        with translate_busy():
+        with translate_errors(conn):
             app_id, _version, object_count = conn.execute(_IDENTITY_SQL).fetchone()
-    except (apsw.NotADBError, apsw.CorruptError) as exc:
+    except apsw.NotADBError as exc:  # (a CorruptError is DatabaseCorrupt by now)
         raise NotABusDatabase(str(path), f"not a readable SQLite database ({exc})") from None
     if app_id == APPLICATION_ID:
         return
@@ -211,21 +290,54 @@ def filesystem_type(path: Path, mounts: str | None = None) -> str | None:
     return best_type
 
 
-class translate_busy:
-    """Turn apsw's BusyError (the lock outlived busy_timeout) into BusBusy.
+# The failures of the environment rather than of the caller: each has a named BusError.
+ENVIRONMENT_ERRORS = (apsw.BusyError, apsw.CorruptError, apsw.FullError, apsw.ReadOnlyError)
 
-    A class rather than a generator: it wraps every read on the hot path.
+
+def environment_error(exc: BaseException, path: str = "") -> BusError | None:
+    """The named BusError for a failure of the disk or the file, or None for any other.
+
+    A CorruptError also marks the file, so this process writes to it no more.
+    """
+    if isinstance(exc, apsw.BusyError):
+        return _busy(exc)
+    if isinstance(exc, apsw.CorruptError):
+        integrity.mark_corrupt(path, str(exc))
+        return DatabaseCorrupt(path, str(exc))
+    if isinstance(exc, apsw.FullError):
+        return DiskFull(path, str(exc))
+    if isinstance(exc, apsw.ReadOnlyError):
+        return BusReadOnly(path, (path and unwritable_reason(Path(path))) or str(exc))
+    if isinstance(exc, OSError):
+        return os_error(exc, path)
+    return None
+
+
+class translate_errors:
+    """Turn the environment's apsw errors (busy, corrupt, full, read-only) into BusErrors.
+
+    Give it the connection (or the path) so the error names the file and a
+    corrupt file is marked. A class rather than a generator: it wraps every
+    read on the hot path.
     """
 
-    __slots__ = ()
+    __slots__ = ("conn", "path")
+
+    def __init__(self, conn: apsw.Connection | None = None, path: str = "") -> None:
+        self.conn = conn
+        self.path = path
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is not None and issubclass(exc_type, apsw.BusyError):
-            raise _busy(exc) from None
+        if exc_type is not None and issubclass(exc_type, ENVIRONMENT_ERRORS):
+            path = self.conn.filename if self.conn is not None else self.path
+            raise environment_error(exc, path) from exc
         return False
+
+
+translate_busy = translate_errors  # the older name, still used across the package
 
 
 def _busy(exc: apsw.BusyError) -> BusBusy:
@@ -254,10 +366,11 @@ class write_transaction:
 
     def __enter__(self) -> apsw.Connection:
         self.nested = self.conn.in_transaction
+        refuse_write(self.conn)
         try:
             self.conn.execute(_SAVEPOINT_SQL if self.nested else _BEGIN_SQL)
-        except apsw.BusyError as exc:
-            raise _busy(exc) from None
+        except ENVIRONMENT_ERRORS as exc:
+            raise environment_error(exc, self.conn.filename) from exc
         return self.conn
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -267,10 +380,12 @@ class write_transaction:
                 return False
             except BaseException as failure:
                 self._rollback()
-                if isinstance(failure, apsw.BusyError):
-                    raise _busy(failure) from None
+                if isinstance(failure, ENVIRONMENT_ERRORS):
+                    raise environment_error(failure, self.conn.filename) from failure
                 raise
         self._rollback()
+        if issubclass(exc_type, ENVIRONMENT_ERRORS):
+            raise environment_error(exc, self.conn.filename) from exc
         return False
 
     def _rollback(self) -> None:
@@ -289,6 +404,26 @@ _RELEASE_SQL = "RELEASE bus_nested"
 _ROLLBACK_SAVEPOINT_SQL = "ROLLBACK TO bus_nested; RELEASE bus_nested"
 
 
+def check_database(path: str | os.PathLike[str], full: bool = False) -> integrity.CheckReport:
+    """Run quick_check (integrity_check with `full`) on the bus at `path`, read-only."""
+    try:
+        conn = connect(path, readonly=True)
+    except DatabaseCorrupt as exc:  # too damaged to read its schema
+        return integrity.CheckReport(os.fspath(path), full, (exc.detail,))
+    try:
+        return integrity.CheckReport(os.fspath(path), full, integrity.connection_problems(conn, full))
+    finally:
+        conn.close()
+
+
+def refuse_write(conn: apsw.Connection) -> None:
+    """Raise BusReadOnly or DatabaseCorrupt before a write that must not start."""
+    integrity.refuse_if_marked(conn.filename)
+    if conn.readonly("main"):
+        path = conn.filename
+        raise BusReadOnly(path, unwritable_reason(Path(path)) or "it was opened read-only")
+
+
 def _has_content(path: Path) -> bool:
     """Whether `path` holds something: an empty file is no bus yet (and stays untouched)."""
     try:
@@ -299,7 +434,5 @@ def _has_content(path: Path) -> bool:
         raise NotABusDatabase(str(path), "under a path that is a file, not a directory") from None
 
 
-def _open_flags(readonly: bool) -> int:
-    if readonly:
-        return apsw.SQLITE_OPEN_READONLY
-    return apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
+_READ_WRITE = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
+_PROBE_SQL = "SELECT count(*) FROM sqlite_schema"

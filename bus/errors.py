@@ -252,3 +252,42 @@ class StoreCapacity(BusError):
         self.size = size
         self.limit = limit
         self.reserve = reserve
+
+
+class DatabaseCorrupt(BusError):
+    """SQLite found the bus file damaged; the bus refuses to write to it from then on."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        where = path or "the bus database"
+        super().__init__(
+            f"{where} is corrupt ({detail}); nothing was written. See the damage with "
+            "`bus check --full`, then restore the file from a copy, or rebuild it with "
+            f"`sqlite3 {path or 'bus.db'} .recover | sqlite3 recovered.db`"
+        )
+        self.path = path
+        self.detail = detail
+
+
+class BusReadOnly(BusError):
+    """The bus cannot be written by this process; reads still work."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(
+            f"{path or 'the bus database'} cannot be written: {reason}; nothing was written. "
+            "Reads still work. Run as the user who owns the bus, make the file and its "
+            "directory writable, or copy the bus to a writable place"
+        )
+        self.path = path
+        self.reason = reason
+
+
+class DiskFull(BusError):
+    """The disk (or quota) holding the bus or its files is full; nothing partial is left."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(
+            f"no space left for {path or 'the bus'} ({detail}); nothing was written. Free "
+            "disk space (or raise the quota), then retry; `bus compact` shrinks an old bus"
+        )
+        self.path = path
+        self.detail = detail

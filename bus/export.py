@@ -31,6 +31,7 @@ from bus.db import write_transaction
 from bus.errors import BusError
 from bus.errors import ValidationFailed
 from bus.files import fsync_directory
+from bus.files import translate_os_errors
 
 BATCH = 20_000  # messages per write + fsync + state update
 _STATE_SQL = "SELECT last_seq, path, part, bytes FROM export_state WHERE id = 1"
@@ -113,11 +114,12 @@ class JsonlExporter:
             raise ExportError(f"{self.path} is a directory; export into it with"
                               " --partition-by date, or name a file")
         lock_path = self.path / ".export.lock" if self.partitioned else self.path
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
         created = not lock_path.exists()
-        self._lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        if created:  # for a single file the lock is the export itself: its name must last
-            fsync_directory(lock_path.parent)
+        with translate_os_errors(lock_path):
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            if created:  # for a single file the lock is the export itself: its name must last
+                fsync_directory(lock_path.parent)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -195,10 +197,11 @@ class JsonlExporter:
             return
         file = self.path / part if part else self.path
         created = not file.exists()
-        file.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        if created:
-            fsync_directory(file.parent)  # the new name must survive a crash too
+        with translate_os_errors(file):
+            file.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            if created:
+                fsync_directory(file.parent)  # the new name must survive a crash too
 
     # --- recovery -----------------------------------------------------------
 
@@ -295,12 +298,21 @@ class JsonlExporter:
                                   " only one exporter may run per bus")
 
     def _append(self, offset: int, data: bytes) -> None:
-        """Write `data` at `offset` completely, then fsync: the state follows the disk."""
-        view = memoryview(data)
-        while view:
-            written = os.pwrite(self._fd, view, offset)
-            view, offset = view[written:], offset + written
-        os.fsync(self._fd)
+        """Write `data` at `offset` completely, then fsync: the state follows the disk.
+
+        A write that fails (a full disk: DiskFull) is cut back to `offset`, so
+        no torn line stays behind.
+        """
+        view, start = memoryview(data), offset
+        with translate_os_errors(self._file_name()):
+            try:
+                while view:
+                    written = os.pwrite(self._fd, view, offset)
+                    view, offset = view[written:], offset + written
+                os.fsync(self._fd)
+            except OSError:
+                os.ftruncate(self._fd, start)
+                raise
 
 
 def _line_date(line: bytes) -> str:

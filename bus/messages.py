@@ -70,6 +70,9 @@ class Message:
 
     `payload_error` is None, or says why the payload could not be read
     ("decode_failed", "blob_missing", "blob_corrupt"); it never raises.
+    Read with a preview size, a payload in the blob store is not loaded:
+    `payload` is None, `payload_preview` holds its first bytes as text and
+    `payload_size` its size in bytes.
     """
 
     seq: int
@@ -83,6 +86,8 @@ class Message:
     payload: Any
     payload_error: str | None = None
     payload_ref: str | None = None
+    payload_preview: str | None = None
+    payload_size: int | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         """The stable JSON form shared by `--json` output and the export."""
@@ -286,9 +291,9 @@ def insert_row(conn: apsw.Connection, row: Row, ts_ms: int) -> tuple[int, bool]:
 
 
 def select_for_agent(conn: apsw.Connection, agent: str, after: int, limit: int,
-                     blobs: BlobStore | None = None) -> list[Message]:
+                     blobs: BlobStore | None = None, preview: int = 0) -> list[Message]:
     rows = conn.execute(_POLL_SQL, {"agent": agent, "after": after, "limit": limit})
-    return [row_to_message(row, blobs) for row in rows]
+    return [row_to_message(row, blobs, preview) for row in rows]
 
 
 def pending_count(conn: apsw.Connection, agent: str, after: int) -> int:
@@ -296,15 +301,17 @@ def pending_count(conn: apsw.Connection, agent: str, after: int) -> int:
 
 
 def select_after(conn: apsw.Connection, after: int, limit: int,
-                 blobs: BlobStore | None = None) -> list[Message]:
+                 blobs: BlobStore | None = None, preview: int = 0) -> list[Message]:
     """Every message with seq above `after`, whoever it is for, in seq order."""
-    return [row_to_message(row, blobs) for row in conn.execute(_LIST_SQL, (after, limit))]
+    rows = conn.execute(_LIST_SQL, (after, limit))
+    return [row_to_message(row, blobs, preview) for row in rows]
 
 
-def select_last(conn: apsw.Connection, count: int, blobs: BlobStore | None = None) -> list[Message]:
+def select_last(conn: apsw.Connection, count: int, blobs: BlobStore | None = None,
+                preview: int = 0) -> list[Message]:
     """The newest `count` messages, oldest first."""
     rows = reversed(conn.execute(_TAIL_SQL, (count,)).fetchall())
-    return [row_to_message(row, blobs) for row in rows]
+    return [row_to_message(row, blobs, preview) for row in rows]
 
 
 def last_seq(conn: apsw.Connection) -> int:
@@ -317,12 +324,34 @@ def message_count(conn: apsw.Connection) -> int:
     return conn.execute(_COUNT_SQL).get
 
 
-def row_to_message(row: tuple[Any, ...], blobs: BlobStore | None = None) -> Message:
-    """A row as a Message; a payload that cannot be read is reported, never raised."""
+def row_to_message(row: tuple[Any, ...], blobs: BlobStore | None = None,
+                   preview: int = 0) -> Message:
+    """A row as a Message; a payload that cannot be read is reported, never raised.
+
+    With `preview` > 0 a blob is not loaded, only its first `preview` bytes.
+    """
     seq, id_, ts_ms, from_agent, to_agent, type_, correlation_id, in_reply_to, text, ref = row
-    payload, error = load_payload(text, ref, blobs)
+    head = size = None
+    if ref is not None and preview:
+        payload, (head, size, error) = None, _blob_head(ref, blobs, preview)
+    else:
+        payload, error = load_payload(text, ref, blobs)
     return Message(seq, id_, ts_ms, from_agent, to_agent, type_, correlation_id,
-                   in_reply_to, payload, error, ref)
+                   in_reply_to, payload, error, ref, head, size)
+
+
+def _blob_head(ref: str, blobs: BlobStore | None,
+               size: int) -> tuple[str | None, int | None, str | None]:
+    """(first bytes as text, whole size, error) of a blob; never raises."""
+    try:
+        if blobs is None:
+            raise BlobMissing(ref)
+        data, total = blobs.head(ref, size)
+        return data.decode(errors="replace"), total, None
+    except BlobMissing:
+        return None, None, "blob_missing"
+    except ValidationFailed:
+        return None, None, "blob_corrupt"
 
 
 def load_payload(text: str | None, ref: str | None,

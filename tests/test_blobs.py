@@ -33,6 +33,7 @@ from bus import Bus
 from bus import ValidationFailed
 from bus.api import BLOB_THRESHOLD
 from bus.api import GC_GRACE_SECONDS
+from bus.errors import DiskFull
 
 REF_PATTERN = r"sha256-[0-9a-f]{64}"
 HOUR = 3600.0
@@ -232,7 +233,7 @@ def test_blobstore_failed_write_leaves_neither_blob_nor_temp(tmp_path: Path, mon
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("blobs.store.os.fsync", failing_fsync)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(DiskFull, match="No space left"):
         store.put(b"never completed")
     monkeypatch.undo()
     assert names_in(store.root) == [kept]

@@ -276,6 +276,19 @@ def test_pump_send_refuses_bad_xml_and_envelopes(db_path: Path):
                              "stamps <from> and <thread> itself\n")
 
 
+@pytest.mark.parametrize("name", ["doctype_utf16.xml", "entity_utf16.xml", "entity_utf32.xml"])
+def test_pump_send_refuses_a_doctype_in_utf16_and_utf32(db_path: Path, name: str):
+    xml = Path(__file__).parent / "data" / "xml" / name
+    result = CliRunner().invoke(main, ["--db", str(db_path), "pump", "send", str(EXAMPLE), "-"],
+                                input=xml.read_bytes(), env={"BUS_DB": None},
+                                catch_exceptions=False)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: line ")
+    assert "a DOCTYPE (DTD) is not accepted" in result.stderr
+    with Bus.open(db_path) as bus:
+        assert bus.last_seq() == 0  # nothing reached the bus
+
+
 def test_pump_send_wait_times_out_with_exit_1(db_path: Path):
     result = run(["pump", "send", str(EXAMPLE), "<add><a>1</a><b>2</b></add>", "--wait",
                   "--timeout", "0.2"], db_path)

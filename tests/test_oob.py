@@ -382,3 +382,60 @@ def test_old_nonces_are_forgotten(bus, keys):
     oob.record_request(bus.conn, new, later)
     nonces = [row[0] for row in bus.conn.execute("SELECT nonce FROM oob_nonces")]
     assert nonces == [new.nonce]
+
+
+# --- several connections at once ---------------------------------------------------------
+
+
+def idle_connection(socket_path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(socket_path))
+    return sock
+
+
+def still_open(sock: socket.socket) -> bool:
+    """The server has neither answered nor closed it: a read would block."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) != b""
+    except BlockingIOError:
+        return True
+    finally:
+        sock.setblocking(True)
+
+
+def test_idle_connections_do_not_hold_up_a_valid_request(server, keys, socket_path):
+    """Served one at a time, the request waited for each idle client's timeout (15 s)."""
+    idle = [idle_connection(socket_path) for _ in range(3)]
+    try:
+        response = oob.send_request(socket_path, private(keys), "remove-listener",
+                                    {"name": "calc.add"})
+        assert response["ok"] is True
+        assert all(still_open(sock) for sock in idle)  # answered while they still wait
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_a_client_that_trickles_its_request_is_cut_off_at_the_deadline(server, socket_path,
+                                                                        monkeypatch):
+    """The deadline covers the whole request, not each read: a byte every 0.1 s, under the
+    per-read timeout, still ends when the connection's time is up."""
+    monkeypatch.setattr(oob, "CONNECTION_TIMEOUT_S", 0.5)
+    sock = idle_connection(socket_path)
+    sock.settimeout(30)
+    cut_off = threading.Event()
+    try:
+        for _ in range(600):  # a minute of trickling at most
+            try:
+                sock.sendall(b" ")
+            except OSError:  # EPIPE / ECONNRESET: the server closed it
+                cut_off.set()
+                break
+            if not still_open(sock):
+                cut_off.set()
+                break
+            cut_off.wait(0.1)
+    finally:
+        sock.close()
+    assert cut_off.is_set()

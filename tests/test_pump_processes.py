@@ -141,3 +141,61 @@ def test_an_input_that_kills_the_pump_every_time_becomes_a_dead_letter(
     assert table[0].split() == ["unit", "input", "sender", "listener", "attempts", "outcome",
                                 "finished_at"]
     assert table[1].split()[:6] == [str(unit.id), str(sent.seq), "alice", "poison", "2", "dead"]
+
+
+POISON_BESIDE = """\
+name: org
+listeners:
+  - name: slow
+    root_tag: echo
+    payload: tests.pump_tools:Echo
+    handler: tests.pump_tools:slow_echo
+    concurrency: 4
+    max_attempts: 2
+  - name: poison
+    root_tag: poison
+    payload: tests.pump_tools:Poison
+    handler: tests.pump_tools:poison
+    max_attempts: 3
+"""
+
+
+def test_a_poison_unit_is_dead_lettered_alone_and_its_neighbours_are_answered(
+        children, db_path, tmp_path):
+    """Two pumps, restarted whenever the poison kills one: the innocent requests in flight
+    beside it are charged once, then retried one at a time, so with max_attempts 2 every
+    one of them is answered; only the poison (max_attempts 3) is dead-lettered."""
+    organism = tmp_path / "poison.yaml"
+    organism.write_text(POISON_BESIDE)
+    with Bus.open(db_path) as bus:
+        innocents = [client.send(bus, "org", f"<echo><text>i{i}</text><count>1</count></echo>")
+                     for i in range(6)]
+        bad = client.send(bus, "org", "<poison><text>boom</text></poison>", client="alice")
+        innocents += [client.send(bus, "org", f"<echo><text>j{i}</text><count>1</count></echo>")
+                      for i in range(6)]
+    live = [pump(children, f"pump-{n}", db_path, organism) for n in range(2)]
+    started, kills = 2, 0
+    while live:
+        child = live.pop(0)
+        code = child.wait(120)
+        if code == -signal.SIGKILL:
+            kills += 1
+            assert kills <= 3, "the poison killed more pumps than its max_attempts"
+            live.append(pump(children, f"pump-{started}", db_path, organism))
+            started += 1
+        else:
+            assert code == 0, child.describe()
+    assert kills == 3
+    with Bus.open(db_path) as bus:
+        for one in innocents:
+            unit, = work.units_for_input(bus.conn, one.seq)
+            assert bus.conn.execute("SELECT status FROM pump_work WHERE id = ?",
+                                    (unit.id,)).get == "done"
+            assert unit.attempts <= 2
+            got, = client.replies(bus, one)
+            assert got.root_tag == "result"
+        dead, = work.dead_units(bus.conn, "org")
+        assert (dead.input_seq, dead.listener, dead.attempts) == (bad.seq, "poison", 3)
+        got, = client.replies(bus, bad)
+        assert 'code="dead-letter"' in got.payload_xml
+    assert calls(tmp_path)[bad.id] == 3

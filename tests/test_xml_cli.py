@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from bus.cli import main
@@ -64,6 +65,15 @@ def test_xml_check_prints_the_huh_and_exits_1() -> None:
                     input="<add><a>1</a>")
     assert result.exit_code == 1
     assert json.loads(result.output)["huh"]["code"] == "malformed"
+
+
+@pytest.mark.parametrize("name", ["doctype_utf16.xml", "doctype_utf32.xml", "entity_utf16.xml",
+                                  "entity_utf32.xml"])
+def test_xml_check_refuses_a_doctype_in_utf16_and_utf32(name: str) -> None:
+    path = Path(__file__).parent / "data" / "xml" / name
+    result = invoke(["xml", "check", "--json", "--payload", "--schema", TARGET, str(path)])
+    assert result.exit_code == 1, result.output
+    assert json.loads(result.output)["huh"]["code"] == "doctype"
 
 
 def test_xml_schema_prints_xsd_example_usage(tmp_path: Path) -> None:

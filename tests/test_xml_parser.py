@@ -83,6 +83,10 @@ def assert_no_connection(server: socket.socket) -> None:
     ("billion_laughs.xml", XmlDoctypeRefused),
     ("quadratic_blowup.xml", XmlDoctypeRefused),
     ("doctype.xml", XmlDoctypeRefused),
+    ("doctype_utf16.xml", XmlDoctypeRefused),
+    ("doctype_utf32.xml", XmlDoctypeRefused),
+    ("entity_utf16.xml", XmlDoctypeRefused),
+    ("entity_utf32.xml", XmlDoctypeRefused),
     ("deep_nesting.xml", XmlTooDeep),
     ("invalid_utf8.xml", XmlEncodingInvalid),
     ("two_roots.xml", XmlMultipleRoots),
@@ -104,6 +108,8 @@ def test_parse_error_positions_and_codes() -> None:
         "two_roots.xml": ("multiple-roots", 2),
         "unclosed.xml": ("malformed", 1),
         "doctype.xml": ("doctype", 1),
+        "doctype_utf16.xml": ("doctype", 1),  # positions in characters, not UTF-16 bytes
+        "entity_utf32.xml": ("doctype", 2),
     }
     for name, (code, line) in cases.items():
         with pytest.raises(XmlRejected) as raised:

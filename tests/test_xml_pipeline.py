@@ -6,6 +6,7 @@ import dataclasses
 import signal
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -33,6 +34,7 @@ from bus.xml.envelope import read_envelope
 from bus.xml.envelope import validate_envelope
 from bus.xml.errors import XmlRejected
 from bus.xml.pipeline import LISTENER_STEPS
+from bus.xml.pipeline import Document
 from bus.xml.pipeline import SYSTEM_STEPS
 
 LISTENER = "calculator-7f"  # must never show up in a Huh
@@ -346,3 +348,31 @@ def test_plain_patterns_stay_linear_on_hostile_input(pipeline) -> None:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+# --- what no step names still comes back as a <huh> ------------------------------------
+
+CORPUS = Path(__file__).parent / "data" / "xml"
+
+
+@pytest.mark.parametrize("name", ["doctype_utf16.xml", "doctype_utf32.xml", "entity_utf16.xml",
+                                  "entity_utf32.xml"])
+def test_pipeline_refuses_a_doctype_in_any_encoding(name: str) -> None:
+    result = check_payload(Add, (CORPUS / name).read_bytes())
+    assert isinstance(result, Huh) and (result.step, result.code) == ("repair", "doctype")
+
+
+def test_pipeline_turns_an_unforeseen_lxml_failure_into_a_huh() -> None:
+    """An entity reference reaching C14N (lxml raises C14NError) is a <huh>, not an exception."""
+    root = etree.fromstring(b"<add><a>1</a><b>2</b></add>")
+    root[0].append(etree.Entity("n"))
+
+    def step_smuggle(_pipeline, _raw):
+        return Document(root, (), b"", None)
+
+    smuggling = dataclasses.replace(listener_pipeline(LISTENER, Add),
+                                    steps=(step_smuggle, *LISTENER_STEPS[1:]))
+    result = run(smuggling, b"")
+    assert isinstance(result, Huh)
+    assert (result.step, result.code) == ("c14n", "unprocessable")
+    assert "C14NError" in result.message

@@ -137,7 +137,8 @@ class TickReport:
 
 def receive(conn: apsw.Connection, agent: str, flt: MessageFilter, now_ms: int,
             load_content: Callable[[Any, Any], Any],
-            count: Callable[[str, dict[str, Any]], int]) -> QueryResult:
+            count: Callable[[str, dict[str, Any]], int],
+            candidates: list[int] | None = None) -> QueryResult:
     """Hand out `agent`'s deliverable messages matching `flt`, inside the caller's transaction.
 
     Deliverable: pending, visible by now, on a channel the agent belongs to
@@ -146,19 +147,15 @@ def receive(conn: apsw.Connection, agent: str, flt: MessageFilter, now_ms: int,
     order and one row past the page says whether there are more, so a
     receive reads `limit + 1` rows whatever the backlog. `total_count` is
     left to `count(sql, params)`, run after the commit only if asked for.
+    A filter with a content pattern comes with its `candidates` (see
+    `content_candidates`): the pattern itself is not run here, under the lock.
     """
     budgets, channel_ids, prioritised = _open_channels(conn, agent)
-    clauses, params = filter_sql(flt)
-    params.update(agent=agent, now=now_ms, channels=orjson.dumps(channel_ids).decode(),
-                  limit=flt.limit + 1, offset=flt.offset)
-    where = " WHERE " + " AND ".join(_RECEIVE_WHERE + clauses)
-    in_index_order = flt.sort_by == "created_at" and flt.sort_order in (None, "asc")
-    order = " ORDER BY d.seq" if in_index_order and not prioritised else \
-        order_sql(flt, "asc", priority_first=prioritised)
-    rows = list(conn.execute("SELECT " + MESSAGE_COLUMNS + _RECEIVE_EXTRA_COLUMNS
-                             + _RECEIVE_FROM_SQL + where + order
-                             + " LIMIT :limit OFFSET :offset", params))
-    has_more = len(rows) > flt.limit
+    locked = flt if candidates is None else replace(flt, content_pattern=None, offset=0)
+    sql, params = _receive_sql(locked, agent, now_ms, channel_ids, prioritised,
+                               MESSAGE_COLUMNS + _RECEIVE_EXTRA_COLUMNS, candidates)
+    rows = list(conn.execute(sql, params))
+    has_more = len(rows) > flt.limit or len(candidates or ()) > flt.limit
     handed: list[ChannelMessage] = []
     for row in rows[:flt.limit]:
         message = row_to_message(row[:-_HAND_OUT_COLUMNS], load_content)
@@ -171,8 +168,51 @@ def receive(conn: apsw.Connection, agent: str, flt: MessageFilter, now_ms: int,
         _hand_out(conn, message, agent, channel_id, mode, ack_timeout_ms, now_ms)
         handed.append(_replace_status(message, "delivered"))
     # Counted after the commit: what is still waiting, plus what this call handed out.
-    count_sql = "SELECT count(*)" + _RECEIVE_FROM_SQL + where if clauses else _RECEIVE_COUNT_SQL
-    return QueryResult(handed, lambda: count(count_sql, params) + len(handed), has_more)
+    count_sql, count_params = _count_sql(flt, agent, now_ms, channel_ids)
+    return QueryResult(handed, lambda: count(count_sql, count_params) + len(handed), has_more)
+
+
+def content_candidates(conn: apsw.Connection, agent: str, flt: MessageFilter,
+                       now_ms: int) -> list[int]:
+    """The seqs `receive` would hand out for a filter with a content pattern, read only.
+
+    Run before receive's write transaction, so a slow regular expression
+    (a user's, like `(a+)+$`) holds up only its own caller, never another
+    writer. Content never changes, so the match still holds under the lock,
+    where receive re-checks everything else.
+    """
+    _budgets, channel_ids, prioritised = _open_channels(conn, agent)
+    sql, params = _receive_sql(flt, agent, now_ms, channel_ids, prioritised, "cm.seq")
+    return [seq for (seq,) in conn.execute(sql, params)]
+
+
+def _receive_sql(flt: MessageFilter, agent: str, now_ms: int, channel_ids: list[int],
+                 prioritised: bool, columns: str,
+                 candidates: list[int] | None = None) -> tuple[str, dict[str, Any]]:
+    """The SELECT of the deliverable messages matching `flt`, one page (plus one row)."""
+    clauses, params = filter_sql(flt)
+    if candidates is not None:
+        clauses.append("cm.seq IN (SELECT value FROM json_each(:f_candidates))")
+        params["f_candidates"] = orjson.dumps(candidates).decode()
+    params.update(agent=agent, now=now_ms, channels=orjson.dumps(channel_ids).decode(),
+                  limit=flt.limit + 1, offset=flt.offset)
+    where = " WHERE " + " AND ".join(_RECEIVE_WHERE + clauses)
+    in_index_order = flt.sort_by == "created_at" and flt.sort_order in (None, "asc")
+    order = " ORDER BY d.seq" if in_index_order and not prioritised else \
+        order_sql(flt, "asc", priority_first=prioritised)
+    return ("SELECT " + columns + _RECEIVE_FROM_SQL + where + order
+            + " LIMIT :limit OFFSET :offset"), params
+
+
+def _count_sql(flt: MessageFilter, agent: str, now_ms: int,
+               channel_ids: list[int]) -> tuple[str, dict[str, Any]]:
+    """How many deliverable messages match `flt` (the whole filter, content pattern included)."""
+    clauses, params = filter_sql(flt)
+    params.update(agent=agent, now=now_ms, channels=orjson.dumps(channel_ids).decode())
+    if not clauses:
+        return _RECEIVE_COUNT_SQL, params
+    return "SELECT count(*)" + _RECEIVE_FROM_SQL + " WHERE " + " AND ".join(
+        _RECEIVE_WHERE + clauses), params
 
 
 def _replace_status(message: ChannelMessage, delivery_status: str) -> ChannelMessage:

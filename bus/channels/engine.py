@@ -52,6 +52,7 @@ from bus.channels.store import Participant
 from bus.channels.store import validate_choice
 from bus.channels.store import validate_name
 from bus.channels.topics import TopicIndex
+from bus.db import refuse_write
 from bus.db import translate_busy
 from bus.db import write_transaction
 from bus.errors import StoreCapacity
@@ -281,25 +282,41 @@ class Channels:
                                  priority=priority, correlation_id=correlation_id)
 
     def _send(self, out: sending.Outgoing) -> ChannelMessage:
-        # A large content goes to the blob store before the transaction, outside the lock.
-        out = replace(out, row=self.bus.move_large_payload(out.row))
+        self.bus.check_payload_size(out.row, "content")
         conn = self.conn
-        with write_transaction(conn):
-            channel = store.get_channel(conn, out.channel)
-            sending.check_channel(conn, channel, out)
-            answered = sending.answered(conn, channel, out)
-            if answered and out.row.in_reply_to is None:
-                out = replace(out, row=out.row._replace(in_reply_to=answered[0]))
-            targets = sending.recipients(conn, channel, out, lambda: self._topic_index(channel))
-            now = self.clock()
-            self._check_limits(conn, len(targets), now)
-            seq, correlation_id = sending.insert(conn, channel, out, targets, now)
-            if answered and out.type == "response":
-                sending.close_query_deadline(conn, answered[1])
+        if out.size > self.bus.blob_threshold:
+            self._check_before_blob(conn, out)
+        # A refused send deletes the blob it wrote (staging_blobs).
+        with self.bus.staging_blobs():
+            # A large content goes to the blob store before the transaction, outside the lock.
+            out = replace(out, row=self.bus.move_large_payload(out.row))
+            with write_transaction(conn):
+                channel = store.get_channel(conn, out.channel)
+                sending.check_channel(conn, channel, out)
+                answered = sending.answered(conn, channel, out)
+                if answered and out.row.in_reply_to is None:
+                    out = replace(out, row=out.row._replace(in_reply_to=answered[0]))
+                targets = sending.recipients(conn, channel, out,
+                                             lambda: self._topic_index(channel))
+                now = self.clock()
+                self._check_limits(conn, len(targets), now)
+                seq, correlation_id = sending.insert(conn, channel, out, targets, now)
+                if answered and out.type == "response":
+                    sending.close_query_deadline(conn, answered[1])
         content, error = self._load_content(out.row.payload, out.row.payload_ref)
         return ChannelMessage(seq, out.row.id, channel.name, out.sender, out.type, content,
                               out.topic, out.priority, correlation_id, out.row.in_reply_to, now,
                               "sent", error)
+
+    @staticmethod
+    def _check_before_blob(conn: apsw.Connection, out: sending.Outgoing) -> None:
+        """The channel's checks, read-only, before a large content is written as a blob.
+
+        The transaction checks again: the channel may change in between.
+        """
+        refuse_write(conn)
+        with translate_busy(conn):
+            sending.check_channel(conn, store.get_channel(conn, out.channel), out)
 
     def _topic_index(self, channel: Channel) -> TopicIndex:
         """The channel's subscriptions as a TopicIndex, rebuilt only when they changed."""
@@ -335,10 +352,15 @@ class Channels:
         validate_agent_id(agent)
         flt = self._checked_filter(filter)
         conn = self.conn
+        candidates = None
+        if flt.content_pattern is not None:  # the user's regex runs outside the write lock
+            with translate_busy(conn):
+                candidates = delivery.content_candidates(conn, agent, flt, self.clock())
         with write_transaction(conn):
             now = self.clock()
             delivery.tick(conn, now)
-            return delivery.receive(conn, agent, flt, now, self._load_content, self._count)
+            return delivery.receive(conn, agent, flt, now, self._load_content, self._count,
+                                    candidates)
 
     def _count(self, sql: str, params: dict[str, Any]) -> int:
         with translate_busy():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from bus import __version__
+from bus.api import MAX_PAYLOAD_BYTES
 from bus.cli import channels
 from bus.cli import coordination
 from bus.cli import history
@@ -31,9 +32,12 @@ __all__ = ["main", "format_message"]
 @click.option("--durability", envvar="BUS_DURABILITY", default="normal", show_default=True,
               type=click.Choice(["normal", "full"]),
               help="normal: a publish survives a crash; full: power loss too (fsync).")
+@click.option("--max-payload-bytes", envvar="BUS_MAX_PAYLOAD_BYTES", default=MAX_PAYLOAD_BYTES,
+              show_default=True, type=click.IntRange(1),
+              help="Refuse a message whose payload JSON is longer (env: BUS_MAX_PAYLOAD_BYTES).")
 @click.version_option(__version__, "--version", prog_name="bus")
 @click.pass_context
-def main(ctx: click.Context, db: str, durability: str) -> None:
+def main(ctx: click.Context, db: str, durability: str, max_payload_bytes: int) -> None:
     """agentbus: a message bus for agents in one SQLite file.
 
     \b
@@ -43,7 +47,7 @@ def main(ctx: click.Context, db: str, durability: str) -> None:
       bus poll --agent worker-1
       bus ack --agent worker-1 --seq 1
     """
-    ctx.obj = BusContext(ctx, db, durability)
+    ctx.obj = BusContext(ctx, db, durability, max_payload_bytes)
 
 
 for _module in (messaging, coordination, history, channels, pump, xml):

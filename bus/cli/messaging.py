@@ -1,4 +1,5 @@
-"""`bus` commands for the message log: init, publish, poll, ack, tail, sql, migrate, status."""
+"""`bus` commands for the message log: init, publish, poll, ack, tail, sql, migrate, status,
+check."""
 
 from __future__ import annotations
 
@@ -16,10 +17,15 @@ from bus.api import Bus
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
+from bus.cli.output import PAYLOAD_PREVIEW
 from bus.cli.output import echo_json
 from bus.cli.output import echo_messages
 from bus.cli.output import echo_rows
 from bus.db import connect
+from bus.db import environment_error
+from bus.errors import DatabaseCorrupt
+from bus.errors import ValidationFailed
+from bus.db import check_database
 from bus.schema import migrate
 from bus.schema import schema_status
 
@@ -67,7 +73,7 @@ def publish(obj: BusContext, from_agent: str, type_: str, to: str | None, payloa
 
     Example: bus publish --from planner --to worker-1 --type task_assign --payload '{"task": "t1"}'
     """
-    value = _read_payload(payload, payload_file)
+    value = _read_payload(payload, payload_file, obj.max_payload_bytes)
     result = obj.open().publish(from_agent, type_, value, to=to, id=message_id,
                                 correlation_id=correlation_id, in_reply_to=in_reply_to)
     if as_json:
@@ -92,11 +98,12 @@ def poll(obj: BusContext, agent: str, limit: int, wait: float, as_json: bool) ->
     Example: bus poll --agent worker-1 --wait 30
     """
     bus = obj.open()
-    found = bus.poll(agent, limit)
+    preview = _preview(as_json)
+    found = bus.poll(agent, limit, preview=preview)
     deadline = time.monotonic() + wait
     while not found and time.monotonic() < deadline:
         bus.wait_for_change(deadline - time.monotonic())
-        found = bus.poll(agent, limit)
+        found = bus.poll(agent, limit, preview=preview)
     echo_messages(found, as_json)
     if not found and not as_json:
         click.echo(f"no messages for {agent} above seq {bus.cursor(agent)}", err=True)
@@ -134,7 +141,7 @@ def tail(obj: BusContext, follow: bool, since: int | None, lines: int, as_json: 
     bus = obj.open()
     try:
         if since is None:
-            shown = bus.last_messages(lines)
+            shown = bus.last_messages(lines, preview=_preview(as_json))
             after = shown[-1].seq if shown else bus.last_seq()
             echo_messages(shown, as_json)
         else:
@@ -162,6 +169,8 @@ def sql(obj: BusContext, query: str, as_json: bool) -> None:
     obj.ctx.call_on_close(lambda: conn.close(True))
     try:
         columns, rows = _run_read_only(conn, query)
+    except apsw.CorruptError as exc:
+        raise environment_error(exc, conn.filename) from exc
     except (apsw.ReadOnlyError, apsw.AuthError):
         raise click.ClickException(
             "bus sql is read-only and cannot change the database; "
@@ -223,6 +232,31 @@ def status(obj: BusContext, as_json: bool) -> None:
         click.echo("no cursors yet (no agent has acked)")
 
 
+@click.command()
+@click.option("--full", is_flag=True,
+              help="Run integrity_check (also compares every index with its table; slower)"
+                   " instead of quick_check.")
+@json_option
+@pass_bus_context
+def check(obj: BusContext, full: bool, as_json: bool) -> None:
+    """Check the bus file for damage with SQLite's quick_check (--full: integrity_check).
+
+    Only reads. Exits 1 when the file is damaged, after listing what SQLite found.
+
+    Example: bus check --full
+    """
+    report = check_database(obj.db, full)
+    if as_json:
+        echo_json(report.to_json_dict())
+    elif report.ok:
+        click.echo(f"{obj.db}: ok ({report.to_json_dict()['check']})")
+    else:
+        for problem in report.problems:
+            click.echo(problem)
+    if not report.ok:
+        raise DatabaseCorrupt(obj.db, f"{len(report.problems)} problem(s) found")
+
+
 # --- helpers --------------------------------------------------------------
 
 
@@ -239,15 +273,16 @@ def _run_read_only(conn: apsw.Connection, query: str) -> tuple[list[str], list[t
     return columns, cursor.fetchall()
 
 
-def _read_payload(payload: str | None, payload_file: Any) -> Any:
+def _read_payload(payload: str | None, payload_file: Any, limit: int) -> Any:
+    """The JSON value given; input far over the size limit is refused before it is all read."""
     if payload is not None and payload_file is not None:
         raise click.UsageError("give --payload or --payload-file, not both")
     if payload == "-":
-        text, source = sys.stdin.read(), "--payload -"
+        text, source = _read_at_most(sys.stdin.buffer, limit), "--payload -"
     elif payload is not None:
         text, source = payload, "--payload"
     elif payload_file is not None:
-        text, source = payload_file.read(), "--payload-file"
+        text, source = _read_at_most(payload_file, limit), "--payload-file"
     else:
         return None
     try:
@@ -256,10 +291,27 @@ def _read_payload(payload: str | None, payload_file: Any) -> Any:
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint=source) from None
 
 
+def _preview(as_json: bool) -> int:
+    """How much of a blob to read: a human line never loads a whole one, --json prints it."""
+    return 0 if as_json else PAYLOAD_PREVIEW
+
+
+def _read_at_most(stream: Any, limit: int) -> bytes:
+    """Read a payload, refusing it once it is over twice the limit (the bus checks the JSON
+    it stores, which drops whitespace, against the limit itself)."""
+    cap = 2 * limit
+    data = stream.read(cap + 1)
+    if len(data) > cap:
+        raise ValidationFailed("payload", f"is over {cap} bytes as given; the limit is {limit}"
+                                          " bytes of JSON (bus --max-payload-bytes): store large"
+                                          " data in a file and send its path")
+    return data
+
+
 def _echo_all_after(bus: Bus, after: int, as_json: bool) -> int:
     """Print every message above `after` in batches; return the last seq printed."""
     while True:
-        batch = bus.list_messages(after, FOLLOW_BATCH)
+        batch = bus.list_messages(after, FOLLOW_BATCH, preview=_preview(as_json))
         echo_messages(batch, as_json)
         if not batch:
             return after
@@ -319,4 +371,4 @@ def _export_with_progress(exporter) -> int:
     return total
 
 
-COMMANDS = [init, publish, poll, ack, tail, sql, migrate_command, status, export]
+COMMANDS = [init, publish, poll, ack, tail, sql, migrate_command, status, check, export]

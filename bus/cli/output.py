@@ -40,6 +40,8 @@ def format_message(message: Message) -> str:
         parts.append(f"reply-to={message.in_reply_to}")
     if message.payload_error:
         parts.append(f"!{message.payload_error}")
+    elif message.payload_preview is not None:  # a blob: only its first bytes were read
+        parts.append(_cut(message.payload_preview, message.payload_size))
     elif message.payload is not None:
         parts.append(shortened(orjson.dumps(message.payload).decode()))
     return "  ".join(parts)
@@ -49,7 +51,11 @@ def shortened(text: str) -> str:
     """Keep a line readable: long payloads are cut (--json prints them whole)."""
     if len(text) <= PAYLOAD_PREVIEW:
         return text
-    return f"{text[:PAYLOAD_PREVIEW]}... ({len(text.encode())} bytes, see --json)"
+    return _cut(text, len(text.encode()))
+
+
+def _cut(text: str, size: int) -> str:
+    return f"{text[:PAYLOAD_PREVIEW]}... ({size} bytes, see --json)"
 
 
 def echo_rows(columns: list[str], rows: list[tuple[Any, ...]], as_json: bool) -> None:

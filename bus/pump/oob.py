@@ -3,6 +3,9 @@
 Privileged commands (`add-listener`, `remove-listener`, `hot-reload`) never
 travel through the pump's routing: they arrive on a Unix socket of mode 0600
 beside the bus file, one request per connection, each signed with Ed25519.
+Up to MAX_CONNECTIONS connections are read at once, each with a deadline
+of CONNECTION_TIMEOUT_S for its whole request, so idle or slow clients do
+not hold up a valid request; requests are then handled one at a time.
 
 A request on the wire is one JSON object
 
@@ -33,6 +36,8 @@ import socket
 import stat
 import struct
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +76,8 @@ PAYLOAD_KEYS = ("args", "command", "nonce", "ts_ms")
 AUDIT_AGENT = "oob"  # from_agent of the audit messages
 MAX_REQUEST_BYTES = 64 * 1024
 SUN_PATH_MAX = 107  # bytes: sockaddr_un.sun_path is 108 on Linux, NUL included
-CONNECTION_TIMEOUT_S = 5.0
+CONNECTION_TIMEOUT_S = 5.0  # a client has this long, in all, to send its whole request
+MAX_CONNECTIONS = 8  # served at once; more wait in the listen backlog
 # Nonces are kept this long; a request older than the window is stale anyway,
 # and the window is at most an hour (organism.WINDOW_MAX_S).
 NONCE_RETENTION_MS = 2 * 3600 * 1000
@@ -338,6 +344,10 @@ class OobServer:
         self._sock = bind_socket(self.path)
         self._inode = self.path.stat().st_ino
         self._lock = threading.Lock()
+        # A fixed pool: its threads (and their bus connections) are reused.
+        self._pool = ThreadPoolExecutor(MAX_CONNECTIONS, thread_name_prefix="oob-connection")
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._handling = threading.Lock()  # verify, record, dispatch: one request at a time
 
     def serve_forever(self, stop: threading.Event, poll_s: float = 0.1) -> None:
         """Handle connections until `stop` is set (checked every `poll_s` seconds)."""
@@ -345,30 +355,41 @@ class OobServer:
             self.serve_once(poll_s)
 
     def serve_once(self, timeout: float) -> bool:
-        """Handle one connection if one arrives within `timeout` seconds."""
+        """Accept one connection if one arrives within `timeout` seconds and a slot is free;
+        it is served on the pool, beside the others."""
         ready, _, _ = select.select([self._sock], [], [], timeout)
-        if not ready:
+        if not ready or not self._slots.acquire(timeout=timeout):
             return False
-        conn, _ = self._sock.accept()
-        with conn:
-            conn.settimeout(CONNECTION_TIMEOUT_S)
-            try:
-                response = self._answer(conn)
-                conn.sendall(orjson.dumps(response) + b"\n")
-            except OSError:
-                pass  # the client went away or stalled: nothing to answer
+        try:
+            conn, _ = self._sock.accept()
+        except OSError:
+            self._slots.release()
+            return False
+        self._pool.submit(self._serve, conn)
         return True
 
-    def _answer(self, conn: socket.socket) -> dict[str, Any]:
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            with conn:
+                response = self._answer(conn, time.monotonic() + CONNECTION_TIMEOUT_S)
+                conn.sendall(orjson.dumps(response) + b"\n")
+        except OSError:
+            pass  # the client went away or missed its deadline: nothing to answer
+        finally:
+            self._slots.release()
+
+    def _answer(self, conn: socket.socket, deadline: float) -> dict[str, Any]:
         try:
             if not _same_user(conn):
                 raise OobRefused("peer: connections are accepted from the socket owner's "
                                  "user only")
-            wire = _read_request(conn)
+            wire = _read_request(conn, deadline)
         except OobRefused as exc:
-            return self._refuse(exc, now_ms())
+            with self._handling:
+                return self._refuse(exc, now_ms())
         try:
-            return self.handle(wire)
+            with self._handling:
+                return self.handle(wire)
         except BusError as exc:  # e.g. BusBusy: the client may retry with a new request
             return {"ok": False, "error": "failed", "message": str(exc)}
 
@@ -402,9 +423,11 @@ class OobServer:
         return {"ok": True, "nonce": request.nonce, "result": result}
 
     def close(self) -> None:
-        """Stop listening and remove the socket file (if it is still ours)."""
+        """Stop listening, let the connections being served finish (each within its
+        deadline), and remove the socket file (if it is still ours)."""
         with self._lock:
             self._sock.close()
+            self._pool.shutdown(wait=True)
             try:
                 if self.path.stat().st_ino == self._inode:
                     self.path.unlink()
@@ -418,9 +441,21 @@ class OobServer:
         self.close()
 
 
-def _read_request(conn: socket.socket) -> bytes:
+def _read_request(conn: socket.socket, deadline: float) -> bytes:
+    """Everything the client sends until it shuts down writing, by `deadline` (monotonic).
+
+    A client still sending at the deadline gets TimeoutError (an OSError): one
+    byte every few seconds does not hold a connection open for good.
+    """
     chunks, size = [], 0
-    while chunk := conn.recv(65536):
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        conn.settimeout(remaining)
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
         chunks.append(chunk)
         size += len(chunk)
         if size > MAX_REQUEST_BYTES:

@@ -205,6 +205,7 @@ class Pump:
         self._running: dict[int, Unit] = {}  # unit id -> unit, for lease renewal
         self._running_lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
+        self._alone: int | None = None  # the suspect unit running on its own (_claim_suspect)
         self._finished: list[Finished] = []
         self._orphans_checked: tuple[Routes, int] | None = None
         self._scan = _Scan()
@@ -264,7 +265,7 @@ class Pump:
             # commits them `commit_batch` per transaction: one hop, not one per commit.
             batch, self._finished = self._finished, []
             for done in batch:  # its slots are free for the claims after its commit
-                self._in_flight[done.unit.listener] -= 1
+                self._settle(done.unit)
             busy = sum(self._in_flight.values()) > 0  # units beyond this batch
             step = await self._db(self._step, batch, self._capacity(), busy)
             self.stats.steps += 1
@@ -412,6 +413,30 @@ class Pump:
             "again to a listener that accepts it"))
 
     def _claim(self, writer: Writer, capacity: dict[str, int]) -> list[tuple[Unit, Message]]:
+        """Claim up to `capacity`, or one suspect unit alone (see `_claim_suspect`)."""
+        if self._alone is not None or not capacity:
+            return []  # a suspect runs alone: nothing is claimed beside it
+        suspect = work.find_suspect(writer.conn, self.name, capacity, writer.now)
+        if suspect is not None:
+            return self._claim_suspect(writer, suspect)
+        return self._with_inputs(writer, self._claim_fresh(writer, capacity))
+
+    def _claim_suspect(self, writer: Writer, suspect: int) -> list[tuple[Unit, Message]]:
+        """Retry a unit whose pump died with it in flight alone, once nothing else runs.
+
+        Every unit in flight is charged an attempt when its pump dies. Run on
+        its own, a unit that kills the pump again is charged alone and reaches
+        max_attempts, while the units that were in flight beside it finish on
+        their own retries (seed 000's poison message, without its neighbours).
+        """
+        if any(self._in_flight.values()):
+            return []  # the running units finish first
+        claimed = self._with_inputs(writer, work.lease(writer.conn, [suspect], self.owner,
+                                                       self.lease_ms, writer.now))
+        self._alone = claimed[0][0].id if claimed else None
+        return claimed
+
+    def _claim_fresh(self, writer: Writer, capacity: dict[str, int]) -> list[Unit]:
         units: list[Unit] = []
         for name, slots in capacity.items():
             listener = writer.routes.listeners.get(name)
@@ -423,6 +448,9 @@ class Pump:
                 continue
             units += work.claim(writer.conn, self.name, name, self.owner, self.lease_ms,
                                 slots, writer.now)
+        return units
+
+    def _with_inputs(self, writer: Writer, units: list[Unit]) -> list[tuple[Unit, Message]]:
         inputs = work.messages_by_seq(writer.conn, [u.input_seq for u in units], self.bus.blobs)
         return [(unit, inputs[unit.input_seq]) for unit in units if unit.input_seq in inputs]
 
@@ -460,9 +488,15 @@ class Pump:
         self._wake.set()
 
     def _release(self, unit: Unit) -> None:
-        self._in_flight[unit.listener] -= 1
+        self._settle(unit)
         with self._running_lock:
             self._running.pop(unit.id, None)
+
+    def _settle(self, unit: Unit) -> None:
+        """`unit` holds no handler slot any more (committed, or given up until its lease ends)."""
+        self._in_flight[unit.listener] -= 1
+        if unit.id == self._alone:
+            self._alone = None
 
     async def _process(self, unit: Unit, message: Message, listener: Listener) -> Finished:
         """Pipeline, then handler: the unit's outputs or the `<huh>` for its sender."""

@@ -5,8 +5,9 @@ A unit is one (input envelope, listener) pair in `pump_work`
 caller's write transaction (one of the pump's BEGIN IMMEDIATE), with `now`
 taken under its lock, so what they read first nobody changes before they
 write. Claims are leases as in bus/claims.py: per listener, the oldest
-pending units whose lease has run out (or that were never leased) are
-looked up, then get this pump as owner, a new lease and one more attempt.
+units never leased are looked up, then get this pump as owner, a new lease
+and one more attempt. A unit whose lease ran out is a suspect (its pump
+died with it in flight) and is claimed on its own (`find_suspect`).
 """
 
 from __future__ import annotations
@@ -38,8 +39,17 @@ _INSERT_UNIT_SQL = (
 # alone costs a quarter of the UPDATE around it.
 _CLAIMABLE_SQL = (
     "SELECT id FROM pump_work WHERE organism = :organism"
-    " AND listener = :listener AND status = 'pending' AND +lease_until_ms <= :now"
-    " AND attempts < max_attempts ORDER BY id LIMIT :limit"
+    " AND listener = :listener AND status = 'pending' AND +lease_until_ms = 0"
+    " ORDER BY id LIMIT :limit"
+)
+# A unit claimed before whose lease ran out: its pump died (or lost the lease)
+# while it was in flight, maybe because of it. The oldest such unit of the
+# given listeners; a range on idx_pump_work_lease (expired leases only).
+_SUSPECT_SQL = (
+    "SELECT id FROM pump_work WHERE organism = :organism AND status = 'pending'"
+    " AND lease_until_ms BETWEEN 1 AND :now AND attempts < max_attempts"
+    " AND listener IN (SELECT value FROM json_each(:listeners))"
+    " ORDER BY lease_until_ms, id LIMIT 1"
 )
 _CLAIM_SQL = (
     "UPDATE pump_work SET lease_owner = :owner, lease_until_ms = :now + :lease,"
@@ -163,12 +173,30 @@ def insert_unit(conn: apsw.Connection, organism: str, input_seq: int, listener: 
 
 def claim(conn: apsw.Connection, organism: str, listener: str, owner: str, lease_ms: int,
           limit: int, now: int) -> list[Unit]:
-    """Lease up to `limit` of `listener`'s pending units to `owner`, oldest first.
+    """Lease up to `limit` of `listener`'s never claimed units to `owner`, oldest first.
 
     Runs inside the caller's write transaction, so nobody claims in between.
+    Units claimed before are retried through `find_suspect` instead.
     """
     ids = [row[0] for row in conn.execute(_CLAIMABLE_SQL, {
-        "organism": organism, "listener": listener, "now": now, "limit": limit})]
+        "organism": organism, "listener": listener, "limit": limit})]
+    return lease(conn, ids, owner, lease_ms, now)
+
+
+def find_suspect(conn: apsw.Connection, organism: str, listeners: Iterable[str],
+                 now: int) -> int | None:
+    """The oldest unit of `listeners` whose lease ran out with attempts left, or None.
+
+    Its pump died (or lost its lease) with it in flight: it may be the cause,
+    so the pump retries it alone (see Pump._claim).
+    """
+    return conn.execute(_SUSPECT_SQL, {"organism": organism, "now": now,
+                                       "listeners": orjson.dumps(list(listeners))}).get
+
+
+def lease(conn: apsw.Connection, ids: list[int], owner: str, lease_ms: int,
+          now: int) -> list[Unit]:
+    """Lease the units `ids` (those still pending and unleased) to `owner`; one more attempt."""
     if not ids:
         return []
     rows = conn.execute(_CLAIM_SQL, {"owner": owner, "now": now, "lease": lease_ms,

@@ -118,13 +118,26 @@ class Pipeline:
 
 
 def run(pipeline: Pipeline, raw: bytes) -> Envelope | Huh:
-    """Run every step on `raw`; the first `Huh` stops the run and is returned."""
+    """Run every step on `raw`; the first `Huh` stops the run and is returned.
+
+    Never raises for the input's sake: a libxml2 failure no step names (a
+    C14NError, say) is a `<huh code="unprocessable">` too.
+    """
     value: Any = raw
     for step in pipeline.steps:
-        value = step(pipeline, value)
+        try:
+            value = step(pipeline, value)
+        except etree.LxmlError as exc:
+            return _unprocessable(step, exc)
         if type(value) is Huh:
             return value
     return value
+
+
+def _unprocessable(step: Callable[..., Any], exc: etree.LxmlError) -> Huh:
+    return Huh(step.__name__.removeprefix("step_"), "unprocessable",
+               f"the XML could not be processed ({type(exc).__name__}: {exc}); send plain "
+               "UTF-8 XML without DTDs or entity references")
 
 
 # --- the steps ----------------------------------------------------------------
