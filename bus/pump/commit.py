@@ -11,14 +11,23 @@ Threads: an envelope's `<thread>` is the sender's thread. A call to listener
 L runs on a new thread under it (`extend_uuid`); L's answer goes to the
 caller on the caller's thread (`answer_to` closes L's). A caller
 whose thread is the conversation itself (organism/client) is the client:
-the answer is egress, written but not routed. `<huh>` envelopes are written,
-never routed, so two listeners cannot bounce errors at each other.
+the answer is egress, written but not routed, and the conversation closes
+once nothing under it is open (a broadcast's last answer, a handler that
+had nothing to say).
+
+A `<huh>` goes where an answer would: to the calling listener, routed on
+its thread (its handler gets a `Huh` and may correct itself), or to the
+client. A `<huh>` never answers a `<huh>`: the error of a message that is
+one, or that a handler sent while handling one, goes to the client instead,
+so two listeners cannot bounce errors at each other. A reply the commit
+must refuse (an envelope as payload, ...) becomes a `bad-reply` `<huh>` at once.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import TYPE_CHECKING
 from typing import Callable
 
@@ -28,6 +37,7 @@ from lxml import etree
 from bus.db import write_transaction
 from bus.errors import BusError
 from bus.errors import ThreadNotFound
+from bus.errors import ValidationFailed
 from bus.messages import Message
 from bus.messages import insert_row
 from bus.pump import threads
@@ -36,12 +46,14 @@ from bus.pump.envelopes import SYSTEM_SENDER
 from bus.pump.envelopes import derived_id
 from bus.pump.envelopes import envelope_row
 from bus.pump.envelopes import huh_element
+from bus.pump.envelopes import is_huh
 from bus.pump.handlers import Output
 from bus.pump.routing import Routes
 from bus.pump.threads import Caller
 from bus.pump.threads import Thread
 from bus.pump.work import Unit
 from bus.xml.envelope import build_envelope
+from bus.xml.errors import XmlRejected
 
 if TYPE_CHECKING:
     from bus.api import Bus
@@ -88,6 +100,7 @@ class Writer:
                 "payload's root tag and recipient against the tool description")),
                 id=derived_id(message_id, SYSTEM_SENDER, "no-route"), sender=SYSTEM_SENDER,
                 thread=thread, to=sender, in_reply_to=message_id)
+            self._close_conversation(thread)  # a client's request ends here
             return 0
         for listener in targets:
             unit_thread = thread if kind == "answer" else \
@@ -127,6 +140,13 @@ class Writer:
         try:
             with write_transaction(self.conn):  # a savepoint: this unit or nothing
                 return self._finish(done, owner)
+        except (ValidationFailed, XmlRejected) as exc:
+            if done.huh is None:  # a reply no retry could write: the handler hears why now
+                return self._finish_alone(replace(done, outputs=(), huh=huh_element(
+                    "bad-reply", f"the pump cannot send the handler's reply: {exc}",
+                    "handler")), owner)
+            log.error("committing the <huh> of unit %s failed: %s", done.unit.id, exc)
+            return "failed"
         except BusError as exc:
             log.error("committing unit %s (input %s, listener %s) failed: %s",
                       done.unit.id, done.input.id, done.unit.listener, exc)
@@ -145,12 +165,38 @@ class Writer:
 
     def _huh(self, done: Finished, label: object = 0) -> str:
         unit, message = done.unit, done.input
-        self.write(done.huh, id=derived_id(message.id, unit.listener, label),
-                   sender=unit.listener, thread=message.correlation_id, to=message.from_agent,
-                   in_reply_to=message.id)
-        if unit.kind == "call":
-            threads.close_thread(self.conn, unit.thread, self.now)
+        huh_id = derived_id(message.id, unit.listener, label)
+        caller = self._huh_caller(unit, message)
+        if caller is None:  # the sender's thread is gone: write it for the record only
+            self.write(done.huh, id=huh_id, sender=unit.listener,
+                       thread=message.correlation_id, to=message.from_agent,
+                       in_reply_to=message.id)
+            return "huh"
+        if caller.depth > CONVERSATION_DEPTH and self._answers_huh(message):
+            threads.close_thread(self.conn, caller.uuid, self.now)
+            conversation = self._conversation(caller.uuid)
+            caller = Caller(conversation.uuid, conversation.name, CONVERSATION_DEPTH)
+        self._answer(done.huh, huh_id, unit.listener, message, caller)
         return "huh"
+
+    def _huh_caller(self, unit: Unit, message: Message) -> Caller | None:
+        """Who hears of a failed unit: a call's sender, on the thread it sent on; for a
+        failed answer, the caller of the listener that got it (the chain ends there)."""
+        try:
+            if unit.kind == "answer":
+                return threads.answer_to(self.conn, unit.thread, self.now)
+            threads.close_thread(self.conn, unit.thread, self.now)
+            return threads.caller_at(self.conn, message.correlation_id)
+        except ThreadNotFound:
+            return None
+
+    def _answers_huh(self, message: Message) -> bool:
+        """Whether `message` is a `<huh>` or a handler sent it while handling one."""
+        if is_huh(message):
+            return True
+        answered = message.in_reply_to and work.message_by_id(self.conn, message.in_reply_to,
+                                                               self.bus.blobs)
+        return bool(answered) and is_huh(answered)
 
     def _replies(self, done: Finished) -> str:
         unit, message = done.unit, done.input
@@ -167,19 +213,28 @@ class Writer:
             if output.final:
                 self._final(output, reply_id, unit, message)
             else:
-                self._answer(output, reply_id, unit, message, caller)
+                self._answer(output.element, reply_id, unit.listener, message, caller)
         if not done.outputs and unit.kind == "call":
             threads.close_thread(self.conn, unit.thread, self.now)  # nothing to say: done
+            self._close_conversation(message.correlation_id)
         return "replied"
 
-    def _answer(self, output: Output, reply_id: str, unit: Unit, message: Message,
+    def _close_conversation(self, uuid: str) -> None:
+        """Close `uuid` if it is a client's conversation and nothing under it is open."""
+        if threads.caller_at(self.conn, uuid).depth == CONVERSATION_DEPTH:
+            threads.close_if_done(self.conn, uuid, self.now)
+
+    def _answer(self, element: etree._Element, reply_id: str, sender: str, message: Message,
                 caller: Caller) -> None:
+        """Send an answer (or a `<huh>`) to `caller`: routed to a listener, egress to a client."""
         if caller.depth <= CONVERSATION_DEPTH:
             to = caller.name if caller.depth else SYSTEM_SENDER  # egress: written only
-            self.write(output.element, id=reply_id, sender=unit.listener, thread=caller.uuid,
+            self.write(element, id=reply_id, sender=sender, thread=caller.uuid,
                        to=to, in_reply_to=message.id)
+            if caller.depth:  # the reply reached its client: the request is done
+                threads.close_if_done(self.conn, caller.uuid, self.now)
         else:
-            self.send(output.element, id=reply_id, sender=unit.listener, thread=caller.uuid,
+            self.send(element, id=reply_id, sender=sender, thread=caller.uuid,
                       to=caller.name, in_reply_to=message.id, kind="answer")
 
     def _final(self, output: Output, reply_id: str, unit: Unit, message: Message) -> None:

@@ -5,6 +5,11 @@
         return [Reply(Shout(text)), Reply(Log(text), to="logger")]   # several payloads
         return None                                   # nothing to say
 
+A `<huh>` for a call the listener made (its peer refused the payload,
+raised or timed out) comes to the same handler as a `bus.xml.pipeline.Huh`
+(`msg.code`, `msg.message`), on the thread the call was made from, so the
+agent sees its error and can correct itself.
+
 A plain `def` handler runs in a thread of the pump's pool. Handlers never see
 or build envelopes: the pump stamps `<from>` (the listener's name) and
 `<thread>`, so a handler cannot forge either. `Reply.to` names a peer to call
@@ -26,6 +31,7 @@ from typing import Callable
 from lxml import etree
 
 from bus.errors import BusError
+from bus.xml.envelope import ENVELOPE_NS
 from bus.xml.payload import is_xmlified
 from bus.xml.payload import to_element
 from bus.xml.payload import xmlify
@@ -147,6 +153,9 @@ def _element(payload: Any, index: int) -> etree._Element:
         except BusError as exc:
             raise HandlerFailed("bad-reply", f"reply {index}: {exc}") from None
     if isinstance(payload, etree._Element) and isinstance(payload.tag, str):
+        if etree.QName(payload).namespace == ENVELOPE_NS:
+            raise HandlerFailed("bad-reply", f"reply {index} is an envelope; return the payload"
+                                             " only: the pump builds the envelope around it")
         return payload
     raise HandlerFailed("bad-reply", f"reply {index} holds {type(payload).__name__}; a "
                                      "payload is an @xmlify instance or an lxml element")

@@ -29,6 +29,7 @@ from bus.pump.organism import parse_listener
 from bus.pump.organism import resolve_handler
 from bus.pump.organism import resolve_payload
 from bus.xml.payload import spec_of
+from bus.xml.pipeline import HUH
 from bus.xml.pipeline import Pipeline
 from bus.xml.pipeline import listener_pipeline
 
@@ -62,11 +63,15 @@ class Routes:
         self.by_tag = {tag: tuple(found) for tag, found in by_tag.items()}
 
     def targets(self, root_tag: str, to: str | None) -> tuple[Listener, ...]:
-        """Who receives a `root_tag` payload: listener `to`, or all of the tag; () if none."""
+        """Who receives a `root_tag` payload: listener `to`, or all of the tag; () if none.
+
+        A `<huh>` goes to the one listener it names, whatever its tag: the pump
+        routes it to a caller whose call failed.
+        """
         if to is None:
             return self.by_tag.get(root_tag, ())
         listener = self.listeners.get(to)
-        if listener is None or listener.tag != root_tag:
+        if listener is None or listener.tag != root_tag and root_tag != HUH:
             return ()
         return (listener,)
 
