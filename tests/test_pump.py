@@ -500,3 +500,67 @@ def test_a_sleeping_pump_takes_over_when_another_pump_s_lease_runs_out(
     finally:
         a.stop()
         runner.join(10)
+
+
+# --- organism.yaml's agents and meta ----------------------------------------------------------
+
+
+def test_an_agent_s_context_lists_only_its_visible_tools_with_their_usage(bus, tmp_path):
+    organism = write_organism(tmp_path, "careless", "counter", "calc.add", extra=(
+        "agents:\n  - name: careless\n    type: llm\n    visible_tools: [calc.add]\n"
+        "  - name: counter\n    type: llm\n"))
+    client.send(bus, "org", b"<ask><text>1 + 2?</text></ask>")
+    client.send(bus, "org", b"<sum><value>3</value></sum>")
+    run_pump(bus, organism)
+    seen = {name: ctx.tools for name, _, ctx in pump_tools.CALLS}
+    tool, = seen["careless"]
+    assert (tool.name, tool.root_tag) == ("calc.add", "add")
+    assert tool.usage.startswith("<add>: Add two numbers.") and "Fields:" in tool.usage
+    assert seen["counter"] == ()  # its agent lists no visible tools, though it has a peer
+
+
+def test_a_listener_without_an_agent_sees_all_its_peers(bus, tmp_path):
+    organism = write_organism(tmp_path, "counter", "calc.add")
+    client.send(bus, "org", b"<sum><value>3</value></sum>")
+    run_pump(bus, organism)
+    (_, _, ctx), = pump_tools.CALLS
+    assert [tool.name for tool in ctx.tools] == ["calc.add"]
+
+
+def test_meta_requests_are_answered_by_the_pump_when_allowed(bus, tmp_path):
+    organism = write_organism(tmp_path, "calculator", extra=(
+        "meta:\n  allow_list_capabilities: all\n  allow_schema_requests: admin\n"))
+    listed = client.send(bus, "org", b"<list-capabilities/>")
+    schema = client.send(bus, "org", b"<schema-request><listener>calculator</listener>"
+                                     b"</schema-request>")
+    pump = run_pump(bus, organism)
+    got, = answers(bus, listed)
+    assert (got.sender, got.to, got.root_tag) == ("system", "console", "capabilities")
+    assert got.payload_xml.startswith('<capabilities><tool name="calculator" root_tag="add">'
+                                      "&lt;add&gt;: Add two numbers.")
+    refused, = answers(bus, schema)
+    assert refused.root_tag == "huh" and 'code="meta-denied"' in refused.payload_xml
+    assert "bus pump oob send schema-request" in refused.payload_xml
+    assert pump_tools.CALLS == [] and pump.stats.outcomes == {"meta": 1, "huh": 1}
+    assert threads.thread_count(bus.conn, "open") == 1
+
+
+@pytest.mark.parametrize("level, allowed", [("admin", True), ("all", True), ("none", False)])
+def test_signed_meta_requests_follow_the_meta_switches(tmp_path, level, allowed):
+    from bus.pump.meta import MetaDenied
+    from bus.pump.oob import OobRequest
+    from bus.pump.routing import RoutingTable
+    organism = write_organism(tmp_path, "calculator", extra=(
+        f"meta:\n  allow_list_capabilities: {level}\n  allow_schema_requests: {level}\n"))
+    table = RoutingTable(load_organism(organism))
+    requests = [OobRequest("list-capabilities", {}, "n1", 1, "key"),
+                OobRequest("schema-request", {"listener": "calculator"}, "n2", 1, "key")]
+    if not allowed:
+        for request in requests:
+            with pytest.raises(MetaDenied, match="is allowed to none"):
+                table.dispatch(request)
+        return
+    listed, schema = (table.dispatch(request) for request in requests)
+    assert [tool["name"] for tool in listed["tools"]] == ["calculator"]
+    assert schema["root_tag"] == "add" and schema["xsd"].startswith("<xs:schema")
+    assert schema["example"].startswith("<add>")

@@ -90,6 +90,12 @@ class Writer:
                            organism=self.organism, in_reply_to=in_reply_to)
         return insert_row(self.conn, self.bus.move_large_payload(row), self.now)
 
+    def reply_as_system(self, payload: etree._Element, message: Message, label: str) -> None:
+        """The pump's own answer to a client's request, on its conversation, which it ends."""
+        self.write(payload, id=derived_id(message.id, SYSTEM_SENDER, label), sender=SYSTEM_SENDER,
+                   thread=message.correlation_id, to=message.from_agent, in_reply_to=message.id)
+        self._close_conversation(message.correlation_id)
+
     def route(self, seq: int, message_id: str, sender: str, root_tag: str, to: str | None,
               thread: str, kind: str = "call") -> int:
         """Make the work units of an envelope; a `<huh>` to its sender if nobody takes it."""

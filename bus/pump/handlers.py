@@ -48,12 +48,25 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class Tool:
+    """A peer a handler may call, as its agent sees it: `usage` is the tool description
+    generated from the peer's payload schema (summary, fields, an example)."""
+
+    name: str
+    root_tag: str
+    capability: str | None
+    usage: str
+
+
+@dataclass(frozen=True)
 class Context:
     """What a handler may know about the message it handles; frozen.
 
     `thread` is an opaque UUID (the call chain stays with the pump), `from_`
     the sender the pump stamped, `attempt` counts from 1 (more after a crashed
-    pump), `deadline` is on the `time.monotonic()` clock.
+    pump), `deadline` is on the `time.monotonic()` clock. `tools` are the
+    peers its agent may see (organism.yaml's `visible_tools`; without an
+    agent entry, all its peers).
     """
 
     thread: str
@@ -62,6 +75,7 @@ class Context:
     message_id: str
     attempt: int
     deadline: float
+    tools: tuple[Tool, ...] = ()
 
     def remaining(self) -> float:
         """Seconds left before the pump gives up on this call."""

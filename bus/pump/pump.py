@@ -48,6 +48,7 @@ from bus.heartbeats import Heartbeat
 from bus.messages import Message
 from bus.messages import new_message_id
 from bus.messages import now_ms
+from bus.pump import meta
 from bus.pump import threads
 from bus.pump import work
 from bus.pump.commit import Finished
@@ -64,11 +65,14 @@ from bus.pump.handlers import outputs_of
 from bus.pump.oob import OobServer
 from bus.pump.oob import load_public_key
 from bus.pump.oob import socket_path_for
+from bus.pump.organism import META_ROOT_TAGS
 from bus.pump.organism import Organism
 from bus.pump.routing import Listener
 from bus.pump.routing import Routes
 from bus.pump.routing import RoutingTable
 from bus.pump.work import Unit
+from bus.xml.envelope import read_envelope
+from bus.xml.parser import parse
 from bus.xml.pipeline import BOOT
 from bus.xml.pipeline import Huh
 from bus.xml.pipeline import run as run_pipeline
@@ -403,11 +407,24 @@ class Pump:
                                      self.bus.blobs)
         for item in inbound:
             message = found.get(item.seq)
-            if message is not None and not writer.route(
+            if message is not None and item.root_tag in META_ROOT_TAGS and item.to is None:
+                self.stats.count(self._answer_meta(writer, message, item.root_tag))
+            elif message is not None and not writer.route(
                     item.seq, message.id, message.from_agent, item.root_tag, item.to,
                     message.correlation_id):
                 self.stats.count("no-route")  # the client got a <huh> from the pump
         return len(inbound)
+
+    def _answer_meta(self, writer: Writer, message: Message, root_tag: str) -> str:
+        """Answer a client's question about the organism itself, or refuse it (a <huh>)."""
+        try:
+            meta.check_allowed(self.organism.meta, root_tag, privileged=False)
+            request = read_envelope(parse(envelope_xml(message))).payload
+            answer, outcome = meta.answer_element(writer.routes.listeners, request), "meta"
+        except ValidationFailed as exc:
+            answer, outcome = huh_element("meta-denied", exc.reason), "huh"
+        writer.reply_as_system(answer, message, "meta")
+        return outcome
 
     def _bury(self, writer: Writer) -> None:
         dead = work.bury_exhausted(writer.conn, self.name, writer.now)
@@ -492,7 +509,7 @@ class Pump:
             return Finished(unit, message, huh=result.to_element())
         spec = listener.spec
         ctx = Context(unit.thread, result.sender, spec.name, message.id, unit.attempts,
-                      self._loop.time() + spec.timeout_s)
+                      self._loop.time() + spec.timeout_s, listener.tools)
         try:
             replies = await call_handler(listener.handler, result.payload, ctx,
                                          spec.timeout_s, self._handler_pool)
