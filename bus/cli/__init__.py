@@ -15,6 +15,7 @@ from bus.cli import coordination
 from bus.cli import history
 from bus.cli import messaging
 from bus.cli import pump
+from bus.cli import search
 from bus.cli import xml
 from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
@@ -46,7 +47,7 @@ def main(ctx: click.Context, db: str, durability: str) -> None:
     ctx.obj = BusContext(ctx, db, durability)
 
 
-for _module in (messaging, coordination, history, channels, pump, xml):
+for _module in (messaging, coordination, history, channels, pump, xml, search):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 add_moved_aliases(main)
