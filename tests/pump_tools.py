@@ -197,3 +197,11 @@ def envelope_reply(msg: Echo, ctx: Context) -> Reply:
     """Returns a whole envelope instead of a payload."""
     record(ctx.listener, msg, ctx)
     return Reply(build_envelope(Result("x", msg.text), sender=ctx.listener, thread=ctx.thread))
+
+
+async def misaddressed(msg: object, ctx: Context) -> Reply:
+    """Calls calc.add with an <echo>, which calc.add does not take; answers with the code."""
+    record(ctx.listener, msg, ctx)
+    if isinstance(msg, Huh):
+        return Reply(Result("misfit", f"{ctx.from_} said {msg.code}"))
+    return Reply(Echo("hello"), to="calc.add")

@@ -56,6 +56,8 @@ LISTENERS = {
                 "    handler: tests.pump_tools:careless\n    peers: [calc.add]",
     "stubborn": "root_tag: ask\n    payload: tests.pump_tools:Ask\n"
                 "    handler: tests.pump_tools:stubborn\n    peers: [calc.add]",
+    "misfit": "root_tag: ask\n    payload: tests.pump_tools:Ask\n"
+              "    handler: tests.pump_tools:misaddressed\n    peers: [calc.add]",
     "wrapper": "root_tag: echo\n    payload: tests.pump_tools:Echo\n"
                "    handler: tests.pump_tools:envelope_reply",
 }
@@ -255,6 +257,16 @@ def test_a_peer_s_huh_reaches_the_calling_listener_on_its_thread(bus, tmp_path):
     assert isinstance(huh, Huh) and (huh.code, second.from_) == ("payload-invalid", "calc.add")
     assert second.thread == first.thread  # on the thread the call was made from
     assert threads.thread_count(bus.conn, "open") == 1  # the organism's root only
+
+
+def test_a_call_a_peer_does_not_take_comes_back_to_the_caller_as_no_route(bus, tmp_path):
+    organism = write_organism(tmp_path, "misfit", "calc.add")
+    sent = client.send(bus, "org", b"<ask><text>hello?</text></ask>")
+    run_pump(bus, organism)
+    got, = answers(bus, sent)
+    assert got.payload_xml == ("<result><source>misfit</source><text>system said no-route"
+                               "</text></result>")
+    assert threads.thread_count(bus.conn, "open") == 1
 
 
 def test_a_huh_never_answers_a_huh_so_two_listeners_cannot_loop(bus, tmp_path):

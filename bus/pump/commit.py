@@ -97,16 +97,11 @@ class Writer:
         self._close_conversation(message.correlation_id)
 
     def route(self, seq: int, message_id: str, sender: str, root_tag: str, to: str | None,
-              thread: str, kind: str = "call") -> int:
+              thread: str, kind: str = "call", in_reply_to: str | None = None) -> int:
         """Make the work units of an envelope; a `<huh>` to its sender if nobody takes it."""
         targets = self.routes.targets(root_tag, to)
         if not targets:
-            self.write(huh_element("no-route", (
-                f"nothing here accepts <{root_tag}>{f' for {to!r}' if to else ''}; check the "
-                "payload's root tag and recipient against the tool description")),
-                id=derived_id(message_id, SYSTEM_SENDER, "no-route"), sender=SYSTEM_SENDER,
-                thread=thread, to=sender, in_reply_to=message_id)
-            self._close_conversation(thread)  # a client's request ends here
+            self._no_route(message_id, sender, root_tag, to, thread, kind, in_reply_to)
             return 0
         for listener in targets:
             unit_thread = thread if kind == "answer" else \
@@ -115,13 +110,28 @@ class Writer:
                              listener.spec.max_attempts, self.now)
         return len(targets)
 
+    def _no_route(self, message_id: str, sender: str, root_tag: str, to: str | None,
+                  thread: str, kind: str, in_reply_to: str | None) -> None:
+        """The `<huh>` of a call nobody takes: to the client, or to the calling listener."""
+        huh = huh_element("no-route", (
+            f"nothing here accepts <{root_tag}>{f' for {to!r}' if to else ''}; check the "
+            "payload's root tag and recipient against the tool description"))
+        huh_id = derived_id(message_id, SYSTEM_SENDER, "no-route")
+        caller = self._caller_at(thread) if kind == "call" else None
+        if caller is not None:  # the sender's own thread: it hears of it as of an answer
+            self._deliver_huh(huh, huh_id, SYSTEM_SENDER, message_id, caller,
+                              self._is_huh_id(in_reply_to))
+        else:  # an answer nobody takes: the known limit of answers routed by root tag
+            self.write(huh, id=huh_id, sender=SYSTEM_SENDER, thread=thread, to=sender,
+                       in_reply_to=message_id)
+
     def send(self, payload: etree._Element, *, id: str, sender: str, thread: str,
              to: str | None, in_reply_to: str | None, kind: str = "call") -> None:
         """Write an envelope and route it (unless it was written before)."""
         seq, duplicate = self.write(payload, id=id, sender=sender, thread=thread, to=to,
                                     in_reply_to=in_reply_to)
         if not duplicate:
-            self.route(seq, id, sender, payload.tag, to, thread, kind)
+            self.route(seq, id, sender, payload.tag, to, thread, kind, in_reply_to)
 
     # --- finishing units ---------------------------------------------------------------
 
@@ -177,13 +187,26 @@ class Writer:
             self.write(done.huh, id=huh_id, sender=unit.listener,
                        thread=message.correlation_id, to=message.from_agent,
                        in_reply_to=message.id)
-            return "huh"
-        if caller.depth > CONVERSATION_DEPTH and self._answers_huh(message):
+        else:
+            self._deliver_huh(done.huh, huh_id, unit.listener, message.id, caller,
+                              is_huh(message) or self._is_huh_id(message.in_reply_to))
+        return "huh"
+
+    def _deliver_huh(self, huh: etree._Element, huh_id: str, sender: str, in_reply_to: str,
+                     caller: Caller, answers_huh: bool) -> None:
+        """A `<huh>` goes where an answer would, except that it never answers a `<huh>`:
+        then the calling listener's thread ends and the client hears of it instead."""
+        if caller.depth > CONVERSATION_DEPTH and answers_huh:
             threads.close_thread(self.conn, caller.uuid, self.now)
             conversation = self._conversation(caller.uuid)
             caller = Caller(conversation.uuid, conversation.name, CONVERSATION_DEPTH)
-        self._answer(done.huh, huh_id, unit.listener, message, caller)
-        return "huh"
+        self._answer(huh, huh_id, sender, in_reply_to, caller)
+
+    def _caller_at(self, uuid: str) -> Caller | None:
+        try:
+            return threads.caller_at(self.conn, uuid)
+        except ThreadNotFound:  # cleared (ThreadRegistry.clear) since it was sent
+            return None
 
     def _huh_caller(self, unit: Unit, message: Message) -> Caller | None:
         """Who hears of a failed unit: a call's sender, on the thread it sent on; for a
@@ -192,17 +215,14 @@ class Writer:
             if unit.kind == "answer":
                 return threads.answer_to(self.conn, unit.thread, self.now)
             threads.close_thread(self.conn, unit.thread, self.now)
-            return threads.caller_at(self.conn, message.correlation_id)
         except ThreadNotFound:
             return None
+        return self._caller_at(message.correlation_id)
 
-    def _answers_huh(self, message: Message) -> bool:
-        """Whether `message` is a `<huh>` or a handler sent it while handling one."""
-        if is_huh(message):
-            return True
-        answered = message.in_reply_to and work.message_by_id(self.conn, message.in_reply_to,
-                                                               self.bus.blobs)
-        return bool(answered) and is_huh(answered)
+    def _is_huh_id(self, message_id: str | None) -> bool:
+        """Whether message `message_id` is a `<huh>` (what a handler was handling)."""
+        found = message_id and work.message_by_id(self.conn, message_id, self.bus.blobs)
+        return bool(found) and is_huh(found)
 
     def _replies(self, done: Finished) -> str:
         unit, message = done.unit, done.input
@@ -219,7 +239,7 @@ class Writer:
             if output.final:
                 self._final(output, reply_id, unit, message)
             else:
-                self._answer(output.element, reply_id, unit.listener, message, caller)
+                self._answer(output.element, reply_id, unit.listener, message.id, caller)
         if not done.outputs and unit.kind == "call":
             threads.close_thread(self.conn, unit.thread, self.now)  # nothing to say: done
             self._close_conversation(message.correlation_id)
@@ -230,18 +250,18 @@ class Writer:
         if threads.caller_at(self.conn, uuid).depth == CONVERSATION_DEPTH:
             threads.close_if_done(self.conn, uuid, self.now)
 
-    def _answer(self, element: etree._Element, reply_id: str, sender: str, message: Message,
+    def _answer(self, element: etree._Element, reply_id: str, sender: str, in_reply_to: str,
                 caller: Caller) -> None:
         """Send an answer (or a `<huh>`) to `caller`: routed to a listener, egress to a client."""
         if caller.depth <= CONVERSATION_DEPTH:
             to = caller.name if caller.depth else SYSTEM_SENDER  # egress: written only
             self.write(element, id=reply_id, sender=sender, thread=caller.uuid,
-                       to=to, in_reply_to=message.id)
+                       to=to, in_reply_to=in_reply_to)
             if caller.depth:  # the reply reached its client: the request is done
                 threads.close_if_done(self.conn, caller.uuid, self.now)
         else:
             self.send(element, id=reply_id, sender=sender, thread=caller.uuid,
-                      to=caller.name, in_reply_to=message.id, kind="answer")
+                      to=caller.name, in_reply_to=in_reply_to, kind="answer")
 
     def _final(self, output: Output, reply_id: str, unit: Unit, message: Message) -> None:
         """A FinalAnswer goes to the client on its conversation thread, which it closes."""
