@@ -349,7 +349,8 @@ def test_pump_run_verbose_prints_each_unit_and_counts_what_clients_saw(
     assert ran.stdout == "pump example: booted; 1 huh, 1 no-route, 1 replied\n"
     lines = sorted(ran.stderr.splitlines())
     assert len(lines) == 2
-    assert lines[0].startswith("unit ") and lines[0].endswith(" calculator <- #1 from console: replied")
+    assert lines[0].startswith("unit ")
+    assert lines[0].endswith(" calculator <- #1 from console: replied")
     assert lines[1].endswith(" calculator <- #2 from console: huh")
     as_json = run(["pump", "run", str(EXAMPLE), "--until-idle", "--no-oob", "-v", "--json"],
                   db_path)
