@@ -247,7 +247,8 @@ class Writer:
 
     def _close_conversation(self, uuid: str) -> None:
         """Close `uuid` if it is a client's conversation and nothing under it is open."""
-        if threads.caller_at(self.conn, uuid).depth == CONVERSATION_DEPTH:
+        caller = self._caller_at(uuid)
+        if caller is not None and caller.depth == CONVERSATION_DEPTH:
             threads.close_if_done(self.conn, uuid, self.now)
 
     def _answer(self, element: etree._Element, reply_id: str, sender: str, in_reply_to: str,

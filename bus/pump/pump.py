@@ -407,11 +407,12 @@ class Pump:
                                      self.bus.blobs)
         for item in inbound:
             message = found.get(item.seq)
-            if message is not None and item.root_tag in META_ROOT_TAGS and item.to is None:
+            if message is None:
+                continue
+            if item.root_tag in META_ROOT_TAGS and item.to is None:
                 self.stats.count(self._answer_meta(writer, message, item.root_tag))
-            elif message is not None and not writer.route(
-                    item.seq, message.id, message.from_agent, item.root_tag, item.to,
-                    message.correlation_id):
+            elif not writer.route(item.seq, message.id, message.from_agent, item.root_tag,
+                                  item.to, message.correlation_id):
                 self.stats.count("no-route")  # the client got a <huh> from the pump
         return len(inbound)
 
