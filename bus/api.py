@@ -30,6 +30,7 @@ from bus import cursors
 from bus import heartbeats
 from bus import messages
 from bus import retention
+from bus import search as full_text
 from bus.channels.engine import Channels
 from bus.claims import Claim
 from bus.claims import ClaimResult
@@ -50,6 +51,7 @@ from bus.heartbeats import Thresholds
 from bus.messages import Message
 from bus.messages import PublishResult
 from bus.schema import current_version
+from bus.search import SearchHit
 from bus.schema import migrate
 from bus.wake import ChangeWatcher
 
@@ -509,6 +511,28 @@ class Bus:
         _validate_limit(count)
         with translate_errors(self.conn):
             return messages.select_last(self.conn, count, self.blobs, preview)
+
+    def enable_search(self) -> int:
+        """Build the full-text index of payloads (bus/search.py); how many it holds.
+
+        From then on every publish indexes its payload (at a cost: see
+        `scripts/bench.py`) and compaction removes what it deletes.
+        """
+        return full_text.enable(self.conn)
+
+    def disable_search(self) -> None:
+        full_text.disable(self.conn)
+
+    def search(self, query: str, *, type: str | None = None, from_agent: str | None = None,
+               to: str | None = None, since_ms: int | None = None,
+               limit: int = 50) -> list[SearchHit]:
+        """Messages whose payload matches `query` (FTS5: words, "phrase", OR, NOT,
+        prefix*), best first. Raises SearchDisabled until `enable_search()`.
+
+            bus.search("deploy frontend", type="note", limit=10)
+        """
+        return full_text.search(self.conn, query, self.blobs, type=type, sender=from_agent,
+                                to=to, since_ms=since_ms, limit=limit)
 
     def message_count(self) -> int:
         with translate_errors(self.conn):

@@ -291,3 +291,11 @@ class DiskFull(BusError):
         )
         self.path = path
         self.detail = detail
+
+
+class SearchDisabled(ValidationFailed):
+    """The bus has no full-text index; `bus search --enable` builds it."""
+
+    def __init__(self) -> None:
+        super().__init__("search", "full-text search is not enabled on this bus; run"
+                                   " `bus search --enable` (or Bus.enable_search()) once")

@@ -9,7 +9,8 @@ the message engine (scripts/bench_channels.py) against raw apsw and plain Python
 the Spark history job (scripts/bench_history.py) against Spark's read-and-count;
 publish with a 200,000-message backlog, from 16 threads and from 16 processes
 (scripts/bench_publish.py) against publish into an empty file, from one thread
-and from one process.
+and from one process;
+publish with the full-text index on against publish with it off.
 
     python scripts/bench.py [--rounds 3] [--scale 1.0] [--spark-messages 1000000] [--json]
 """
@@ -202,6 +203,38 @@ def close(resource: object) -> None:
     resource.close()
 
 
+def bus_with_search(path: Path) -> Bus:
+    bus = Bus.open(path)
+    bus.enable_search()
+    return bus
+
+
+def search_rows(workdir: Path, rounds: int, scale: float) -> list[dict]:
+    """Publish with the full-text index on, as a ratio to publish with it off (the
+    baseline here is the bus itself): above 0.8 it could be on by default."""
+    n = max(100, int(5000 * scale) // 100 * 100)
+    rows = []
+    for name, count, run in (("publish (1 per txn)", n, bus_publish),
+                             ("publish_many (100 per txn)", 4 * n, bus_publish_batches)):
+        off = Case(name, count, Bus.open, run, close)
+        on = Case(name, count, bus_with_search, run, close)
+        best_off = best_on = 0.0
+        for _ in range(rounds):
+            best_off = max(best_off, measure(off, workdir))
+            best_on = max(best_on, measure(on, workdir))
+        rows.append({"case": f"{name}, search on vs off", "messages": count,
+                     "off_per_s": round(best_off), "on_per_s": round(best_on),
+                     "ratio": round(best_on / best_off, 3)})
+    return rows
+
+
+def print_search_rows(rows: list[dict]) -> None:
+    print(f"{'full-text search (bus search --enable)':42} {'off/s':>9} {'on/s':>9} {'ratio':>6}")
+    for r in rows:
+        print(f"{r['case']:42} {r['off_per_s']:>9} {r['on_per_s']:>9} {r['ratio']:>6.2f}")
+    print("(a ratio below 0.80 is why the index is optional per bus)")
+
+
 def cases(scale: float) -> list[tuple[Case, Case]]:
     n = max(100, int(5000 * scale) // 100 * 100)
     return [
@@ -290,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         channels = channel_rows(workdir, args.rounds, args.scale)
         spark = history_row(workdir, args.spark_messages) if args.spark_messages else None
         pumps = pump_rows(workdir, args.rounds, args.scale)
+        searches = search_rows(workdir, args.rounds, args.scale)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report(rows, small, large, wakes, args.json)
@@ -298,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     xml = xml_figures(max(2000, int(20_000 * args.scale)), args.rounds)
     report_xml(xml, args.json)
     report_section(pumps, print_pump_rows, args.json)
+    report_section(searches, print_search_rows, args.json)
     met = [r["ratio"] >= r["target"] for r in rows if r["target"] is not None]
     if spark is not None:
         if args.json:

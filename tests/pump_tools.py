@@ -18,6 +18,8 @@ from bus.pump import Context
 from bus.pump import FinalAnswer
 from bus.pump import Reply
 from bus.xml import xmlify
+from bus.xml.envelope import build_envelope
+from bus.xml.pipeline import Huh
 
 CALLS: list[tuple[str, object, Context]] = []
 
@@ -164,3 +166,42 @@ class Lookup:
 async def lookup(msg: Lookup, ctx: Context) -> Reply:
     record("lookup", msg, ctx)
     return Reply(etree.fromstring(f"<meaning>{msg.word}: a word</meaning>"))
+
+
+@xmlify(root="ask")
+@dataclass
+class Ask:
+    """A question `careless` and `stubborn` pass on to calc.add, wrongly."""
+
+    text: str
+
+
+BAD_ADD = "<add><a>one</a><b>2</b></add>"  # calc.add's pipeline refuses it
+
+
+async def careless(msg: object, ctx: Context) -> Reply:
+    """Calls calc.add with a payload it refuses; told so (a Huh), it answers with the code."""
+    record(ctx.listener, msg, ctx)
+    if isinstance(msg, Huh):
+        return Reply(Result("careless", f"calc.add said {msg.code}"))
+    return Reply(etree.fromstring(BAD_ADD), to="calc.add")
+
+
+async def stubborn(msg: object, ctx: Context) -> Reply:
+    """Sends calc.add the same refused payload again on every <huh>: would loop for ever."""
+    record(ctx.listener, msg, ctx)
+    return Reply(etree.fromstring(BAD_ADD), to="calc.add")
+
+
+def envelope_reply(msg: Echo, ctx: Context) -> Reply:
+    """Returns a whole envelope instead of a payload."""
+    record(ctx.listener, msg, ctx)
+    return Reply(build_envelope(Result("x", msg.text), sender=ctx.listener, thread=ctx.thread))
+
+
+async def misaddressed(msg: object, ctx: Context) -> Reply:
+    """Calls calc.add with an <echo>, which calc.add does not take; answers with the code."""
+    record(ctx.listener, msg, ctx)
+    if isinstance(msg, Huh):
+        return Reply(Result("misfit", f"{ctx.from_} said {msg.code}"))
+    return Reply(Echo("hello"), to="calc.add")

@@ -13,6 +13,8 @@ import pytest
 
 from bus import Bus
 from bus.channels.engine import Channels
+from bus.channels.engine import StoreLimits
+from bus.errors import StoreFull
 from bus.errors import ValidationFailed
 from conftest import ManualClock
 
@@ -150,6 +152,58 @@ def test_ack_refusals(ch: Channels, clock: ManualClock) -> None:
     [delivery] = ch.deliveries(sent)
     assert (delivery.status, delivery.note) == ("failed", "disk full")
     assert ch.query_messages().messages[0].status == "failed"
+
+
+def test_acking_a_duplicate_says_it_is_a_duplicate(ch: Channels) -> None:
+    make_pair(ch, "exactly_once")
+    ch.send_message("work", "boss", "command", "pay", correlation_id="inv-1")
+    repeat = ch.send_message("work", "boss", "command", "pay", correlation_id="inv-1")
+    with pytest.raises(ValidationFailed, match="repeats a correlation id already delivered"):
+        ch.acknowledge_message(repeat, "worker", "completed")
+
+
+# --- answers acknowledge what they answer -------------------------------------------
+
+
+def test_an_acknowledgment_message_completes_the_command_for_its_sender(
+        ch: Channels, clock: ManualClock) -> None:
+    make_pair(ch, ack_timeout=0.5)
+    command = ch.send_message("work", "boss", "command", "deploy", correlation_id="job-1")
+    [got] = received_at(ch, clock, 0)
+    answer = ch.send_message("work", "worker", "acknowledgment", "deployed",
+                             correlation_id="job-1")
+    [delivery] = ch.deliveries(command)
+    assert (delivery.status, delivery.note) == ("completed", f"answered by message {answer.id}")
+    clock.now = T0 + 600_000
+    assert ch.tick().redelivered == 0
+    assert received_at(ch, clock, 600_000) == []
+    assert [m.content for m in ch.receive_messages("boss")] == ["deployed"]
+    assert ch.query_messages({"types": ["command"]}).messages[0].status == "acknowledged"
+    assert ch.get_channel("work").open_deliveries == 1  # the answer, waiting for boss
+
+
+def test_a_response_completes_the_query_for_the_agent_that_answered(
+        ch: Channels, clock: ManualClock) -> None:
+    ch.create_channel("g", "group", "asker", ack_timeout=0.5)
+    ch.join_channel("g", "expert")
+    ch.join_channel("g", "other")
+    query = ch.send_query("g", "asker", "what is the port?")
+    [got] = ch.receive_messages("expert")
+    ch.send_response("g", "expert", got.correlation_id, "8080")
+    clock.now = T0 + 600_000
+    assert [m.type for m in ch.receive_messages("expert")] == []  # not asked again
+    statuses = {d.recipient: d.status for d in ch.deliveries(query)}
+    assert statuses == {"expert": "completed", "other": "pending"}  # still waits for other
+
+
+def test_an_answer_leaves_a_delivery_already_final_alone(ch: Channels, clock: ManualClock) -> None:
+    make_pair(ch)
+    command = ch.send_message("work", "boss", "command", "x", correlation_id="c")
+    [got] = received_at(ch, clock, 0)
+    ch.acknowledge_message(got, "worker", "failed", "no disk")
+    ch.send_message("work", "worker", "acknowledgment", "gave up", correlation_id="c")
+    [delivery] = ch.deliveries(command)
+    assert (delivery.status, delivery.note) == ("failed", "no disk")
 
 
 def test_message_is_acknowledged_only_when_every_recipient_completed(ch: Channels) -> None:
@@ -306,3 +360,22 @@ def test_leaving_cancels_unfinished_deliveries_and_frees_the_store(ch: Channels,
     clock.now = T0 + 60_000
     assert ch.tick().to_json_dict() == {"redelivered": 0, "dead_lettered": 0,
                                         "expired_queries": 0}
+
+
+def test_closing_a_channel_dead_letters_what_waits_and_frees_the_store(
+        ch: Channels, clock: ManualClock) -> None:
+    ch.limits = StoreLimits(max_active=2)
+    make_pair(ch)
+    handed = ch.send_message("work", "boss", "command", "one")
+    waiting = ch.send_message("work", "boss", "command", "two")
+    received_at(ch, clock, 0)
+    ch.create_channel("other", "direct", "a")
+    ch.join_channel("other", "b")
+    with pytest.raises(StoreFull):
+        ch.send_message("other", "a", "text", "blocked")
+    ch.set_channel_state("work", "closed")
+    assert ch.get_channel("work").open_deliveries == 0
+    letters = {d.message.seq: d.last_error for d in ch.dead_letters()}
+    assert letters == {handed.seq: "channel closed", waiting.seq: "channel closed"}
+    assert {m.status for m in ch.query_messages({"channel": "work"})} == {"dead_letter"}
+    ch.send_message("other", "a", "text", "now it fits")

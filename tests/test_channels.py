@@ -135,7 +135,19 @@ def test_send_refusals_name_the_field_and_write_nothing(populated: Channels, bus
 def test_oversized_content_reports_its_length(populated: Channels) -> None:
     with pytest.raises(ValidationFailed) as caught:
         populated.send_message("team", "lead", "text", "é" * 40)  # 80 bytes in UTF-8
-    assert caught.value.details == {"value_length": len('"' + "é" * 40 + '"') + 40}
+    assert caught.value.details == {"value_length": 80}
+
+
+def test_max_message_size_counts_the_texts_utf8_bytes_not_its_json(ch: Channels) -> None:
+    ch.create_channel("small", "group", "a", max_message_size=10)
+    ch.join_channel("small", "b")
+    ch.send_message("small", "a", "text", "0123456789")  # 10 bytes: at the limit
+    ch.send_message("small", "a", "text", "\n" * 10)  # escaped to 22 bytes of JSON
+    with pytest.raises(ValidationFailed) as caught:
+        ch.send_message("small", "a", "text", "é" * 6)  # 12 bytes
+    assert caught.value.details == {"value_length": 12}
+    with pytest.raises(ValidationFailed):
+        ch.send_message("small", "a", "event", {"k": "0123"})  # a dict counts as its JSON
 
 
 def test_send_to_an_unknown_channel_raises_unknown_channel(ch: Channels, bus: Bus) -> None:
@@ -308,6 +320,17 @@ def test_priority_ordering_puts_higher_priorities_first(ch: Channels) -> None:
     for content, priority in (("low", 0), ("urgent", 4), ("normal", 2), ("urgent2", 4)):
         ch.send_message("p", "a", "text", content, priority=priority)
     assert [m.content for m in ch.receive_messages("b")] == ["urgent", "urgent2", "normal", "low"]
+
+
+def test_sorting_by_priority_keeps_each_priority_fifo(ch: Channels) -> None:
+    ch.create_channel("p", "group", "a")
+    ch.join_channel("p", "b")
+    for content, priority in (("n1", 2), ("u1", 4), ("n2", 2), ("u2", 4), ("n3", 2)):
+        ch.send_message("p", "a", "text", content, priority=priority)
+    newest_priority_first = ch.query_messages({"sort_by": "priority"})
+    assert [m.content for m in newest_priority_first] == ["u1", "u2", "n1", "n2", "n3"]
+    lowest_first = ch.query_messages({"sort_by": "priority", "sort_order": "asc"})
+    assert [m.content for m in lowest_first] == ["n1", "n2", "n3", "u1", "u2"]
 
 
 @pytest.mark.parametrize("flt,field", [

@@ -208,9 +208,10 @@ def test_workflow_threaded_conversation_in_real_processes(group: Path, bus_comma
         ("reviewer", "response", corr, query["id"])]
     human = bus_cli("channel", "thread", corr).stdout.splitlines()
     assert human == [line(m) for m in thread]
-    # The reviewer receives the query and both answers but not its own (no echo).
+    # The reviewer's answer completed the query for it, so it receives only the
+    # researcher's answer, not the query again nor its own answer (no echo).
     inbox = json_lines(bus_cli("channel", "receive", "--agent", "reviewer", "--json").stdout)
-    assert [m["seq"] for m in inbox] == [thread[0]["seq"], thread[1]["seq"]]
+    assert [m["seq"] for m in inbox] == [thread[1]["seq"]]
 
 
 def test_workflow_command_answered_by_acknowledgment_message(direct: Path) -> None:

@@ -325,3 +325,46 @@ def test_pump_send_wait_through_a_real_pump_process(db_path: Path, tmp_path: Pat
         "search.slow -> console: <search-result><source>slow</source>"
         "<text>a thorough answer about 'q'</text></search-result>"]
     assert pump.returncode == 0, stderr
+
+
+def test_pump_send_wait_exits_3_on_a_huh_through_a_real_pump(db_path: Path, bus_command,
+                                                             python_env):
+    env = dict(python_env, PYTHONPATH=f"{EXAMPLE.parent}:{python_env['PYTHONPATH']}")
+    pump = subprocess.Popen([*bus_command, "--db", str(db_path), "pump", "run", str(EXAMPLE),
+                             "--no-oob"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        sent = subprocess.run([*bus_command, "--db", str(db_path), "pump", "send", str(EXAMPLE),
+                               "<add><a>one</a><b>2</b></add>", "--to", "calculator", "--wait"],
+                              env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        pump.terminate()
+        _, stderr = pump.communicate(timeout=30)
+    assert sent.returncode == 3, sent.stderr
+    line, = sent.stdout.splitlines()
+    assert line.startswith("calculator -> console: <huh ") and 'code="payload-invalid"' in line
+    assert pump.returncode == 0, stderr
+
+
+def test_pump_send_as_a_reserved_id_exits_1(db_path: Path):
+    result = run(["pump", "send", str(EXAMPLE), "<boot/>", "--from", "system"], db_path)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: client: 'system' is reserved")
+
+
+def test_pump_run_verbose_prints_each_unit_and_counts_what_clients_saw(
+        db_path: Path, example_importable):
+    for xml in ("<add><a>1</a><b>2</b></add>", "<add><a>one</a><b>2</b></add>",
+                "<nothing-takes-this/>"):
+        assert run(["pump", "send", str(EXAMPLE), xml, "--to", "calculator"], db_path) \
+            .exit_code == 0
+    ran = run(["pump", "run", str(EXAMPLE), "--until-idle", "--no-oob", "-v"], db_path)
+    assert ran.exit_code == 0, ran.output
+    assert ran.stdout == "pump example: booted; 1 huh, 1 no-route, 1 replied\n"
+    lines = sorted(ran.stderr.splitlines())
+    assert len(lines) == 2
+    assert lines[0].startswith("unit ")
+    assert lines[0].endswith(" calculator <- #1 from console: replied")
+    assert lines[1].endswith(" calculator <- #2 from console: huh")
+    as_json = run(["pump", "run", str(EXAMPLE), "--until-idle", "--no-oob", "-v", "--json"],
+                  db_path)
+    assert as_json.stderr == "" and json.loads(as_json.stdout)["outcomes"] == {}

@@ -217,7 +217,8 @@ def test_signed_request_is_dispatched_and_audited(bus, server, keys, recorder, s
 def test_every_command_is_accepted(bus, server, keys, recorder, socket_path):
     spec = {"name": "calc.add", "root_tag": "add", "payload": "m:Add", "handler": "m:add"}
     for command, args in [("add-listener", spec), ("remove-listener", {"name": "x"}),
-                          ("hot-reload", {})]:
+                          ("hot-reload", {}), ("list-capabilities", {}),
+                          ("schema-request", {"listener": "calc.add"})]:
         assert oob.send_request(socket_path, private(keys), command, args)["ok"]
     assert [r.command for r in recorder.requests] == list(oob.COMMANDS)
 

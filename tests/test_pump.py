@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from bus import Bus
 from bus.db import write_transaction
+from bus.errors import BusBusy
 from bus.errors import OrganismInvalid
 from bus.errors import ValidationFailed
 from bus.pump import Pump
@@ -27,6 +28,7 @@ from bus.pump import work
 from bus.pump.envelopes import derived_id
 from bus.pump.organism import load_organism
 from bus.xml import XmlRejected
+from bus.xml.pipeline import Huh
 from tests import pump_tools
 
 ADD = "root_tag: add\n    payload: tests.pump_tools:Add\n    handler: tests.pump_tools:add"
@@ -50,6 +52,14 @@ LISTENERS = {
     "dictionary": "root_tag: lookup\n    payload: tests.pump_tools:Lookup\n"
                   "    handler: tests.pump_tools:lookup\n"
                   "    namespace: https://example.org/ns/lookup/v1",
+    "careless": "root_tag: ask\n    payload: tests.pump_tools:Ask\n"
+                "    handler: tests.pump_tools:careless\n    peers: [calc.add]",
+    "stubborn": "root_tag: ask\n    payload: tests.pump_tools:Ask\n"
+                "    handler: tests.pump_tools:stubborn\n    peers: [calc.add]",
+    "misfit": "root_tag: ask\n    payload: tests.pump_tools:Ask\n"
+              "    handler: tests.pump_tools:misaddressed\n    peers: [calc.add]",
+    "wrapper": "root_tag: echo\n    payload: tests.pump_tools:Echo\n"
+               "    handler: tests.pump_tools:envelope_reply",
 }
 
 
@@ -152,6 +162,29 @@ def test_a_client_cannot_send_an_envelope(bus):
     assert bus.message_count() == 0
 
 
+@pytest.mark.parametrize("client_id", ["system", "bus", "org"])
+def test_a_client_cannot_send_as_the_pump_or_the_bus(bus, client_id):
+    with pytest.raises(ValidationFailed, match=f"'{client_id}' is reserved"):
+        client.send(bus, "org", b"<add><a>1</a><b>2</b></add>", client=client_id)
+    assert bus.message_count() == 0
+
+
+@pytest.mark.parametrize("xml", [b"<boot/>", b'<huh step="x" code="y">z</huh>'])
+def test_a_client_cannot_send_the_pump_s_own_messages(bus, xml):
+    with pytest.raises(ValidationFailed, match="is the pump's own message"):
+        client.send(bus, "org", xml)
+    assert bus.message_count() == 0
+
+
+def test_a_client_named_like_a_listener_gets_its_reply(bus, tmp_path):
+    organism = write_organism(tmp_path, "calculator")
+    sent = client.send(bus, "org", b"<add><a>1</a><b>2</b></add>", client="calculator")
+    run_pump(bus, organism)
+    got, = answers(bus, sent)
+    assert (got.sender, got.to, got.payload_xml) == ("calculator", "calculator",
+                                                     "<sum><value>3.0</value></sum>")
+
+
 def test_broadcast_commits_the_fast_reply_first_each_with_its_own_from(bus, tmp_path):
     organism = write_organism(tmp_path, "search.slow", "search.fast", "search.sync")
     sent = client.send(bus, "org", b"<search><query>weather</query></search>")
@@ -210,6 +243,94 @@ def test_handler_failures_become_a_huh_to_the_sender_on_its_thread(bus, tmp_path
     assert got.message.correlation_id == sent.thread
     if mode == "peer":  # the refused call was not sent
         assert bus.message_count() == 3  # boot, the request, the huh
+
+
+def test_a_peer_s_huh_reaches_the_calling_listener_on_its_thread(bus, tmp_path):
+    organism = write_organism(tmp_path, "careless", "calc.add")
+    sent = client.send(bus, "org", b"<ask><text>1 + 2?</text></ask>")
+    run_pump(bus, organism)
+    got, = answers(bus, sent)
+    assert (got.sender, got.payload_xml) == (
+        "careless", "<result><source>careless</source><text>calc.add said payload-invalid"
+                    "</text></result>")
+    (_, asked, first), (_, huh, second) = pump_tools.CALLS
+    assert isinstance(huh, Huh) and (huh.code, second.from_) == ("payload-invalid", "calc.add")
+    assert second.thread == first.thread  # on the thread the call was made from
+    assert threads.thread_count(bus.conn, "open") == 1  # the organism's root only
+
+
+def test_a_call_a_peer_does_not_take_comes_back_to_the_caller_as_no_route(bus, tmp_path):
+    organism = write_organism(tmp_path, "misfit", "calc.add")
+    sent = client.send(bus, "org", b"<ask><text>hello?</text></ask>")
+    run_pump(bus, organism)
+    got, = answers(bus, sent)
+    assert got.payload_xml == ("<result><source>misfit</source><text>system said no-route"
+                               "</text></result>")
+    assert threads.thread_count(bus.conn, "open") == 1
+
+
+def test_a_huh_never_answers_a_huh_so_two_listeners_cannot_loop(bus, tmp_path):
+    organism = write_organism(tmp_path, "stubborn", "calc.add")
+    sent = client.send(bus, "org", b"<ask><text>1 + 2?</text></ask>")
+    run_pump(bus, organism)  # returns: nothing bounces for ever
+    got, = answers(bus, sent)
+    assert (got.sender, got.to, got.root_tag) == ("calc.add", "console", "huh")
+    assert 'code="payload-invalid"' in got.payload_xml
+    assert [type(msg).__name__ for _, msg, _ in pump_tools.CALLS] == ["Ask", "Huh"]
+    assert threads.thread_count(bus.conn, "open") == 1
+
+
+def test_a_client_waiting_on_a_chain_gets_the_peer_s_huh(bus, tmp_path):
+    organism = write_organism(tmp_path, "stubborn", "calc.add")
+    sent = client.send(bus, "org", b"<ask><text>1 + 2?</text></ask>")
+    pump = Pump(bus, load_organism(organism), oob=False)
+    runner = threading.Thread(target=pump.run)
+    runner.start()
+    try:
+        got = client.wait_replies(bus, sent, count=5, timeout=60)
+    finally:
+        pump.stop()
+        runner.join()
+    assert [item.root_tag for item in got] == ["huh"]  # final: the wait ended on it
+
+
+def test_a_handler_returning_an_envelope_gets_bad_reply_at_once(bus, tmp_path):
+    organism = write_organism(tmp_path, "wrapper")
+    sent = client.send(bus, "org", b"<echo><text>x</text></echo>")
+    pump = run_pump(bus, organism)
+    got, = answers(bus, sent)
+    assert got.root_tag == "huh" and 'code="bad-reply"' in got.payload_xml
+    assert "is an envelope" in got.payload_xml
+    assert work.units_for_input(bus.conn, sent.seq)[0].attempts == 1
+    assert pump.stats.outcomes == {"huh": 1}
+
+
+def test_a_reply_the_commit_refuses_becomes_bad_reply_not_retries(bus, tmp_path, monkeypatch):
+    from bus.pump.commit import Writer
+
+    def refused(self, done) -> str:
+        raise ValidationFailed("payload", "refused by the commit")
+
+    monkeypatch.setattr(Writer, "_replies", refused)
+    organism = write_organism(tmp_path, "calculator")
+    sent = client.send(bus, "org", b"<add><a>1</a><b>2</b></add>")
+    pump = run_pump(bus, organism, lease_ms=200)
+    got, = answers(bus, sent)
+    assert 'code="bad-reply"' in got.payload_xml and "refused by the commit" in got.payload_xml
+    assert work.units_for_input(bus.conn, sent.seq)[0].attempts == 1
+    assert pump.stats.outcomes == {"huh": 1}
+
+
+def test_answered_requests_close_their_threads(bus, tmp_path):
+    organism = write_organism(tmp_path, "calculator", "search.fast", "search.slow", "echo")
+    sent = [client.send(bus, "org", b"<add><a>1</a><b>2</b></add>") for _ in range(20)]
+    sent.append(client.send(bus, "org", b"<search><query>q</query></search>"))  # broadcast
+    sent.append(client.send(bus, "org", b"<echo><text>x</text><count>0</count></echo>"))
+    sent.append(client.send(bus, "org", b"<nobody-takes-this/>"))
+    run_pump(bus, organism)
+    assert threads.thread_count(bus.conn, "open") == 1  # the organism's root only
+    again = threads.get_or_create(bus.conn, ["org", "console"])  # no longer ambiguous
+    assert again.status == "open" and again.uuid not in {item.thread for item in sent}
 
 
 def test_invalid_input_reaches_no_handler(bus, tmp_path):
@@ -330,7 +451,7 @@ def test_a_unit_that_fails_to_commit_fails_alone_and_is_tried_again(bus, tmp_pat
     def failing(self, done) -> str:
         outcome = replies_of(self, done)  # written, then rolled back
         if done.input.id == sent[1].id and done.unit.attempts == 1:
-            raise ValidationFailed("payload", "refused by the test")
+            raise BusBusy("locked, in the test")  # a passing failure: tried again
         return outcome
 
     monkeypatch.setattr(Writer, "_replies", failing)
@@ -391,3 +512,67 @@ def test_a_sleeping_pump_takes_over_when_another_pump_s_lease_runs_out(
     finally:
         a.stop()
         runner.join(10)
+
+
+# --- organism.yaml's agents and meta ----------------------------------------------------------
+
+
+def test_an_agent_s_context_lists_only_its_visible_tools_with_their_usage(bus, tmp_path):
+    organism = write_organism(tmp_path, "careless", "counter", "calc.add", extra=(
+        "agents:\n  - name: careless\n    type: llm\n    visible_tools: [calc.add]\n"
+        "  - name: counter\n    type: llm\n"))
+    client.send(bus, "org", b"<ask><text>1 + 2?</text></ask>")
+    client.send(bus, "org", b"<sum><value>3</value></sum>")
+    run_pump(bus, organism)
+    seen = {name: ctx.tools for name, _, ctx in pump_tools.CALLS}
+    tool, = seen["careless"]
+    assert (tool.name, tool.root_tag) == ("calc.add", "add")
+    assert tool.usage.startswith("<add>: Add two numbers.") and "Fields:" in tool.usage
+    assert seen["counter"] == ()  # its agent lists no visible tools, though it has a peer
+
+
+def test_a_listener_without_an_agent_sees_all_its_peers(bus, tmp_path):
+    organism = write_organism(tmp_path, "counter", "calc.add")
+    client.send(bus, "org", b"<sum><value>3</value></sum>")
+    run_pump(bus, organism)
+    (_, _, ctx), = pump_tools.CALLS
+    assert [tool.name for tool in ctx.tools] == ["calc.add"]
+
+
+def test_meta_requests_are_answered_by_the_pump_when_allowed(bus, tmp_path):
+    organism = write_organism(tmp_path, "calculator", extra=(
+        "meta:\n  allow_list_capabilities: all\n  allow_schema_requests: admin\n"))
+    listed = client.send(bus, "org", b"<list-capabilities/>")
+    schema = client.send(bus, "org", b"<schema-request><listener>calculator</listener>"
+                                     b"</schema-request>")
+    pump = run_pump(bus, organism)
+    got, = answers(bus, listed)
+    assert (got.sender, got.to, got.root_tag) == ("system", "console", "capabilities")
+    assert got.payload_xml.startswith('<capabilities><tool name="calculator" root_tag="add">'
+                                      "&lt;add&gt;: Add two numbers.")
+    refused, = answers(bus, schema)
+    assert refused.root_tag == "huh" and 'code="meta-denied"' in refused.payload_xml
+    assert "bus pump oob send schema-request" in refused.payload_xml
+    assert pump_tools.CALLS == [] and pump.stats.outcomes == {"meta": 1, "huh": 1}
+    assert threads.thread_count(bus.conn, "open") == 1
+
+
+@pytest.mark.parametrize("level, allowed", [("admin", True), ("all", True), ("none", False)])
+def test_signed_meta_requests_follow_the_meta_switches(tmp_path, level, allowed):
+    from bus.pump.meta import MetaDenied
+    from bus.pump.oob import OobRequest
+    from bus.pump.routing import RoutingTable
+    organism = write_organism(tmp_path, "calculator", extra=(
+        f"meta:\n  allow_list_capabilities: {level}\n  allow_schema_requests: {level}\n"))
+    table = RoutingTable(load_organism(organism))
+    requests = [OobRequest("list-capabilities", {}, "n1", 1, "key"),
+                OobRequest("schema-request", {"listener": "calculator"}, "n2", 1, "key")]
+    if not allowed:
+        for request in requests:
+            with pytest.raises(MetaDenied, match="is allowed to none"):
+                table.dispatch(request)
+        return
+    listed, schema = (table.dispatch(request) for request in requests)
+    assert [tool["name"] for tool in listed["tools"]] == ["calculator"]
+    assert schema["root_tag"] == "add" and schema["xsd"].startswith("<xs:schema")
+    assert schema["example"].startswith("<add>")

@@ -465,3 +465,26 @@ def test_processes_converse_on_one_path_without_crossing(db_path, children):
         assert threads.thread_count(bus.conn, "open") == 1
         for uuid in created[:10]:
             assert threads.lookup(bus.conn, uuid)[0] == ORG
+
+
+def test_clear_deletes_one_organism_s_threads_only(bus: Bus):
+    registry = ThreadRegistry(bus, "org")
+    first = registry.extend_chain(registry.get_or_create(["org", "console"]).uuid, "greeter")
+    registry.close(registry.prune_for_response(first.uuid).thread.uuid)
+    registry.initialize_root()
+    other = ThreadRegistry(bus, "other").get_or_create(["other", "console"])
+    assert registry.clear() == 3
+    assert registry.lookup(first.uuid) is None
+    assert threads.find_root(bus.conn, "org") is None
+    assert threads.get_thread(bus.conn, other.uuid).path == ("other", "console")
+    assert registry.clear() == 0
+    assert registry.get_or_create(["org", "console"]).path == ("org", "console")
+
+
+def test_close_if_done_waits_for_open_children(conn):
+    root, conversation, call = chain(conn, "console", "greeter")
+    with write_transaction(conn):
+        assert threads.close_if_done(conn, conversation.uuid, 1) is False
+        threads.close_thread(conn, call.uuid, 1)
+        assert threads.close_if_done(conn, conversation.uuid, 1) is True
+        assert threads.close_if_done(conn, root.uuid, 1) is False  # a root stays open

@@ -39,6 +39,8 @@ from bus.errors import ValidationFailed
 
 ACK_STATUSES = ("received", "in_progress", "completed", "failed")
 FINAL_STATUSES = frozenset({"completed", "failed"})
+# A delivery that is still someone's to finish: waiting, handed out, or acknowledged as working.
+OPEN_STATUSES = frozenset({"pending", "delivered", "received", "in_progress"})
 NOTE_MAX = 65536
 TICK_BATCH = 1000
 DEADLETTER_TYPE = "_system.message.deadletter"  # the notification's message type
@@ -118,6 +120,12 @@ _EXPIRE_QUERIES_SQL = (
     " WHERE expires_at_ms <= ?"
 )
 _PURGE_DEDUP_SQL = "DELETE FROM dedup WHERE expires_at_ms <= ?"
+_OPEN_ON_CHANNEL_SQL = (
+    "SELECT d.seq, d.recipient, d.retry_count FROM channel_messages cm"
+    " JOIN deliveries d ON d.seq = cm.seq WHERE cm.channel_id = ?"
+    " AND (d.status = 'pending' OR d.deadline_ms IS NOT NULL) ORDER BY d.seq, d.recipient"
+)
+CLOSED_ERROR = "channel closed"
 
 
 @dataclass
@@ -264,11 +272,27 @@ def acknowledge(conn: apsw.Connection, seq: int, agent: str, status: str, note: 
     if found is None:
         raise ValidationFailed("message", f"message {seq} has no delivery to {agent}; ack only"
                                           " messages you received")
-    current, attempts, deadline, channel_id, mode, ack_timeout_ms, correlation_id = found
-    if attempts == 0:
+    # What the delivery is comes first: a duplicate is never received, and saying so is clearer.
+    _check_ack_transition(seq, agent, found[0], status)
+    if found[1] == 0:
         raise ValidationFailed("message", f"message {seq} has not been received by {agent} yet;"
                                           " receive it before acknowledging it")
-    _check_ack_transition(seq, agent, current, status)
+    return _record_ack(conn, seq, agent, status, note, now_ms, found)
+
+
+def complete_answered(conn: apsw.Connection, seq: int, agent: str, answer_id: str,
+                      now_ms: int) -> None:
+    """`agent` answered message `seq` (a response or an acknowledgment message): its
+    delivery of `seq`, if still open, is completed, so it is not handed out again."""
+    found = conn.execute(_DELIVERY_SQL, (seq, agent)).fetchone()
+    if found is not None and found[0] in OPEN_STATUSES:
+        _record_ack(conn, seq, agent, "completed", f"answered by message {answer_id}", now_ms,
+                    found)
+
+
+def _record_ack(conn: apsw.Connection, seq: int, agent: str, status: str, note: str | None,
+                now_ms: int, found: tuple[Any, ...]) -> str:
+    current, _attempts, deadline, channel_id, mode, ack_timeout_ms, correlation_id = found
     if current == status and current in FINAL_STATUSES:
         return current  # a repeated final ack is a no-op
     was_open = current == "pending" or deadline is not None
@@ -331,6 +355,18 @@ def tick(conn: apsw.Connection, now_ms: int) -> TickReport:
     report.expired_queries = conn.changes()
     conn.execute(_PURGE_DEDUP_SQL, (now_ms,))
     return report
+
+
+def settle_closed(conn: apsw.Connection, channel_id: int, now_ms: int) -> int:
+    """Dead-letter every unfinished delivery of a channel being closed; return how many.
+
+    A closed channel delivers nothing, so without this its waiting messages
+    would count against the store's max_active for ever.
+    """
+    waiting = conn.execute(_OPEN_ON_CHANNEL_SQL, (channel_id,)).fetchall()
+    for seq, recipient, retries in waiting:
+        bury(conn, seq, recipient, channel_id, retries, CLOSED_ERROR, now_ms)
+    return len(waiting)
 
 
 def bury(conn: apsw.Connection, seq: int, recipient: str, channel_id: int, retries: int,

@@ -231,7 +231,12 @@ class Channels:
     def set_channel_state(self, channel: str, state: str) -> None:
         """active, paused (no sends, no deliveries), draining (deliveries only) or closed."""
         validate_choice(state, "state", STATES)
-        self._write_on(channel, lambda conn, c: store.set_state(conn, c, state))
+        self._write_on(channel, lambda conn, c: self._set_state(conn, c, state))
+
+    def _set_state(self, conn: apsw.Connection, channel: Channel, state: str) -> None:
+        store.set_state(conn, channel, state)
+        if state == "closed":  # closing settles what waits: dead letters, "channel closed"
+            delivery.settle_closed(conn, channel.id, self.clock())
 
     def _write_on(self, name: str, action: Callable[[apsw.Connection, Channel], Any]) -> Any:
         validate_name(name)
@@ -301,8 +306,8 @@ class Channels:
                 now = self.clock()
                 self._check_limits(conn, len(targets), now)
                 seq, correlation_id = sending.insert(conn, channel, out, targets, now)
-                if answered and out.type == "response":
-                    sending.close_query_deadline(conn, answered[1])
+                if answered:
+                    self._settle_answered(conn, out, answered[1], now)
         content, error = self._load_content(out.row.payload, out.row.payload_ref)
         return ChannelMessage(seq, out.row.id, channel.name, out.sender, out.type, content,
                               out.topic, out.priority, correlation_id, out.row.in_reply_to, now,
@@ -317,6 +322,14 @@ class Channels:
         refuse_write(conn)
         with translate_busy(conn):
             sending.check_channel(conn, store.get_channel(conn, out.channel), out)
+
+    @staticmethod
+    def _settle_answered(conn: apsw.Connection, out: sending.Outgoing, answered_seq: int,
+                         now: int) -> None:
+        """An answer acknowledges what it answers for its sender, so it is not redelivered."""
+        delivery.complete_answered(conn, answered_seq, out.sender, out.row.id, now)
+        if out.type == "response":
+            sending.close_query_deadline(conn, answered_seq)
 
     def _topic_index(self, channel: Channel) -> TopicIndex:
         """The channel's subscriptions as a TopicIndex, rebuilt only when they changed."""

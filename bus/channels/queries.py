@@ -242,15 +242,15 @@ def _add_topic(pattern: str, add: Callable[..., None]) -> None:
 
 
 def order_sql(flt: MessageFilter, default_order: str, priority_first: bool = False) -> str:
-    """ORDER BY from constants only; seq breaks ties so equal keys stay FIFO."""
+    """ORDER BY from constants only; seq breaks ties oldest first, so equal keys stay FIFO."""
     direction = SORT_ORDERS[flt.sort_order or default_order]
     keys = []
     if priority_first:  # channels with priority_ordering: higher priority first
         keys.append("CASE WHEN c.priority_ordering THEN cm.priority ELSE 0 END DESC")
     column = SORT_COLUMNS[flt.sort_by]
     keys.append(f"{column} {direction}")
-    if column != "cm.seq":
-        keys.append(f"cm.seq {direction}")
+    if column != "cm.seq":  # equal keys keep their arrival order, whatever the direction
+        keys.append("cm.seq ASC")
     return " ORDER BY " + ", ".join(keys)
 
 

@@ -97,8 +97,14 @@ def prepare(channel: str, sender: str, type: str, content: Any, *, topic: str | 
                                in_reply_to=in_reply_to)
     if type == "query" and correlation_id is None:
         row = row._replace(correlation_id=row.id)  # what responses quote
-    return Outgoing(channel, sender, type, row, len(row.payload.encode()), topic, priority,
-                    _timeout_ms(timeout))
+    return Outgoing(channel, sender, type, row, content_size(content, row.payload), topic,
+                    priority, _timeout_ms(timeout))
+
+
+def content_size(content: Any, encoded: str) -> int:
+    """Bytes max_message_size counts: a text's UTF-8 bytes (not its JSON quoting and
+    escapes), anything else's JSON encoding."""
+    return len((content if isinstance(content, str) else encoded).encode())
 
 
 def _timeout_ms(timeout: float | None) -> int | None:

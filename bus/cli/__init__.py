@@ -16,6 +16,7 @@ from bus.cli import coordination
 from bus.cli import history
 from bus.cli import messaging
 from bus.cli import pump
+from bus.cli import search
 from bus.cli import xml
 from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
@@ -50,7 +51,7 @@ def main(ctx: click.Context, db: str, durability: str, max_payload_bytes: int) -
     ctx.obj = BusContext(ctx, db, durability, max_payload_bytes)
 
 
-for _module in (messaging, coordination, history, channels, pump, xml):
+for _module in (messaging, coordination, history, channels, pump, xml, search):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 add_moved_aliases(main)

@@ -17,7 +17,7 @@ from bus.cli.context import BusGroup
 
 # Section title -> the top-level commands in it, in the order `bus --help` lists them.
 SECTIONS = (
-    ("Log", ("init", "publish", "poll", "ack", "tail")),
+    ("Log", ("init", "publish", "poll", "ack", "tail", "search")),
     ("Coordination", ("heartbeat", "alive", "claim", "renew", "release", "claims", "reap")),
     ("Channels", ("channel", "dlq")),
     ("Pump and XML", ("pump", "xml")),

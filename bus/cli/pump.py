@@ -26,7 +26,12 @@ from bus.pump import work
 from bus.pump.pump import DEFAULT_COMMIT_BATCH
 from bus.pump.pump import DEFAULT_LEASE_MS
 from bus.pump.pump import DEFAULT_MAX_IN_FLIGHT
+from bus.pump.commit import Finished
 from bus.pump.pump import Pump
+from bus.xml.pipeline import HUH
+
+
+HUH_EXIT = 3  # `bus pump send --wait`: the reply was a <huh>
 
 
 @click.group()
@@ -89,22 +94,27 @@ def pump() -> None:
 @click.option("--batch", default=DEFAULT_COMMIT_BATCH, show_default=True,
               type=click.IntRange(1, 4096), help="Finished units committed per transaction.")
 @click.option("--no-oob", is_flag=True, help="Do not serve the out-of-band control socket.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Print a line per committed unit on stderr (a JSON object with --json).")
 @json_option
 @pass_bus_context
 def pump_run(obj: BusContext, organism_file: str, until_idle: bool, lease_ms: int,
-             max_in_flight: int, batch: int, no_oob: bool, as_json: bool) -> None:
+             max_in_flight: int, batch: int, no_oob: bool, verbose: bool,
+             as_json: bool) -> None:
     """Run the organism's listeners on the bus: route, dispatch, commit replies.
 
     A restarted pump resumes what a killed one left (nothing is lost or
-    sent twice); <boot/> goes out on the organism's first start only.
+    sent twice); <boot/> goes out on the organism's first start only. The
+    summary counts committed units by outcome (replied, huh, ...) and
+    requests no listener takes (no-route).
 
-    Example: bus pump run examples/organism.yaml --until-idle
+    Example: bus pump run examples/organism.yaml --until-idle -v
     """
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     running = Pump(obj.open(create=True), organisms.load_organism(organism_file),
                    lease_ms=lease_ms, max_in_flight=max_in_flight, commit_batch=batch,
-                   oob=not no_oob)
+                   oob=not no_oob, on_unit=_unit_printer(as_json) if verbose else None)
     # Signal handlers only set the pump's stop flag; only the main thread may install them.
     main_thread = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, lambda *_: running.stop())
@@ -120,6 +130,21 @@ def pump_run(obj: BusContext, organism_file: str, until_idle: bool, lease_ms: in
     done = ", ".join(f"{n} {outcome}" for outcome, n in sorted(stats.outcomes.items()))
     click.echo(f"pump {running.name}: {'booted' if stats.booted else 'resumed'};"
                f" {done or 'nothing to do'}")
+
+
+def _unit_printer(as_json: bool):
+    """`-v`: one line per committed unit, on stderr (the summary keeps stdout)."""
+    def report(done: Finished, outcome: str) -> None:
+        unit, message = done.unit, done.input
+        if as_json:
+            click.echo(orjson.dumps({"unit": unit.id, "listener": unit.listener,
+                                     "kind": unit.kind, "input": message.seq,
+                                     "from": message.from_agent, "attempt": unit.attempts,
+                                     "outcome": outcome}).decode(), err=True)
+        else:
+            click.echo(f"unit {unit.id} {unit.listener} <- #{message.seq} from"
+                       f" {message.from_agent}: {outcome}", err=True)
+    return report
 
 
 @pump.command("send")
@@ -141,7 +166,8 @@ def pump_send(obj: BusContext, organism_file: str, xml: str, to: str | None, cli
     """Send the payload XML (or - for stdin) into the organism as client --from.
 
     The pump stamps <from> and <thread>; a final answer or a <huh> ends --wait
-    early. Exit 1 when --wait saw no reply in time.
+    early. Exit 1 when --wait saw no reply in time, 3 when a reply is a <huh>
+    (the request was refused or failed: the <huh> says why).
 
     \b
     Example:
@@ -167,6 +193,8 @@ def pump_send(obj: BusContext, organism_file: str, xml: str, to: str | None, cli
     if not got:
         raise click.ClickException(f"no reply on thread {sent.thread} within {timeout:g} s; "
                                    "is `bus pump run` running for this organism?")
+    if any(reply.root_tag == HUH for reply in got):
+        click.get_current_context().exit(HUH_EXIT)
 
 
 @pump.command("dead")

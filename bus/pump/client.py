@@ -33,6 +33,7 @@ from bus.messages import row_to_message
 from bus.messages import validate_agent_id
 from bus.pump import threads
 from bus.pump import work
+from bus.pump.envelopes import RESERVED_SENDERS
 from bus.pump.envelopes import envelope_row
 from bus.pump.envelopes import envelope_xml
 from bus.pump.handlers import FINAL_ANSWER
@@ -42,12 +43,14 @@ from bus.xml.envelope import read_envelope
 from bus.xml.parser import canonicalize
 from bus.xml.parser import parse
 from bus.xml.parser import parse_or_repair
+from bus.xml.pipeline import BOOT
 from bus.xml.pipeline import HUH
 
 if TYPE_CHECKING:
     from bus.api import Bus
 
 DEFAULT_CLIENT = "console"
+PUMP_ROOT_TAGS = frozenset({BOOT, HUH})  # only the pump sends these
 _THREAD_MESSAGES_SQL = (
     "SELECT seq, id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to, payload,"
     " payload_ref FROM messages WHERE correlation_id = ? AND seq > ? ORDER BY seq LIMIT 100"
@@ -97,7 +100,7 @@ def send(bus: Bus, organism: str, xml: bytes | str, *, to: str | None = None,
     repair), ValidationFailed for an envelope or a bad `to` / `client`.
     """
     organism = validate_agent_id(organism, "organism")
-    client = validate_agent_id(client, "client")
+    client = _client_id(client, organism)
     if to is not None:
         validate_agent_id(to, "to")
     payload = _payload(xml)
@@ -115,12 +118,26 @@ def send(bus: Bus, organism: str, xml: bytes | str, *, to: str | None = None,
     return Sent(seq, message_id, conversation.uuid, client)
 
 
+def _client_id(client: str, organism: str) -> str:
+    """The client's id, unless it is a name only the bus writes as."""
+    client = validate_agent_id(client, "client")
+    if client in RESERVED_SENDERS or client == organism:
+        reserved = ", ".join(sorted(RESERVED_SENDERS | {organism}))
+        raise ValidationFailed("client", f"{client!r} is reserved ({reserved}: the pump and the"
+                                         " bus write as these); send as your own id, e.g."
+                                         f" {DEFAULT_CLIENT}")
+    return client
+
+
 def _payload(xml: bytes | str) -> etree._Element:
     raw = xml.encode() if isinstance(xml, str) else xml
     root = parse_or_repair(raw).root
     if etree.QName(root).namespace == ENVELOPE_NS:
         raise ValidationFailed("xml", "is an envelope; send the payload only: the pump "
                                       "stamps <from> and <thread> itself")
+    if root.tag in PUMP_ROOT_TAGS:
+        raise ValidationFailed("xml", f"<{root.tag}> is the pump's own message (boot: its first"
+                                      " start, huh: its error reply); a client cannot send it")
     return root
 
 
@@ -129,7 +146,9 @@ def replies(bus: Bus, sent: Sent, after: int | None = None) -> list[Received]:
     with translate_busy():
         rows = bus.conn.execute(_THREAD_MESSAGES_SQL, (sent.thread, after or sent.seq))
         found = [row_to_message(row, bus.blobs) for row in rows.fetchall()]
-    return [received(message) for message in found if message.from_agent != sent.client]
+    # Only the request itself is the client's on its thread: a listener named like
+    # the client still answers it.
+    return [received(message) for message in found if message.id != sent.id]
 
 
 def received(message: Message) -> Received:

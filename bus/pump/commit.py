@@ -11,14 +11,23 @@ Threads: an envelope's `<thread>` is the sender's thread. A call to listener
 L runs on a new thread under it (`extend_uuid`); L's answer goes to the
 caller on the caller's thread (`answer_to` closes L's). A caller
 whose thread is the conversation itself (organism/client) is the client:
-the answer is egress, written but not routed. `<huh>` envelopes are written,
-never routed, so two listeners cannot bounce errors at each other.
+the answer is egress, written but not routed, and the conversation closes
+once nothing under it is open (a broadcast's last answer, a handler that
+had nothing to say).
+
+A `<huh>` goes where an answer would: to the calling listener, routed on
+its thread (its handler gets a `Huh` and may correct itself), or to the
+client. A `<huh>` never answers a `<huh>`: the error of a message that is
+one, or that a handler sent while handling one, goes to the client instead,
+so two listeners cannot bounce errors at each other. A reply the commit
+must refuse (an envelope as payload, ...) becomes a `bad-reply` `<huh>` at once.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import TYPE_CHECKING
 from typing import Callable
 
@@ -28,6 +37,7 @@ from lxml import etree
 from bus.db import write_transaction
 from bus.errors import BusError
 from bus.errors import ThreadNotFound
+from bus.errors import ValidationFailed
 from bus.messages import Message
 from bus.messages import insert_row
 from bus.pump import threads
@@ -36,12 +46,14 @@ from bus.pump.envelopes import SYSTEM_SENDER
 from bus.pump.envelopes import derived_id
 from bus.pump.envelopes import envelope_row
 from bus.pump.envelopes import huh_element
+from bus.pump.envelopes import is_huh
 from bus.pump.handlers import Output
 from bus.pump.routing import Routes
 from bus.pump.threads import Caller
 from bus.pump.threads import Thread
 from bus.pump.work import Unit
 from bus.xml.envelope import build_envelope
+from bus.xml.errors import XmlRejected
 
 if TYPE_CHECKING:
     from bus.api import Bus
@@ -78,16 +90,18 @@ class Writer:
                            organism=self.organism, in_reply_to=in_reply_to)
         return insert_row(self.conn, self.bus.move_large_payload(row), self.now)
 
+    def reply_as_system(self, payload: etree._Element, message: Message, label: str) -> None:
+        """The pump's own answer to a client's request, on its conversation, which it ends."""
+        self.write(payload, id=derived_id(message.id, SYSTEM_SENDER, label), sender=SYSTEM_SENDER,
+                   thread=message.correlation_id, to=message.from_agent, in_reply_to=message.id)
+        self._close_conversation(message.correlation_id)
+
     def route(self, seq: int, message_id: str, sender: str, root_tag: str, to: str | None,
-              thread: str, kind: str = "call") -> int:
+              thread: str, kind: str = "call", in_reply_to: str | None = None) -> int:
         """Make the work units of an envelope; a `<huh>` to its sender if nobody takes it."""
         targets = self.routes.targets(root_tag, to)
         if not targets:
-            self.write(huh_element("no-route", (
-                f"nothing here accepts <{root_tag}>{f' for {to!r}' if to else ''}; check the "
-                "payload's root tag and recipient against the tool description")),
-                id=derived_id(message_id, SYSTEM_SENDER, "no-route"), sender=SYSTEM_SENDER,
-                thread=thread, to=sender, in_reply_to=message_id)
+            self._no_route(message_id, sender, root_tag, to, thread, kind, in_reply_to)
             return 0
         for listener in targets:
             unit_thread = thread if kind == "answer" else \
@@ -96,13 +110,28 @@ class Writer:
                              listener.spec.max_attempts, self.now)
         return len(targets)
 
+    def _no_route(self, message_id: str, sender: str, root_tag: str, to: str | None,
+                  thread: str, kind: str, in_reply_to: str | None) -> None:
+        """The `<huh>` of a call nobody takes: to the client, or to the calling listener."""
+        huh = huh_element("no-route", (
+            f"nothing here accepts <{root_tag}>{f' for {to!r}' if to else ''}; check the "
+            "payload's root tag and recipient against the tool description"))
+        huh_id = derived_id(message_id, SYSTEM_SENDER, "no-route")
+        caller = self._caller_at(thread) if kind == "call" else None
+        if caller is not None:  # the sender's own thread: it hears of it as of an answer
+            self._deliver_huh(huh, huh_id, SYSTEM_SENDER, message_id, caller,
+                              self._is_huh_id(in_reply_to))
+        else:  # an answer nobody takes: the known limit of answers routed by root tag
+            self.write(huh, id=huh_id, sender=SYSTEM_SENDER, thread=thread, to=sender,
+                       in_reply_to=message_id)
+
     def send(self, payload: etree._Element, *, id: str, sender: str, thread: str,
              to: str | None, in_reply_to: str | None, kind: str = "call") -> None:
         """Write an envelope and route it (unless it was written before)."""
         seq, duplicate = self.write(payload, id=id, sender=sender, thread=thread, to=to,
                                     in_reply_to=in_reply_to)
         if not duplicate:
-            self.route(seq, id, sender, payload.tag, to, thread, kind)
+            self.route(seq, id, sender, payload.tag, to, thread, kind, in_reply_to)
 
     # --- finishing units ---------------------------------------------------------------
 
@@ -127,6 +156,13 @@ class Writer:
         try:
             with write_transaction(self.conn):  # a savepoint: this unit or nothing
                 return self._finish(done, owner)
+        except (ValidationFailed, XmlRejected) as exc:
+            if done.huh is None:  # a reply no retry could write: the handler hears why now
+                return self._finish_alone(replace(done, outputs=(), huh=huh_element(
+                    "bad-reply", f"the pump cannot send the handler's reply: {exc}",
+                    "handler")), owner)
+            log.error("committing the <huh> of unit %s failed: %s", done.unit.id, exc)
+            return "failed"
         except BusError as exc:
             log.error("committing unit %s (input %s, listener %s) failed: %s",
                       done.unit.id, done.input.id, done.unit.listener, exc)
@@ -145,12 +181,48 @@ class Writer:
 
     def _huh(self, done: Finished, label: object = 0) -> str:
         unit, message = done.unit, done.input
-        self.write(done.huh, id=derived_id(message.id, unit.listener, label),
-                   sender=unit.listener, thread=message.correlation_id, to=message.from_agent,
-                   in_reply_to=message.id)
-        if unit.kind == "call":
-            threads.close_thread(self.conn, unit.thread, self.now)
+        huh_id = derived_id(message.id, unit.listener, label)
+        caller = self._huh_caller(unit, message)
+        if caller is None:  # the sender's thread is gone: write it for the record only
+            self.write(done.huh, id=huh_id, sender=unit.listener,
+                       thread=message.correlation_id, to=message.from_agent,
+                       in_reply_to=message.id)
+        else:
+            self._deliver_huh(done.huh, huh_id, unit.listener, message.id, caller,
+                              is_huh(message) or self._is_huh_id(message.in_reply_to))
         return "huh"
+
+    def _deliver_huh(self, huh: etree._Element, huh_id: str, sender: str, in_reply_to: str,
+                     caller: Caller, answers_huh: bool) -> None:
+        """A `<huh>` goes where an answer would, except that it never answers a `<huh>`:
+        then the calling listener's thread ends and the client hears of it instead."""
+        if caller.depth > CONVERSATION_DEPTH and answers_huh:
+            threads.close_thread(self.conn, caller.uuid, self.now)
+            conversation = self._conversation(caller.uuid)
+            caller = Caller(conversation.uuid, conversation.name, CONVERSATION_DEPTH)
+        self._answer(huh, huh_id, sender, in_reply_to, caller)
+
+    def _caller_at(self, uuid: str) -> Caller | None:
+        try:
+            return threads.caller_at(self.conn, uuid)
+        except ThreadNotFound:  # cleared (ThreadRegistry.clear) since it was sent
+            return None
+
+    def _huh_caller(self, unit: Unit, message: Message) -> Caller | None:
+        """Who hears of a failed unit: a call's sender, on the thread it sent on; for a
+        failed answer, the caller of the listener that got it (the chain ends there)."""
+        try:
+            if unit.kind == "answer":
+                return threads.answer_to(self.conn, unit.thread, self.now)
+            threads.close_thread(self.conn, unit.thread, self.now)
+        except ThreadNotFound:
+            return None
+        return self._caller_at(message.correlation_id)
+
+    def _is_huh_id(self, message_id: str | None) -> bool:
+        """Whether message `message_id` is a `<huh>` (what a handler was handling)."""
+        found = message_id and work.message_by_id(self.conn, message_id, self.bus.blobs)
+        return bool(found) and is_huh(found)
 
     def _replies(self, done: Finished) -> str:
         unit, message = done.unit, done.input
@@ -167,20 +239,30 @@ class Writer:
             if output.final:
                 self._final(output, reply_id, unit, message)
             else:
-                self._answer(output, reply_id, unit, message, caller)
+                self._answer(output.element, reply_id, unit.listener, message.id, caller)
         if not done.outputs and unit.kind == "call":
             threads.close_thread(self.conn, unit.thread, self.now)  # nothing to say: done
+            self._close_conversation(message.correlation_id)
         return "replied"
 
-    def _answer(self, output: Output, reply_id: str, unit: Unit, message: Message,
+    def _close_conversation(self, uuid: str) -> None:
+        """Close `uuid` if it is a client's conversation and nothing under it is open."""
+        caller = self._caller_at(uuid)
+        if caller is not None and caller.depth == CONVERSATION_DEPTH:
+            threads.close_if_done(self.conn, uuid, self.now)
+
+    def _answer(self, element: etree._Element, reply_id: str, sender: str, in_reply_to: str,
                 caller: Caller) -> None:
+        """Send an answer (or a `<huh>`) to `caller`: routed to a listener, egress to a client."""
         if caller.depth <= CONVERSATION_DEPTH:
             to = caller.name if caller.depth else SYSTEM_SENDER  # egress: written only
-            self.write(output.element, id=reply_id, sender=unit.listener, thread=caller.uuid,
-                       to=to, in_reply_to=message.id)
+            self.write(element, id=reply_id, sender=sender, thread=caller.uuid,
+                       to=to, in_reply_to=in_reply_to)
+            if caller.depth:  # the reply reached its client: the request is done
+                threads.close_if_done(self.conn, caller.uuid, self.now)
         else:
-            self.send(output.element, id=reply_id, sender=unit.listener, thread=caller.uuid,
-                      to=caller.name, in_reply_to=message.id, kind="answer")
+            self.send(element, id=reply_id, sender=sender, thread=caller.uuid,
+                      to=caller.name, in_reply_to=in_reply_to, kind="answer")
 
     def _final(self, output: Output, reply_id: str, unit: Unit, message: Message) -> None:
         """A FinalAnswer goes to the client on its conversation thread, which it closes."""

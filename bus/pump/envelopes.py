@@ -26,11 +26,18 @@ from lxml import etree
 from bus.errors import ValidationFailed
 from bus.messages import Message
 from bus.messages import Row
+from bus.xml.envelope import read_envelope
+from bus.xml.errors import XmlRejected
 from bus.xml.parser import canonicalize
+from bus.xml.parser import parse
+from bus.xml.pipeline import HUH
 from bus.xml.pipeline import Huh
 
 ENVELOPE_TYPE = "envelope"
 SYSTEM_SENDER = "system"
+# Names only the bus itself writes as: the pump ("system") and the channel engine's
+# notices ("bus"). A client may not send as either (client.send refuses them).
+RESERVED_SENDERS = frozenset({SYSTEM_SENDER, "bus"})
 # uuid5 namespace of the ids the pump derives (a fixed, random UUID).
 _ID_NAMESPACE = uuid.UUID("6a0c7f0e-0f4b-4d0e-9a0b-2f1f4f6f1c7a")
 _ID_NAMESPACE_BYTES = _ID_NAMESPACE.bytes
@@ -75,3 +82,17 @@ def envelope_xml(message: Message) -> bytes:
 def huh_element(code: str, message: str, step: str = "pump") -> etree._Element:
     """A `<huh>` payload the pump itself raises (routing, handler failure, dead letter)."""
     return Huh(step, code, message).to_element()
+
+
+def is_huh(message: Message) -> bool:
+    """Whether an envelope row carries a `<huh>` (False for a row that holds no envelope)."""
+    try:
+        xml = envelope_xml(message)
+    except ValidationFailed:
+        return False
+    if b"<huh" not in xml:  # the common case, without a parse
+        return False
+    try:
+        return read_envelope(parse(xml)).root_tag == HUH
+    except XmlRejected:
+        return False

@@ -5,6 +5,11 @@
         return [Reply(Shout(text)), Reply(Log(text), to="logger")]   # several payloads
         return None                                   # nothing to say
 
+A `<huh>` for a call the listener made (its peer refused the payload,
+raised or timed out) comes to the same handler as a `bus.xml.pipeline.Huh`
+(`msg.code`, `msg.message`), on the thread the call was made from, so the
+agent sees its error and can correct itself.
+
 A plain `def` handler runs in a thread of the pump's pool. Handlers never see
 or build envelopes: the pump stamps `<from>` (the listener's name) and
 `<thread>`, so a handler cannot forge either. `Reply.to` names a peer to call
@@ -26,6 +31,7 @@ from typing import Callable
 from lxml import etree
 
 from bus.errors import BusError
+from bus.xml.envelope import ENVELOPE_NS
 from bus.xml.payload import is_xmlified
 from bus.xml.payload import to_element
 from bus.xml.payload import xmlify
@@ -42,12 +48,25 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class Tool:
+    """A peer a handler may call, as its agent sees it: `usage` is the tool description
+    generated from the peer's payload schema (summary, fields, an example)."""
+
+    name: str
+    root_tag: str
+    capability: str | None
+    usage: str
+
+
+@dataclass(frozen=True)
 class Context:
     """What a handler may know about the message it handles; frozen.
 
     `thread` is an opaque UUID (the call chain stays with the pump), `from_`
     the sender the pump stamped, `attempt` counts from 1 (more after a crashed
-    pump), `deadline` is on the `time.monotonic()` clock.
+    pump), `deadline` is on the `time.monotonic()` clock. `tools` are the
+    peers its agent may see (organism.yaml's `visible_tools`; without an
+    agent entry, all its peers).
     """
 
     thread: str
@@ -56,6 +75,7 @@ class Context:
     message_id: str
     attempt: int
     deadline: float
+    tools: tuple[Tool, ...] = ()
 
     def remaining(self) -> float:
         """Seconds left before the pump gives up on this call."""
@@ -147,6 +167,9 @@ def _element(payload: Any, index: int) -> etree._Element:
         except BusError as exc:
             raise HandlerFailed("bad-reply", f"reply {index}: {exc}") from None
     if isinstance(payload, etree._Element) and isinstance(payload.tag, str):
+        if etree.QName(payload).namespace == ENVELOPE_NS:
+            raise HandlerFailed("bad-reply", f"reply {index} is an envelope; return the payload"
+                                             " only: the pump builds the envelope around it")
         return payload
     raise HandlerFailed("bad-reply", f"reply {index} holds {type(payload).__name__}; a "
                                      "payload is an @xmlify instance or an lxml element")

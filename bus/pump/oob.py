@@ -69,9 +69,11 @@ from bus.messages import now_ms
 from bus.messages import prepare_row
 from bus.pump.organism import DEFAULT_SOCKET
 from bus.pump.organism import DEFAULT_WINDOW_S
+from bus.pump.organism import LIST_CAPABILITIES
+from bus.pump.organism import SCHEMA_REQUEST
 from bus.pump.organism import parse_listener
 
-COMMANDS = ("add-listener", "remove-listener", "hot-reload")
+COMMANDS = ("add-listener", "remove-listener", "hot-reload", LIST_CAPABILITIES, SCHEMA_REQUEST)
 PAYLOAD_KEYS = ("args", "command", "nonce", "ts_ms")
 AUDIT_AGENT = "oob"  # from_agent of the audit messages
 MAX_REQUEST_BYTES = 64 * 1024
@@ -288,6 +290,9 @@ def _check_args(command: str, args: dict[str, Any]) -> None:
     elif command == "remove-listener":
         if sorted(args) != ["name"] or not isinstance(args["name"], str):
             raise MalformedRequest("args", 'must be {"name": LISTENER}')
+    elif command == SCHEMA_REQUEST:
+        if sorted(args) != ["listener"] or not isinstance(args["listener"], str):
+            raise MalformedRequest("args", 'must be {"listener": LISTENER}')
     elif args:
         raise MalformedRequest("args", f"{command} takes no arguments: send {{}}")
 

@@ -60,6 +60,11 @@ _REFERENCE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]
 # their root tags, so one leaked onto the main path routes nowhere (seed 000).
 PRIVILEGED_ROOT_TAGS = frozenset({"add-listener", "remove-listener", "hot-reload"})
 SYSTEM_ROOT_TAGS = frozenset({"huh"})  # the pump's own error replies
+# The organism's questions about itself, answered by the pump (bus/pump/meta.py).
+LIST_CAPABILITIES = "list-capabilities"
+SCHEMA_REQUEST = "schema-request"
+META_ROOT_TAGS = frozenset({LIST_CAPABILITIES, SCHEMA_REQUEST})
+_RESERVED_ROOT_TAGS = PRIVILEGED_ROOT_TAGS | SYSTEM_ROOT_TAGS | META_ROOT_TAGS
 PRIVILEGE_LEVELS = ("admin", "all", "none")
 DEFAULT_TIMEOUT_S = 300.0
 TIMEOUT_MAX_S = 86_400.0
@@ -445,10 +450,11 @@ class _Section:
                 or value.lower().startswith("xml"):
             self.fail(key, f"{value!r} is not an XML element name: start with a letter or _, "
                            "then letters, digits, _ . - (no ':', not starting with 'xml')")
-        if value in PRIVILEGED_ROOT_TAGS | SYSTEM_ROOT_TAGS:
-            reserved = ", ".join(sorted(PRIVILEGED_ROOT_TAGS | SYSTEM_ROOT_TAGS))
+        if value in _RESERVED_ROOT_TAGS:
+            reserved = ", ".join(sorted(_RESERVED_ROOT_TAGS))
             self.fail(key, f"{value!r} is reserved ({reserved}: privileged commands go over "
-                           "the OOB channel, huh is the pump's error reply); choose another tag")
+                           "the OOB channel, huh is the pump's error reply, the pump answers "
+                           "meta requests itself); choose another tag")
         return value
 
     def reference(self, key: str, shape: str) -> str:

@@ -48,6 +48,7 @@ from bus.heartbeats import Heartbeat
 from bus.messages import Message
 from bus.messages import new_message_id
 from bus.messages import now_ms
+from bus.pump import meta
 from bus.pump import threads
 from bus.pump import work
 from bus.pump.commit import Finished
@@ -56,6 +57,7 @@ from bus.pump.envelopes import SYSTEM_SENDER
 from bus.pump.envelopes import derived_id
 from bus.pump.envelopes import envelope_xml
 from bus.pump.envelopes import huh_element
+from bus.pump.envelopes import is_huh
 from bus.pump.handlers import Context
 from bus.pump.handlers import HandlerFailed
 from bus.pump.handlers import call_handler
@@ -63,14 +65,18 @@ from bus.pump.handlers import outputs_of
 from bus.pump.oob import OobServer
 from bus.pump.oob import load_public_key
 from bus.pump.oob import socket_path_for
+from bus.pump.organism import META_ROOT_TAGS
 from bus.pump.organism import Organism
 from bus.pump.routing import Listener
 from bus.pump.routing import Routes
 from bus.pump.routing import RoutingTable
 from bus.pump.work import Unit
+from bus.xml.envelope import read_envelope
+from bus.xml.parser import parse
 from bus.xml.pipeline import BOOT
 from bus.xml.pipeline import Huh
 from bus.xml.pipeline import run as run_pipeline
+from bus.xml.pipeline import system_pipeline
 
 if TYPE_CHECKING:
     from bus.api import Bus
@@ -85,6 +91,7 @@ WATCH_S = 0.5
 WATCH_POLL_S = 0.05  # the watcher looks at `stopped` this often while it waits for commits
 ORPHAN_CHECK_MS = 1000
 _DATA_VERSION_SQL = "PRAGMA data_version"
+SYSTEM_PIPELINE = system_pipeline()  # envelope checks only: for the <huh> a caller gets
 
 
 @dataclass
@@ -182,13 +189,15 @@ class Pump:
     their commit); each listener's `concurrency` limits its own;
     `commit_batch` how many finished units one transaction commits at most.
     `before_commit(finished)`, if given, runs on the database thread just
-    before a commit (tests use it to kill the pump there).
+    before a commit (tests use it to kill the pump there); `on_unit(done,
+    outcome)` after it, once per unit the commit settled (`bus pump run -v`).
     """
 
     def __init__(self, bus: Bus, organism: Organism, *, lease_ms: int = DEFAULT_LEASE_MS,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
                  commit_batch: int = DEFAULT_COMMIT_BATCH, oob: bool = True,
-                 before_commit: Callable[[list[Finished]], None] | None = None) -> None:
+                 before_commit: Callable[[list[Finished]], None] | None = None,
+                 on_unit: Callable[[Finished, str], None] | None = None) -> None:
         for name, value in (("lease_ms", lease_ms), ("max_in_flight", max_in_flight),
                             ("commit_batch", commit_batch)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -201,6 +210,7 @@ class Pump:
             commit_batch
         self.use_oob = oob
         self.before_commit = before_commit
+        self.on_unit = on_unit
         self.stats = PumpStats()
         self._running: dict[int, Unit] = {}  # unit id -> unit, for lease renewal
         self._running_lock = threading.Lock()
@@ -330,6 +340,8 @@ class Pump:
                                   thread=conversation.uuid, to=None, in_reply_to=None)
             if writer.routes.targets(BOOT, None):  # nobody listening is no error here
                 writer.route(seq, boot_id, SYSTEM_SENDER, BOOT, None, conversation.uuid)
+            else:  # nothing will answer it
+                threads.close_thread(conn, conversation.uuid, now)
         return True
 
     def _step(self, finished: list[Finished], capacity: dict[str, int], busy: bool) -> _Step:
@@ -357,8 +369,7 @@ class Pump:
             # OOB change is routed by the changed table (its inbox row commits after).
             routes = self.table.routes
             writer = Writer(self.bus, conn, self.name, routes, now_ms())
-            for outcome in writer.finish(finished, self.owner) if finished else ():
-                self.stats.count(outcome)
+            outcomes = writer.finish(finished, self.owner) if finished else []
             scan = not finished or not busy or self._scan.due(conn, routes, writer.now)
             routed = self._route_inbox(writer) if scan else 0
             if scan:
@@ -371,6 +382,7 @@ class Pump:
             else:  # units are in flight: what is left is asked once they are back
                 pending, next_expiry = True, self._scan.due_ms
             self._scan.claimed(writer.now + self.lease_ms, claimed, capacity, scan)
+        self._committed(finished, outcomes)
         return _Step(claimed, routes, routed >= ROUTE_BATCH, pending, next_expiry)
 
     def _commit(self, finished: list[Finished]) -> None:
@@ -380,8 +392,15 @@ class Pump:
         conn = self.bus.conn
         with write_transaction(conn):
             writer = Writer(self.bus, conn, self.name, self.table.routes, now_ms())
-            for outcome in writer.finish(finished, self.owner):
-                self.stats.count(outcome)
+            outcomes = writer.finish(finished, self.owner)
+        self._committed(finished, outcomes)
+
+    def _committed(self, finished: list[Finished], outcomes: list[str]) -> None:
+        """Count (and report) units once their transaction committed, not before."""
+        for done, outcome in zip(finished, outcomes):
+            self.stats.count(outcome)
+            if self.on_unit is not None:
+                self.on_unit(done, outcome)
 
     def _route_inbox(self, writer: Writer) -> int:
         inbound = work.take_inbox(writer.conn, self.name, ROUTE_BATCH)
@@ -389,10 +408,25 @@ class Pump:
                                      self.bus.blobs)
         for item in inbound:
             message = found.get(item.seq)
-            if message is not None:
-                writer.route(item.seq, message.id, message.from_agent, item.root_tag, item.to,
-                             message.correlation_id)
+            if message is None:
+                continue
+            if item.root_tag in META_ROOT_TAGS and item.to is None:
+                self.stats.count(self._answer_meta(writer, message, item.root_tag))
+            elif not writer.route(item.seq, message.id, message.from_agent, item.root_tag,
+                                  item.to, message.correlation_id):
+                self.stats.count("no-route")  # the client got a <huh> from the pump
         return len(inbound)
+
+    def _answer_meta(self, writer: Writer, message: Message, root_tag: str) -> str:
+        """Answer a client's question about the organism itself, or refuse it (a <huh>)."""
+        try:
+            meta.check_allowed(self.organism.meta, root_tag, privileged=False)
+            request = read_envelope(parse(envelope_xml(message))).payload
+            answer, outcome = meta.answer_element(writer.routes.listeners, request), "meta"
+        except ValidationFailed as exc:
+            answer, outcome = huh_element("meta-denied", exc.reason), "huh"
+        writer.reply_as_system(answer, message, "meta")
+        return outcome
 
     def _bury(self, writer: Writer) -> None:
         dead = work.bury_exhausted(writer.conn, self.name, writer.now)
@@ -500,15 +534,17 @@ class Pump:
 
     async def _process(self, unit: Unit, message: Message, listener: Listener) -> Finished:
         """Pipeline, then handler: the unit's outputs or the `<huh>` for its sender."""
-        try:
-            result = run_pipeline(listener.pipeline, envelope_xml(message))
+        try:  # a <huh> for a call this listener made reaches its handler as a Huh
+            pipeline = SYSTEM_PIPELINE if unit.kind == "answer" and is_huh(message) \
+                else listener.pipeline
+            result = run_pipeline(pipeline, envelope_xml(message))
         except ValidationFailed as exc:
             return Finished(unit, message, huh=huh_element("not-an-envelope", str(exc)))
         if isinstance(result, Huh):
             return Finished(unit, message, huh=result.to_element())
         spec = listener.spec
         ctx = Context(unit.thread, result.sender, spec.name, message.id, unit.attempts,
-                      self._loop.time() + spec.timeout_s)
+                      self._loop.time() + spec.timeout_s, listener.tools)
         try:
             replies = await call_handler(listener.handler, result.payload, ctx,
                                          spec.timeout_s, self._handler_pool)

@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 from typing import Callable
 from typing import Mapping
 
 from bus.errors import OrganismInvalid
+from bus.pump import meta
+from bus.pump.handlers import Tool
 from bus.pump.oob import OobRequest
+from bus.pump.organism import LIST_CAPABILITIES
+from bus.pump.organism import META_ROOT_TAGS
 from bus.pump.organism import ListenerSpec
 from bus.pump.organism import Organism
 from bus.pump.organism import load_organism
@@ -29,6 +34,7 @@ from bus.pump.organism import parse_listener
 from bus.pump.organism import resolve_handler
 from bus.pump.organism import resolve_payload
 from bus.xml.payload import spec_of
+from bus.xml.pipeline import HUH
 from bus.xml.pipeline import Pipeline
 from bus.xml.pipeline import listener_pipeline
 
@@ -40,6 +46,7 @@ class Listener:
     spec: ListenerSpec
     pipeline: Pipeline
     handler: Callable[..., Any]
+    tools: tuple[Tool, ...] = ()  # what its handler's context shows (visible_tools)
 
     @property
     def name(self) -> str:
@@ -62,11 +69,15 @@ class Routes:
         self.by_tag = {tag: tuple(found) for tag, found in by_tag.items()}
 
     def targets(self, root_tag: str, to: str | None) -> tuple[Listener, ...]:
-        """Who receives a `root_tag` payload: listener `to`, or all of the tag; () if none."""
+        """Who receives a `root_tag` payload: listener `to`, or all of the tag; () if none.
+
+        A `<huh>` goes to the one listener it names, whatever its tag: the pump
+        routes it to a caller whose call failed.
+        """
         if to is None:
             return self.by_tag.get(root_tag, ())
         listener = self.listeners.get(to)
-        if listener is None or listener.tag != root_tag:
+        if listener is None or listener.tag != root_tag and root_tag != HUH:
             return ()
         return (listener,)
 
@@ -93,8 +104,19 @@ def build_listener(spec: ListenerSpec, organism: Organism, path: str) -> Listene
 
 
 def build_routes(organism: Organism) -> Routes:
-    return Routes({spec.name: build_listener(spec, organism, f"listeners[{i}]")
-                   for i, spec in enumerate(organism.listeners)})
+    built = {spec.name: build_listener(spec, organism, f"listeners[{i}]")
+             for i, spec in enumerate(organism.listeners)}
+    return Routes({name: replace(listener, tools=_visible_tools(organism, listener, built))
+                   for name, listener in built.items()})
+
+
+def _visible_tools(organism: Organism, listener: Listener,
+                   built: Mapping[str, Listener]) -> tuple[Tool, ...]:
+    """An agent's `visible_tools` (none if it lists none); a listener without an agent
+    entry sees all its peers."""
+    agent = next((a for a in organism.agents if a.name == listener.name), None)
+    names = listener.spec.peers if agent is None else agent.visible_tools
+    return tuple(Tool(**meta.tool_of(built[name])) for name in names)
 
 
 class RoutingTable:
@@ -113,6 +135,8 @@ class RoutingTable:
                 organism = self.organism.with_listener(spec)
             elif request.command == "remove-listener":
                 organism = self.organism.without_listener(request.args["name"])
+            elif request.command in META_ROOT_TAGS:
+                return self._meta(request)
             else:  # hot-reload: organism.yaml again, from the file the pump started with
                 organism = self._reload()
             routes = build_routes(organism)  # raises before anything changes
@@ -120,6 +144,13 @@ class RoutingTable:
         return {"listeners": list(routes.listeners),
                 "routes": {tag: [item.name for item in found]
                            for tag, found in routes.by_tag.items()}}
+
+    def _meta(self, request: OobRequest) -> dict[str, Any]:
+        """A signed meta request: allowed to admin (that is what a signature proves) or all."""
+        meta.check_allowed(self.organism.meta, request.command, privileged=True)
+        if request.command == LIST_CAPABILITIES:
+            return {"tools": meta.capabilities(self.routes.listeners)}
+        return meta.schema(self.routes.listeners, request.args["listener"])
 
     def _reload(self) -> Organism:
         """organism.yaml re-read; its handler modules are not re-imported (see the README)."""

@@ -115,6 +115,22 @@ _CLOSE_CALLER_SQL = (
     " (SELECT p.depth FROM threads p WHERE p.id = threads.parent_id)"
 )
 
+# A finished call's parent closes once nothing under it is still open: a
+# conversation whose reply reached its client, a forwarding caller whose last
+# answer came back.
+_CLOSE_IF_DONE_SQL = (
+    "UPDATE threads SET status = 'closed', closed_at_ms = ? WHERE uuid = ? AND status = 'open'"
+    " AND parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM threads c"
+    " WHERE c.parent_id = threads.id AND c.status = 'open')"
+)
+# Every row of an organism's trees, roots included (clear()).
+_TREE_IDS_SQL = (
+    "WITH RECURSIVE tree(id) AS (SELECT id FROM threads WHERE parent_id IS NULL AND name = ?"
+    " UNION ALL SELECT t.id FROM threads t JOIN tree ON t.parent_id = tree.id)"
+    " SELECT json_group_array(id) FROM tree"
+)
+_DELETE_IDS_SQL = "DELETE FROM threads WHERE id IN (SELECT value FROM json_each(?))"
+
 
 @dataclass(frozen=True)
 class Thread:
@@ -351,6 +367,36 @@ def answer_to(conn: apsw.Connection, uuid: str, now: int) -> Caller:
     return Caller(parent_uuid, parent_name, parent_depth)
 
 
+def caller_at(conn: apsw.Connection, uuid: str) -> Caller:
+    """The thread `uuid` itself as a Caller (its name and depth); raises ThreadNotFound."""
+    row = conn.execute(_CALLER_SQL, (uuid,)).fetchone()
+    if row is None:
+        raise ThreadNotFound(uuid)
+    return Caller(uuid, row[2], row[3])
+
+
+def close_if_done(conn: apsw.Connection, uuid: str, now: int) -> bool:
+    """Close `uuid` if no thread under it is open (never a root); whether it closed.
+
+    Runs inside the caller's write transaction.
+    """
+    conn.execute(_CLOSE_IF_DONE_SQL, (now, uuid))
+    return conn.changes() > 0
+
+
+def clear(conn: apsw.Connection, organism: str) -> int:
+    """Delete every thread of `organism`, open or closed, roots included; how many.
+
+    For tests and scratch buses (seed 001's `registry.clear()`): the rows are
+    the conversation history, and a running pump's units refer to them.
+    """
+    organism = validate_agent_id(organism, "organism")
+    with write_transaction(conn):
+        ids = conn.execute(_TREE_IDS_SQL, (organism,)).get
+        conn.execute(_DELETE_IDS_SQL, (ids,))
+        return conn.changes()
+
+
 class ThreadRegistry:
     """The registry of one organism on a `Bus`, one transaction per call.
 
@@ -388,6 +434,10 @@ class ThreadRegistry:
 
     def close(self, uuid: str, now: int | None = None) -> Thread:
         return close_thread(self.bus.conn, uuid, now)
+
+    def clear(self) -> int:
+        """Delete all of this organism's threads (testing only, as in seed 001)."""
+        return clear(self.bus.conn, self.organism)
 
 
 # --- helpers -------------------------------------------------------------------

@@ -118,6 +118,10 @@ _MESSAGES_SQL = (
     "SELECT seq, id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to, payload,"
     " payload_ref FROM messages WHERE seq IN (SELECT value FROM json_each(?))"
 )
+_MESSAGE_BY_ID_SQL = (
+    "SELECT seq, id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to, payload,"
+    " payload_ref FROM messages WHERE id = ?"
+)
 _UNITS_SQL = f"SELECT {_UNIT_COLUMNS} FROM pump_work WHERE input_seq = ? ORDER BY id"
 # For people (`bus pump dead`), not the hot path: the pending indexes do not cover it.
 _DEAD_SQL = (
@@ -278,6 +282,12 @@ def messages_by_seq(conn: apsw.Connection, seqs: Iterable[int],
         return {}
     rows = conn.execute(_MESSAGES_SQL, (orjson.dumps(seqs),))
     return {row[0]: row_to_message(row, blobs) for row in rows}
+
+
+def message_by_id(conn: apsw.Connection, message_id: str,
+                  blobs: BlobStore | None) -> Message | None:
+    row = conn.execute(_MESSAGE_BY_ID_SQL, (message_id,)).fetchone()
+    return None if row is None else row_to_message(row, blobs)
 
 
 def units_for_input(conn: apsw.Connection, input_seq: int) -> list[Unit]:
