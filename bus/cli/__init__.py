@@ -13,6 +13,7 @@ from bus import __version__
 from bus.cli import channels
 from bus.cli import coordination
 from bus.cli import history
+from bus.cli import mcp
 from bus.cli import messaging
 from bus.cli import pump
 from bus.cli import xml
@@ -46,7 +47,7 @@ def main(ctx: click.Context, db: str, durability: str) -> None:
     ctx.obj = BusContext(ctx, db, durability)
 
 
-for _module in (messaging, coordination, history, channels, pump, xml):
+for _module in (messaging, coordination, history, channels, pump, xml, mcp):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 add_moved_aliases(main)
