@@ -80,7 +80,7 @@ class ChannelTools:
         channel: OptionalChannel = None,
         content_pattern: Annotated[Optional[str], Field(description=(
             "A regular expression searched in the content."))] = None,
-        sender: Annotated[Optional[str], Field(description="Only from this agent.")] = None,
+        sent_by: Annotated[Optional[str], Field(description="Only from this agent.")] = None,
         topic: Annotated[Optional[str], Field(description=(
             "A topic, or a pattern with * (one segment) and # (the rest)."))] = None,
         correlation_id: Annotated[Optional[str], Field(description="Only this conversation.")] = None,
@@ -88,7 +88,7 @@ class ChannelTools:
     ) -> dict[str, Any]:
         """Search the channels' history, newest first. Reading delivers and changes nothing."""
         flt = {key: value for key, value in (
-            ("channel", channel), ("content_pattern", content_pattern), ("sender", sender),
+            ("channel", channel), ("content_pattern", content_pattern), ("sender", sent_by),
             ("topic", topic), ("correlation_id", correlation_id)) if value is not None}
         return _Page(self.bus.channels.query_messages({**flt, "limit": limit})).to_json_dict()
 
