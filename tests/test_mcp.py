@@ -318,3 +318,30 @@ def test_cli_mcp_bad_agent_or_missing_bus_is_an_error(bus: Bus, db_path: Path, t
         1, "Error: agent: contains ' '; allowed are letters, digits and . _ : -\n")
     missing = run(["mcp", "--agent", "planner"], tmp_path / "none.db")
     assert missing.exit_code == 1 and missing.stderr.startswith("Error: no bus database at ")
+
+
+def test_cli_mcp_call_runs_one_tool_as_the_agent(bus: Bus, db_path: Path):
+    published = run(["mcp", "--agent", "planner", "--call", "publish", "--args",
+                     '{"type": "task_assign", "to": "worker-1", "payload": {"task": "t1"}}'],
+                    db_path)
+    assert published.exit_code == 0, published.output
+    assert json.loads(published.stdout) == {"seq": 1, "id": bus.list_messages()[0].id,
+                                            "duplicate": False, "durable": "commit"}
+    polled = run(["mcp", "--agent", "worker-1", "--call", "poll"], db_path)
+    assert [m["from"] for m in json.loads(polled.stdout)["messages"]] == ["planner"]
+    assert rows(bus, "SELECT from_agent, to_agent FROM messages") == [("planner", "worker-1")]
+
+
+def test_cli_mcp_call_errors_exit_1_and_bad_args_exit_2(bus: Bus, db_path: Path):
+    unknown = run(["mcp", "--agent", "worker-1", "--call", "claim", "--args",
+                   '{"task": "t1", "agent": "planner"}'], db_path)
+    assert (unknown.exit_code, unknown.stderr) == (
+        1, "Error: claim: unknown argument(s) agent; it takes lease_ms, task. You always act as"
+           " the server's own agent: no tool takes an agent id.\n")
+    bad_seq = run(["mcp", "--agent", "worker-1", "--call", "ack", "--args", '{"seq": 5}'], db_path)
+    assert (bad_seq.exit_code, bad_seq.stderr) == (
+        1, "Error: seq: no message has seq 5; the last seq is 0\n")
+    for junk in ("[1]", "{not json"):
+        usage = run(["mcp", "--agent", "worker-1", "--call", "ack", "--args", junk], db_path)
+        assert usage.exit_code == 2 and "--args" in usage.stderr
+    assert rows(bus, "SELECT count(*) FROM task_claims") == [(0,)]

@@ -13,7 +13,8 @@ library's message, which names the field and the fix.
 from __future__ import annotations
 
 from bus.mcpserver.server import build_server
+from bus.mcpserver.server import call_tool
 from bus.mcpserver.server import catalog
 from bus.mcpserver.session import AgentSession
 
-__all__ = ["AgentSession", "build_server", "catalog"]
+__all__ = ["AgentSession", "build_server", "call_tool", "catalog"]

@@ -8,6 +8,7 @@ from typing import Any
 from typing import Callable
 
 import anyio
+from mcp import Client
 from mcp.server.context import CallNext
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import MCPServer
@@ -58,6 +59,17 @@ def catalog(server: MCPServer) -> dict[str, list[dict[str, Any]]]:
                 "resources": [_summary(r, "uri") for r in await server.list_resources()]
                 + [_summary(r, "uri_template") for r in await server.list_resource_templates()]}
     return anyio.run(listed)
+
+
+def call_tool(server: MCPServer, name: str, arguments: dict[str, Any]) -> tuple[bool, Any]:
+    """Call one tool in-process, as a client would; (is_error, JSON result or error text)."""
+    async def called() -> tuple[bool, Any]:
+        async with Client(server, cache=None) as client:
+            result = await client.call_tool(name, arguments)
+        if result.is_error:
+            return True, " ".join(c.text for c in result.content if isinstance(c, TextContent))
+        return False, result.structured_content
+    return anyio.run(called)
 
 
 def _summary(item: Any, key: str) -> dict[str, Any]:
