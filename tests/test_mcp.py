@@ -36,8 +36,8 @@ IDENTITY_ARGUMENTS = {"agent", "from", "from_agent", "sender", "worker_id", "cli
 async def connected(db_path: Path, agent: str) -> AsyncIterator[Client]:
     """An MCP client session with a fresh `bus mcp --agent AGENT` child process."""
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "bus.cli", "--db", str(db_path), "mcp", "--agent", agent],
-        cwd=str(db_path.parent))
+        command=sys.executable, cwd=str(db_path.parent),
+        args=["-m", "bus.cli", "--db", str(db_path), "mcp", "--agent", agent])
     async with Client(params, cache=None) as client:
         yield client
 
@@ -148,7 +148,8 @@ def test_mcp_invalid_arguments_are_tool_errors_that_change_nothing(bus: Bus, db_
     errors, still_serving = asyncio.run(scenario())
     assert "type: must not be empty" in errors[0]
     assert "to:" in errors[1]
-    assert "unknown argument(s) from_agent" in errors[2] and "no tool takes an agent id" in errors[2]
+    assert "unknown argument(s) from_agent" in errors[2]
+    assert "no tool takes an agent id" in errors[2]
     assert "seq" in errors[3]
     assert "no message has seq 99; the last seq is 1" in errors[4]
     assert "lease_ms" in errors[5]

@@ -83,7 +83,8 @@ class ChannelTools:
         sent_by: Annotated[Optional[str], Field(description="Only from this agent.")] = None,
         topic: Annotated[Optional[str], Field(description=(
             "A topic, or a pattern with * (one segment) and # (the rest)."))] = None,
-        correlation_id: Annotated[Optional[str], Field(description="Only this conversation.")] = None,
+        correlation_id: Annotated[Optional[str], Field(description=(
+            "Only this conversation."))] = None,
         limit: PageLimit = 20,
     ) -> dict[str, Any]:
         """Search the channels' history, newest first. Reading delivers and changes nothing."""

@@ -35,11 +35,14 @@ class LogTools:
     def publish(
         self,
         type: Annotated[str, Field(description="Message type, e.g. task_assign, note, result.")],
-        payload: Annotated[Any, Field(description="Any JSON value; over 4 KB goes to the blob store.")] = None,
-        to: Annotated[Optional[str], Field(description="Recipient agent id; omit to broadcast to all.")] = None,
+        payload: Annotated[Any, Field(description=(
+            "Any JSON value; over 4 KB goes to the blob store."))] = None,
+        to: Annotated[Optional[str], Field(description=(
+            "Recipient agent id; omit to broadcast to all."))] = None,
         correlation_id: Annotated[Optional[str], Field(description=(
             "Ties messages of one conversation or task together."))] = None,
-        in_reply_to: Annotated[Optional[str], Field(description="Id of the message this answers.")] = None,
+        in_reply_to: Annotated[Optional[str], Field(description=(
+            "Id of the message this answers."))] = None,
         id: Annotated[Optional[str], Field(description=(
             "Your own UUID for the message: publishing the same id again is a no-op, so retries"
             " are safe."))] = None,

@@ -18,11 +18,8 @@ class Resources:
         self.workers = session.workers
 
     def status(self) -> dict[str, Any]:
-        """The bus at a glance: schema version, message count, last seq, every cursor and its lag."""
-        bus = self.bus
-        return {"path": bus.path, "schema_version": bus.schema_version(),
-                "messages": bus.message_count(), "last_seq": bus.last_seq(),
-                "cursors": [c.to_json_dict() for c in bus.list_cursors()]}
+        """The bus at a glance: schema version, message count, last seq, each cursor and its lag."""
+        return self.bus.summary()
 
     def inbox(self) -> dict[str, Any]:
         """Your waiting messages (the first 100 above your cursor), as `poll` returns them."""

@@ -88,17 +88,21 @@ class UnknownArguments:
                            for name, tool in tools.items()}
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> Any:
-        if ctx.method == "tools/call" and isinstance(ctx.params, dict):
-            name, arguments = ctx.params.get("name"), ctx.params.get("arguments")
-            known = self.parameters.get(name) if isinstance(name, str) else None
-            unknown = sorted(set(arguments) - known) if known is not None \
-                and isinstance(arguments, dict) else []
-            if unknown:
-                return CallToolResult(is_error=True, content=[TextContent(
-                    type="text", text=f"{name}: unknown argument(s) {', '.join(unknown)};"
-                    f" it takes {', '.join(sorted(known)) or 'none'}. You always act as"
-                    " the server's own agent: no tool takes an agent id.")])
+        refusal = self.refusal(ctx.params) if ctx.method == "tools/call" else None
+        if refusal is not None:
+            return CallToolResult(is_error=True, content=[TextContent(type="text", text=refusal)])
         return await call_next(ctx)
+
+    def refusal(self, params: Any) -> str | None:
+        """Why a tools/call request is refused, or None to let the SDK handle it."""
+        name = params.get("name") if isinstance(params, dict) else None
+        arguments = params.get("arguments") if isinstance(params, dict) else None
+        known = self.parameters.get(name) if isinstance(name, str) else None
+        if known is None or not isinstance(arguments, dict) or not set(arguments) - known:
+            return None  # unknown tools and malformed requests: the SDK's own errors
+        return (f"{name}: unknown argument(s) {', '.join(sorted(set(arguments) - known))};"
+                f" it takes {', '.join(sorted(known)) or 'none'}. You always act as the"
+                " server's own agent: no tool takes an agent id.")
 
 
 def _reporting(call: Callable[..., Any], error: type[Exception]) -> Callable[..., Any]:
