@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -346,3 +347,35 @@ def test_cli_mcp_call_errors_exit_1_and_bad_args_exit_2(bus: Bus, db_path: Path)
         usage = run(["mcp", "--agent", "worker-1", "--call", "ack", "--args", junk], db_path)
         assert usage.exit_code == 2 and "--args" in usage.stderr
     assert rows(bus, "SELECT count(*) FROM task_claims") == [(0,)]
+
+
+def test_mcp_server_killed_before_the_ack_hands_the_message_out_again(bus: Bus, db_path: Path):
+    """At-least-once through the server: kill -9 between poll and ack loses nothing."""
+    bus.publish("boss", "task_assign", {"task": "t1"}, to="worker-1")
+    pidfile = db_path.parent / "server.pid"
+    # sh writes its pid, then becomes the server (exec), so the pid is the server's.
+    params = StdioServerParameters(command="sh", cwd=str(db_path.parent), args=[
+        "-c", f'echo $$ > {pidfile}; exec "$0" -m bus.cli --db "$1" mcp --agent worker-1',
+        sys.executable, str(db_path)])
+
+    async def poll_then_die() -> dict[str, Any]:
+        client = Client(params, cache=None)
+        await client.__aenter__()
+        polled = await call(client, "poll")
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        try:
+            await client.__aexit__(None, None, None)
+        except BaseException:  # the transport sees its server vanish; that is the point
+            pass
+        return polled
+
+    async def poll_and_ack_again() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with connected(db_path, "worker-1") as client:
+            polled = await call(client, "poll")
+            return polled, await call(client, "ack", seq=polled["messages"][0]["seq"])
+
+    first = asyncio.run(poll_then_die())
+    second, acked = asyncio.run(poll_and_ack_again())
+    assert first["messages"] == second["messages"] and len(first["messages"]) == 1
+    assert acked == {"cursor": 1}
+    assert rows(bus, "SELECT agent_id, last_acked_seq FROM cursors") == [("worker-1", 1)]
