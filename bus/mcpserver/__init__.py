@@ -7,7 +7,7 @@ thin call into the library: `Bus`, `bus.channels`, `workers.lifecycle`,
 library's message, which names the field and the fix.
 
     with Bus.open("bus.db") as bus:
-        build_server(AgentSession.open_on(bus, "planner")).run("stdio")
+        build_server(AgentSession.open_on(bus, "planner")).run("stdio")  # until stdin ends
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from bus.api import LEASE_MS_MAX
 from bus.api import POLL_LIMIT_MAX
+from bus.api import TASK_ID_MAX
 from bus.heartbeats import STATUSES
 from bus.mcpserver.session import AgentSession
 from bus.mcpserver.session import wait_for_any
@@ -19,7 +20,7 @@ WAIT_MAX_S = 300.0
 Wait = Annotated[float, Field(ge=0, le=WAIT_MAX_S, description=(
     "Seconds to wait for something to arrive when nothing is waiting now; 0 returns at once."))]
 Limit = Annotated[int, Field(ge=1, le=POLL_LIMIT_MAX, description="The most messages to return.")]
-Task = Annotated[str, Field(min_length=1, max_length=256, description="The task's id.")]
+Task = Annotated[str, Field(min_length=1, max_length=TASK_ID_MAX, description="The task's id.")]
 LeaseMs = Annotated[int, Field(ge=1, le=LEASE_MS_MAX, description=(
     "Lease length in milliseconds; renew before it runs out or another agent may take the task."))]
 
@@ -28,7 +29,6 @@ class LogTools:
     """The log's operations, each as the session's agent."""
 
     def __init__(self, session: AgentSession) -> None:
-        self.session = session
         self.bus = session.bus
         self.agent = session.agent
 
