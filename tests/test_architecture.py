@@ -4,8 +4,8 @@ Parts, lowest first (docs/architecture.md explains each):
 the log (top of `bus/`, with the blob store `blobs/`); the message engine (`bus/channels/`)
 and the XML layer (`bus/xml/`); the `Bus` facade (`bus/api.py`,
 `bus/__init__.py`); the pump (`bus/pump/`) and the worker lifecycle
-(`workers/`); the MCP server (`bus/mcpserver/`), which serves the pump and the
-workers to agents; the two CLIs (`bus/cli/`, `workers/cli.py`). A module imports
+(`workers/`); the MCP server (`bus/mcpserver/`), the bus, pump and workers as
+tools for agents; the two CLIs (`bus/cli/`, `workers/cli.py`). A module imports
 its own part or a lower rank, never a part beside it or above it, and no
 import cycle exists between modules, whether the import is at the top of the
 file, inside a function or under TYPE_CHECKING.
