@@ -19,6 +19,7 @@ from typing import AsyncIterator
 
 import pytest
 from mcp import Client
+from mcp import MCPError
 from mcp import StdioServerParameters
 
 from bus import Bus
@@ -271,10 +272,14 @@ def test_mcp_resources_status_inbox_and_thread(bus: Bus, db_path: Path):
 
     async def scenario():
         async with connected(db_path, "planner") as client:
+            with pytest.raises(MCPError) as missing:
+                await read(client, "bus://workers/nobody")
             return (await read(client, "bus://status"), await read(client, "bus://inbox"),
-                    await read(client, f"bus://threads/{query.correlation_id}"))
+                    await read(client, f"bus://threads/{query.correlation_id}"), missing.value)
 
-    status, inbox, thread = asyncio.run(scenario())
+    status, inbox, thread, missing = asyncio.run(scenario())
+    assert str(missing) == "no worker 'nobody'; `worker status` lists them"
+    assert status["path"] == str(db_path)
     assert (status["messages"], status["last_seq"]) == (4, 4)
     assert [(m["from"], m["type"]) for m in inbox["messages"]] == [("boss", "hello")]
     assert [(m["sender"], m["content"]) for m in thread["messages"]] == [
