@@ -547,6 +547,16 @@ class Bus:
         with translate_errors(self.conn):
             return messages.last_seq(self.conn)
 
+    def summary(self) -> dict[str, Any]:
+        """The bus at a glance, as `bus status` and the MCP server show it (JSON-ready).
+
+        path, schema_version, messages (count), last_seq, and cursors: each
+        consumer's position with its number of waiting messages.
+        """
+        return {"path": self.path, "schema_version": self.schema_version(),
+                "messages": self.message_count(), "last_seq": self.last_seq(),
+                "cursors": [c.to_json_dict() for c in self.list_cursors()]}
+
 
 def _now_ms(now: object) -> int:
     """The clock in epoch milliseconds, or the caller's `now` after a sanity check."""

@@ -4,7 +4,8 @@ Parts, lowest first (docs/architecture.md explains each):
 the log (top of `bus/`, with the blob store `blobs/`); the message engine (`bus/channels/`)
 and the XML layer (`bus/xml/`); the `Bus` facade (`bus/api.py`,
 `bus/__init__.py`); the pump (`bus/pump/`) and the worker lifecycle
-(`workers/`); the two CLIs (`bus/cli/`, `workers/cli.py`). A module imports
+(`workers/`); the MCP server (`bus/mcpserver/`), the bus, pump and workers as
+tools for agents; the two CLIs (`bus/cli/`, `workers/cli.py`). A module imports
 its own part or a lower rank, never a part beside it or above it, and no
 import cycle exists between modules, whether the import is at the top of the
 file, inside a function or under TYPE_CHECKING.
@@ -25,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("bus", "workers", "blobs")
 RANKS = {"log": 0, "channels": 1, "xml": 1, "facade": 2, "pump": 3,
-         "workers": 3, "cli": 4}
+         "workers": 3, "mcpserver": 4, "cli": 5}
 
 
 def module_files() -> dict[str, Path]:
@@ -74,7 +75,7 @@ def part_of(module: str) -> str:
         return "cli"
     if module in ("bus", "bus.api"):
         return "facade"
-    for part in ("channels", "xml", "pump"):
+    for part in ("channels", "xml", "pump", "mcpserver"):
         if module == f"bus.{part}" or module.startswith(f"bus.{part}."):
             return part
     top = module.split(".")[0]
@@ -142,6 +143,8 @@ def test_architecture_parts_are_assigned_as_documented():
     assert part_of("bus.cli.context") == part_of("workers.cli") == "cli"
     assert part_of("workers.lifecycle") == "workers"
     assert part_of("blobs.store") == "log"
+    assert part_of("bus.mcpserver") == part_of("bus.mcpserver.server") == "mcpserver"
+    assert part_of("bus.cli.mcp") == "cli"
 
 
 def test_architecture_click_only_in_the_cli_modules():
@@ -187,7 +190,8 @@ def test_architecture_wheel_installs_every_package(tmp_path):
     fresh_site = next((fresh / "lib").glob("python*/site-packages"))
     (fresh_site / "zz_test_dependencies.pth").write_text(f"{deps}\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    check = ("import bus, bus.channels, bus.pump, bus.xml, workers, blobs, bus.migrations;"
+    check = ("import bus, bus.channels, bus.pump, bus.xml, bus.mcpserver, workers, blobs,"
+             " bus.migrations;"
              "from bus import Bus; print(bus.__file__)")
     shown = subprocess.run([str(python), "-c", check], capture_output=True, text=True,
                            cwd=tmp_path, env=env, check=True)

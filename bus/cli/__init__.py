@@ -14,6 +14,7 @@ from bus.api import MAX_PAYLOAD_BYTES
 from bus.cli import channels
 from bus.cli import coordination
 from bus.cli import history
+from bus.cli import mcp
 from bus.cli import messaging
 from bus.cli import pump
 from bus.cli import search
@@ -51,7 +52,7 @@ def main(ctx: click.Context, db: str, durability: str, max_payload_bytes: int) -
     ctx.obj = BusContext(ctx, db, durability, max_payload_bytes)
 
 
-for _module in (messaging, coordination, history, channels, pump, xml, search):
+for _module in (messaging, coordination, history, channels, pump, xml, search, mcp):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 add_moved_aliases(main)

@@ -21,6 +21,7 @@ SECTIONS = (
     ("Coordination", ("heartbeat", "alive", "claim", "renew", "release", "claims", "reap")),
     ("Channels", ("channel", "dlq")),
     ("Pump and XML", ("pump", "xml")),
+    ("Agents", ("mcp",)),
     ("Export and history", ("export", "history")),
     ("Admin", ("status", "check", "sql", "migrate", "gc", "compact")),
 )

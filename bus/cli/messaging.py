@@ -217,10 +217,7 @@ def status(obj: BusContext, as_json: bool) -> None:
 
     Example: bus status --json
     """
-    bus = obj.open()
-    summary = {"path": obj.db, "schema_version": bus.schema_version(),
-               "messages": bus.message_count(), "last_seq": bus.last_seq(),
-               "cursors": [c.to_json_dict() for c in bus.list_cursors()]}
+    summary = obj.open().summary()
     if as_json:
         echo_json(summary)
         return

@@ -1,0 +1,88 @@
+"""`bus mcp`: the bus as an MCP server for one agent, over stdio."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import orjson
+
+from bus.cli.context import BusContext
+from bus.cli.context import json_option
+from bus.cli.context import pass_bus_context
+from bus.cli.output import echo_json
+
+
+@click.command()
+@click.option("--agent", required=True,
+              help="The agent every tool acts as: it publishes, acks and claims as this id only.")
+@click.option("--list", "list_only", is_flag=True,
+              help="Print the tools and resources instead of serving.")
+@click.option("--call", "tool", metavar="TOOL",
+              help="Call one tool as the agent would, print its JSON result and exit.")
+@click.option("--args", "arguments", default="{}", show_default=True, metavar="JSON",
+              help="The arguments of --call, a JSON object.")
+@json_option
+@pass_bus_context
+def mcp(obj: BusContext, agent: str, list_only: bool, tool: str | None, arguments: str,
+        as_json: bool) -> None:
+    """Serve the bus to an MCP client (an LLM agent) over stdin/stdout.
+
+    The client starts this command itself; register it in the client's
+    configuration (see README.md). stdout carries the protocol only. --list
+    prints the tools and resources; --call runs one tool through the same
+    server, to see what an agent would get.
+
+    \b
+    Example:
+      bus --db .worker-state/bus.db mcp --agent planner
+      bus mcp --agent planner --list
+      bus mcp --agent planner --call publish --args '{"type": "note", "to": "worker-1"}'
+    """
+    # Imported here: the SDK takes most of a second to load, and no other command needs it.
+    from bus.mcpserver import AgentSession
+    from bus.mcpserver import build_server
+
+    server = build_server(AgentSession.open_on(obj.open(), agent))
+    if tool is not None:
+        _call(server, tool, _arguments(arguments))
+    elif list_only:
+        _list(server, as_json)
+    else:
+        server.run("stdio")
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise click.UsageError(f"--args is not JSON ({exc}); give an object such as"
+                               """ '{"type": "note"}'""") from exc
+    if not isinstance(value, dict):
+        raise click.UsageError("--args must be a JSON object of argument names and values")
+    return value
+
+
+def _call(server: Any, tool: str, arguments: dict[str, Any]) -> None:
+    from bus.mcpserver import call_tool
+
+    failed, result = call_tool(server, tool, arguments)
+    if failed:  # the SDK's prefix says which tool failed: --call named it already
+        raise click.ClickException(result.removeprefix(f"Error executing tool {tool}: "))
+    echo_json(result)
+
+
+def _list(server: Any, as_json: bool) -> None:
+    from bus.mcpserver import catalog
+
+    listed = catalog(server)
+    if as_json:
+        echo_json(listed)
+        return
+    for kind, items in listed.items():
+        click.echo(f"{kind}:")
+        for item in items:
+            click.echo(f"  {item['name']:<32} {item['description'].splitlines()[0]}")
+
+
+COMMANDS = [mcp]

@@ -1,0 +1,20 @@
+"""The MCP server: the bus and the worker lifecycle as tools for LLM agents.
+
+`bus mcp --agent ID` runs it over stdio. Every tool acts as that one agent
+(it publishes, acks, claims and beats as ID and nothing else), and each is a
+thin call into the library: `Bus`, `bus.channels`, `workers.lifecycle`,
+`bus.pump.client`. Bus errors come back as MCP tool errors carrying the
+library's message, which names the field and the fix.
+
+    with Bus.open("bus.db") as bus:
+        build_server(AgentSession.open_on(bus, "planner")).run("stdio")  # until stdin ends
+"""
+
+from __future__ import annotations
+
+from bus.mcpserver.server import build_server
+from bus.mcpserver.server import call_tool
+from bus.mcpserver.server import catalog
+from bus.mcpserver.session import AgentSession
+
+__all__ = ["AgentSession", "build_server", "call_tool", "catalog"]

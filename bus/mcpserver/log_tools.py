@@ -1,0 +1,133 @@
+"""Tools over the log: publish, poll, ack, heartbeats, liveness and task claims."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from typing import Any
+from typing import Literal
+from typing import Optional
+
+from pydantic import Field
+
+from bus.api import LEASE_MS_MAX
+from bus.api import POLL_LIMIT_MAX
+from bus.api import TASK_ID_MAX
+from bus.heartbeats import STATUSES
+from bus.search import LIMIT_MAX as SEARCH_LIMIT_MAX
+from bus.mcpserver.session import AgentSession
+from bus.mcpserver.session import wait_for_any
+
+WAIT_MAX_S = 300.0
+Wait = Annotated[float, Field(ge=0, le=WAIT_MAX_S, description=(
+    "Seconds to wait for something to arrive when nothing is waiting now; 0 returns at once."))]
+Limit = Annotated[int, Field(ge=1, le=POLL_LIMIT_MAX, description="The most messages to return.")]
+Task = Annotated[str, Field(min_length=1, max_length=TASK_ID_MAX, description="The task's id.")]
+LeaseMs = Annotated[int, Field(ge=1, le=LEASE_MS_MAX, description=(
+    "Lease length in milliseconds; renew before it runs out or another agent may take the task."))]
+
+
+class LogTools:
+    """The log's operations, each as the session's agent."""
+
+    def __init__(self, session: AgentSession) -> None:
+        self.bus = session.bus
+        self.agent = session.agent
+
+    def publish(
+        self,
+        type: Annotated[str, Field(description="Message type, e.g. task_assign, note, result.")],
+        payload: Annotated[Any, Field(description=(
+            "Any JSON value; over 4 KB goes to the blob store."))] = None,
+        to: Annotated[Optional[str], Field(description=(
+            "Recipient agent id; omit to broadcast to all."))] = None,
+        correlation_id: Annotated[Optional[str], Field(description=(
+            "Ties messages of one conversation or task together."))] = None,
+        in_reply_to: Annotated[Optional[str], Field(description=(
+            "Id of the message this answers."))] = None,
+        id: Annotated[Optional[str], Field(description=(
+            "Your own UUID for the message: publishing the same id again is a no-op, so retries"
+            " are safe."))] = None,
+    ) -> dict[str, Any]:
+        """Publish a message on the bus as yourself. Returns its seq and id.
+
+        `duplicate` is true when a message with this id already existed (nothing was written).
+        """
+        result = self.bus.publish(self.agent, type, payload, to=to, id=id,
+                                  correlation_id=correlation_id, in_reply_to=in_reply_to)
+        return result.to_json_dict()
+
+    def poll(self, limit: Limit = 100, wait_seconds: Wait = 0.0) -> dict[str, Any]:
+        """Read the messages waiting for you (addressed to you or broadcast), oldest first.
+
+        Polling does not consume them: call `ack` with the last seq you handled, or they
+        come back on the next poll.
+        """
+        found = wait_for_any(self.bus, lambda: self.bus.poll(self.agent, limit), wait_seconds)
+        return {"messages": [m.to_json_dict() for m in found],
+                "cursor": self.bus.cursor(self.agent)}
+
+    def ack(self, seq: Annotated[int, Field(ge=1, description=(
+            "The seq of the last message you handled; everything up to it is done."))]
+            ) -> dict[str, Any]:
+        """Mark every message up to `seq` as handled by you, so poll stops returning them."""
+        return {"cursor": self.bus.ack(self.agent, seq)}
+
+    def heartbeat(
+        self,
+        status: Annotated[Literal[STATUSES], Field(
+            description="What you are doing.")] = "idle",
+        task: Annotated[Optional[str], Field(description="The task you work on, if any.")] = None,
+        progress: Annotated[Optional[float], Field(ge=0, le=1, description=(
+            "Fraction done, 0 to 1."))] = None,
+    ) -> dict[str, Any]:
+        """Tell the bus you are alive. Beat at least every 30 s, or others see you as silent."""
+        at = self.bus.heartbeat(self.agent, status, task, progress)
+        return {"agent": self.agent, "ts_ms": at}
+
+    def liveness(self) -> dict[str, Any]:
+        """Every agent that ever beat: alive, warn (30 s silent), stale (100 s) or dead (5 min)."""
+        return {"agents": [entry.to_json_dict() for entry in self.bus.liveness()]}
+
+    def claim(self, task: Task, lease_ms: LeaseMs = 60_000) -> dict[str, Any]:
+        """Take the lease on a task so no other agent works on it.
+
+        `granted` false means another agent holds it (see `claim`: its agent and lease end)
+        or the task is dead (ran out of attempts). Claiming a task you hold extends it.
+        """
+        result = self.bus.try_claim(task, self.agent, lease_ms)
+        return {"task": task, "granted": result.granted,
+                "claim": result.claim.to_json_dict() if result.claim else None,
+                "dead": result.dead.to_json_dict() if result.dead else None}
+
+    def renew(self, task: Task, lease_ms: Optional[LeaseMs] = None) -> dict[str, Any]:
+        """Extend your lease on a task (by its own length unless `lease_ms` says).
+
+        `renewed` false means the lease already ran out or another agent holds it:
+        stop working on the task, or claim it again.
+        """
+        return {"task": task, "renewed": self.bus.renew(task, self.agent, lease_ms)}
+
+    def release(self, task: Task) -> dict[str, Any]:
+        """Give a task back so another agent can claim it at once."""
+        return {"task": task, "released": self.bus.release(task, self.agent)}
+
+    def search(
+        self,
+        query: Annotated[str, Field(min_length=1, description=(
+            'Full-text query over message payloads: words, "a phrase", OR, NOT, prefix*.'))],
+        type: Annotated[Optional[str], Field(description="Only messages of this type.")] = None,
+        published_by: Annotated[Optional[str], Field(description=(
+            "Only messages this agent published."))] = None,
+        limit: Annotated[int, Field(ge=1, le=SEARCH_LIMIT_MAX, description=(
+            "The most messages to return."))] = 20,
+    ) -> dict[str, Any]:
+        """Search the log's message payloads by their words, best match first.
+
+        Works once full-text search is enabled on the bus (`bus search --enable`); the error
+        says so otherwise.
+        """
+        hits = self.bus.search(query, type=type, from_agent=published_by, limit=limit)
+        return {"query": query, "hits": [hit.to_json_dict() for hit in hits]}
+
+    TOOLS = ("publish", "poll", "ack", "heartbeat", "liveness", "claim", "renew", "release",
+             "search")

@@ -1,0 +1,40 @@
+"""Resources: what an agent reads without calling a tool (status, inbox, a worker, a thread)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bus.mcpserver.session import AgentSession
+
+INBOX_LIMIT = 100
+
+
+class Resources:
+    """Read-only views; none moves a cursor or delivers anything."""
+
+    def __init__(self, session: AgentSession) -> None:
+        self.bus = session.bus
+        self.agent = session.agent
+        self.workers = session.workers
+
+    def status(self) -> dict[str, Any]:
+        """The bus at a glance: schema version, message count, last seq, each cursor and its lag."""
+        return self.bus.summary()
+
+    def inbox(self) -> dict[str, Any]:
+        """Your waiting messages (the first 100 above your cursor), as `poll` returns them."""
+        return {"agent": self.agent, "cursor": self.bus.cursor(self.agent),
+                "messages": [m.to_json_dict() for m in self.bus.poll(self.agent, INBOX_LIMIT)]}
+
+    def worker(self, worker: str) -> dict[str, Any]:
+        """One worker's state, task, branch, worktree, heartbeat age and liveness."""
+        return self.workers.status(worker)[0].to_json_dict()
+
+    def thread(self, correlation_id: str) -> dict[str, Any]:
+        """A channel conversation: the messages sharing a correlation id, oldest first."""
+        found = self.bus.channels.get_thread(correlation_id)
+        return {"correlation_id": correlation_id, "messages": [m.to_json_dict() for m in found]}
+
+    # URI -> method name: what `bus mcp` serves.
+    URIS = {"bus://status": "status", "bus://inbox": "inbox",
+            "bus://workers/{worker}": "worker", "bus://threads/{correlation_id}": "thread"}

@@ -1,0 +1,44 @@
+"""Who the server acts as, and on which bus: fixed when the server starts."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+from typing import Callable
+from typing import Sized
+
+from bus.api import Bus
+from bus.messages import validate_agent_id
+from workers.lifecycle import Workers
+
+
+@dataclass(frozen=True)
+class AgentSession:
+    """The open bus, the one agent id every tool acts as, and the worker lifecycle on it.
+
+    No tool takes an agent argument: identity comes from here only, so an
+    LLM cannot publish, ack or claim as anyone else.
+    """
+
+    bus: Bus
+    agent: str
+    workers: Workers
+
+    @classmethod
+    def open_on(cls, bus: Bus, agent: str) -> AgentSession:
+        """A session for `agent` on an open bus; raises ValidationFailed for a bad agent id."""
+        return cls(bus, validate_agent_id(agent, "agent"), Workers(bus))
+
+
+WAIT_SLICE_S = 1.0  # wake at least this often while waiting, in case a change went unnoticed
+
+
+def wait_for_any(bus: Bus, fetch: Callable[[], Sized], wait_seconds: float) -> Any:
+    """`fetch()` again each time the bus changes, until it finds something or time runs out."""
+    found = fetch()
+    deadline = time.monotonic() + wait_seconds
+    while not len(found) and (remaining := deadline - time.monotonic()) > 0:
+        bus.wait_for_change(min(WAIT_SLICE_S, remaining))
+        found = fetch()
+    return found

@@ -1,0 +1,83 @@
+"""Tools over the worker lifecycle (as the agent's own worker) and the pump's send-and-wait."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from typing import Any
+from typing import Literal
+from typing import Optional
+
+from pydantic import Field
+
+from bus.heartbeats import STATUSES
+from bus.mcpserver.log_tools import LeaseMs
+from bus.mcpserver.log_tools import WAIT_MAX_S
+from bus.mcpserver.session import AgentSession
+from bus.pump import client
+from workers.lifecycle import DEFAULT_LEASE_MS
+
+WorkerLease = Annotated[LeaseMs, Field(description=(
+    "Lease on your task in milliseconds; worker_heartbeat renews it."))]
+
+
+class WorkerTools:
+    """The worker lifecycle for the worker whose id is the session's agent, and the pump."""
+
+    def __init__(self, session: AgentSession) -> None:
+        self.bus = session.bus
+        self.agent = session.agent
+        self.workers = session.workers
+
+    def worker_status(self, worker: Annotated[Optional[str], Field(description=(
+            "A worker id; omit for every worker."))] = None) -> dict[str, Any]:
+        """Workers with their task, state, branch, worktree, last heartbeat and liveness."""
+        return {"workers": [status.to_json_dict() for status in self.workers.status(worker)]}
+
+    def worker_start(self, lease_ms: WorkerLease = DEFAULT_LEASE_MS) -> dict[str, Any]:
+        """Start work as your worker: ASSIGNED -> WORKING, taking your task's lease.
+
+        Your worker was spawned with your agent id (`worker spawn --worker ID`).
+        """
+        return self.workers.start(self.agent, lease_ms).to_json_dict()
+
+    def worker_done(self, message: Annotated[Optional[str], Field(description=(
+            "What you did, for the reviewer."))] = None) -> dict[str, Any]:
+        """Hand your work in for review: WORKING -> IN_REVIEW at your branch's head.
+
+        Commit everything in your worktree first; uncommitted changes are refused.
+        """
+        return self.workers.done(self.agent, message).to_json_dict()
+
+    def worker_heartbeat(
+        self,
+        progress: Annotated[Optional[float], Field(ge=0, le=1, description=(
+            "Fraction done, 0 to 1."))] = None,
+        status: Annotated[Literal[STATUSES], Field(description="What you are doing.")] = "working",
+        lease_ms: WorkerLease = DEFAULT_LEASE_MS,
+    ) -> dict[str, Any]:
+        """Beat as your worker and renew your task's lease; call it at least every few minutes."""
+        return self.workers.heartbeat(self.agent, status, progress, lease_ms).to_json_dict()
+
+    def pump_send_and_wait(
+        self,
+        organism: Annotated[str, Field(description="The organism's name (organism.yaml `name`).")],
+        xml: Annotated[str, Field(description=(
+            "The payload element only, e.g. <add><a>1</a><b>2</b></add>; the pump adds the"
+            " envelope."))],
+        to: Annotated[Optional[str], Field(description=(
+            "The listener to ask; omit to ask every listener of the payload's root tag."))] = None,
+        replies: Annotated[int, Field(ge=1, le=100, description=(
+            "How many replies to wait for (a broadcast can get several)."))] = 1,
+        timeout_seconds: Annotated[float, Field(gt=0, le=WAIT_MAX_S, description=(
+            "The longest to wait for them."))] = 30.0,
+    ) -> dict[str, Any]:
+        """Send an XML request to an organism's running pump and wait for the replies.
+
+        A reply with root tag `huh` explains what was wrong with the request.
+        """
+        sent = client.send(self.bus, organism, xml, to=to, client=self.agent)
+        got = client.wait_replies(self.bus, sent, replies, timeout_seconds)
+        return {"sent": sent.to_json_dict(), "replies": [r.to_json_dict() for r in got]}
+
+    TOOLS = ("worker_status", "worker_start", "worker_done", "worker_heartbeat",
+             "pump_send_and_wait")

@@ -1,0 +1,404 @@
+"""`bus mcp`: a real server subprocess driven by the MCP SDK's own stdio client.
+
+Each test starts `bus --db ... mcp --agent ...` as a child process, talks to
+it over stdin/stdout with `mcp.Client`, then reads the bus file with SQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from typing import AsyncIterator
+
+import pytest
+from mcp import Client
+from mcp import MCPError
+from mcp import StdioServerParameters
+
+from bus import Bus
+from bus.mcpserver.channel_tools import ChannelTools
+from bus.mcpserver.log_tools import LogTools
+from bus.mcpserver.resources import Resources
+from bus.mcpserver.worker_tools import WorkerTools
+from tests.cli_helpers import run
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "organism.yaml"
+ALL_TOOLS = set(LogTools.TOOLS + ChannelTools.TOOLS + WorkerTools.TOOLS)
+IDENTITY_ARGUMENTS = {"agent", "from", "from_agent", "sender", "worker_id", "client"}
+
+
+@asynccontextmanager
+async def connected(db_path: Path, agent: str) -> AsyncIterator[Client]:
+    """An MCP client session with a fresh `bus mcp --agent AGENT` child process."""
+    params = StdioServerParameters(
+        command=sys.executable, cwd=str(db_path.parent),
+        args=["-m", "bus.cli", "--db", str(db_path), "mcp", "--agent", agent])
+    async with Client(params, cache=None) as client:
+        yield client
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    """A tool's JSON result; fails the test on a tool error."""
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    return result.structured_content
+
+
+async def refused(client: Client, tool: str, **arguments: Any) -> str:
+    """The text of a tool error; fails the test if the call succeeded."""
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error, result.structured_content
+    return result.content[0].text
+
+
+async def read(client: Client, uri: str) -> dict[str, Any]:
+    contents = (await client.read_resource(uri)).contents
+    return json.loads(contents[0].text)
+
+
+def rows(bus: Bus, sql: str, *params: Any) -> list[tuple]:
+    return bus.conn.execute(sql, params).fetchall()
+
+
+def snapshot(bus: Bus) -> dict[str, list[tuple]]:
+    """Everything an agent's tool call could change."""
+    tables = ("messages", "cursors", "heartbeats", "task_claims", "deliveries", "workers")
+    return {table: rows(bus, f"SELECT * FROM {table}") for table in tables}
+
+
+def test_mcp_lists_every_tool_and_resource_and_none_takes_an_identity(bus: Bus, db_path: Path):
+    async def scenario():
+        async with connected(db_path, "planner") as client:
+            tools = (await client.list_tools()).tools
+            resources = (await client.list_resources()).resources
+            templates = (await client.list_resource_templates()).resource_templates
+            return tools, resources, templates
+
+    tools, resources, templates = asyncio.run(scenario())
+    assert {tool.name for tool in tools} == ALL_TOOLS
+    for tool in tools:
+        assert tool.description and len(tool.description) > 20, tool.name
+        assert not IDENTITY_ARGUMENTS & set(tool.input_schema["properties"]), tool.name
+    assert {str(r.uri) for r in resources} == {"bus://status", "bus://inbox"}
+    assert {t.uri_template for t in templates} == {"bus://workers/{worker}",
+                                                   "bus://threads/{correlation_id}"}
+
+
+def test_mcp_log_tools_act_as_the_agent(bus: Bus, db_path: Path):
+    bus.publish("boss", "task_assign", {"task": "t1"}, to="planner")
+
+    async def scenario():
+        async with connected(db_path, "planner") as client:
+            published = await call(client, "publish", type="note", payload={"n": 1}, to="w1",
+                                   correlation_id="t1")
+            again = await call(client, "publish", type="note", id=published["id"])
+            polled = await call(client, "poll")
+            acked = await call(client, "ack", seq=polled["messages"][-1]["seq"])
+            beat = await call(client, "heartbeat", status="working", task="t1", progress=0.5)
+            claimed = await call(client, "claim", task="t1", lease_ms=60_000)
+            renewed = await call(client, "renew", task="t1")
+            alive = await call(client, "liveness")
+            released = await call(client, "release", task="t1")
+            return published, again, polled, acked, beat, claimed, renewed, alive, released
+
+    published, again, polled, acked, beat, claimed, renewed, alive, released = \
+        asyncio.run(scenario())
+    assert again == {**published, "duplicate": True}
+    assert [m["type"] for m in polled["messages"]] == ["task_assign"] and polled["cursor"] == 0
+    assert acked == {"cursor": 1}
+    assert claimed["granted"] and claimed["claim"]["agent"] == "planner"
+    assert renewed == {"task": "t1", "renewed": True}
+    assert [a["agent"] for a in alive["agents"]] == ["planner"]
+    assert released == {"task": "t1", "released": True}
+    assert rows(bus, "SELECT seq, from_agent, to_agent, type, correlation_id, payload"
+                     " FROM messages WHERE seq = ?", published["seq"]) == [
+        (2, "planner", "w1", "note", "t1", '{"n":1}')]
+    assert rows(bus, "SELECT agent_id, last_acked_seq FROM cursors") == [("planner", 1)]
+    assert rows(bus, "SELECT agent_id, status, current_task, progress, ts_ms FROM heartbeats") == [
+        ("planner", "working", "t1", 0.5, beat["ts_ms"])]
+    assert rows(bus, "SELECT count(*) FROM task_claims") == [(0,)]
+
+
+def test_mcp_invalid_arguments_are_tool_errors_that_change_nothing(bus: Bus, db_path: Path):
+    bus.publish("boss", "hello", to="planner")
+    before = snapshot(bus)
+
+    async def scenario():
+        async with connected(db_path, "planner") as client:
+            errors = [
+                await refused(client, "publish", type=""),
+                await refused(client, "publish", type="note", to="not an agent!"),
+                await refused(client, "publish", type="note", from_agent="boss"),
+                await refused(client, "ack", seq="abc"),
+                await refused(client, "ack", seq=99),
+                await refused(client, "claim", task="t1", lease_ms=-5),
+                await refused(client, "channel_send", channel="nowhere", type="text",
+                              content="hi"),
+                await refused(client, "worker_start"),
+                await refused(client, "no_such_tool"),
+            ]
+            still_serving = await call(client, "poll")
+            return errors, still_serving
+
+    errors, still_serving = asyncio.run(scenario())
+    assert "type: must not be empty" in errors[0]
+    assert "to:" in errors[1]
+    assert "unknown argument(s) from_agent" in errors[2]
+    assert "no tool takes an agent id" in errors[2]
+    assert "seq" in errors[3]
+    assert "no message has seq 99; the last seq is 1" in errors[4]
+    assert "lease_ms" in errors[5]
+    assert "nowhere" in errors[6]
+    assert "no worker 'planner'" in errors[7]
+    assert "no_such_tool" in errors[8]
+    assert [m["type"] for m in still_serving["messages"]] == ["hello"]
+    assert snapshot(bus) == before
+
+
+def test_mcp_two_agents_exchange_messages_and_hand_a_task_over(bus: Bus, db_path: Path):
+    async def scenario():
+        async with connected(db_path, "alice") as alice, connected(db_path, "bob") as bob:
+            # bob waits first; alice's publish is what ends his wait.
+            waiting = asyncio.create_task(call(bob, "poll", wait_seconds=60))
+            await call(alice, "publish", type="task_offer", payload={"task": "t1"}, to="bob")
+            offer = (await waiting)["messages"]
+            first = await call(alice, "claim", task="t1")
+            blocked = await call(bob, "claim", task="t1")
+            await call(bob, "ack", seq=offer[0]["seq"])
+            await call(alice, "release", task="t1")
+            taken = await call(bob, "claim", task="t1")
+            await call(bob, "publish", type="task_taken", payload={"task": "t1"}, to="alice")
+            reply = await call(alice, "poll")
+            return offer, first, blocked, taken, reply
+
+    offer, first, blocked, taken, reply = asyncio.run(scenario())
+    assert [(m["from"], m["type"], m["payload"]) for m in offer] == [
+        ("alice", "task_offer", {"task": "t1"})]
+    assert first["granted"] and not blocked["granted"]
+    assert blocked["claim"]["agent"] == "alice"
+    assert taken["granted"]
+    assert [(m["from"], m["type"]) for m in reply["messages"]] == [("bob", "task_taken")]
+    assert rows(bus, "SELECT task_id, claimed_by FROM task_claims") == [("t1", "bob")]
+    assert rows(bus, "SELECT agent_id, last_acked_seq FROM cursors") == [("bob", offer[0]["seq"])]
+    assert rows(bus, "SELECT from_agent, to_agent, type FROM messages ORDER BY seq") == [
+        ("alice", "bob", "task_offer"), ("bob", "alice", "task_taken")]
+
+
+def test_mcp_search_finds_payload_words_once_search_is_enabled(bus: Bus, db_path: Path):
+    bus.publish("boss", "note", {"text": "the frontend deploy failed"})
+    bus.publish("boss", "note", {"text": "backend deployed"})
+
+    async def scenario():
+        async with connected(db_path, "planner") as client:
+            before = await refused(client, "search", query="frontend")
+            bus.enable_search()
+            hits = await call(client, "search", query="frontend", type="note")
+            none = await call(client, "search", query="frontend", published_by="nobody")
+            return before, hits, none
+
+    before, hits, none = asyncio.run(scenario())
+    assert "bus search --enable" in before
+    assert [(h["seq"], h["from"]) for h in hits["hits"]] == [(1, "boss")]
+    assert none["hits"] == []
+
+
+def test_mcp_channel_tools_send_receive_acknowledge_search(bus: Bus, db_path: Path):
+    channels = bus.channels
+    channels.create_channel("jobs", "direct", "boss")
+    channels.join_channel("jobs", "executor")
+    channels.send_message("jobs", "boss", "command", "resize images")
+
+    async def scenario():
+        async with connected(db_path, "executor") as client:
+            received = await call(client, "channel_receive", channel="jobs")
+            seq = received["messages"][0]["seq"]
+            acked = await call(client, "channel_acknowledge", seq=seq, status="completed",
+                               note="done")
+            sent = await call(client, "channel_send", channel="jobs", type="text",
+                              content="all resized")
+            found = await call(client, "channel_search", content_pattern="resize")
+            again = await call(client, "channel_receive")
+            return received, acked, sent, found, again
+
+    received, acked, sent, found, again = asyncio.run(scenario())
+    assert [(m["sender"], m["content"]) for m in received["messages"]] == [
+        ("boss", "resize images")]
+    assert acked["status"] == "completed" and again["messages"] == []
+    assert sent["sender"] == "executor" and sent["channel"] == "jobs"
+    assert [m["content"] for m in found["messages"]] == ["all resized", "resize images"]
+    assert rows(bus, "SELECT recipient, status, note FROM deliveries ORDER BY seq") == [
+        ("executor", "completed", "done"), ("boss", "pending", None)]
+
+
+def git(*args: str, cwd: Path) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "app"
+    root.mkdir()
+    git("init", "-q", "-b", "main", cwd=root)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "init",
+        cwd=root)
+    return root
+
+
+def test_mcp_worker_tools_drive_the_agents_own_worker(bus: Bus, db_path: Path, repo: Path):
+    from workers.lifecycle import Workers
+
+    spawned = Workers(bus).spawn("fix-login", "w1", repo)
+    worktree = Path(spawned.worktree)
+
+    async def scenario():
+        async with connected(db_path, "w1") as client:
+            started = await call(client, "worker_start")
+            beat = await call(client, "worker_heartbeat", progress=0.5)
+            (worktree / "auth.py").write_text("def login(): return True\n")
+            dirty = await refused(client, "worker_done")
+            git("add", "auth.py", cwd=worktree)
+            git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "Fix", cwd=worktree)
+            done = await call(client, "worker_done", message="login fixed")
+            status = await call(client, "worker_status")
+            state = await read(client, "bus://workers/w1")
+            return started, beat, dirty, done, status, state
+
+    started, beat, dirty, done, status, state = asyncio.run(scenario())
+    assert (started["state"], beat["state"], done["state"]) == ("WORKING", "WORKING", "IN_REVIEW")
+    assert "uncommitted changes (auth.py)" in dirty
+    assert [w["worker"] for w in status["workers"]] == ["w1"]
+    assert state["state"] == "IN_REVIEW" and state["head_commit"] == done["head_commit"]
+    assert rows(bus, "SELECT state, note FROM workers") == [("IN_REVIEW", "login fixed")]
+    assert rows(bus, "SELECT agent_id, progress FROM heartbeats") == [("w1", 0.5)]
+
+
+def test_mcp_resources_status_inbox_and_thread(bus: Bus, db_path: Path):
+    bus.publish("boss", "hello", to="planner")
+    bus.publish("boss", "other", to="someone-else")
+    channels = bus.channels
+    channels.create_channel("talk", "group", "boss")
+    channels.join_channel("talk", "planner")
+    query = channels.send_query("talk", "boss", "Pool size?")
+    channels.send_response("talk", "planner", query.correlation_id, "20")
+
+    async def scenario():
+        async with connected(db_path, "planner") as client:
+            with pytest.raises(MCPError) as missing:
+                await read(client, "bus://workers/nobody")
+            return (await read(client, "bus://status"), await read(client, "bus://inbox"),
+                    await read(client, f"bus://threads/{query.correlation_id}"), missing.value)
+
+    status, inbox, thread, missing = asyncio.run(scenario())
+    assert str(missing) == "no worker 'nobody'; `worker status` lists them"
+    assert status["path"] == str(db_path)
+    assert (status["messages"], status["last_seq"]) == (4, 4)
+    assert [(m["from"], m["type"]) for m in inbox["messages"]] == [("boss", "hello")]
+    assert [(m["sender"], m["content"]) for m in thread["messages"]] == [
+        ("boss", "Pool size?"), ("planner", "20")]
+
+
+def test_mcp_pump_send_and_wait_gets_the_organisms_reply(bus: Bus, db_path: Path, python_env):
+    pump = subprocess.Popen([sys.executable, "-m", "bus.cli", "--db", str(db_path), "pump", "run",
+                             str(EXAMPLE), "--no-oob"], env=python_env, cwd=db_path.parent,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    async def scenario():
+        async with connected(db_path, "planner") as client:
+            return await call(client, "pump_send_and_wait", organism="example",
+                              xml="<add><a>1.5</a><b>2</b></add>", to="calculator",
+                              timeout_seconds=60)
+
+    try:
+        answered = asyncio.run(scenario())
+    finally:
+        pump.send_signal(signal.SIGTERM)
+        pump.wait(timeout=30)
+    assert answered["sent"]["client"] == "planner"
+    assert [(r["from"], r["to"], r["xml"]) for r in answered["replies"]] == [
+        ("calculator", "planner", "<sum><value>3.5</value></sum>")]
+    assert rows(bus, "SELECT from_agent FROM messages WHERE seq = ?", answered["sent"]["seq"]) == [
+        ("planner",)]
+
+
+def test_cli_mcp_list_prints_tools_and_resources(bus: Bus, db_path: Path):
+    listed = run(["mcp", "--agent", "planner", "--list", "--json"], db_path)
+    assert listed.exit_code == 0, listed.output
+    catalog = json.loads(listed.stdout)
+    assert {tool["name"] for tool in catalog["tools"]} == ALL_TOOLS
+    assert {r["name"] for r in catalog["resources"]} == set(Resources.URIS)
+    text = run(["mcp", "--agent", "planner", "--list"], db_path)
+    assert text.stdout.startswith("tools:\n  publish ")
+
+
+def test_cli_mcp_bad_agent_or_missing_bus_is_an_error(bus: Bus, db_path: Path, tmp_path: Path):
+    bad = run(["mcp", "--agent", "not ok!"], db_path)
+    assert (bad.exit_code, bad.stderr) == (
+        1, "Error: agent: contains ' '; allowed are letters, digits and . _ : -\n")
+    missing = run(["mcp", "--agent", "planner"], tmp_path / "none.db")
+    assert missing.exit_code == 1 and missing.stderr.startswith("Error: no bus database at ")
+
+
+def test_cli_mcp_call_runs_one_tool_as_the_agent(bus: Bus, db_path: Path):
+    published = run(["mcp", "--agent", "planner", "--call", "publish", "--args",
+                     '{"type": "task_assign", "to": "worker-1", "payload": {"task": "t1"}}'],
+                    db_path)
+    assert published.exit_code == 0, published.output
+    assert json.loads(published.stdout) == {"seq": 1, "id": bus.list_messages()[0].id,
+                                            "duplicate": False, "durable": "commit"}
+    polled = run(["mcp", "--agent", "worker-1", "--call", "poll"], db_path)
+    assert [m["from"] for m in json.loads(polled.stdout)["messages"]] == ["planner"]
+    assert rows(bus, "SELECT from_agent, to_agent FROM messages") == [("planner", "worker-1")]
+
+
+def test_cli_mcp_call_errors_exit_1_and_bad_args_exit_2(bus: Bus, db_path: Path):
+    unknown = run(["mcp", "--agent", "worker-1", "--call", "claim", "--args",
+                   '{"task": "t1", "agent": "planner"}'], db_path)
+    assert (unknown.exit_code, unknown.stderr) == (
+        1, "Error: claim: unknown argument(s) agent; it takes lease_ms, task. You always act as"
+           " the server's own agent: no tool takes an agent id.\n")
+    bad_seq = run(["mcp", "--agent", "worker-1", "--call", "ack", "--args", '{"seq": 5}'], db_path)
+    assert (bad_seq.exit_code, bad_seq.stderr) == (
+        1, "Error: seq: no message has seq 5; the last seq is 0\n")
+    for junk in ("[1]", "{not json"):
+        usage = run(["mcp", "--agent", "worker-1", "--call", "ack", "--args", junk], db_path)
+        assert usage.exit_code == 2 and "--args" in usage.stderr
+    assert rows(bus, "SELECT count(*) FROM task_claims") == [(0,)]
+
+
+def test_mcp_server_killed_before_the_ack_hands_the_message_out_again(bus: Bus, db_path: Path):
+    """At-least-once through the server: kill -9 between poll and ack loses nothing."""
+    bus.publish("boss", "task_assign", {"task": "t1"}, to="worker-1")
+    pidfile = db_path.parent / "server.pid"
+    # sh writes its pid, then becomes the server (exec), so the pid is the server's.
+    params = StdioServerParameters(command="sh", cwd=str(db_path.parent), args=[
+        "-c", f'echo $$ > {pidfile}; exec "$0" -m bus.cli --db "$1" mcp --agent worker-1',
+        sys.executable, str(db_path)])
+
+    async def poll_then_die() -> dict[str, Any]:
+        client = Client(params, cache=None)
+        await client.__aenter__()
+        polled = await call(client, "poll")
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        try:
+            await client.__aexit__(None, None, None)
+        except BaseException:  # the transport sees its server vanish; that is the point
+            pass
+        return polled
+
+    async def poll_and_ack_again() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with connected(db_path, "worker-1") as client:
+            polled = await call(client, "poll")
+            return polled, await call(client, "ack", seq=polled["messages"][0]["seq"])
+
+    first = asyncio.run(poll_then_die())
+    second, acked = asyncio.run(poll_and_ack_again())
+    assert first["messages"] == second["messages"] and len(first["messages"]) == 1
+    assert acked == {"cursor": 1}
+    assert rows(bus, "SELECT agent_id, last_acked_seq FROM cursors") == [("worker-1", 1)]
