@@ -378,7 +378,7 @@ def test_cli_invalid_transition_exits_1(db: Path, repo: Path) -> None:
         "Error: worker w1 is ASSIGNED; allowed: start, cancel, fail, heartbeat, run\n")
     ok(["cancel", "w1"], db)
     assert error(["start", "w1"], db) == (
-        "Error: worker w1 is CANCELLED; allowed: nothing (the worker is finished)\n")
+        "Error: worker w1 is CANCELLED; allowed: cleanup\n")
 
 
 def test_cli_merge_conflict_exits_1_naming_the_file(db: Path, repo: Path, tmp_path: Path) -> None:
