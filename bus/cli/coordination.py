@@ -79,7 +79,7 @@ def alive(obj: BusContext, warn_s: float | None, stale_s: float | None, dead_s: 
     """
     found = obj.open().liveness(thresholds=Thresholds.given(warn_s, stale_s, dead_s),
                                 stopped=show_all)
-    empty = "no heartbeats yet" if show_all else "no running agents (--all shows stopped ones)"
+    empty = "no heartbeats yet" if show_all else "no running agents; --all shows stopped ones too"
     echo_listing(found, as_json, empty,
                  ["agent", "state", "silent_s", "status", "task", "progress"],
                  lambda i: (i.agent, i.state, f"{i.age_s:.1f}", i.status, i.task or "",
