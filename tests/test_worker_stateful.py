@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import event
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine
@@ -89,10 +90,17 @@ class WorkerGame(RuleBasedStateMachine):
         except TaskTaken:
             pass
 
-    @rule(worker=st.sampled_from(WORKERS), command=st.sampled_from(machine.COMMANDS))
-    def command(self, worker: str, command: str) -> None:
-        if worker in self.spawned:
-            call(self.ws, command, worker)
+    @rule(worker=st.sampled_from(WORKERS), data=st.data())
+    def command(self, worker: str, data: st.DataObject) -> None:
+        if worker not in self.spawned:
+            return
+        # Mostly a command that moves on in this state, sometimes any command at all.
+        state = self.ws.get(worker).state
+        onward = [c for c in machine.allowed_commands(state) if c not in ("cancel", "fail")]
+        anything = st.sampled_from(machine.COMMANDS)
+        choice = st.sampled_from(onward) | st.sampled_from(onward) | anything if onward \
+            else anything
+        call(self.ws, data.draw(choice, label="command"), worker)
 
     @rule(worker=st.sampled_from(WORKERS), shared=st.booleans())
     def commit_on_branch(self, worker: str, shared: bool) -> None:
@@ -116,6 +124,8 @@ class WorkerGame(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
+            for worker in self.spawned:  # see --hypothesis-show-statistics
+                event(f"before the recipe: {self.ws.get(worker).state}")
             finish_everyone(self.ws, list(self.spawned))
             for worker in self.spawned:
                 assert self.ws.get(worker).state in machine.TERMINAL, worker
@@ -167,7 +177,8 @@ def step_towards_completion(ws: Workers, worker: str) -> None:
     elif current.state == machine.APPROVED:
         try:
             ws.merge(worker)
-        except (MergeConflict, BranchMoved):
+        except (MergeConflict, BranchMoved) as exc:
+            event(f"recipe: rework after {type(exc).__name__}")
             ws.rework(worker, "conflict")
 
 
@@ -184,5 +195,5 @@ def hermetic_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_workers_stateful_every_state_leads_to_completed() -> None:
-    run_state_machine_as_test(WorkerGame, settings=settings(max_examples=12,
-                                                             stateful_step_count=20))
+    run_state_machine_as_test(WorkerGame, settings=settings(max_examples=25,
+                                                             stateful_step_count=30))
