@@ -300,6 +300,17 @@ def test_spawn_leaves_exclude_alone_when_gitignore_covers_the_state_dir(tmp_path
     assert (exclude.read_text() if exclude.exists() else None) == before
 
 
+def test_spawn_refused_writes_no_exclude_entry(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    exclude = repo / ".git" / "info" / "exclude"
+    before = exclude.read_text() if exclude.exists() else None
+    db = repo / ".worker-state" / "bus.db"
+    result = CliRunner().invoke(worker_main, ["--db", str(db), "spawn", "--task", "t 1",
+                                              "--repo", str(repo)])
+    assert result.exit_code == 1 and "is not a valid branch name" in result.stderr
+    assert (exclude.read_text() if exclude.exists() else None) == before
+
+
 # --- seed 003's vocabulary and the last heartbeat ------------------------------------------
 
 
@@ -354,7 +365,8 @@ def test_task_reclaimed_after_sigkilled_worker_run(db_path: Path, bus: Bus, repo
     proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: [c.agent for c in bus.claims()] == ["w1"], "w1 to hold t1")
+        wait_until(lambda: [c.agent for c in bus.claims()] == ["w1"]
+                   and [b.agent for b in bus.liveness()] == ["w1"], "w1 to hold t1 and beat")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

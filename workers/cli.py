@@ -82,14 +82,15 @@ def spawn(obj: WorkerContext, task: str, worker_id: str | None, repo: str | None
     Example: worker spawn --task fix-login --worker w1 --base main
     """
     workers = obj.workers(create=True)
-    excluded = workers.ignore_state_dir(git.repo_root(repo or "."))
+    root = git.repo_root(repo or ".")
+    excluding = workers.unignored_state_dir(root)  # spawn writes it, once it succeeded
     w = workers.spawn(task, worker_id, repo, base)
+    exclude = str(git.exclude_path(root)) if excluding else None
     if as_json:
-        echo_json({**w.to_json_dict(), "excluded_in": str(excluded) if excluded else None})
+        echo_json({**w.to_json_dict(), "excluded_in": exclude})
         return
-    if excluded:
-        click.echo(f"added {workers.worktrees.parent.name}/ to {_shown(excluded)}"
-                   " so git status ignores it")
+    if exclude:
+        click.echo(f"added {excluding.strip('/')}/ to {_shown(exclude)} so git status ignores it")
     click.echo(f"spawned {w.worker} for {w.task} on branch {w.branch}"
                f" from {w.base}; worktree {w.worktree}")
 

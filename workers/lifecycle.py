@@ -147,7 +147,6 @@ class Workers:
         branch = f"{worker}/{task}"
         git.check_branch_name(root, branch)
         self._refuse_rival(self.bus.conn, task, worker)
-        self.ignore_state_dir(root)
         worktree = self.worktrees / worker
         git.add_worktree(root, worktree, branch, base)
         at = now_ms()
@@ -166,22 +165,24 @@ class Workers:
             _undo_spawn(root, worktree, branch)
             raise
         registry.write_mirror(self.mirrors, created)
+        self.ignore_state_dir(root)
         return created
 
-    def ignore_state_dir(self, repo: Path) -> Path | None:
-        """Make git ignore the state directory when it is inside `repo` and not ignored yet.
-
-        Returns the exclude file written (`.git/info/exclude`), or None when
-        nothing was needed; so `git status` in the repository stays clean.
-        """
+    def unignored_state_dir(self, repo: Path) -> str | None:
+        """The exclude pattern (`/.worker-state/`) the state directory needs in `repo`:
+        None when it is outside the repository or git ignores it already."""
         state_dir = self.worktrees.parent.resolve()
         root = Path(repo).resolve()
         if not state_dir.is_relative_to(root) or state_dir == root:
             return None
         relative = state_dir.relative_to(root).as_posix() + "/"
-        if git.is_ignored(root, relative):
-            return None
-        return git.exclude(root, f"/{relative}")
+        return None if git.is_ignored(root, relative) else f"/{relative}"
+
+    def ignore_state_dir(self, repo: Path) -> Path | None:
+        """Add the state directory to `repo`'s `.git/info/exclude` if git does not ignore
+        it yet (so `git status` stays clean); the file written, or None. `spawn` calls it."""
+        pattern = self.unignored_state_dir(repo)
+        return git.exclude(Path(repo).resolve(), pattern) if pattern else None
 
     def start(self, worker: str, lease_ms: int = DEFAULT_LEASE_MS) -> Worker:
         """ASSIGNED -> WORKING, taking the task's lease in the same transaction."""
