@@ -27,6 +27,7 @@ from bus.cli.context import json_option
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
 from bus.heartbeats import STATUSES
+from bus.heartbeats import STOPPED
 from workers import git
 from workers.lifecycle import DEFAULT_LEASE_MS
 from workers.lifecycle import Cleaned
@@ -110,7 +111,8 @@ def start(obj: WorkerContext, worker: str, lease_ms: int, as_json: bool) -> None
 
 @main.command()
 @worker_argument
-@click.option("--status", default="working", show_default=True, type=click.Choice(STATUSES))
+@click.option("--status", default="working", show_default=True,
+              type=click.Choice([s for s in STATUSES if s != STOPPED]))
 @click.option("--progress", type=float, help="Fraction done, from 0 to 1.")
 @lease_option
 @json_option
