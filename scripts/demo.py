@@ -87,7 +87,8 @@ def kill_and_reclaim(bus: Bus, run: subprocess.Popen) -> None:
     print(f"  ... w4 could be spawned {time.monotonic() - refused_at:.1f} s later,"
           " when w2's lease ran out")
     cli("worker", "start", "w4", "--lease-ms", str(LEASE_MS))
-    print("  (the takeover is announced: task_reclaimed, attempt 2; the report's dead_tasks lists it)")
+    print("  (the bus announces the takeover, task_reclaimed at attempt 2;"
+          " the report's dead_tasks lists it)")
     cli("bus", "tail", "-n", "3")
     cli("worker", "fail", "w2", "--reason", "process died (SIGKILL)")
     finish("w4", launch("w4", "primes", 0.0))

@@ -189,7 +189,8 @@ def test_cleanup_of_an_unfinished_worker_is_refused(ws: Workers, repo: Path) -> 
     w = ws.spawn("t1", "w1", repo)
     with pytest.raises(InvalidTransition) as raised:
         ws.cleanup("w1")
-    assert str(raised.value) == "worker w1 is ASSIGNED; allowed: start, cancel, fail, heartbeat, run"
+    assert str(raised.value) == ("worker w1 is ASSIGNED; allowed: start, cancel, fail,"
+                                 " heartbeat, run")
     assert Path(w.worktree).is_dir()
 
 

@@ -25,6 +25,7 @@ from bus import claims
 from bus import heartbeats
 from bus.api import Bus
 from bus.claims import Claim
+from bus.claims import ClaimResult
 from bus.db import write_transaction
 from bus.errors import BusError
 from bus.heartbeats import STOPPED
@@ -146,7 +147,7 @@ class Workers:
         base = base or git.current_branch(root)
         branch = f"{worker}/{task}"
         git.check_branch_name(root, branch)
-        self._refuse_rival(self.bus.conn, task, worker)
+        self._refuse_rival(task, worker)
         worktree = self.worktrees / worker
         git.add_worktree(root, worktree, branch, base)
         at = now_ms()
@@ -388,7 +389,7 @@ class Workers:
 
     def _take(self, worker: Worker, lease_ms: int) -> Claim:
         """The task's lease for `worker`, unless another worker has the task."""
-        self._refuse_rival(self.bus.conn, worker.task, worker.worker)
+        self._refuse_rival(worker.task, worker.worker)
         result = self.bus.try_claim(worker.task, worker.worker, lease_ms)
         if not result.granted:
             raise _refusal(worker.task, result)
@@ -401,15 +402,14 @@ class Workers:
             "worker": worker.worker, "task": worker.task, "attempt": claim.attempts,
             "lease_until_ms": claim.lease_until_ms}, correlation_id=worker.task)
 
-    @staticmethod
-    def _refuse_rival(conn: Any, task: str, worker: str) -> None:
+    def _refuse_rival(self, task: str, worker: str) -> None:
         """TaskTaken if another worker has `task` in review, or is WORKING on it
         with a lease that has not run out (one whose lease ran out can be taken over)."""
-        held = claims.get(conn, task)
-        for other in registry.others_on_task(conn, task, worker):
-            holding = (held is not None and held.agent == other.worker
-                       and not held.expired(now_ms()))
-            if other.state in (IN_REVIEW, APPROVED) or (other.state == WORKING and holding):
+        held = claims.get(self.bus.conn, task)
+        holder = held.agent if held is not None and not held.expired(now_ms()) else None
+        for other in registry.others_on_task(self.bus.conn, task, worker):
+            if other.state in (IN_REVIEW, APPROVED) or (other.state == WORKING
+                                                         and other.worker == holder):
                 raise TaskTaken(task, other)
 
     def _clean(self, worker: Worker, branches: bool) -> Cleaned:
@@ -439,7 +439,7 @@ class Workers:
             self._take(worker, lease_ms)
 
 
-def _refusal(task: str, result: Any) -> ClaimRefused:
+def _refusal(task: str, result: ClaimResult) -> ClaimRefused:
     if result.dead is not None:
         return ClaimRefused(f"task {task} is dead ({result.dead.reason}); see bus claims --dead")
     return ClaimRefused(f"task {task} is held by {result.claim.agent} until its lease ends;"
