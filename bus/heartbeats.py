@@ -32,6 +32,7 @@ log = logging.getLogger("bus.heartbeat")
 STATUSES = ("idle", "working", "blocked", "stopped")
 STOPPED = "stopped"  # the last beat of an agent that finished cleanly (worker done/fail/cancel)
 STATES = ("alive", "warn", "stale", "dead")  # in order of increasing silence
+_ORDER = (STOPPED, *STATES)  # how `liveness` sorts: stopped agents last
 TASK_MAX = 256
 _BEAT_SQL = (
     "INSERT INTO heartbeats (agent_id, ts_ms, status, current_task, progress)"
@@ -184,9 +185,6 @@ def liveness(conn: apsw.Connection, now: int, thresholds: Thresholds,
         found.append(Liveness(agent, state, age_ms / 1000, status, task, progress, ts))
     found.sort(key=lambda item: (-_ORDER.index(item.state), -item.age_s, item.agent))
     return found
-
-
-_ORDER = (STOPPED, *STATES)
 
 
 class Heartbeat:
