@@ -46,6 +46,7 @@ from bus.errors import BusClosed
 from bus.errors import ValidationFailed
 from bus.export import JsonlExporter
 from bus.group_commit import GroupCommit
+from bus.heartbeats import AgentHoldsClaims
 from bus.heartbeats import Liveness
 from bus.heartbeats import Thresholds
 from bus.messages import Message
@@ -327,15 +328,32 @@ class Bus:
         fields = heartbeats.validate_beat(agent, status, task, progress)
         return heartbeats.beat(self.conn, *fields)
 
-    def liveness(self, now: int | None = None,
-                 thresholds: Thresholds | None = None) -> list[Liveness]:
+    def liveness(self, now: int | None = None, thresholds: Thresholds | None = None, *,
+                 stopped: bool = True) -> list[Liveness]:
         """Every agent that ever beat, with its silence and state (alive/warn/stale/dead).
 
         `now` (epoch milliseconds) defaults to the clock; `thresholds` to
-        30 s warn, 100 s stale, 300 s dead. Most silent first.
+        30 s warn, 100 s stale, 300 s dead. Most silent first. Agents whose
+        last beat was `stopped` (they finished cleanly) have the state
+        `stopped` and come last; `stopped=False` leaves them out.
         """
         with translate_errors(self.conn):
-            return heartbeats.liveness(self.conn, _now_ms(now), thresholds or Thresholds())
+            return heartbeats.liveness(self.conn, _now_ms(now), thresholds or Thresholds(),
+                                       stopped)
+
+    def forget(self, agent: str) -> bool:
+        """Delete `agent`'s heartbeat row; False if it had none.
+
+        Raises AgentHoldsClaims, changing nothing, while the agent holds a
+        claim (expired or not): release it first, or let another agent take it.
+        """
+        agent = messages.validate_agent_id(agent)
+        conn = self.conn
+        with write_transaction(conn):
+            held = [c.task_id for c in claims.held_by(conn, agent)]
+            if held:
+                raise AgentHoldsClaims(agent, held)
+            return heartbeats.forget(conn, agent)
 
     # --- task claims ------------------------------------------------------
 
@@ -356,6 +374,8 @@ class Bus:
         taken `max_attempts` times whose lease expired again is declared dead
         (`result.dead`), a `task_dead` message is published, and it can no
         longer be claimed. Otherwise `result.claim` is the current holder's.
+        Taking over another agent's expired lease publishes `task_reclaimed`
+        (task, previous_holder, new_holder, attempt).
         """
         task_id, agent = _validate_task(task_id), messages.validate_agent_id(agent)
         _validate_lease(lease_ms)
@@ -363,9 +383,15 @@ class Bus:
         conn = self.conn
         with write_transaction(conn):
             at = _now_ms(now)
+            previous = claims.get(conn, task_id)
             result = claims.try_claim(conn, task_id, agent, lease_ms, max_attempts, at)
             if result.just_died:
                 self._announce(conn, "task_dead", result.dead.to_json_dict(), task_id, at)
+            elif result.granted and previous is not None and previous.agent != agent:
+                # Granted over another agent's row: its lease had run out (a takeover).
+                self._announce(conn, "task_reclaimed", {
+                    "task": task_id, "previous_holder": previous.agent, "new_holder": agent,
+                    "attempt": result.claim.attempts}, task_id, at)
         return result
 
     def renew(self, task_id: str, agent: str, lease_ms: int | None = None, *,

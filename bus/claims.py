@@ -41,6 +41,7 @@ _RENEW_SQL = (
 _RELEASE_SQL = "DELETE FROM task_claims WHERE task_id = ? AND claimed_by = ? RETURNING task_id"
 _GET_SQL = f"SELECT {_CLAIM_COLUMNS} FROM task_claims WHERE task_id = ?"
 _LIST_SQL = f"SELECT {_CLAIM_COLUMNS} FROM task_claims ORDER BY task_id"
+_HELD_BY_SQL = f"SELECT {_CLAIM_COLUMNS} FROM task_claims WHERE claimed_by = ? ORDER BY task_id"
 _DEAD_COLUMNS = "task_id, last_holder, attempts, reason, died_at_ms"
 _GET_DEAD_SQL = f"SELECT {_DEAD_COLUMNS} FROM dead_claims WHERE task_id = ?"
 _LIST_DEAD_SQL = f"SELECT {_DEAD_COLUMNS} FROM dead_claims ORDER BY died_at_ms, task_id"
@@ -140,6 +141,11 @@ def get(conn: apsw.Connection, task: str) -> Claim | None:
 
 def list_claims(conn: apsw.Connection) -> list[Claim]:
     return [Claim(*row) for row in conn.execute(_LIST_SQL)]
+
+
+def held_by(conn: apsw.Connection, agent: str) -> list[Claim]:
+    """The claims naming `agent` as holder, expired ones included."""
+    return [Claim(*row) for row in conn.execute(_HELD_BY_SQL, (agent,))]
 
 
 def get_dead(conn: apsw.Connection, task: str) -> DeadClaim | None:

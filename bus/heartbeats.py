@@ -21,14 +21,18 @@ from bus.db import connect
 from bus.db import write_transaction
 from bus.errors import BusError
 from bus.errors import ValidationFailed
+from bus.messages import insert_row
 from bus.messages import now_ms
+from bus.messages import prepare_row
 from bus.messages import validate_agent_id
 from bus.messages import validate_text
 
 log = logging.getLogger("bus.heartbeat")
 
-STATUSES = ("idle", "working", "blocked")
+STATUSES = ("idle", "working", "blocked", "stopped")
+STOPPED = "stopped"  # the last beat of an agent that finished cleanly (worker done/fail/cancel)
 STATES = ("alive", "warn", "stale", "dead")  # in order of increasing silence
+_ORDER = (STOPPED, *STATES)  # how `liveness` sorts: stopped agents last
 TASK_MAX = 256
 _BEAT_SQL = (
     "INSERT INTO heartbeats (agent_id, ts_ms, status, current_task, progress)"
@@ -37,6 +41,19 @@ _BEAT_SQL = (
     " current_task = excluded.current_task, progress = excluded.progress"
 )
 _LIST_SQL = "SELECT agent_id, ts_ms, status, current_task, progress FROM heartbeats"
+_LAST_SQL = "SELECT status, progress FROM heartbeats WHERE agent_id = ?"
+_FORGET_SQL = "DELETE FROM heartbeats WHERE agent_id = ? RETURNING agent_id"
+
+
+class AgentHoldsClaims(BusError):
+    """`forget` refused: the agent still holds task claims."""
+
+    def __init__(self, agent: str, tasks: list[str]) -> None:
+        super().__init__(f"agent {agent} holds claims on {', '.join(tasks)}; release them"
+                         f" (bus release --task T --agent {agent}) or let another agent take"
+                         " them over first")
+        self.agent = agent
+        self.tasks = tasks
 
 
 @dataclass(frozen=True)
@@ -119,21 +136,54 @@ def validate_beat(agent: object, status: object, task: object,
 
 def beat(conn: apsw.Connection, agent: str, status: str, task: str | None,
          progress: float | None, now: int | None = None) -> int:
-    """Upsert the agent's row in its own short transaction; return the beat time."""
+    """Upsert the agent's row in its own short transaction; return the beat time.
+
+    A beat that changes the agent's progress publishes `task_progress`, one
+    that makes it blocked `task_blocked` (seed 003's vocabulary), in the same
+    transaction; a beat that changes neither writes only its own row.
+    """
     with write_transaction(conn):
         ts = now_ms() if now is None else now
+        last = conn.execute(_LAST_SQL, (agent,)).fetchone()
         conn.execute(_BEAT_SQL, (agent, ts, status, task, progress))
+        for type_, payload in _changes(last, status, task, progress):
+            row = prepare_row(agent, type_, payload, correlation_id=task)
+            insert_row(conn, row, ts)
     return ts
 
 
-def liveness(conn: apsw.Connection, now: int, thresholds: Thresholds) -> list[Liveness]:
-    """Every agent that ever beat, most silent state first, then by age."""
+def _changes(last: tuple | None, status: str, task: str | None,
+             progress: float | None) -> list[tuple[str, dict[str, Any]]]:
+    """The announcements a beat owes: what changed since the agent's previous beat."""
+    last_status, last_progress = last if last is not None else (None, None)
+    found = []
+    if progress is not None and progress != last_progress:
+        found.append(("task_progress", {"task": task, "progress": progress}))
+    if status == "blocked" and last_status != "blocked":
+        found.append(("task_blocked", {"task": task}))
+    return found
+
+
+def forget(conn: apsw.Connection, agent: str) -> bool:
+    """Delete the agent's heartbeat row inside the caller's transaction; False if it had none."""
+    return conn.execute(_FORGET_SQL, (agent,)).get is not None
+
+
+def liveness(conn: apsw.Connection, now: int, thresholds: Thresholds,
+             stopped: bool = True) -> list[Liveness]:
+    """Every agent that ever beat, most silent state first, then by age.
+
+    An agent whose last beat says `stopped` finished cleanly: its state is
+    `stopped` whatever its silence, and it comes last (left out unless `stopped`).
+    """
     found = []
     for agent, ts, status, task, progress in conn.execute(_LIST_SQL):
+        if status == STOPPED and not stopped:
+            continue
         age_ms = max(0, now - ts)
-        found.append(Liveness(agent, thresholds.state_ms(age_ms), age_ms / 1000, status, task,
-                              progress, ts))
-    found.sort(key=lambda item: (-STATES.index(item.state), -item.age_s, item.agent))
+        state = STOPPED if status == STOPPED else thresholds.state_ms(age_ms)
+        found.append(Liveness(agent, state, age_ms / 1000, status, task, progress, ts))
+    found.sort(key=lambda item: (-_ORDER.index(item.state), -item.age_s, item.agent))
     return found
 
 

@@ -8,7 +8,9 @@ workers commit to, and the export (demo/bus.jsonl).
 2. Each runs as its own OS process (`worker run`): it takes its task's lease,
    beats from a thread, does a small real task and commits it.
 3. One worker is killed mid-task with SIGKILL. Its lease keeps the task
-   until it runs out; then a replacement worker takes the task over.
+   until it runs out (spawning a replacement is refused until then); then a
+   replacement worker takes the task over, and the bus announces it
+   (`task_reclaimed`, which the report's dead_tasks query lists).
 4. Review: approve (one is rejected first and redone), then merge into main.
 5. The message pump runs the example organism (examples/organism.yaml): a
    request is answered, a broadcast races two search tools, a chain ends
@@ -76,15 +78,18 @@ def kill_and_reclaim(bus: Bus, run: subprocess.Popen) -> None:
     run.wait()
     print(f"  killed w2 (pid {run.pid}) with SIGKILL while it was computing primes")
     cli("bus", "claims")
-    cli("worker", "spawn", "--task", "primes", "--worker", "w4", "--repo", str(REPO))
+    spawn = ("worker", "spawn", "--task", "primes", "--worker", "w4", "--repo", str(REPO))
     refused_at = time.monotonic()
-    first = cli("worker", "start", "w4", "--lease-ms", str(LEASE_MS), check=False)
+    first = cli(*spawn, check=False)  # refused, naming w2: its lease has not run out
     while first.returncode != 0:
         time.sleep(0.25)
-        first = cli("worker", "start", "w4", "--lease-ms", str(LEASE_MS), check=False, quiet=True)
-    print(f"  ... w4 took the task over {time.monotonic() - refused_at:.1f} s later,"
-          " when w2's lease ran out (attempt 2)")
-    cli("bus", "claims")
+        first = cli(*spawn, check=False, quiet=True)
+    print(f"  ... w4 could be spawned {time.monotonic() - refused_at:.1f} s later,"
+          " when w2's lease ran out")
+    cli("worker", "start", "w4", "--lease-ms", str(LEASE_MS))
+    print("  (the bus announces the takeover, task_reclaimed at attempt 2;"
+          " the report's dead_tasks lists it)")
+    cli("bus", "tail", "-n", "3")
     cli("worker", "fail", "w2", "--reason", "process died (SIGKILL)")
     finish("w4", launch("w4", "primes", 0.0))
 
@@ -97,6 +102,7 @@ def review_and_merge() -> None:
         cli("worker", "approve", worker)
         cli("worker", "merge", worker)
     cli("worker", "status")
+    cli("worker", "cleanup", "--finished", "--branches")
     show("git", "-C", str(REPO), "log", "--oneline", "--graph", "main")
 
 

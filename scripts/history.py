@@ -336,20 +336,30 @@ def silence(messages: DataFrame, top: int = SILENCE_TOP) -> DataFrame:
 
 
 def dead_tasks(messages: DataFrame) -> DataFrame:
-    """Tasks the bus released from a dead holder (taken over later) or declared dead."""
-    events = (messages.where(F.col("type").isin("task_released", "task_dead"))
+    """Tasks the bus released from a dead holder, whose lease was taken over after it ran
+    out (`task_reclaimed`), or that were declared dead; with every agent involved."""
+    kind = F.col("type")
+    events = (messages.where(kind.isin("task_released", "task_reclaimed", "task_dead"))
               .select(F.coalesce(_field("task"), F.col("correlation_id")).alias("task"),
-                      F.coalesce(_field("agent"), _field("last_holder")).alias("agent"),
-                      _field("reason").alias("reason"), "type", "ts_ms", "seq"))
+                      F.array(F.coalesce(_field("agent"), _field("last_holder"),
+                                         _field("previous_holder")),
+                              _field("new_holder")).alias("involved"),
+                      F.when(kind == "task_reclaimed", F.concat_ws(
+                          " ", F.lit("taken over by"), _field("new_holder"),
+                          F.lit("at attempt"), _field("attempt")))
+                      .otherwise(_field("reason")).alias("reason"), "type", "ts_ms", "seq"))
+    agents = F.array_sort(F.array_distinct(F.filter(
+        F.flatten(F.collect_list("involved")), lambda agent: agent.isNotNull())))
     return (events.groupBy("task")
-            .agg(F.sum((F.col("type") == "task_released").cast("long")).alias("released"),
-                 F.max(F.col("type") == "task_dead").alias("dead"),
-                 F.array_join(F.array_sort(F.collect_set("agent")), ",").alias("agents"),
+            .agg(F.sum((kind == "task_released").cast("long")).alias("released"),
+                 F.sum((kind == "task_reclaimed").cast("long")).alias("reclaimed"),
+                 F.max(kind == "task_dead").alias("dead"),
+                 F.array_join(agents, ",").alias("agents"),
                  F.max_by("type", "seq").alias("last_event"),
                  F.max_by("reason", "seq").alias("last_reason"),
                  F.max("ts_ms").alias("last_ms"))
-            .select("task", "released", "dead", "agents", "last_event", "last_reason",
-                    _iso("last_ms").alias("last_at"))
+            .select("task", "released", "reclaimed", "dead", "agents", "last_event",
+                    "last_reason", _iso("last_ms").alias("last_at"))
             .orderBy("last_at", "task"))
 
 
@@ -380,7 +390,8 @@ QUERIES: dict[str, Query] = {
                    "tasks stuck in a non-terminal state"),
     "threads": Query(lambda m, o: threads(m), "request-to-reply latency (ms)"),
     "silence": Query(lambda m, o: silence(m, o.silence_top), "longest silences per agent"),
-    "dead_tasks": Query(lambda m, o: dead_tasks(m), "tasks released or declared dead"),
+    "dead_tasks": Query(lambda m, o: dead_tasks(m),
+                        "tasks released, taken over (reclaimed) or declared dead"),
 }
 
 

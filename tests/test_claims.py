@@ -122,7 +122,11 @@ def test_claim_after_expiry_by_other_agent_counts_an_attempt(bus):
                                                    7_000, 2, 5))
     assert bus.claims() == [result.claim]
     assert not bus.claim("t-1", "alice", now=T0 + 11_999)  # alice lost it
-    assert bus.message_count() == 0
+    [message] = bus.list_messages()
+    assert (message.from_agent, message.type, message.correlation_id, message.ts_ms) == (
+        "bus", "task_reclaimed", "t-1", T0 + 5_000)
+    assert message.payload == {"task": "t-1", "previous_holder": "alice", "new_holder": "bob",
+                               "attempt": 2}
 
 
 def test_claim_after_expiry_by_same_agent_counts_an_attempt(bus):
@@ -160,7 +164,8 @@ def test_claim_attempts_limit_sends_task_to_dead_list(bus):
     assert message.ts_ms == T0 + 3_000
     assert message.payload == dead.to_json_dict()
     assert bus.last_messages(1) == [message]
-    assert [m.type for m in bus.poll("anyone")] == ["task_dead"]  # a broadcast
+    assert [m.type for m in bus.poll("anyone")] == [  # broadcasts; each takeover announced
+        "task_reclaimed", "task_reclaimed", "task_dead"]
 
     # later claims, by anyone and at any time, stay refused and announce nothing more
     for agent, now in [("a-5", T0 + 3_000), ("a-3", T0 + 3_001), ("a-1", T0 + 999_000)]:
@@ -170,7 +175,7 @@ def test_claim_attempts_limit_sends_task_to_dead_list(bus):
     assert bus.dead_claims() == [dead]
     assert bus.claims() == []
     assert len(of_type(bus, "task_dead")) == 1
-    assert bus.message_count() == 1
+    assert bus.message_count() == 3
 
 
 def test_claim_last_attempt_is_not_dead_before_it_expires(bus):
@@ -279,7 +284,8 @@ def test_release_by_holder_deletes_claim_and_resets_attempts(bus):
     assert bus.claims() == []
     result = bus.try_claim("t-1", "carol", 5_000, now=T0 + 5_001)
     assert result.claim == Claim("t-1", "carol", T0 + 5_001, T0 + 10_001, 5_000, 1, 5)
-    assert bus.message_count() == 0
+    # bob's takeover is announced; carol took a released task, which is no takeover
+    assert [m.type for m in bus.list_messages()] == ["task_reclaimed"]
 
 
 def test_release_by_non_holder_changes_nothing(bus):

@@ -76,6 +76,7 @@ def expired_claim(bus: Bus, task: str, agent: str, max_attempts: int = 5) -> Non
 NEW_COMMANDS = [
     pytest.param(["heartbeat", "--agent", "a"], id="heartbeat"),
     pytest.param(["alive"], id="alive"),
+    pytest.param(["forget", "a"], id="forget"),
     pytest.param(["claim", "--task", "t", "--agent", "a"], id="claim"),
     pytest.param(["renew", "--task", "t", "--agent", "a"], id="renew"),
     pytest.param(["release", "--task", "t", "--agent", "a"], id="release"),
@@ -101,7 +102,8 @@ def test_coordination_commands_missing_database_exit_1_without_creating_it(tmp_p
     assert not db.parent.exists()
 
 
-@pytest.mark.parametrize("command", ["heartbeat", "alive", "claim", "renew", "release", "claims",
+@pytest.mark.parametrize("command", ["heartbeat", "alive", "forget", "claim", "renew", "release",
+                                     "claims",
                                      "reap", "gc", "compact"])
 def test_coordination_commands_listed_with_help_and_example(command: str) -> None:
     assert f"  {command} " in run(["--help"]).stdout
@@ -182,9 +184,53 @@ def test_heartbeat_bad_arguments(bus: Bus, db_path: Path) -> None:
 
 def test_alive_without_heartbeats(bus: Bus, db_path: Path) -> None:
     result = run(["alive"], db_path)
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        0, "no running agents; --all shows stopped ones too\n", "")
+    result = run(["alive", "--all"], db_path)
     assert (result.exit_code, result.stdout, result.stderr) == (0, "no heartbeats yet\n", "")
     result = run(["alive", "--json"], db_path)
     assert (result.exit_code, result.stdout) == (0, "")
+
+
+def test_alive_hides_stopped_agents_unless_all(bus: Bus, db_path: Path) -> None:
+    bus.heartbeat("w1", "working", "t1")
+    bus.heartbeat("w2", "stopped", "t2")
+    make_silent(bus, "w2", 500)  # silent long enough to be dead, but it stopped cleanly
+    result = run(["alive", "--json"], db_path)
+    assert [r["agent"] for r in json_lines(result.stdout)] == ["w1"]
+    result = run(["alive", "--all", "--json"], db_path)
+    assert [(r["agent"], r["state"], r["status"]) for r in json_lines(result.stdout)] == [
+        ("w1", "alive", "working"), ("w2", "stopped", "stopped")]
+    lines = run(["alive", "--all"], db_path).stdout.splitlines()
+    assert re.fullmatch(r"w2     stopped  5\d\d\.\d     stopped  t2", lines[2]), lines[2]
+
+
+# --- forget --------------------------------------------------------------------------
+
+
+def test_forget_removes_the_heartbeat_row(bus: Bus, db_path: Path) -> None:
+    bus.heartbeat("w1", "stopped", "t1")
+    bus.heartbeat("w2")
+    result = run(["forget", "w1"], db_path)
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "forgot w1\n", "")
+    assert [b.agent for b in bus.liveness()] == ["w2"]
+    result = run(["forget", "w1", "--json"], db_path)
+    assert (result.exit_code, result.stdout) == (0, '{"agent":"w1","forgotten":false}\n')
+    result = run(["forget", "w1"], db_path)
+    assert result.stdout == "w1 had no heartbeat; nothing to forget\n"
+
+
+def test_forget_refused_while_the_agent_holds_claims(bus: Bus, db_path: Path) -> None:
+    bus.heartbeat("w1")
+    assert bus.claim("t2", "w1", 60_000)
+    expired_claim(bus, "t1", "w1")  # an expired claim is still held until someone takes it
+    result = run(["forget", "w1"], db_path)
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        1, "", "Error: agent w1 holds claims on t1, t2; release them (bus release --task T"
+               " --agent w1) or let another agent take them over first\n")
+    assert [b.agent for b in bus.liveness()] == ["w1"]
+    assert bus.release("t1", "w1") and bus.release("t2", "w1")
+    assert run(["forget", "w1"], db_path).stdout == "forgot w1\n"
 
 
 def _three_agents(bus: Bus) -> dict[str, int]:

@@ -202,6 +202,8 @@ STUCK_ROWS = LIFECYCLE_ROWS + [
     msg(15, T0 + 4_000_000, "planner", "note"),  # the newest message: "now" for the data
 ]
 STUCK_SCHEMA = "worker string, task string, state string, since string, stuck_s double"
+DEAD_TASKS_SCHEMA = ("task string, released long, reclaimed long, dead boolean, agents string,"
+                     " last_event string, last_reason string, last_at string")
 
 
 def test_stuck_lists_non_terminal_last_states_older_than_the_threshold(
@@ -282,16 +284,19 @@ def test_dead_tasks_summarises_releases_and_deaths_per_task(spark: SparkSession)
         msg(3, T0 + 5_000, "bus", "task_released",
             {"task": "t1", "agent": "w2", "reason": "agent dead", "silent_s": 310.0}, corr="t1"),
         msg(4, T0 + 6_000, "w3", "task_done", {"task": "t1"}, corr="t1"),
+        msg(6, T0 + 7_000, "bus", "task_reclaimed",
+            {"task": "t3", "previous_holder": "w5", "new_holder": "w6", "attempt": 2}, corr="t3"),
         msg(5, T0 + 9_000, "bus", "task_dead",
             {"task": "t1", "last_holder": "w3", "attempts": 3, "reason": "lease expired",
              "died_at_ms": T0 + 9_000}, corr="t1"),
     ]
     result = job.dead_tasks(messages_df(spark, rows))
     assertDataFrameEqual(result, expected(
-        spark, "task string, released long, dead boolean, agents string, last_event string,"
-               " last_reason string, last_at string", [
-            ("t2", 1, False, "w4", "task_released", "agent dead", iso(T0 + 2_000)),
-            ("t1", 2, True, "w1,w2,w3", "task_dead", "lease expired", iso(T0 + 9_000)),
+        spark, DEAD_TASKS_SCHEMA, [
+            ("t2", 1, 0, False, "w4", "task_released", "agent dead", iso(T0 + 2_000)),
+            ("t3", 0, 1, False, "w5,w6", "task_reclaimed", "taken over by w6 at attempt 2",
+             iso(T0 + 7_000)),
+            ("t1", 2, 0, True, "w1,w2,w3", "task_dead", "lease expired", iso(T0 + 9_000)),
         ]), checkRowOrder=True)
 
 
@@ -413,11 +418,9 @@ def test_end_to_end_real_bus_export_gives_lifecycle_threads_stuck_and_dead_tasks
     assertDataFrameEqual(job.threads(messages).select("scope", "correlation_id", "p50_ms"),
                          expected(spark, "scope string, correlation_id string, p50_ms long",
                                   [("thread", "t1", 3_000), ("all", None, 3_000)]))
-    assertDataFrameEqual(job.dead_tasks(messages), expected(
-        spark, "task string, released long, dead boolean, agents string, last_event string,"
-               " last_reason string, last_at string", [
-            ("t9", 0, True, "w9", "task_dead", real_export["dead_reason"], iso(T0 + 200_000)),
-        ]))
+    assertDataFrameEqual(job.dead_tasks(messages), expected(spark, DEAD_TASKS_SCHEMA, [
+        ("t9", 0, 0, True, "w9", "task_dead", real_export["dead_reason"], iso(T0 + 200_000)),
+    ]))
     messages.unpersist()
 
 
@@ -453,7 +456,8 @@ def test_run_all_queries_as_json_lines_names_each_query(
     job.run(spark, str(real_export["export"]), job.query_names("all"), "json", out=out)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert {line["query"] for line in lines} == set(job.QUERIES)
-    assert {"query": "dead_tasks", "task": "t9", "released": 0, "dead": True, "agents": "w9",
+    assert {"query": "dead_tasks", "task": "t9", "released": 0, "reclaimed": 0, "dead": True,
+            "agents": "w9",
             "last_event": "task_dead", "last_reason": real_export["dead_reason"],
             "last_at": iso(T0 + 200_000)} in lines
 

@@ -276,7 +276,10 @@ def test_mcp_worker_tools_drive_the_agents_own_worker(bus: Bus, db_path: Path, r
     assert [w["worker"] for w in status["workers"]] == ["w1"]
     assert state["state"] == "IN_REVIEW" and state["head_commit"] == done["head_commit"]
     assert rows(bus, "SELECT state, note FROM workers") == [("IN_REVIEW", "login fixed")]
-    assert rows(bus, "SELECT agent_id, progress FROM heartbeats") == [("w1", 0.5)]
+    # The beat carried the progress; done left a last beat that says the agent stopped.
+    assert [m.payload.get("progress") for m in bus.list_messages(limit=1000)
+            if m.type == "task_progress"] == [0.5]
+    assert rows(bus, "SELECT agent_id, status FROM heartbeats") == [("w1", "stopped")]
 
 
 def test_mcp_resources_status_inbox_and_thread(bus: Bus, db_path: Path):

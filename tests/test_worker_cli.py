@@ -44,8 +44,8 @@ STARTUP_TIMEOUT = 60.0  # for a child process to import everything and say "read
 RUN_TIMEOUT = 60.0  # for a `worker` process to finish
 WAIT_TIMEOUT = 20.0  # for a condition in the database
 RACE_ROUNDS = 4
-SUBCOMMANDS = ["spawn", "start", "heartbeat", "run", "done", "approve", "reject", "merge",
-               "cancel", "fail", "status"]
+SUBCOMMANDS = ["spawn", "start", "heartbeat", "run", "done", "approve", "reject", "rework",
+               "merge", "cancel", "fail", "cleanup", "status"]
 
 
 # --- fixtures and helpers -------------------------------------------------------------------------
@@ -220,12 +220,15 @@ def test_cli_json_on_every_command_prints_the_worker(db: Path, repo: Path, tmp_p
         assert out.count("\n") == 1
         return json.loads(out)
 
-    assert as_json("spawn", "--task", "t1", "--worker", "w1", "--repo", str(repo)) == row(db, "w1")
+    assert as_json("spawn", "--task", "t1", "--worker", "w1", "--repo", str(repo)) == {
+        **row(db, "w1"), "excluded_in": None}  # the bus is outside the repository
+    commit_file(row(db, "w1")["worktree"], "work.txt", "work\n")  # so `done` has a commit
     seen = {"spawn"}
     for args in (["start", "w1"], ["heartbeat", "w1"], ["done", "w1"],
                  ["reject", "w1", "--reason", "r"],
                  ["run", "w1", "--interval", "0.05", "--", "true"],
-                 ["approve", "w1"], ["merge", "w1"]):
+                 ["approve", "w1"], ["rework", "w1"], ["done", "w1"], ["approve", "w1"],
+                 ["merge", "w1"]):
         printed = as_json(*args)
         assert printed == row(db, "w1"), args
         seen.add(args[0])
@@ -234,6 +237,11 @@ def test_cli_json_on_every_command_prints_the_worker(db: Path, repo: Path, tmp_p
     assert as_json("cancel", "w2") == row(db, "w2")
     assert as_json("fail", "w3", "--reason", "r") == row(db, "w3")
     seen |= {"cancel", "fail"}
+    cleaned = ok(["cleanup", "--json", "w3"], db)
+    assert json.loads(cleaned) == {"worker": "w3", "state": "FAILED",
+                                   "worktree": row(db, "w3")["worktree"], "branch": None,
+                                   "kept_branch": None}
+    seen.add("cleanup")
     assert seen == set(SUBCOMMANDS) - {"status"}
     assert row(db, "w1")["state"] == "COMPLETED"
     assert list(row(db, "w1")) == ["worker", "task", "state", "repo", "base", "branch", "worktree",
@@ -378,7 +386,7 @@ def test_cli_invalid_transition_exits_1(db: Path, repo: Path) -> None:
         "Error: worker w1 is ASSIGNED; allowed: start, cancel, fail, heartbeat, run\n")
     ok(["cancel", "w1"], db)
     assert error(["start", "w1"], db) == (
-        "Error: worker w1 is CANCELLED; allowed: nothing (the worker is finished)\n")
+        "Error: worker w1 is CANCELLED; allowed: cleanup\n")
 
 
 def test_cli_merge_conflict_exits_1_naming_the_file(db: Path, repo: Path, tmp_path: Path) -> None:
@@ -445,7 +453,7 @@ def test_cli_run_exit_0_is_done(db: Path, repo: Path, env: dict[str, str]) -> No
     with Bus.open(db) as bus:
         assert bus.claims() == []
         [beat] = bus.liveness()
-        assert (beat.agent, beat.task, beat.status) == ("w1", "t1", "working")
+        assert (beat.agent, beat.task, beat.status) == ("w1", "t1", "stopped")
 
 
 def test_cli_run_nonzero_exit_fails_with_that_code(db: Path, repo: Path,
@@ -507,11 +515,11 @@ def test_cli_run_refused_outside_assigned_and_working(db: Path, repo: Path, tmp_
                                                       env: dict[str, str]) -> None:
     spawn(db, repo, "t1", "w1")
     ok(["start", "w1"], db)
-    ok(["done", "w1"], db)
+    ok(["done", "w1", "--allow-empty"], db)
     marker = tmp_path / "ran"
     done = run_process(worker_argv(db, "run", "w1", "--", "touch", str(marker)), env)
     assert (done.returncode, done.stderr) == (
-        1, "Error: worker w1 is IN_REVIEW; allowed: approve, reject, cancel, fail\n")
+        1, "Error: worker w1 is IN_REVIEW; allowed: approve, reject, rework, cancel, fail\n")
     assert not marker.exists()
 
 
@@ -671,8 +679,8 @@ def test_cli_start_two_workers_for_one_task_exactly_one_wins(db: Path, repo: Pat
         winners.append(winner)
         assert results[winner] == (0, f"{winner} is WORKING ({task} on {winner}/{task})\n", "")
         assert results[loser] == (
-            1, "", f"Error: task {task} is held by {winner} until its lease ends;"
-                   " try again later\n")
+            1, "", f"Error: task {task} is taken: worker {winner} (WORKING) holds it; wait"
+                   f" until it finishes, or `worker cancel {winner}`\n")
         assert row(db, winner)["state"] == "WORKING"
         assert row(db, loser)["state"] == "ASSIGNED"
         assert [c["command"] for c in state_changes(db, winner)] == ["spawn", "start"]

@@ -42,6 +42,8 @@ from workers.git import GitError
 from workers.git import MergeConflict
 from workers.lifecycle import BranchMoved
 from workers.lifecycle import ClaimRefused
+from workers.lifecycle import EmptyWork
+from workers.lifecycle import TaskTaken
 from workers.lifecycle import Workers
 from workers.machine import COMMANDS
 from workers.machine import IN_PLACE
@@ -59,11 +61,11 @@ WAIT_TIMEOUT = 10.0  # seconds, for conditions on the wall clock
 EXPECTED_ALLOWED = {
     "ASSIGNED": ["start", "cancel", "fail", "heartbeat", "run"],
     "WORKING": ["done", "cancel", "fail", "heartbeat", "run"],
-    "IN_REVIEW": ["approve", "reject", "cancel", "fail"],
-    "APPROVED": ["merge", "cancel", "fail"],
-    "COMPLETED": [],
-    "CANCELLED": [],
-    "FAILED": [],
+    "IN_REVIEW": ["approve", "reject", "rework", "cancel", "fail"],
+    "APPROVED": ["rework", "merge", "cancel", "fail"],
+    "COMPLETED": ["cleanup"],
+    "CANCELLED": ["cleanup"],
+    "FAILED": ["cleanup"],
 }
 # How to reach each state from a fresh spawn.
 PATH_TO = {
@@ -186,6 +188,8 @@ def call(ws: Workers, command: str, worker: str, argv: list[str] | None = None):
         "done": lambda: ws.done(worker, "done by test"),
         "approve": lambda: ws.approve(worker),
         "reject": lambda: ws.reject(worker, "needs more"),
+        "rework": lambda: ws.rework(worker, "conflicts"),
+        "cleanup": lambda: ws.cleanup(worker),
         "merge": lambda: ws.merge(worker),
         "cancel": lambda: ws.cancel(worker, "not needed"),
         "fail": lambda: ws.fail(worker, "it broke"),
@@ -195,8 +199,8 @@ def call(ws: Workers, command: str, worker: str, argv: list[str] | None = None):
 
 def test_call_covers_every_machine_command() -> None:
     # A command added to the machine must be added to `call` (and so to the tables below).
-    assert set(COMMANDS) == {"start", "done", "approve", "reject", "merge", "cancel", "fail",
-                             "heartbeat", "run"}
+    assert set(COMMANDS) == {"start", "done", "approve", "reject", "rework", "merge", "cancel",
+                             "fail", "heartbeat", "run", "cleanup"}
 
 
 # --- the machine as data --------------------------------------------------------------------------
@@ -223,11 +227,11 @@ def test_machine_next_state_follows_transitions_and_in_place() -> None:
                     "w", state, command)
 
 
-def test_machine_invalid_transition_message_terminal_says_finished() -> None:
+def test_machine_invalid_transition_message_terminal_offers_cleanup() -> None:
     assert str(InvalidTransition("w9", "FAILED", "start")) == (
-        "worker w9 is FAILED; allowed: nothing (the worker is finished)")
+        "worker w9 is FAILED; allowed: cleanup")
     assert str(InvalidTransition("w9", "IN_REVIEW", "merge")) == (
-        "worker w9 is IN_REVIEW; allowed: approve, reject, cancel, fail")
+        "worker w9 is IN_REVIEW; allowed: approve, reject, rework, cancel, fail")
 
 
 # --- spawn ----------------------------------------------------------------------------------------
@@ -398,6 +402,7 @@ def test_lifecycle_spawn_to_fast_forward_merge(ws: Workers, bus: Bus, repo: Path
     assert [summary(m) for m in bus.list_messages(after=seen)] == [
         ("w1", None, "state_change", "t1", {"from": "WORKING", "to": "IN_REVIEW",
                                             "command": "done"}),
+        ("w1", None, "agent_stopped", "t1", {"worker": "w1", "task": "t1"}),
         ("w1", None, "task_done", "t1", details),
         ("w1", None, "review_request", "t1", details),
     ]
@@ -432,9 +437,10 @@ def test_lifecycle_spawn_to_fast_forward_merge(ws: Workers, bus: Bus, repo: Path
     assert claim_of(bus, "t1") is None
     assert bus.claim("t1", "someone-else", 1000)  # the task is free
     assert_mirror_matches(ws, "w1")
-    assert [m.type for m in all_messages(bus)][:10] == [
-        "state_change", "task_assign", "state_change", "state_change", "task_done",
-        "review_request", "state_change", "review_result", "state_change", "task_merged"]
+    assert [m.type for m in all_messages(bus)] == [
+        "state_change", "task_assign", "state_change", "task_claim", "agent_started",
+        "state_change", "agent_stopped", "task_done", "review_request", "state_change",
+        "review_result", "state_change", "task_merged"]
 
 
 def test_lifecycle_with_bus_inside_gitignored_worker_state(repo: Path) -> None:
@@ -573,8 +579,12 @@ def test_reject_then_redo_records_new_head_and_merges(ws: Workers, bus: Bus, rep
     assert [summary(m) for m in bus.list_messages(after=seen)] == [
         ("w1", None, "state_change", "t1", {"from": "IN_REVIEW", "to": "WORKING",
                                             "command": "reject"}),
+        ("w1", None, "task_claim", "t1", {"worker": "w1", "task": "t1", "attempt": 1,
+                                          "lease_until_ms": claim_of(bus, "t1").lease_until_ms}),
         ("orchestrator", "w1", "review_result", "t1",
          {"worker": "w1", "approved": False, "reason": "add a test"}),
+        ("w1", None, "agent_started", "t1", {"worker": "w1", "task": "t1", "branch": "w1/t1",
+                                             "worktree": w.worktree}),
     ]
     assert claim_of(bus, "t1").agent == "w1"  # the claim is taken again
     assert_mirror_matches(ws, "w1")
@@ -597,9 +607,8 @@ def test_reject_then_redo_records_new_head_and_merges(ws: Workers, bus: Bus, rep
 def test_reject_refused_while_another_worker_holds_the_task(ws: Workers, bus: Bus,
                                                             repo: Path) -> None:
     ws.spawn("t1", "w1", repo)
-    ws.spawn("t1", "w2", repo)
     drive(ws, "w1", ["start", "done"])
-    ws.start("w2")  # the task was released by w1's done
+    assert bus.claim("t1", "w2", 60_000)  # the task was released by w1's done
     before = snapshot(ws, "w1", repo)
     with pytest.raises(ClaimRefused) as raised:
         ws.reject("w1", "again")
@@ -731,7 +740,7 @@ def test_done_ignores_gitignored_files(ws: Workers, repo: Path) -> None:
     w = ws.spawn("t1", "w1", repo)
     ws.start("w1")
     (Path(w.worktree) / "build.log").write_text("noise\n")
-    assert ws.done("w1").state == "IN_REVIEW"
+    assert ws.done("w1", allow_empty=True).state == "IN_REVIEW"
 
 
 # --- every transition from every state ------------------------------------------------------------
@@ -745,7 +754,7 @@ def test_transition_invalid_from_every_state_changes_nothing(ws: Workers, repo: 
     marker = tmp_path / "ran"
     invalid = [c for c in COMMANDS if c not in allowed_commands(state)]
     assert invalid == [c for c in COMMANDS if c not in EXPECTED_ALLOWED[state]]
-    allowed = ", ".join(allowed_commands(state)) or "nothing (the worker is finished)"
+    allowed = ", ".join(allowed_commands(state))
     for command in invalid:
         before = snapshot(ws, "w1", repo)
         with pytest.raises(InvalidTransition) as raised:
@@ -768,7 +777,7 @@ def test_transition_allowed_from_every_state_reaches_machine_state(
     ws.spawn("t1", "w1", repo)
     current = drive(ws, "w1", PATH_TO[state])
     changes_before = state_changes(bus, "w1")
-    if command == "done":
+    if command in ("done", "run"):
         commit_file(current.worktree, "more.txt", "more\n")
     if command == "run":
         # The command itself reports the state it runs in; run then does `done` (exit 0).
@@ -782,6 +791,7 @@ def test_transition_allowed_from_every_state_reaches_machine_state(
         expected_changes = (["start"] if state == "ASSIGNED" else []) + ["done"]
     else:
         result = call(ws, command, "w1")
+        result = ws.get("w1") if command == "cleanup" else result
         expected = TRANSITIONS.get((state, command))
         if expected is None:
             assert state in IN_PLACE[command]
@@ -817,17 +827,19 @@ def test_cancel_and_fail_release_claim_and_keep_branch(ws: Workers, bus: Bus, re
     assert ws.get("w1") == ended
     assert claim_of(bus, "t1") is None
     assert head(repo, "refs/heads/w1/t1") == branch_head
+    stopped = [("w1", None, "agent_stopped", "t1", {"worker": "w1", "task": "t1"})]
     assert [summary(m) for m in bus.list_messages(after=seen)] == [
         ("w1", None, "state_change", "t1", {"from": state, "to": target, "command": command}),
-        *extra]
+        *(stopped if state == "WORKING" else []), *extra]
+    [beat] = bus.liveness()
+    assert (beat.agent, beat.state, beat.status) == ("w1", "stopped", "stopped")
     assert_mirror_matches(ws, "w1")
 
 
 def test_cancel_does_not_release_another_workers_claim(ws: Workers, bus: Bus, repo: Path) -> None:
     ws.spawn("t1", "w1", repo)
-    ws.spawn("t1", "w2", repo)
     drive(ws, "w1", ["start", "done"])
-    ws.start("w2")
+    assert bus.claim("t1", "w2", 60_000)
     ws.cancel("w1")
     assert claim_of(bus, "t1").agent == "w2"
 
@@ -847,9 +859,10 @@ def test_start_refused_when_another_worker_holds_the_task(ws: Workers, bus: Bus,
     ws.spawn("t1", "w2", repo)
     ws.start("w1")
     before = snapshot(ws, "w2", repo)
-    with pytest.raises(ClaimRefused) as raised:
+    with pytest.raises(TaskTaken) as raised:
         ws.start("w2")
-    assert str(raised.value) == "task t1 is held by w1 until its lease ends; try again later"
+    assert str(raised.value) == ("task t1 is taken: worker w1 (WORKING) holds it; wait until it"
+                                 " finishes, or `worker cancel w1`")
     assert snapshot(ws, "w2", repo) == before
     assert ws.get("w2").state == "ASSIGNED"
 
@@ -888,8 +901,10 @@ def test_heartbeat_assigned_beats_without_claiming(ws: Workers, bus: Bus, repo: 
         "w1", "idle", "t1", 0.25, "alive")
     assert bus.claims() == []
     after = snapshot(ws, "w1", repo)
-    assert {k: v for k, v in after.items() if k != "beats"} == {
-        k: v for k, v in before.items() if k != "beats"}
+    assert {k: v for k, v in after.items() if k not in ("beats", "messages")} == {
+        k: v for k, v in before.items() if k not in ("beats", "messages")}
+    assert [summary(m) for m in bus.list_messages(after=before["messages"][-1])] == [
+        ("w1", None, "task_progress", "t1", {"task": "t1", "progress": 0.25})]
 
 
 def test_heartbeat_renews_the_lease(ws: Workers, bus: Bus, repo: Path) -> None:
@@ -938,8 +953,9 @@ def test_heartbeat_refused_outside_assigned_and_working(ws: Workers, bus: Bus, r
     drive(ws, "w1", ["start", "done"])
     with pytest.raises(InvalidTransition) as raised:
         ws.heartbeat("w1")
-    assert str(raised.value) == "worker w1 is IN_REVIEW; allowed: approve, reject, cancel, fail"
-    assert bus.liveness() == []
+    assert str(raised.value) == ("worker w1 is IN_REVIEW; allowed: approve, reject, rework,"
+                                 " cancel, fail")
+    assert [(b.agent, b.status) for b in bus.liveness()] == [("w1", "stopped")]
 
 
 # --- run (library) --------------------------------------------------------------------------------
@@ -959,13 +975,16 @@ def test_run_keeps_beating_and_renewing_while_the_command_runs(ws: Workers, bus:
         "        c = [c for c in b.claims() if c.task_id == 't1']\n"
         "        if c and c[0].agent == 'w1': seen.add(c[0].lease_until_ms)\n"
         "        time.sleep(0.005)\n"
+        "open('result.txt', 'w').write('done')\n"
+        "import subprocess; subprocess.run(['git', 'add', 'result.txt'], check=True)\n"
+        "subprocess.run(['git', 'commit', '-qm', 'result'], check=True)\n"
     )
     worker, code = ws.run("w1", [sys.executable, "-c", probe, str(bus.path)], interval=0.02,
                           lease_ms=30_000)
     assert (worker.state, code) == ("IN_REVIEW", 0)
     assert worker.note.endswith("` exited 0")
-    [beat] = bus.liveness()
-    assert (beat.agent, beat.status, beat.task) == ("w1", "working", "t1")
+    [beat] = bus.liveness()  # done's last beat, after the beating thread's
+    assert (beat.agent, beat.status, beat.task, beat.state) == ("w1", "stopped", "t1", "stopped")
     assert claim_of(bus, "t1") is None  # done released it
 
 
@@ -1122,23 +1141,35 @@ def test_workers_random_commands_never_leave_the_machine(tmp_path: Path, data) -
             dirty = None
             # Work is committed only before a `done` that is allowed: a commit after review
             # (then a refused `done`) would make the next `merge` refuse with BranchMoved.
-            if command == "done" and command in allowed_commands(state) and worktree.is_dir():
+            finishing = command in ("done", "run") and command in allowed_commands(state)
+            if finishing and worktree.is_dir():
                 if extra == "commit":
                     commit_file(worktree, f"f{next(_examples)}.txt", "x\n")
                 elif extra == "untracked":
                     dirty = worktree / "scratch.txt"
                     dirty.write_text("not committed\n")
             argv = [TRUE] if extra != "untracked" else [FALSE]
+            empty = finishing and argv == [TRUE] and git(
+                worktree, "rev-list", "--count", "main..HEAD") == "0"
             before = snapshot(ws, "w1", repo, full=False)
             if command not in allowed_commands(state):
                 with pytest.raises(InvalidTransition) as raised:
                     call(ws, command, "w1", argv=argv)
                 assert (raised.value.state, raised.value.command) == (state, command)
                 assert snapshot(ws, "w1", repo, full=False) == before
-            elif dirty is not None:
+            elif dirty is not None and command == "done":
                 with pytest.raises(DirtyWorktree):
                     call(ws, command, "w1", argv=argv)
                 assert snapshot(ws, "w1", repo, full=False) == before
+            elif empty and command == "done":
+                with pytest.raises(EmptyWork):
+                    call(ws, command, "w1", argv=argv)
+                assert snapshot(ws, "w1", repo, full=False) == before
+            elif empty:  # run: the command succeeded with nothing to review; still WORKING
+                with pytest.raises(EmptyWork):
+                    call(ws, command, "w1", argv=argv)
+                assert ws.get("w1").state == "WORKING"
+                expected_changes += state == "ASSIGNED"
             else:
                 call(ws, command, "w1", argv=argv)
                 after = ws.get("w1").state
@@ -1148,7 +1179,7 @@ def test_workers_random_commands_never_leave_the_machine(tmp_path: Path, data) -
                 else:
                     assert after == next_state("w1", state, command)
                     expected_changes += command not in IN_PLACE
-            if dirty is not None:
+            if dirty is not None and dirty.exists():
                 dirty.unlink()
             assert_mirror_matches(ws, "w1")
 

@@ -5,6 +5,8 @@
     worker done W              IN_REVIEW  the branch head is recorded
     worker approve W           APPROVED   (or: worker reject W --reason R -> WORKING)
     worker merge W             COMPLETED  merged into the base branch
+    worker rework W            WORKING    back from review or APPROVED (a conflict, a moved branch)
+    worker cleanup --finished             remove finished workers' worktrees (--branches too)
 
 Every transition is one transaction with its state_change message. Exit
 codes as for `bus`: 0 ok, 1 error (`Error: ...`), 2 usage, 75 busy.
@@ -13,6 +15,7 @@ codes as for `bus`: 0 ok, 1 error (`Error: ...`), 2 usage, 75 busy.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -24,7 +27,10 @@ from bus.cli.context import json_option
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
 from bus.heartbeats import STATUSES
+from bus.heartbeats import STOPPED
+from workers import git
 from workers.lifecycle import DEFAULT_LEASE_MS
+from workers.lifecycle import Cleaned
 from workers.lifecycle import Workers
 from workers.registry import Worker
 
@@ -76,9 +82,18 @@ def spawn(obj: WorkerContext, task: str, worker_id: str | None, repo: str | None
 
     Example: worker spawn --task fix-login --worker w1 --base main
     """
-    w = obj.workers(create=True).spawn(task, worker_id, repo, base)
-    _report(w, as_json, f"spawned {w.worker} for {w.task} on branch {w.branch}"
-                        f" from {w.base}; worktree {w.worktree}")
+    workers = obj.workers(create=True)
+    root = git.repo_root(repo or ".")
+    excluding = workers.unignored_state_dir(root)  # spawn writes it, once it succeeded
+    w = workers.spawn(task, worker_id, repo, base)
+    exclude = str(git.exclude_path(root)) if excluding else None
+    if as_json:
+        echo_json({**w.to_json_dict(), "excluded_in": exclude})
+        return
+    if exclude:
+        click.echo(f"added {excluding.strip('/')}/ to {_shown(exclude)} so git status ignores it")
+    click.echo(f"spawned {w.worker} for {w.task} on branch {w.branch}"
+               f" from {w.base}; worktree {w.worktree}")
 
 
 @main.command()
@@ -96,7 +111,8 @@ def start(obj: WorkerContext, worker: str, lease_ms: int, as_json: bool) -> None
 
 @main.command()
 @worker_argument
-@click.option("--status", default="working", show_default=True, type=click.Choice(STATUSES))
+@click.option("--status", default="working", show_default=True,
+              type=click.Choice([s for s in STATUSES if s != STOPPED]))
 @click.option("--progress", type=float, help="Fraction done, from 0 to 1.")
 @lease_option
 @json_option
@@ -135,14 +151,16 @@ def run(obj: WorkerContext, worker: str, command: tuple[str, ...], interval: flo
 @main.command()
 @worker_argument
 @click.option("--message", "-m", help="What was done, for the reviewer.")
+@click.option("--allow-empty", is_flag=True, help="Accept a branch with no commit beyond its base.")
 @json_option
 @pass_workers
-def done(obj: WorkerContext, worker: str, message: str | None, as_json: bool) -> None:
+def done(obj: WorkerContext, worker: str, message: str | None, allow_empty: bool,
+         as_json: bool) -> None:
     """WORKING -> IN_REVIEW: record the branch head (commit your work first).
 
     Example: worker done w1 --message "login fixed"
     """
-    w = obj.workers().done(worker, message)
+    w = obj.workers().done(worker, message, allow_empty)
     _report(w, as_json, f"{worker} is IN_REVIEW at {w.head_commit[:12]} on {w.branch}")
 
 
@@ -170,6 +188,50 @@ def reject(obj: WorkerContext, worker: str, reason: str, lease_ms: int, as_json:
     Example: worker reject w1 --reason "add a test"
     """
     _report(obj.workers().reject(worker, reason, lease_ms), as_json)
+
+
+@main.command()
+@worker_argument
+@click.option("--reason", help="Why, for the record.")
+@lease_option
+@json_option
+@pass_workers
+def rework(obj: WorkerContext, worker: str, reason: str | None, lease_ms: int,
+           as_json: bool) -> None:
+    """IN_REVIEW or APPROVED -> WORKING on the same branch and worktree.
+
+    For a merge that conflicts or a branch that moved after review: resolve
+    on the branch, then done, approve and merge again.
+
+    Example: worker rework w1 --reason "conflicts with main"
+    """
+    _report(obj.workers().rework(worker, reason, lease_ms), as_json)
+
+
+@main.command()
+@click.argument("worker", required=False)
+@click.option("--finished", is_flag=True, help="Every COMPLETED, CANCELLED and FAILED worker.")
+@click.option("--branches", is_flag=True, help="Also delete branches merged into their base.")
+@click.option("--force", is_flag=True, help="Discard uncommitted changes in the worktrees.")
+@json_option
+@pass_workers
+def cleanup(obj: WorkerContext, worker: str | None, finished: bool, branches: bool, force: bool,
+            as_json: bool) -> None:
+    """Remove the worktrees of finished workers (one, or all with --finished).
+
+    Example: worker cleanup --finished --branches
+    """
+    if (worker is None) == (not finished):
+        raise click.UsageError("name a WORKER or pass --finished (not both)")
+    cleaned = obj.workers().cleanup(worker, branches=branches, force=force)
+    if as_json:
+        for item in cleaned:
+            echo_json(item.to_json_dict())
+        return
+    for item in cleaned:
+        click.echo(_cleaned_line(item))
+    if not cleaned:
+        click.echo("no finished workers")
 
 
 @main.command()
@@ -229,6 +291,21 @@ def status(obj: WorkerContext, worker: str | None, as_json: bool) -> None:
                  lambda s: (s.worker.worker, s.worker.task, s.worker.state, s.worker.branch,
                             "-" if s.heartbeat_age_s is None else f"{s.heartbeat_age_s:.0f}s ago",
                             s.liveness or "-"))
+
+
+def _cleaned_line(item: Cleaned) -> str:
+    done = [f"removed worktree {_shown(item.worktree)}" if item.worktree else "no worktree left"]
+    if item.branch:
+        done.append(f"deleted merged branch {item.branch}")
+    if item.kept_branch:
+        done.append(f"kept branch {item.kept_branch} (not merged)")
+    return f"{item.worker} ({item.state}): {'; '.join(done)}"
+
+
+def _shown(path: str | Path) -> str:
+    """A path relative to the current directory when it is below it (shorter to read)."""
+    path = Path(path)
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 def _report(w: Worker, as_json: bool, text: str | None = None) -> None:

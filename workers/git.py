@@ -22,9 +22,10 @@ class GitError(BusError):
 class DirtyWorktree(GitError):
     """Uncommitted changes where a clean tree is needed."""
 
-    def __init__(self, path: Path, changes: list[str]) -> None:
+    def __init__(self, path: Path, changes: list[str],
+                 fix: str = "commit or stash them first") -> None:
         shown = ", ".join(changes[:5]) + (" ..." if len(changes) > 5 else "")
-        super().__init__(f"{path} has uncommitted changes ({shown}); commit or stash them first")
+        super().__init__(f"{path} has uncommitted changes ({shown}); {fix}")
         self.path = path
         self.changes = changes
 
@@ -32,11 +33,13 @@ class DirtyWorktree(GitError):
 class MergeConflict(GitError):
     """The merge stopped on conflicts; it was aborted and the repository is as it was."""
 
-    def __init__(self, branch: str, base: str, files: list[str]) -> None:
+    def __init__(self, branch: str, base: str, files: list[str],
+                 fix: str = "merge the base into the branch, resolve, commit, and merge again"
+                 ) -> None:
         super().__init__(f"merging {branch} into {base} conflicts in: {', '.join(files)};"
-                         " the merge was aborted and nothing changed. Reject the worker,"
-                         " resolve on its branch (merge the base into it), and let it go"
-                         " through done and review again")
+                         f" the merge was aborted and nothing changed; {fix}")
+        self.branch = branch
+        self.base = base
         self.files = files
 
 
@@ -79,6 +82,51 @@ def check_branch_name(repo: Path, name: str) -> None:
     if git("check-ref-format", "--branch", name, cwd=repo, check=False).returncode != 0:
         raise GitError(f"{name!r} is not a valid branch name; choose task and worker ids "
                        "without spaces, '..', '~', '^', ':' or a trailing '.lock'")
+
+
+def require_commits(repo: Path) -> None:
+    """GitError unless the repository has at least one commit (a worktree needs one)."""
+    if git("rev-parse", "--verify", "--quiet", "HEAD", cwd=repo, check=False).returncode != 0 \
+            and not git("for-each-ref", "--count=1", "refs/heads", cwd=repo).stdout.strip():
+        raise GitError(f"{repo} has no commits yet; make a first commit"
+                       " (git commit --allow-empty -m initial) and spawn again")
+
+
+def commits_beyond(path: Path, base: str, ref: str = "HEAD") -> int:
+    """How many commits `ref` has that `base` does not."""
+    return int(git("rev-list", "--count", f"{base}..{ref}", cwd=path).stdout.strip())
+
+
+def is_merged(repo: Path, branch: str, base: str) -> bool:
+    """True if every commit of `branch` is in `base`."""
+    return git("merge-base", "--is-ancestor", branch, base, cwd=repo,
+               check=False).returncode == 0
+
+
+def delete_branch(repo: Path, branch: str) -> None:
+    git("branch", "-D", branch, cwd=repo)
+
+
+def is_ignored(repo: Path, relative: str) -> bool:
+    """True if git ignores the path `relative` (to the repository's top)."""
+    return git("check-ignore", "-q", relative, cwd=repo, check=False).returncode == 0
+
+
+def exclude_path(repo: Path) -> Path:
+    """The repository's own ignore file, `.git/info/exclude` (shared by its worktrees)."""
+    path = Path(git("rev-parse", "--git-path", "info/exclude", cwd=repo).stdout.strip())
+    return path if path.is_absolute() else repo / path
+
+
+def exclude(repo: Path, pattern: str) -> Path:
+    """Append `pattern` to the repository's own .git/info/exclude; return that file."""
+    path = exclude_path(repo)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    existing = path.read_text() if path.exists() else ""
+    separator = "" if not existing or existing.endswith("\n") else "\n"
+    with path.open("a") as out:
+        out.write(f"{separator}{pattern}\n")
+    return path
 
 
 def branch_exists(repo: Path, name: str) -> bool:

@@ -13,24 +13,31 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from typing import Callable
-from typing import Optional
 from typing import Union
 
+from bus import claims
+from bus import heartbeats
 from bus.api import Bus
+from bus.claims import Claim
+from bus.claims import ClaimResult
 from bus.db import write_transaction
 from bus.errors import BusError
+from bus.heartbeats import STOPPED
 from bus.heartbeats import Heartbeat
 from bus.messages import now_ms
 from bus.messages import validate_agent_id
 from bus.messages import validate_text
 from workers import git
 from workers import registry
+from workers.machine import APPROVED
 from workers.machine import ASSIGNED
+from workers.machine import IN_REVIEW
 from workers.machine import TERMINAL
 from workers.machine import WORKING
 from workers.machine import InvalidTransition
@@ -42,10 +49,11 @@ ORCHESTRATOR = "orchestrator"  # sender of task_assign and review_result
 TASK_MAX = 200
 
 
-# Messages a transition publishes after its state_change: (type, payload, to),
-# or a function of the updated worker that returns them.
-Announcements = Union[list[tuple[str, dict, Optional[str]]],
-                      Callable[[Worker], list[tuple[str, dict, Optional[str]]]]]
+# Messages a transition publishes after its state_change: (type, payload, to)
+# from the worker, or (type, payload, to, sender); or a function of the
+# updated worker that returns them.
+Announcement = tuple  # (str, dict, Optional[str]) or (str, dict, Optional[str], str)
+Announcements = Union[list[Announcement], Callable[[Worker], list[Announcement]]]
 
 
 class BranchMoved(BusError):
@@ -54,6 +62,41 @@ class BranchMoved(BusError):
 
 class ClaimRefused(BusError):
     """`start` could not take the task's lease: another worker holds it, or it is dead."""
+
+
+class TaskTaken(ClaimRefused):
+    """Another live worker holds the task, or has it in review."""
+
+    def __init__(self, task: str, rival: Worker) -> None:
+        doing = "has it in review" if rival.state in (IN_REVIEW, APPROVED) else "holds it"
+        super().__init__(f"task {task} is taken: worker {rival.worker} ({rival.state}) {doing};"
+                         f" wait until it finishes, or `worker cancel {rival.worker}`")
+        self.task = task
+        self.rival = rival
+
+
+class EmptyWork(BusError):
+    """`done` on a branch with no commit beyond its base."""
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__(f"{worker.branch} has no commit beyond {worker.base}; commit the work in"
+                         f" {worker.worktree} first (git add, then git commit), or pass"
+                         " --allow-empty to review an empty branch")
+        self.worker = worker.worker
+
+
+@dataclass(frozen=True)
+class Cleaned:
+    """What `cleanup` removed for one finished worker."""
+
+    worker: str
+    state: str
+    worktree: str | None      # removed worktree, None if there was none
+    branch: str | None        # deleted branch, None if kept (or not asked)
+    kept_branch: str | None   # a branch kept because it is not merged into its base
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -100,9 +143,11 @@ class Workers:
         if registry.exists(self.bus.conn, worker):
             raise registry.WorkerExists(worker)
         root = git.repo_root(repo if repo is not None else Path.cwd())
+        git.require_commits(root)
         base = base or git.current_branch(root)
         branch = f"{worker}/{task}"
         git.check_branch_name(root, branch)
+        self._refuse_rival(task, worker)
         worktree = self.worktrees / worker
         git.add_worktree(root, worktree, branch, base)
         at = now_ms()
@@ -121,34 +166,70 @@ class Workers:
             _undo_spawn(root, worktree, branch)
             raise
         registry.write_mirror(self.mirrors, created)
+        self.ignore_state_dir(root)
         return created
+
+    def unignored_state_dir(self, repo: Path) -> str | None:
+        """The exclude pattern (`/.worker-state/`) the state directory needs in `repo`:
+        None when it is outside the repository or git ignores it already."""
+        state_dir = self.worktrees.parent.resolve()
+        root = Path(repo).resolve()
+        if not state_dir.is_relative_to(root) or state_dir == root:
+            return None
+        relative = state_dir.relative_to(root).as_posix() + "/"
+        return None if git.is_ignored(root, relative) else f"/{relative}"
+
+    def ignore_state_dir(self, repo: Path) -> Path | None:
+        """Add the state directory to `repo`'s `.git/info/exclude` if git does not ignore
+        it yet (so `git status` stays clean); the file written, or None. `spawn` calls it."""
+        pattern = self.unignored_state_dir(repo)
+        return git.exclude(Path(repo).resolve(), pattern) if pattern else None
 
     def start(self, worker: str, lease_ms: int = DEFAULT_LEASE_MS) -> Worker:
         """ASSIGNED -> WORKING, taking the task's lease in the same transaction."""
-        return self._transition(worker, "start", within=lambda w: self._claim(w, lease_ms))
+        return self._transition(worker, "start", within=lambda w: self._claim(w, lease_ms),
+                                announce=self._resumed)
 
-    def done(self, worker: str, message: str | None = None) -> Worker:
-        """WORKING -> IN_REVIEW: record the branch head; refuse a dirty worktree."""
+    def done(self, worker: str, message: str | None = None, allow_empty: bool = False) -> Worker:
+        """WORKING -> IN_REVIEW: record the branch head.
+
+        Refuses a dirty worktree, and (unless `allow_empty`) a branch with no
+        commit beyond its base (EmptyWork).
+        """
         current = self._expect(worker, "done")
         git.require_clean(Path(current.worktree))
+        if not allow_empty and git.commits_beyond(Path(current.worktree), current.base) == 0:
+            raise EmptyWork(current)
         head = git.head_commit(Path(current.worktree))
         details = {"branch": current.branch, "commit": head, "message": message}
         return self._transition(
-            worker, "done", head_commit=head, note=message,
-            within=self._release,
+            worker, "done", head_commit=head, note=message, within=self._stop,
             announce=[("task_done", details, None), ("review_request", details, None)])
 
     def approve(self, worker: str) -> Worker:
         return self._transition(worker, "approve", announce=[
-            ("review_result", {"approved": True}, worker)], sender=ORCHESTRATOR)
+            ("review_result", {"approved": True}, worker, ORCHESTRATOR)])
 
     def reject(self, worker: str, reason: str, lease_ms: int = DEFAULT_LEASE_MS) -> Worker:
         """IN_REVIEW -> WORKING with the reviewer's reason; the worker takes its lease again."""
         reason = validate_text(reason, "reason", 2000)
         return self._transition(
             worker, "reject", note=reason, within=lambda w: self._claim(w, lease_ms),
-            announce=[("review_result", {"approved": False, "reason": reason}, worker)],
-            sender=ORCHESTRATOR)
+            announce=lambda w: [("review_result", {"approved": False, "reason": reason},
+                                 worker, ORCHESTRATOR), *self._resumed(w)])
+
+    def rework(self, worker: str, reason: str | None = None,
+               lease_ms: int = DEFAULT_LEASE_MS) -> Worker:
+        """IN_REVIEW or APPROVED -> WORKING on the same branch and worktree.
+
+        The way out when the work cannot merge as reviewed (a conflict with
+        the base, a branch that moved): resolve on the branch, then done,
+        review and merge again. The worker takes its lease again.
+        """
+        reason = validate_text(reason, "reason", 2000, optional=True)
+        return self._transition(worker, "rework", note=reason,
+                                within=lambda w: self._claim(w, lease_ms),
+                                announce=self._resumed)
 
     def merge(self, worker: str) -> Worker:
         """APPROVED -> COMPLETED: merge the branch into its base, then remove the worktree.
@@ -168,9 +249,12 @@ class Workers:
             now_at = git.head_commit(Path(w.repo), w.branch)
             if now_at != w.head_commit:  # only what was reviewed may be merged
                 raise BranchMoved(f"{w.branch} moved since it was reviewed (reviewed"
-                                  f" {w.head_commit[:12]}, now {now_at[:12]}); reject {w.worker}"
-                                  " and let it go through done and review again")
-            merged.append(git.merge(Path(w.repo), w.branch, w.base, scratch=scratch))
+                                  f" {w.head_commit[:12]}, now {now_at[:12]}); run `worker"
+                                  f" rework {w.worker}`, then done, approve and merge again")
+            try:
+                merged.append(git.merge(Path(w.repo), w.branch, w.base, scratch=scratch))
+            except git.MergeConflict as exc:
+                raise git.MergeConflict(exc.branch, exc.base, exc.files, _rework_fix(w)) from None
             self._release(w)
             return {"merge_commit": merged[0].commit}
 
@@ -181,16 +265,34 @@ class Workers:
         return done
 
     def cancel(self, worker: str, reason: str | None = None) -> Worker:
-        """Stop a worker for good; its claim is released, its branch kept."""
-        return self._transition(worker, "cancel", note=reason,
-                                within=self._release)
+        """Stop a worker for good; its claim is released, its branch and worktree kept
+        (`cleanup` removes them)."""
+        return self._transition(worker, "cancel", note=reason, within=self._stop)
 
     def fail(self, worker: str, reason: str) -> Worker:
-        """Mark a worker failed; its claim is released, its branch kept."""
+        """Mark a worker failed; its claim is released, its branch and worktree kept
+        (`cleanup` removes them)."""
         reason = validate_text(reason, "reason", 2000)
-        return self._transition(worker, "fail", note=reason,
-                                within=self._release,
+        return self._transition(worker, "fail", note=reason, within=self._stop,
                                 announce=[("task_failed", {"reason": reason}, None)])
+
+    def cleanup(self, worker: str | None = None, *, branches: bool = False,
+                force: bool = False) -> list[Cleaned]:
+        """Remove the worktrees of finished workers (`worker`, or all of them).
+
+        With `branches`, also delete their branches that are merged into
+        their base (unmerged ones are kept and reported). A worktree with
+        uncommitted changes refuses the whole call (DirtyWorktree), changing
+        nothing, unless `force`.
+        """
+        found = [self.get(worker)] if worker else [
+            w for w in registry.list_workers(self.bus.conn) if w.state in TERMINAL]
+        for w in found:
+            next_state(w.worker, w.state, "cleanup")
+        if not force:
+            for w in found:
+                _require_clean_for_cleanup(Path(w.worktree))
+        return [self._clean(w, branches) for w in found]
 
     # --- in place ---------------------------------------------------------
 
@@ -244,21 +346,23 @@ class Workers:
 
     def _transition(self, worker: str, command: str, *,
                     within: Callable[[Worker], dict[str, Any] | None] | None = None,
-                    announce: Announcements = (), sender: str | None = None,
-                    **changes: Any) -> Worker:
+                    announce: Announcements = (), **changes: Any) -> Worker:
         conn = self.bus.conn
         with write_transaction(conn):
             current = registry.get(conn, worker)
             to = next_state(worker, current.state, command)
+            # First in the log; `within` may publish too (task_claim), all in one commit.
+            self.bus.publish(worker, "state_change",
+                             {"from": current.state, "to": to, "command": command},
+                             correlation_id=current.task)
             if within is not None:
                 changes.update(within(current) or {})
             new = replace(current, state=to, updated_at_ms=now_ms(), **changes)
             registry.update(conn, current, new)
-            self.bus.publish(worker, "state_change",
-                             {"from": current.state, "to": to, "command": command},
-                             correlation_id=current.task)
-            for type_, payload, to_agent in announce(new) if callable(announce) else announce:
-                self.bus.publish(sender or worker, type_, {"worker": worker, **payload},
+            for type_, payload, to_agent, *sender in (
+                    announce(new) if callable(announce) else announce):
+                self.bus.publish(sender[0] if sender else worker, type_,
+                                 {"worker": worker, **payload},
                                  to=to_agent, correlation_id=current.task)
         registry.write_mirror(self.mirrors, new)
         return new
@@ -266,15 +370,60 @@ class Workers:
     def _release(self, worker: Worker) -> None:
         self.bus.release(worker.task, worker.worker)
 
-    def _claim(self, worker: Worker, lease_ms: int) -> None:
+    def _stop(self, worker: Worker) -> None:
+        """Leaving for review or for good: release the task; a worker that was
+        WORKING announces agent_stopped. Every stop leaves a last beat saying
+        `stopped`, so `bus alive` tells a finished agent from a dead one."""
+        self._release(worker)
+        if worker.state == WORKING:
+            self.bus.publish(worker.worker, "agent_stopped",
+                             {"worker": worker.worker, "task": worker.task},
+                             correlation_id=worker.task)
+        heartbeats.beat(self.bus.conn, worker.worker, STOPPED, worker.task, None)
+
+    @staticmethod
+    def _resumed(worker: Worker) -> list[Announcement]:
+        """What a worker entering WORKING announces (seed 003's vocabulary)."""
+        return [("agent_started", {"task": worker.task, "branch": worker.branch,
+                                   "worktree": worker.worktree}, None)]
+
+    def _take(self, worker: Worker, lease_ms: int) -> Claim:
+        """The task's lease for `worker`, unless another worker has the task."""
+        self._refuse_rival(worker.task, worker.worker)
         result = self.bus.try_claim(worker.task, worker.worker, lease_ms)
-        if result.granted:
-            return
-        if result.dead is not None:
-            raise ClaimRefused(f"task {worker.task} is dead ({result.dead.reason});"
-                               " see bus claims --dead")
-        raise ClaimRefused(f"task {worker.task} is held by {result.claim.agent}"
-                           f" until its lease ends; try again later")
+        if not result.granted:
+            raise _refusal(worker.task, result)
+        return result.claim
+
+    def _claim(self, worker: Worker, lease_ms: int) -> None:
+        """Take the task's lease for a worker entering WORKING and publish task_claim."""
+        claim = self._take(worker, lease_ms)
+        self.bus.publish(worker.worker, "task_claim", {
+            "worker": worker.worker, "task": worker.task, "attempt": claim.attempts,
+            "lease_until_ms": claim.lease_until_ms}, correlation_id=worker.task)
+
+    def _refuse_rival(self, task: str, worker: str) -> None:
+        """TaskTaken if another worker has `task` in review, or is WORKING on it
+        with a lease that has not run out (one whose lease ran out can be taken over)."""
+        held = claims.get(self.bus.conn, task)
+        holder = held.agent if held is not None and not held.expired(now_ms()) else None
+        for other in registry.others_on_task(self.bus.conn, task, worker):
+            if other.state in (IN_REVIEW, APPROVED) or (other.state == WORKING
+                                                         and other.worker == holder):
+                raise TaskTaken(task, other)
+
+    def _clean(self, worker: Worker, branches: bool) -> Cleaned:
+        repo, worktree = Path(worker.repo), Path(worker.worktree)
+        removed = str(worktree) if worktree.exists() else None
+        git.remove_worktree(repo, worktree)
+        deleted = kept = None
+        if branches and git.branch_exists(repo, worker.branch):
+            if git.is_merged(repo, worker.branch, worker.base):
+                git.delete_branch(repo, worker.branch)
+                deleted = worker.branch
+            else:
+                kept = worker.branch
+        return Cleaned(worker.worker, worker.state, removed, deleted, kept)
 
     def _keep_lease(self, worker: Worker, lease_ms: int, only_while_working: bool = False) -> None:
         """Renew the lease, or take it again once expired (if nobody else has).
@@ -287,7 +436,28 @@ class Workers:
         with write_transaction(self.bus.conn):  # the state check and the claim, together
             if only_while_working and self.get(worker.worker).state != WORKING:
                 return
-            self._claim(worker, lease_ms)
+            self._take(worker, lease_ms)
+
+
+def _refusal(task: str, result: ClaimResult) -> ClaimRefused:
+    if result.dead is not None:
+        return ClaimRefused(f"task {task} is dead ({result.dead.reason}); see bus claims --dead")
+    return ClaimRefused(f"task {task} is held by {result.claim.agent} until its lease ends;"
+                        " try again later")
+
+
+def _rework_fix(worker: Worker) -> str:
+    return (f"run `worker rework {worker.worker}`, resolve on {worker.branch} in"
+            f" {worker.worktree} (git merge {worker.base}, fix the files, commit),"
+            " then done, approve and merge again")
+
+
+def _require_clean_for_cleanup(worktree: Path) -> None:
+    if worktree.exists():
+        changes = git.uncommitted_changes(worktree)
+        if changes:
+            raise git.DirtyWorktree(worktree, changes, "commit them on the branch first, or"
+                                    " pass --force to discard them")
 
 
 def _new_worker_id() -> str:
@@ -303,4 +473,5 @@ def _undo_spawn(repo: Path, worktree: Path, branch: str) -> None:
         pass  # the original error matters more
 
 
-__all__ = ["BranchMoved", "ClaimRefused", "InvalidTransition", "Workers", "WorkerStatus", "DEFAULT_LEASE_MS"]
+__all__ = ["BranchMoved", "ClaimRefused", "Cleaned", "EmptyWork", "InvalidTransition", "TaskTaken",
+           "Workers", "WorkerStatus", "DEFAULT_LEASE_MS"]

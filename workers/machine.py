@@ -1,12 +1,17 @@
 """The worker state machine, as data.
 
     ASSIGNED --start--> WORKING --done--> IN_REVIEW --approve--> APPROVED --merge--> COMPLETED
-                           ^                  |
-                           +-----reject-------+
+                           ^                  |                      |
+                           +--reject/rework---+                      |
+                           +----------------rework-------------------+
     cancel / fail: from any state that is not terminal, to CANCELLED / FAILED.
 
+`rework` is the way back from review for anything the reviewer did not
+cause: a merge that conflicts, a branch that moved after review. Every
+state that is not terminal can reach COMPLETED, CANCELLED and FAILED.
 `heartbeat` and `run` change nothing by themselves: heartbeat is allowed
-while a worker is ASSIGNED or WORKING, run starts an ASSIGNED worker first.
+while a worker is ASSIGNED or WORKING, run starts an ASSIGNED worker first;
+`cleanup` removes what a finished worker left on disk.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     (WORKING, "done"): IN_REVIEW,
     (IN_REVIEW, "approve"): APPROVED,
     (IN_REVIEW, "reject"): WORKING,
+    (IN_REVIEW, "rework"): WORKING,
+    (APPROVED, "rework"): WORKING,
     (APPROVED, "merge"): COMPLETED,
     **{(state, "cancel"): CANCELLED for state in ACTIVE},
     **{(state, "fail"): FAILED for state in ACTIVE},
@@ -39,6 +46,7 @@ TRANSITIONS: dict[tuple[str, str], str] = {
 IN_PLACE: dict[str, frozenset[str]] = {
     "heartbeat": frozenset({ASSIGNED, WORKING}),
     "run": frozenset({ASSIGNED, WORKING}),
+    "cleanup": TERMINAL,
 }
 COMMANDS = tuple(dict.fromkeys([c for _, c in TRANSITIONS] + list(IN_PLACE)))
 
@@ -47,7 +55,7 @@ class InvalidTransition(BusError):
     """A command that the worker's current state does not allow; nothing changed."""
 
     def __init__(self, worker: str, state: str, command: str) -> None:
-        allowed = ", ".join(allowed_commands(state)) or "nothing (the worker is finished)"
+        allowed = ", ".join(allowed_commands(state))
         super().__init__(f"worker {worker} is {state}; allowed: {allowed}")
         self.worker = worker
         self.state = state

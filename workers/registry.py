@@ -21,6 +21,10 @@ _COLUMNS = ("worker_id, task_id, state, repo, base, branch, worktree, head_commi
             " merge_commit, note, created_at_ms, updated_at_ms")
 _GET_SQL = f"SELECT {_COLUMNS} FROM workers WHERE worker_id = ?"
 _LIST_SQL = f"SELECT {_COLUMNS} FROM workers ORDER BY created_at_ms, worker_id"
+_OTHERS_ON_TASK_SQL = (
+    f"SELECT {_COLUMNS} FROM workers WHERE task_id = ? AND worker_id != ?"
+    " AND state NOT IN ('COMPLETED', 'CANCELLED', 'FAILED') ORDER BY created_at_ms, worker_id"
+)
 _INSERT_SQL = f"INSERT INTO workers ({_COLUMNS}) VALUES ({', '.join('?' * 12)})"
 _UPDATE_SQL = (
     "UPDATE workers SET state = ?, head_commit = ?, merge_commit = ?, note = ?,"
@@ -72,6 +76,11 @@ def exists(conn: apsw.Connection, worker: str) -> bool:
 
 def list_workers(conn: apsw.Connection) -> list[Worker]:
     return [Worker(*row) for row in conn.execute(_LIST_SQL)]
+
+
+def others_on_task(conn: apsw.Connection, task: str, worker: str) -> list[Worker]:
+    """Unfinished workers on `task` other than `worker`."""
+    return [Worker(*row) for row in conn.execute(_OTHERS_ON_TASK_SQL, (task, worker))]
 
 
 def insert(conn: apsw.Connection, worker: Worker) -> None:

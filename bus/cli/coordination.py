@@ -64,21 +64,42 @@ def heartbeat(obj: BusContext, agent: str, status: str, task: str | None,
 
 @click.command()
 @threshold_options("warn", "stale", "dead")
+@click.option("--all", "show_all", is_flag=True,
+              help="Also show agents that stopped cleanly (state stopped).")
 @json_option
 @pass_bus_context
 def alive(obj: BusContext, warn_s: float | None, stale_s: float | None, dead_s: float | None,
-          as_json: bool) -> None:
+          show_all: bool, as_json: bool) -> None:
     """Show every agent's liveness from its last heartbeat, most silent first.
 
-    States: alive, warn (30 s silent), stale (100 s), dead (300 s).
+    States: alive, warn (30 s silent), stale (100 s), dead (300 s); agents
+    whose last beat said stopped (worker done/fail/cancel) only with --all.
 
-    Example: bus alive --json
+    Example: bus alive --all --json
     """
-    found = obj.open().liveness(thresholds=Thresholds.given(warn_s, stale_s, dead_s))
-    echo_listing(found, as_json, "no heartbeats yet",
+    found = obj.open().liveness(thresholds=Thresholds.given(warn_s, stale_s, dead_s),
+                                stopped=show_all)
+    empty = "no heartbeats yet" if show_all else "no running agents; --all shows stopped ones too"
+    echo_listing(found, as_json, empty,
                  ["agent", "state", "silent_s", "status", "task", "progress"],
                  lambda i: (i.agent, i.state, f"{i.age_s:.1f}", i.status, i.task or "",
                             "" if i.progress is None else f"{i.progress:.2f}"))
+
+
+@click.command()
+@click.argument("agent")
+@json_option
+@pass_bus_context
+def forget(obj: BusContext, agent: str, as_json: bool) -> None:
+    """Remove an agent's heartbeat row (refused while it holds claims).
+
+    Example: bus forget worker-1
+    """
+    removed = obj.open().forget(agent)
+    if as_json:
+        echo_json({"agent": agent, "forgotten": removed})
+    else:
+        click.echo(f"forgot {agent}" if removed else f"{agent} had no heartbeat; nothing to forget")
 
 
 @click.command()
@@ -269,4 +290,4 @@ def _holder_note(current) -> str:
     return f" (held by {current.agent} until {iso_utc(current.lease_until_ms)})"
 
 
-COMMANDS = [heartbeat, alive, claim, renew, release, claims, reap, gc, compact]
+COMMANDS = [heartbeat, alive, forget, claim, renew, release, claims, reap, gc, compact]

@@ -18,7 +18,8 @@ from bus.cli.context import BusGroup
 # Section title -> the top-level commands in it, in the order `bus --help` lists them.
 SECTIONS = (
     ("Log", ("init", "publish", "poll", "ack", "tail", "search")),
-    ("Coordination", ("heartbeat", "alive", "claim", "renew", "release", "claims", "reap")),
+    ("Coordination", ("heartbeat", "alive", "forget", "claim", "renew", "release", "claims",
+                      "reap")),
     ("Channels", ("channel", "dlq")),
     ("Pump and XML", ("pump", "xml")),
     ("Agents", ("mcp",)),
