@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("bus", "workers", "blobs")
 RANKS = {"log": 0, "channels": 1, "xml": 1, "facade": 2, "pump": 3,
-         "workers": 3, "cli": 4}
+         "workers": 3, "views": 4, "cli": 5}
 
 
 def module_files() -> dict[str, Path]:
@@ -74,7 +74,7 @@ def part_of(module: str) -> str:
         return "cli"
     if module in ("bus", "bus.api"):
         return "facade"
-    for part in ("channels", "xml", "pump"):
+    for part in ("channels", "xml", "pump", "views"):
         if module == f"bus.{part}" or module.startswith(f"bus.{part}."):
             return part
     top = module.split(".")[0]
@@ -139,6 +139,7 @@ def test_architecture_parts_are_assigned_as_documented():
     assert part_of("bus.channels.topics") == "channels"
     assert part_of("bus.api") == part_of("bus") == "facade"
     assert part_of("bus.pump.threads") == "pump"
+    assert part_of("bus.views.status") == part_of("bus.views") == "views"
     assert part_of("bus.cli.context") == part_of("workers.cli") == "cli"
     assert part_of("workers.lifecycle") == "workers"
     assert part_of("blobs.store") == "log"

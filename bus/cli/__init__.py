@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from bus import __version__
+from bus.cli import admin
 from bus.cli import channels
 from bus.cli import coordination
 from bus.cli import history
@@ -46,7 +47,7 @@ def main(ctx: click.Context, db: str, durability: str) -> None:
     ctx.obj = BusContext(ctx, db, durability)
 
 
-for _module in (messaging, coordination, history, channels, pump, xml):
+for _module in (messaging, coordination, history, channels, pump, xml, admin):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 add_moved_aliases(main)

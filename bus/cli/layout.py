@@ -22,7 +22,8 @@ SECTIONS = (
     ("Channels", ("channel", "dlq")),
     ("Pump and XML", ("pump", "xml")),
     ("Export and history", ("export", "history")),
-    ("Admin", ("status", "sql", "migrate", "gc", "compact")),
+    ("Admin", ("status", "consumers", "consumer", "cursor", "sql", "tables", "schema",
+               "migrate", "gc", "compact")),
 )
 
 # Old top-level name -> the group it moved into (the command keeps its name there).
