@@ -174,7 +174,7 @@ def test_cursor_delete(seeded: Bus, db_path: Path) -> None:
     assert run(["cursor", "delete", "w1"], db_path).stdout == (
         "deleted w1's cursor (it was at seq 1)\n")
     assert _cursors(seeded) == {"w2": 3}
-    again = run(["cursor", "delete", "w1", "--json"], db_path)
+    again = run(["cursor", "delete", "w1"], db_path)
     assert again.exit_code == 1
     assert again.stderr.startswith("Error: agent: no consumer 'w1' (known: w2)")
 

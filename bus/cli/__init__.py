@@ -20,6 +20,7 @@ from bus.cli import xml
 from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
 from bus.cli.layout import SectionedGroup
+from bus.cli.layout import add_db_after_command
 from bus.cli.layout import add_moved_aliases
 from bus.cli.output import format_message
 
@@ -32,9 +33,11 @@ __all__ = ["main", "format_message"]
 @click.option("--durability", envvar="BUS_DURABILITY", default="normal", show_default=True,
               type=click.Choice(["normal", "full"]),
               help="normal: a publish survives a crash; full: power loss too (fsync).")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON output and JSON errors, as if --json followed the command.")
 @click.version_option(__version__, "--version", prog_name="bus")
 @click.pass_context
-def main(ctx: click.Context, db: str, durability: str) -> None:
+def main(ctx: click.Context, db: str, durability: str, as_json: bool) -> None:
     """agentbus: a message bus for agents in one SQLite file.
 
     \b
@@ -44,10 +47,11 @@ def main(ctx: click.Context, db: str, durability: str) -> None:
       bus poll --agent worker-1
       bus ack --agent worker-1 --seq 1
     """
-    ctx.obj = BusContext(ctx, db, durability)
+    ctx.obj = BusContext(ctx, db, durability, as_json)
 
 
 for _module in (messaging, coordination, history, channels, pump, xml, admin):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 add_moved_aliases(main)
+add_db_after_command(main)

@@ -27,10 +27,13 @@ from bus.views.tables import table_schema
 @json_option
 @pass_bus_context
 def status(obj: BusContext, as_json: bool) -> None:
-    """Show the whole bus on one screen: file, log, consumers, agents, claims, workers,
-    channels, pump and export.
+    """Show the whole bus on one screen.
 
-    Reads the file read-only. Example: bus status --json
+    The file, the log, consumers (the exporter among them), agents by
+    liveness, claims, workers, channels, the pump and the export. Reads the
+    file read-only.
+
+    Example: bus status --json
     """
     found = read_status(obj.db, obj.durability)
     if as_json:
@@ -171,10 +174,29 @@ def schema(obj: BusContext, table: str | None, as_json: bool) -> None:
             click.echo(f"{sql};")
 
 
+@click.command("help")
+@click.argument("words", nargs=-1)
+@click.pass_context
+def help_command(ctx: click.Context, words: tuple[str, ...]) -> None:
+    """Show the help of a command, like `bus COMMAND --help`.
+
+    Example: bus help channel send
+    """
+    here = ctx.find_root()
+    for word in words:
+        command = here.command
+        found = command.get_command(here, word) if isinstance(command, click.Group) else None
+        if found is None:
+            asked = " ".join(words)
+            raise click.UsageError(f"no command `bus {asked}`; `bus --help` lists them")
+        here = found.make_context(word, [], parent=here, resilient_parsing=True)
+    click.echo(here.get_help())
+
+
 def _read_only(obj: BusContext) -> apsw.Connection:
     conn = connect(obj.db, readonly=True)
     obj.ctx.call_on_close(conn.close)
     return conn
 
 
-COMMANDS = [status, consumers, consumer, cursor, tables, schema]
+COMMANDS = [status, consumers, consumer, cursor, tables, schema, help_command]
