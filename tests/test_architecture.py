@@ -188,7 +188,8 @@ def test_architecture_wheel_installs_every_package(tmp_path):
     fresh_site = next((fresh / "lib").glob("python*/site-packages"))
     (fresh_site / "zz_test_dependencies.pth").write_text(f"{deps}\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    check = ("import bus, bus.channels, bus.pump, bus.xml, workers, blobs, bus.migrations;"
+    check = ("import bus, bus.channels, bus.pump, bus.views, bus.xml, workers, blobs,"
+             " bus.migrations;"
              "from bus import Bus; print(bus.__file__)")
     shown = subprocess.run([str(python), "-c", check], capture_output=True, text=True,
                            cwd=tmp_path, env=env, check=True)

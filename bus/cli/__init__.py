@@ -14,6 +14,7 @@ from bus.cli import admin
 from bus.cli import channels
 from bus.cli import coordination
 from bus.cli import history
+from bus.cli import live
 from bus.cli import messaging
 from bus.cli import pump
 from bus.cli import xml
@@ -50,7 +51,7 @@ def main(ctx: click.Context, db: str, durability: str, as_json: bool) -> None:
     ctx.obj = BusContext(ctx, db, durability, as_json)
 
 
-for _module in (messaging, coordination, history, channels, pump, xml, admin):
+for _module in (messaging, coordination, history, channels, pump, xml, admin, live):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 add_moved_aliases(main)
