@@ -25,7 +25,7 @@ SECTIONS = (
     ("Channels", ("channel", "dlq")),
     ("Pump and XML", ("pump", "xml")),
     ("Export and history", ("export", "history")),
-    ("Admin", ("status", "top", "consumers", "consumer", "cursor", "sql", "tables", "schema",
+    ("Admin", ("status", "top", "serve", "consumers", "consumer", "cursor", "sql", "tables", "schema",
                "migrate", "gc", "compact", "help")),
 )
 
