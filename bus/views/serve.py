@@ -1,8 +1,8 @@
 """`bus serve`: the status as a live, read-only local web page (Starlette on uvicorn).
 
-One reader thread per server holds a read-only connection, waits for commits
-with the bus's `ChangeWatcher`, and after each one reads the status and the
-chart series in one snapshot; every open page gets it as a server-sent event.
+One reader thread per server (bus/views/follow.py) holds a read-only
+connection, wakes on commits, and reads the status and the chart series in
+one snapshot; every open page gets it as a server-sent event.
 Pages never make the server read more: a hundred tabs cost one reader.
 
 Read-only by construction: the connection is opened read-only (and refuses
@@ -14,10 +14,8 @@ installed package: the page needs no network.
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import threading
-import time
 from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
@@ -39,18 +37,13 @@ from starlette.staticfiles import StaticFiles
 
 from bus.db import connect
 from bus.db import translate_busy
-from bus.errors import BusError
 from bus.errors import ValidationFailed
 from bus.views.charts import chart_data
+from bus.views.follow import follow
 from bus.views.status import read_status
 from bus.views.status import status_of
-from bus.wake import ChangeWatcher
-
-log = logging.getLogger("bus.serve")
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-AGE_REFRESH_S = 2.0  # without commits, refresh this often so ages and rates move
-STOP_CHECK_S = 0.25
 STATIC = Path(__file__).resolve().parent / "static"
 
 
@@ -114,24 +107,10 @@ class Broadcaster:
             self._streams.discard(stream)
 
     def _follow(self) -> None:
-        conn = connect(self.path, readonly=True)
-        watcher = ChangeWatcher(conn, self.path)
-        try:
-            due = 0.0
-            while not self._stop.is_set():
-                if watcher.wait(STOP_CHECK_S) or time.monotonic() >= due:
-                    self._read(conn)
-                    due = time.monotonic() + AGE_REFRESH_S
-        finally:
-            watcher.close()
-            conn.close()
+        follow(self.path, lambda conn: snapshot(conn, self.path, self.durability),
+               self._publish_soon, self._stop)
 
-    def _read(self, conn: apsw.Connection) -> None:
-        try:
-            payload = snapshot(conn, self.path, self.durability)
-        except BusError as exc:  # busy or mid-migration: the next change or tick retries
-            log.warning("reading the status failed: %s", exc)
-            return
+    def _publish_soon(self, payload: bytes) -> None:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._publish, payload)
 

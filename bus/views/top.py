@@ -1,14 +1,14 @@
 """`bus top`: the status, live in the terminal (on Textual).
 
-A thread reads the status through its own read-only connection and waits
-for the next commit with the bus's `ChangeWatcher` (inotify on the WAL), so
-the screen changes as soon as an agent beats or a message lands; with no
-commit it still refreshes every AGE_REFRESH_S, so "silent for" keeps
-counting. Textual draws; q or Ctrl-C quits.
+A thread reads the status through its own read-only connection after each
+commit (bus/views/follow.py), so the screen changes as soon as an agent
+beats or a message lands, and every few seconds without one, so "silent"
+keeps counting. Textual draws; q or Ctrl-C quits.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 
@@ -19,17 +19,13 @@ from textual.binding import Binding
 from textual.widgets import DataTable
 from textual.widgets import Footer
 from textual.widgets import Static
-from textual.worker import get_current_worker
 
-from bus.db import connect
 from bus.views import render
+from bus.views.follow import follow
 from bus.views.status import Status
 from bus.views.status import read_status
 from bus.views.status import status_of
-from bus.wake import ChangeWatcher
 
-AGE_REFRESH_S = 2.0  # refresh at least this often, so ages move without commits
-STOP_CHECK_S = 0.25  # how often the reader thread looks whether the app is quitting
 TABLES = (
     ("agents", render.AGENT_COLUMNS, render.agent_rows),
     ("consumers", render.CONSUMER_COLUMNS, render.consumer_rows),
@@ -87,6 +83,7 @@ class TopApp(App[None]):
         self.path = path
         self.durability = durability
         self.throughput = Throughput()
+        self.stopping = threading.Event()
 
     def compose(self) -> ComposeResult:
         yield Static(id="summary")
@@ -98,24 +95,17 @@ class TopApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.follow()
+        self.read_live()
 
     @work(thread=True, exclusive=True)
-    def follow(self) -> None:
-        """Read the status after each commit (or every AGE_REFRESH_S) until quit."""
-        conn = connect(self.path, readonly=True)
-        watcher = ChangeWatcher(conn, self.path)
-        worker = get_current_worker()
-        try:
-            due = 0.0
-            while not worker.is_cancelled:
-                if watcher.wait(STOP_CHECK_S) or time.monotonic() >= due:
-                    status = status_of(conn, self.path, self.durability)
-                    self.call_from_thread(self.show, status)
-                    due = time.monotonic() + AGE_REFRESH_S
-        finally:
-            watcher.close()
-            conn.close()
+    def read_live(self) -> None:
+        """Read the status after each commit (see bus/views/follow.py) until quit."""
+        follow(self.path, lambda conn: status_of(conn, self.path, self.durability),
+               self._show_soon, self.stopping)
+
+    def _show_soon(self, status: Status) -> None:
+        if not self.stopping.is_set():
+            self.call_from_thread(self.show, status)
 
     def show(self, status: Status) -> None:
         per_s = self.throughput.add(time.monotonic(), status.log.last_seq)
@@ -134,4 +124,8 @@ def run_top(path: str, durability: str = "normal") -> None:
     raises its BusError here instead of inside the running view.
     """
     read_status(path, durability)
-    TopApp(path, durability).run()
+    app = TopApp(path, durability)
+    try:
+        app.run()
+    finally:
+        app.stopping.set()  # the reader thread ends within STOP_CHECK_S
