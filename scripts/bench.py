@@ -6,7 +6,8 @@ rounds; the best round of each counts. The figure to watch is the ratio
 (agentbus / baseline throughput): it cancels most of a noisy machine's drift.
 Wake latency (scripts/bench_wake.py) is measured against a raw polling loop;
 the message engine (scripts/bench_channels.py) against raw apsw and plain Python;
-the Spark history job (scripts/bench_history.py) against Spark's read-and-count.
+the Spark history job (scripts/bench_history.py) against Spark's read-and-count;
+the live views (scripts/bench_views.py) against publishing with nothing watching.
 
     python scripts/bench.py [--rounds 3] [--scale 1.0] [--spark-messages 1000000] [--json]
 """
@@ -33,6 +34,8 @@ from bench_history import history_row
 from bench_history import print_row as print_history_row
 from bench_pump import print_rows as print_pump_rows
 from bench_pump import pump_rows
+from bench_views import print_rows as print_views_rows
+from bench_views import views_rows
 from bench_wake import wake_rows
 from bus import Bus
 from bus.claims import _CLAIM_SQL
@@ -284,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         channels = channel_rows(workdir, args.rounds, args.scale)
         spark = history_row(workdir, args.spark_messages) if args.spark_messages else None
         pumps = pump_rows(workdir, args.rounds, args.scale)
+        views = views_rows(workdir, args.rounds, args.scale)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report(rows, small, large, wakes, args.json)
@@ -291,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     xml = xml_figures(max(2000, int(20_000 * args.scale)), args.rounds)
     report_xml(xml, args.json)
     report_section(pumps, print_pump_rows, args.json)
+    report_section(views, print_views_rows, args.json)
     met = [r["ratio"] >= r["target"] for r in rows if r["target"] is not None]
     if spark is not None:
         if args.json:
@@ -302,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     met += [r["agentbus_per_s"] >= r["target_per_s"] for r in rows if r.get("target_per_s")]
     met += [x["us"] <= x["target_us"] for x in xml if x["target_us"] is not None]
     met += [p["ok"] for p in pumps if "ok" in p]
+    met += [v["ok"] for v in views]
     return 0 if all(met) and all(w["ok"] for w in wakes) else 1
 
 

@@ -84,6 +84,7 @@ class TopApp(App[None]):
         self.durability = durability
         self.throughput = Throughput()
         self.stopping = threading.Event()
+        self.shown: dict[str, list[tuple[str, ...]]] = {}
 
     def compose(self) -> ComposeResult:
         yield Static(id="summary")
@@ -111,10 +112,13 @@ class TopApp(App[None]):
         per_s = self.throughput.add(time.monotonic(), status.log.last_seq)
         self.query_one("#summary", Static).update(summary_lines(status, per_s))
         for name, _columns, rows in TABLES:
-            table = self.query_one(f"#{name}", DataTable)
-            table.clear()
-            for row in rows(status):
-                table.add_row(*(str(cell) for cell in row))
+            cells = [tuple(str(cell) for cell in row) for row in rows(status)]
+            if cells != self.shown.get(name):  # redrawing a table costs the writers CPU too
+                self.shown[name] = cells
+                table = self.query_one(f"#{name}", DataTable)
+                table.clear()
+                for row in cells:
+                    table.add_row(*row)
 
 
 def run_top(path: str, durability: str = "normal") -> None:
