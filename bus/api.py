@@ -508,7 +508,7 @@ def _now_ms(now: object) -> int:
 def _check_cursor_move(conn: apsw.Connection, agent: str, target: int, force: bool,
                        create: bool) -> None:
     if not cursors.exists(conn, agent):
-        if not (create or cursors.has_beaten(conn, agent)):
+        if not (create or heartbeats.has_beaten(conn, agent)):
             raise UnknownConsumer(agent, cursors.known(conn),
                                   "pass create=True (--create) to start a new consumer")
         return

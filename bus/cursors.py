@@ -40,7 +40,6 @@ _START_AT_LATEST_SQL = (
     " ON CONFLICT (agent_id) DO NOTHING"
 )
 _DELETE_SQL = "DELETE FROM cursors WHERE agent_id = ? RETURNING last_acked_seq"
-_HAS_BEAT_SQL = "SELECT 1 FROM heartbeats WHERE agent_id = ?"
 _NAMES_SQL = "SELECT agent_id FROM cursors ORDER BY agent_id"
 
 
@@ -82,10 +81,6 @@ def known(conn: apsw.Connection) -> list[str]:
 
 def exists(conn: apsw.Connection, agent: str) -> bool:
     return conn.execute(_POSITION_SQL, (agent,)).get is not None
-
-
-def has_beaten(conn: apsw.Connection, agent: str) -> bool:
-    return conn.execute(_HAS_BEAT_SQL, (agent,)).get is not None
 
 
 def set_position(conn: apsw.Connection, agent: str, seq: int) -> None:

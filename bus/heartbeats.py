@@ -37,6 +37,7 @@ _BEAT_SQL = (
     " current_task = excluded.current_task, progress = excluded.progress"
 )
 _LIST_SQL = "SELECT agent_id, ts_ms, status, current_task, progress FROM heartbeats"
+_HAS_BEATEN_SQL = "SELECT 1 FROM heartbeats WHERE agent_id = ?"
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,11 @@ def beat(conn: apsw.Connection, agent: str, status: str, task: str | None,
         ts = now_ms() if now is None else now
         conn.execute(_BEAT_SQL, (agent, ts, status, task, progress))
     return ts
+
+
+def has_beaten(conn: apsw.Connection, agent: str) -> bool:
+    """Whether `agent` ever sent a heartbeat (so it is a real agent, not a typo)."""
+    return conn.execute(_HAS_BEATEN_SQL, (agent,)).get is not None
 
 
 def liveness(conn: apsw.Connection, now: int, thresholds: Thresholds) -> list[Liveness]:

@@ -67,7 +67,7 @@ class BusContext:
         return self.ctx.with_resource(Bus.open(self.db, self.durability, create=create))
 
 
-def _json_anywhere(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+def json_anywhere(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
     """`bus --json CMD` and `bus CMD --json` mean the same."""
     root = ctx.find_object(BusContext)
     return value or bool(root and root.as_json)
@@ -92,7 +92,7 @@ def _field_of(exc: BaseException) -> str | None:
 
 
 pass_bus_context = click.make_pass_decorator(BusContext)
-json_option = click.option("--json", "as_json", is_flag=True, callback=_json_anywhere,
+json_option = click.option("--json", "as_json", is_flag=True, callback=json_anywhere,
                            help="Print JSON; streams print one object per line.")
 DB_OPTION_NAME = "db_after_command"
 

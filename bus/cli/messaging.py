@@ -14,6 +14,7 @@ import orjson
 
 from bus.api import Bus
 from bus.cli.context import BusContext
+from bus.cli.context import json_anywhere
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
@@ -157,7 +158,8 @@ def tail(obj: BusContext, follow: bool, since: int | None, lines: int, as_json: 
               help="Aligned columns (the default).")
 @click.option("--csv", "shape", flag_value="csv", help="CSV with a header row; NULL is empty.")
 @click.option("--nl", "shape", flag_value="nl", help="One JSON object per row, one per line.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON array of row objects.")
+@click.option("--json", "as_json", is_flag=True, callback=json_anywhere,
+              help="One JSON array of row objects.")
 @pass_bus_context
 def sql(obj: BusContext, query: str, shape: str, as_json: bool) -> None:
     """Run a read-only SQL query on the bus file and print the rows.
