@@ -117,3 +117,9 @@ def test_shell_completion_script_and_answers(python_env) -> None:
     answer = subprocess.run([*bus_command], env=env, capture_output=True, text=True)
     assert answer.returncode == 0
     assert "plain,consumer\n" in answer.stdout and "plain,consumers\n" in answer.stdout
+
+
+def test_json_before_sql_is_its_array(bus: Bus, db_path: Path) -> None:
+    bus.publish("p", "t")
+    result = run(["--json", "sql", "SELECT seq, type FROM messages"], db_path)
+    assert json.loads(result.stdout) == [{"seq": 1, "type": "t"}]
