@@ -194,6 +194,9 @@ def test_architecture_wheel_installs_every_package(tmp_path):
     shown = subprocess.run([str(python), "-c", check], capture_output=True, text=True,
                            cwd=tmp_path, env=env, check=True)
     assert shown.stdout.strip().startswith(str(fresh_site))
+    # The web page's own files ship in the wheel (bus serve works offline).
+    assert (fresh_site / "bus" / "views" / "static" / "index.html").is_file()
+    assert (fresh_site / "bus" / "views" / "static" / "app.js").is_file()
     helped = subprocess.run([str(fresh / "bin" / "bus"), "--help"], capture_output=True,
                             text=True, cwd=tmp_path, env=env)
     assert helped.returncode == 0, helped.stderr
