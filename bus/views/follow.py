@@ -23,7 +23,7 @@ from bus.wake import ChangeWatcher
 
 log = logging.getLogger("bus.views")
 
-MIN_REFRESH_S = 0.25  # a person sees no difference; the writers do (scripts/bench_views.py)
+MIN_REFRESH_S = 0.25  # a person sees no difference; a burst costs four reads a second
 AGE_REFRESH_S = 2.0
 STOP_CHECK_S = 0.25  # the longest the loop waits before it looks whether to stop
 
