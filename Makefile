@@ -6,26 +6,33 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test bench clean xmllint
+.PHONY: demo test bench clean tools
 
 demo: $(INSTALLED)
 	$(BIN)/python scripts/demo.py
 
-# The xmllint test (tests/test_xml_payload.py) needs libxml2-utils; install it
-# when we can (root with apt-get, as in CI), or say plainly that it will skip.
-test: $(INSTALLED) xmllint
+# Some tests drive a program: xmllint (libxml2-utils) checks our XSDs,
+# tmux runs `bus top` in a real terminal, chromium loads `bus serve`'s page.
+# Install each one we can (root with apt-get, as in CI), or say plainly that
+# its tests will skip.
+TOOLS := xmllint:libxml2-utils tmux:tmux chromium:chromium
+
+test: $(INSTALLED) tools
 	$(BIN)/python -m pytest
 
-xmllint:
-	@command -v xmllint >/dev/null && exit 0; \
-	if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-		echo "xmllint is missing: installing libxml2-utils with apt-get"; \
-		apt-get install -y -qq libxml2-utils >/dev/null 2>&1 || \
-		{ apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libxml2-utils >/dev/null 2>&1; } || \
-		echo "could not install libxml2-utils: the xmllint test will skip"; \
-	else \
-		echo "xmllint is missing and apt-get (as root) is not available: the xmllint test will skip"; \
-	fi
+tools:
+	@for pair in $(TOOLS); do \
+		tool=$${pair%%:*}; package=$${pair#*:}; \
+		command -v $$tool >/dev/null && continue; \
+		if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+			echo "$$tool is missing: installing $$package with apt-get"; \
+			apt-get install -y -qq $$package >/dev/null 2>&1 || \
+			{ apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $$package >/dev/null 2>&1; } || \
+			echo "could not install $$package: the tests that need $$tool will skip"; \
+		else \
+			echo "$$tool is missing and apt-get (as root) is not available: its tests will skip"; \
+		fi; \
+	done
 
 bench: $(INSTALLED)
 	$(BIN)/python scripts/bench.py

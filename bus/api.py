@@ -43,6 +43,7 @@ from bus.db import synchronous_for
 from bus.db import translate_errors
 from bus.db import write_transaction
 from bus.errors import BusClosed
+from bus.errors import UnknownConsumer
 from bus.errors import ValidationFailed
 from bus.export import JsonlExporter
 from bus.group_commit import GroupCommit
@@ -292,6 +293,53 @@ class Bus:
                     "seq", f"no message has seq {seq}; the last seq is {messages.last_seq(conn)}"
                 )
         return moved_to
+
+    def start_at_latest(self, agent: str) -> int:
+        """Give `agent` a cursor at the last seq if it has none; return its position.
+
+        A new consumer then sees only what is published from now on, instead
+        of the whole log. An existing cursor does not move.
+        """
+        messages.validate_agent_id(agent)
+        conn = self.conn
+        with write_transaction(conn):
+            cursors.start_at_latest(conn, agent)
+            return cursors.position(conn, agent)
+
+    def set_cursor(self, agent: str, seq: int | None = None, *, force: bool = False,
+                   create: bool = False) -> int:
+        """Put `agent`'s cursor at `seq` (None: the last seq); return the position.
+
+        Refuses, changing nothing: an agent with neither a cursor nor a
+        heartbeat (UnknownConsumer; a typo would make a cursor that holds
+        back retention for ever) unless `create`; a seq past the last one;
+        and a move backwards (which replays messages) unless `force`.
+        """
+        messages.validate_agent_id(agent)
+        if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 0):
+            raise ValidationFailed("seq", f"must be a seq >= 0, got {seq!r}")
+        conn = self.conn
+        with write_transaction(conn):
+            last = messages.last_seq(conn)
+            target = last if seq is None else seq
+            if target > last:
+                raise ValidationFailed("seq", f"is {target}; the last seq is {last}")
+            _check_cursor_move(conn, agent, target, force, create)
+            cursors.set_position(conn, agent, target)
+        return target
+
+    def delete_cursor(self, agent: str) -> int:
+        """Remove `agent`'s cursor (it stops holding back retention); return where it was.
+
+        Raises UnknownConsumer when the agent has no cursor.
+        """
+        messages.validate_agent_id(agent)
+        conn = self.conn
+        with write_transaction(conn):
+            position = cursors.delete(conn, agent)
+            if position is None:
+                raise UnknownConsumer(agent, cursors.known(conn), "see `bus consumers`")
+        return position
 
     def wait_for_change(self, timeout: float) -> bool:
         """Block until another connection or process commits, or `timeout` seconds pass.
@@ -573,16 +621,6 @@ class Bus:
         with translate_errors(self.conn):
             return messages.last_seq(self.conn)
 
-    def summary(self) -> dict[str, Any]:
-        """The bus at a glance, as `bus status` and the MCP server show it (JSON-ready).
-
-        path, schema_version, messages (count), last_seq, and cursors: each
-        consumer's position with its number of waiting messages.
-        """
-        return {"path": self.path, "schema_version": self.schema_version(),
-                "messages": self.message_count(), "last_seq": self.last_seq(),
-                "cursors": [c.to_json_dict() for c in self.list_cursors()]}
-
 
 def _now_ms(now: object) -> int:
     """The clock in epoch milliseconds, or the caller's `now` after a sanity check."""
@@ -593,6 +631,20 @@ def _now_ms(now: object) -> int:
         raise ValidationFailed("now", f"must be epoch milliseconds (an int like "
                                       f"{messages.now_ms()}), got {now!r}")
     return now
+
+
+def _check_cursor_move(conn: apsw.Connection, agent: str, target: int, force: bool,
+                       create: bool) -> None:
+    if not cursors.exists(conn, agent):
+        if not (create or heartbeats.has_beaten(conn, agent)):
+            raise UnknownConsumer(agent, cursors.known(conn),
+                                  "pass create=True (--create) to start a new consumer")
+        return
+    current = cursors.position(conn, agent)
+    if target < current and not force:
+        raise ValidationFailed("seq", f"{target} is behind {agent}'s cursor at {current}, which"
+                                      " would hand it those messages again; pass force=True"
+                                      " (--force) to replay them")
 
 
 def _validate_task(task_id: object) -> str:

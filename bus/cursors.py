@@ -27,6 +27,20 @@ _ACK_SQL = (
     " RETURNING last_acked_seq"
 )
 _LIST_SQL = "SELECT agent_id, last_acked_seq, updated_at_ms FROM cursors ORDER BY agent_id"
+_SET_SQL = (
+    "INSERT INTO cursors (agent_id, last_acked_seq, updated_at_ms) VALUES (:agent, :seq, :now)"
+    " ON CONFLICT (agent_id) DO UPDATE SET last_acked_seq = excluded.last_acked_seq,"
+    " updated_at_ms = excluded.updated_at_ms"
+)
+# A new consumer that should see only what comes next: its cursor starts at
+# the last seq. An existing cursor is left where it is.
+_START_AT_LATEST_SQL = (
+    "INSERT INTO cursors (agent_id, last_acked_seq, updated_at_ms)"
+    " VALUES (:agent, coalesce((SELECT max(seq) FROM messages), 0), :now)"
+    " ON CONFLICT (agent_id) DO NOTHING"
+)
+_DELETE_SQL = "DELETE FROM cursors WHERE agent_id = ? RETURNING last_acked_seq"
+_NAMES_SQL = "SELECT agent_id FROM cursors ORDER BY agent_id"
 
 
 @dataclass(frozen=True)
@@ -58,3 +72,27 @@ def advance(conn: apsw.Connection, agent: str, seq: int) -> int | None:
 
 def list_rows(conn: apsw.Connection) -> list[tuple[str, int, int]]:
     return conn.execute(_LIST_SQL).fetchall()
+
+
+def known(conn: apsw.Connection) -> list[str]:
+    """The agents that have a cursor."""
+    return [agent for (agent,) in conn.execute(_NAMES_SQL)]
+
+
+def exists(conn: apsw.Connection, agent: str) -> bool:
+    return conn.execute(_POSITION_SQL, (agent,)).get is not None
+
+
+def set_position(conn: apsw.Connection, agent: str, seq: int) -> None:
+    """Put the cursor at `seq`, forward or back: the caller checked that it may."""
+    conn.execute(_SET_SQL, {"agent": agent, "seq": seq, "now": now_ms()})
+
+
+def start_at_latest(conn: apsw.Connection, agent: str) -> None:
+    """Give an agent without a cursor one at the last seq; leave an existing one."""
+    conn.execute(_START_AT_LATEST_SQL, {"agent": agent, "now": now_ms()})
+
+
+def delete(conn: apsw.Connection, agent: str) -> int | None:
+    """Remove the agent's cursor; return where it was, None if it had none."""
+    return conn.execute(_DELETE_SQL, (agent,)).get

@@ -212,8 +212,11 @@ def connection_read_only(conn: apsw.Connection) -> None:
     conn.authorizer = _authorize_reads
 
 
+# BEGIN/COMMIT and savepoints change nothing on disk; they let a view read
+# several tables in one snapshot (query_only still refuses every write).
 _READ_ACTIONS = frozenset({apsw.SQLITE_SELECT, apsw.SQLITE_READ, apsw.SQLITE_FUNCTION,
-                           apsw.SQLITE_RECURSIVE})
+                           apsw.SQLITE_RECURSIVE, apsw.SQLITE_TRANSACTION,
+                           apsw.SQLITE_SAVEPOINT})
 # Pragmas that take an argument and still only read.
 _READ_PRAGMAS_WITH_ARGUMENT = frozenset({
     "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",

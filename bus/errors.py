@@ -39,6 +39,30 @@ class SchemaTooNew(BusError):
         self.supported = supported
 
 
+class SchemaOutdated(BusError):
+    """A read-only view found a database older than this code (it cannot migrate it)."""
+
+    def __init__(self, found: int, latest: int, path: str = "") -> None:
+        where = f" {path}" if path else ""
+        super().__init__(
+            f"the database{where} has schema version {found}, this agentbus expects "
+            f"{latest}; run `bus migrate` first (views open the file read-only)"
+        )
+        self.found = found
+        self.latest = latest
+
+
+class UnknownConsumer(BusError):
+    """A cursor command named an agent that has no cursor (nor, for set, a heartbeat)."""
+
+    def __init__(self, agent: str, known: list[str], hint: str) -> None:
+        listed = ", ".join(known) if known else "none yet"
+        super().__init__(f"agent: no consumer {agent!r} (known: {listed}); {hint}")
+        self.field = "agent"
+        self.agent = agent
+        self.known = known
+
+
 class NotABusDatabase(BusError):
     """The file exists but is not a SQLite database, or not an agentbus one."""
 

@@ -43,6 +43,7 @@ _BEAT_SQL = (
 _LIST_SQL = "SELECT agent_id, ts_ms, status, current_task, progress FROM heartbeats"
 _LAST_SQL = "SELECT status, progress FROM heartbeats WHERE agent_id = ?"
 _FORGET_SQL = "DELETE FROM heartbeats WHERE agent_id = ? RETURNING agent_id"
+_HAS_BEATEN_SQL = "SELECT 1 FROM heartbeats WHERE agent_id = ?"
 
 
 class AgentHoldsClaims(BusError):
@@ -167,6 +168,11 @@ def _changes(last: tuple | None, status: str, task: str | None,
 def forget(conn: apsw.Connection, agent: str) -> bool:
     """Delete the agent's heartbeat row inside the caller's transaction; False if it had none."""
     return conn.execute(_FORGET_SQL, (agent,)).get is not None
+
+
+def has_beaten(conn: apsw.Connection, agent: str) -> bool:
+    """Whether `agent` ever sent a heartbeat (so it is a real agent, not a typo)."""
+    return conn.execute(_HAS_BEATEN_SQL, (agent,)).get is not None
 
 
 def liveness(conn: apsw.Connection, now: int, thresholds: Thresholds,

@@ -101,6 +101,7 @@ def migrate(conn: apsw.Connection, path: str = "") -> list[Migration]:
         return [m for m in pending if _apply(conn, m)]
     finally:
         conn.execute("PRAGMA foreign_keys = ON" if enforced else "PRAGMA foreign_keys = OFF")
+        conn.execute("PRAGMA legacy_alter_table = OFF")  # in case a migration failed mid-way
 
 
 def _apply(conn: apsw.Connection, migration: Migration) -> bool:

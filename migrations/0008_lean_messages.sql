@@ -14,7 +14,17 @@
 -- old table must not cascade into channel_messages, and it checks
 -- `PRAGMA foreign_key_check` before committing.
 
-CREATE TABLE messages_lean (
+-- The old table steps aside under another name; legacy_alter_table keeps the
+-- REFERENCES messages (seq) of channel_messages pointing at the name
+-- "messages", which the new table takes (https://sqlite.org/pragma.html#pragma_legacy_alter_table).
+PRAGMA legacy_alter_table = ON;
+ALTER TABLE messages RENAME TO messages_v7;
+DROP INDEX idx_messages_to_seq;
+DROP INDEX idx_messages_correlation_seq;
+DROP INDEX idx_messages_type_from_ts;
+DROP INDEX idx_messages_payload_ref;
+
+CREATE TABLE messages (
     seq INTEGER PRIMARY KEY,           -- rowid: max(seq) + 1, never reused (see above)
     id TEXT NOT NULL UNIQUE,           -- UUID (v7 when the bus makes it): a retried publish is a no-op
     ts_ms INTEGER NOT NULL,
@@ -28,14 +38,14 @@ CREATE TABLE messages_lean (
     CHECK (payload IS NULL OR payload_ref IS NULL)
 );
 
-INSERT INTO messages_lean (seq, id, ts_ms, from_agent, to_agent, type, correlation_id,
-                           in_reply_to, payload, payload_ref)
+INSERT INTO messages (seq, id, ts_ms, from_agent, to_agent, type, correlation_id,
+                      in_reply_to, payload, payload_ref)
 SELECT seq, id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to, payload,
        payload_ref
-FROM messages ORDER BY seq;
+FROM messages_v7 ORDER BY seq;
 
 -- The floor: AUTOINCREMENT may have handed out seqs above the newest row left.
-INSERT INTO messages_lean (seq, id, ts_ms, from_agent, to_agent, type, payload)
+INSERT INTO messages (seq, id, ts_ms, from_agent, to_agent, type, payload)
 SELECT s.seq,
        lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || substr(hex(randomblob(2)), 2)
              || '-' || substr('89ab', 1 + (abs(random()) % 4), 1) || substr(hex(randomblob(2)), 2)
@@ -43,10 +53,11 @@ SELECT s.seq,
        CAST(unixepoch('subsec') * 1000 AS INTEGER), 'bus', 'bus', 'seq_floor',
        '{"reason":"keeps seq increasing: the newest messages were compacted before migration 8"}'
 FROM sqlite_sequence AS s
-WHERE s.name = 'messages' AND s.seq > coalesce((SELECT max(seq) FROM messages), 0);
+WHERE s.name IN ('messages', 'messages_v7')
+  AND s.seq > coalesce((SELECT max(seq) FROM messages_v7), 0);
 
-DROP TABLE messages;
-ALTER TABLE messages_lean RENAME TO messages;
+DROP TABLE messages_v7;
+PRAGMA legacy_alter_table = OFF;
 
 -- poll (bus/messages.py _POLL_SQL, _PENDING_COUNT_SQL): one range scan per
 -- branch (to_agent = ?, to_agent IS NULL), merged by seq.

@@ -10,7 +10,8 @@ the Spark history job (scripts/bench_history.py) against Spark's read-and-count;
 publish with a 200,000-message backlog, from 16 threads and from 16 processes
 (scripts/bench_publish.py) against publish into an empty file, from one thread
 and from one process;
-publish with the full-text index on against publish with it off.
+publish with the full-text index on against publish with it off;
+the live views (scripts/bench_views.py) against publishing with nothing watching.
 
     python scripts/bench.py [--rounds 3] [--scale 1.0] [--spark-messages 1000000] [--json]
 """
@@ -39,6 +40,8 @@ from bench_publish import print_rows as print_publish_rows
 from bench_publish import publish_rows
 from bench_pump import print_rows as print_pump_rows
 from bench_pump import pump_rows
+from bench_views import print_rows as print_views_rows
+from bench_views import views_rows
 from bench_wake import wake_rows
 from bus import Bus
 from bus.claims import _CLAIM_SQL
@@ -324,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         spark = history_row(workdir, args.spark_messages) if args.spark_messages else None
         pumps = pump_rows(workdir, args.rounds, args.scale)
         searches = search_rows(workdir, args.rounds, args.scale)
+        views = views_rows(workdir, args.rounds, args.scale)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report(rows, small, large, wakes, args.json)
@@ -333,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     report_xml(xml, args.json)
     report_section(pumps, print_pump_rows, args.json)
     report_section(searches, print_search_rows, args.json)
+    report_section(views, print_views_rows, args.json)
     met = [r["ratio"] >= r["target"] for r in rows if r["target"] is not None]
     if spark is not None:
         if args.json:
@@ -345,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     met += [x["us"] <= x["target_us"] for x in xml if x["target_us"] is not None]
     met += [p["ok"] for p in pumps if "ok" in p]
     met += [p["ok"] for p in publishes]
+    met += [v["ok"] for v in views]
     return 0 if all(met) and all(w["ok"] for w in wakes) else 1
 
 

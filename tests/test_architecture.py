@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("bus", "workers", "blobs")
 RANKS = {"log": 0, "channels": 1, "xml": 1, "facade": 2, "pump": 3,
-         "workers": 3, "mcpserver": 4, "cli": 5}
+         "workers": 3, "views": 4, "mcpserver": 5, "cli": 6}
 
 
 def module_files() -> dict[str, Path]:
@@ -75,7 +75,7 @@ def part_of(module: str) -> str:
         return "cli"
     if module in ("bus", "bus.api"):
         return "facade"
-    for part in ("channels", "xml", "pump", "mcpserver"):
+    for part in ("channels", "xml", "pump", "views", "mcpserver"):
         if module == f"bus.{part}" or module.startswith(f"bus.{part}."):
             return part
     top = module.split(".")[0]
@@ -140,6 +140,7 @@ def test_architecture_parts_are_assigned_as_documented():
     assert part_of("bus.channels.topics") == "channels"
     assert part_of("bus.api") == part_of("bus") == "facade"
     assert part_of("bus.pump.threads") == "pump"
+    assert part_of("bus.views.status") == part_of("bus.views") == "views"
     assert part_of("bus.cli.context") == part_of("workers.cli") == "cli"
     assert part_of("workers.lifecycle") == "workers"
     assert part_of("blobs.store") == "log"
@@ -190,12 +191,16 @@ def test_architecture_wheel_installs_every_package(tmp_path):
     fresh_site = next((fresh / "lib").glob("python*/site-packages"))
     (fresh_site / "zz_test_dependencies.pth").write_text(f"{deps}\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    check = ("import bus, bus.channels, bus.pump, bus.xml, bus.mcpserver, workers, blobs,"
+    check = ("import bus, bus.channels, bus.pump, bus.views, bus.xml, bus.mcpserver, workers,"
+             " blobs,"
              " bus.migrations;"
              "from bus import Bus; print(bus.__file__)")
     shown = subprocess.run([str(python), "-c", check], capture_output=True, text=True,
                            cwd=tmp_path, env=env, check=True)
     assert shown.stdout.strip().startswith(str(fresh_site))
+    # The web page's own files ship in the wheel (bus serve works offline).
+    assert (fresh_site / "bus" / "views" / "static" / "index.html").is_file()
+    assert (fresh_site / "bus" / "views" / "static" / "app.js").is_file()
     helped = subprocess.run([str(fresh / "bin" / "bus"), "--help"], capture_output=True,
                             text=True, cwd=tmp_path, env=env)
     assert helped.returncode == 0, helped.stderr

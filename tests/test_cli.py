@@ -887,14 +887,14 @@ def test_sql_renders_null_blob_and_float(bus: Bus, db_path: Path) -> None:
     table = run(["sql", "SELECT NULL AS n, x'00ff' AS b, 1.5 AS f"], db_path)
     assert table.exit_code == 0
     assert table.stdout == "n     b        f\nNULL  x'00ff'  1.5\n"
-    as_json = run(["sql", "SELECT NULL AS n, x'00ff' AS b, 1.5 AS f", "--json"], db_path)
+    as_json = run(["sql", "SELECT NULL AS n, x'00ff' AS b, 1.5 AS f", "--nl"], db_path)
     assert json_lines(as_json.stdout) == [{"n": None, "b": "x'00ff'", "f": 1.5}]
 
 
 def test_sql_json_one_object_per_row(bus: Bus, db_path: Path) -> None:
     _seed_for_sql(bus)
     result = run(["sql", "SELECT seq, type, to_agent, payload FROM messages ORDER BY seq",
-                  "--json"], db_path)
+                  "--nl"], db_path)
     assert result.exit_code == 0
     assert json_lines(result.stdout) == [
         {"seq": 1, "type": "task_assign", "to_agent": "worker-1", "payload": '{"task":"t1"}'},
@@ -907,7 +907,7 @@ def test_sql_no_rows(bus: Bus, db_path: Path, query: str) -> None:
     result = run(["sql", query], db_path)
     assert result.exit_code == 0
     assert result.stdout == "(no rows)\n"
-    as_json = run(["sql", query, "--json"], db_path)
+    as_json = run(["sql", query, "--nl"], db_path)
     assert as_json.exit_code == 0
     assert as_json.stdout == ""
 
@@ -926,13 +926,13 @@ def test_sql_no_rows(bus: Bus, db_path: Path, query: str) -> None:
 def test_sql_refuses_writes_and_leaves_data_unchanged(bus: Bus, db_path: Path,
                                                       query: str) -> None:
     _seed_for_sql(bus)
-    before = run(["sql", "SELECT * FROM messages ORDER BY seq", "--json"], db_path).stdout
+    before = run(["sql", "SELECT * FROM messages ORDER BY seq", "--nl"], db_path).stdout
     result = run(["sql", query], db_path)
     assert result.exit_code == 1
     assert result.stdout == ""
     assert result.stderr.startswith("Error: ")
     assert "read-only" in result.stderr
-    after = run(["sql", "SELECT * FROM messages ORDER BY seq", "--json"], db_path).stdout
+    after = run(["sql", "SELECT * FROM messages ORDER BY seq", "--nl"], db_path).stdout
     assert after == before
     assert len(json_lines(after)) == 2
     assert bus.list_cursors() == []
@@ -955,13 +955,13 @@ def test_sql_runs_one_statement_at_a_time(bus: Bus, db_path: Path) -> None:
 
 
 def test_sql_json_keeps_repeated_column_names(bus: Bus, db_path: Path) -> None:
-    result = run(["sql", "SELECT 1 AS a, 2 AS a, 3 AS b", "--json"], db_path)
+    result = run(["sql", "SELECT 1 AS a, 2 AS a, 3 AS b", "--nl"], db_path)
     assert result.exit_code == 0
     assert json_lines(result.stdout) == [{"a": 1, "a_2": 2, "b": 3}]
 
 
 def test_sql_reads_schema_pragmas(bus: Bus, db_path: Path) -> None:
-    result = run(["sql", "PRAGMA table_info(cursors)", "--json"], db_path)
+    result = run(["sql", "PRAGMA table_info(cursors)", "--nl"], db_path)
     assert result.exit_code == 0
     assert [row["name"] for row in json_lines(result.stdout)] == [
         "agent_id", "last_acked_seq", "updated_at_ms"]
@@ -1074,62 +1074,7 @@ def test_migrate_missing_database_exits_1(tmp_path: Path) -> None:
     assert not db.exists()
 
 
-# --- status -----------------------------------------------------------------
-
-
-def test_status_without_cursors(bus: Bus, db_path: Path) -> None:
-    result = run(["status"], db_path)
-    assert result.exit_code == 0
-    assert result.stdout == (
-        f"bus {db_path} (schema version {LATEST_VERSION})\n"
-        "messages: 0, last seq: 0\n"
-        "no cursors yet (no agent has acked)\n"
-    )
-
-
-def _seed_for_status(bus: Bus) -> None:
-    bus.publish("p", "t", to="w1")   # 1
-    bus.publish("p", "t", to="w2")   # 2
-    bus.publish("p", "t")            # 3 broadcast
-    bus.publish("p", "t", to="w1")   # 4
-    bus.publish("p", "t")            # 5 broadcast
-    bus.ack("w2", 3)
-    bus.ack("w1", 1)
-
-
-def test_status_shows_counts_and_cursor_lag(bus: Bus, db_path: Path) -> None:
-    _seed_for_status(bus)
-    result = run(["status"], db_path)
-    assert result.exit_code == 0
-    assert result.stdout == (
-        f"bus {db_path} (schema version {LATEST_VERSION})\n"
-        "messages: 5, last seq: 5\n"
-        "agent  acked  lag\n"
-        "w1     1      3\n"
-        "w2     3      1\n"
-    )
-
-
-def test_status_json(bus: Bus, db_path: Path) -> None:
-    _seed_for_status(bus)
-    result = run(["status", "--json"], db_path)
-    assert result.exit_code == 0
-    out = json.loads(result.stdout)
-    cursors = out.pop("cursors")
-    assert out == {"path": str(db_path), "schema_version": LATEST_VERSION, "messages": 5, "last_seq": 5}
-    assert [(c["agent"], c["last_acked_seq"], c["pending"]) for c in cursors] == [
-        ("w1", 1, 3), ("w2", 3, 1)]
-    assert all(set(c) == {"agent", "last_acked_seq", "updated_at_ms", "pending"}
-               for c in cursors)
-    assert all(isinstance(c["updated_at_ms"], int) and c["updated_at_ms"] > 0 for c in cursors)
-
-
-def test_status_lag_drops_after_ack(bus: Bus, db_path: Path) -> None:
-    _seed_for_status(bus)
-    assert run(["ack", "--agent", "w1", "--seq", "5"], db_path).exit_code == 0
-    cursors = json.loads(run(["status", "--json"], db_path).stdout)["cursors"]
-    assert [(c["agent"], c["last_acked_seq"], c["pending"]) for c in cursors] == [
-        ("w1", 5, 0), ("w2", 3, 1)]
+# --- status: see tests/test_cli_admin.py -------------------------------------
 
 
 # --- version, help, unknown commands ------------------------------------------

@@ -93,12 +93,13 @@ NEW_COMMANDS = [
 def test_coordination_commands_missing_database_exit_1_without_creating_it(tmp_path: Path,
                                                                           args) -> None:
     db = tmp_path / "missing" / "bus.db"
-    for as_json in ([], ["--json"]):
-        result = run(args + as_json, db)
-        assert result.exit_code == 1
-        assert result.stdout == ""
-        assert result.stderr.startswith(f"Error: no bus database at {db}; create it with"
-                                        f" `bus init`")
+    expected = f"no bus database at {db}; create it with `bus init`"
+    result = run(args, db)
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr.startswith(f"Error: {expected}")
+    as_json = run(args + ["--json"], db)  # with --json the error is a JSON object too
+    assert (as_json.exit_code, as_json.stdout) == (1, "")
+    assert json.loads(as_json.stderr)["error"].startswith(expected)
     assert not db.parent.exists()
 
 

@@ -728,10 +728,12 @@ def test_export_cli_racing_processes_export_each_message_once(
                 assert report["path"] == str(out)
                 exported += report["exported"]
             else:
-                # The loser fails cleanly: the lock, not a half-done export.
+                # The loser fails cleanly: the lock, not a half-done export
+                # (with --json, the error is a JSON object on stderr).
                 assert (returncode, stdout) == (1, ""), racer.describe()
-                assert racer.stderr() == (f"Error: another exporter is writing {out};"
-                                          " stop it first\n"), racer.describe()
+                assert json.loads(racer.stderr()) == {
+                    "error": f"another exporter is writing {out}; stop it first",
+                    "field": None}, racer.describe()
         assert exported == 3000, f"round {round_}: {exported} exported"
         assert_exactly_once(bus, out)
 

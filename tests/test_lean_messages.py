@@ -94,7 +94,9 @@ def test_lean_migration_converts_a_version_7_file_in_place(tmp_path, monkeypatch
         assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
         assert conn.execute("PRAGMA foreign_keys").get == 1  # back on after migrating
         table_sql = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'messages'").get
+        assert table_sql.startswith("CREATE TABLE messages (")  # not "messages_v7", not quoted
         assert "AUTOINCREMENT" not in table_sql.upper()
+        assert conn.execute("PRAGMA legacy_alter_table").get == 0
         assert bus.publish("planner", "next").seq == 24  # above everything ever handed out
         # The channel tables still cascade from the new table.
         conn.execute("DELETE FROM messages WHERE seq = 21")
@@ -122,8 +124,8 @@ def test_lean_migration_is_one_transaction(tmp_path, monkeypatch):
     for migration in schema.available_migrations():
         text = migration.sql()
         if migration.version == 8:  # fail after the copy and the DROP
-            text = text.replace("ALTER TABLE messages_lean RENAME TO messages;",
-                                "ALTER TABLE messages_lean RENAME TO messages;\nSELECT no_such();")
+            text = text.replace("DROP TABLE messages_v7;",
+                                "DROP TABLE messages_v7;\nSELECT no_such();")
         (broken / migration.path.name).write_text(text)
     monkeypatch.setattr(schema, "MIGRATIONS_DIR", broken)
     with pytest.raises(apsw.SQLError):

@@ -300,8 +300,9 @@ def test_mcp_resources_status_inbox_and_thread(bus: Bus, db_path: Path):
 
     status, inbox, thread, missing = asyncio.run(scenario())
     assert str(missing) == "no worker 'nobody'; `worker status` lists them"
-    assert status["path"] == str(db_path)
-    assert (status["messages"], status["last_seq"]) == (4, 4)
+    assert status["file"]["path"] == str(db_path)
+    assert (status["log"]["messages"], status["log"]["last_seq"]) == (4, 4)
+    assert [c["name"] for c in status["channels"]] == ["talk"]
     assert [(m["from"], m["type"]) for m in inbox["messages"]] == [("boss", "hello")]
     assert [(m["sender"], m["content"]) for m in thread["messages"]] == [
         ("boss", "Pool size?"), ("planner", "20")]

@@ -11,9 +11,11 @@ import click
 
 from bus import __version__
 from bus.api import MAX_PAYLOAD_BYTES
+from bus.cli import admin
 from bus.cli import channels
 from bus.cli import coordination
 from bus.cli import history
+from bus.cli import live
 from bus.cli import mcp
 from bus.cli import messaging
 from bus.cli import pump
@@ -22,6 +24,7 @@ from bus.cli import xml
 from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
 from bus.cli.layout import SectionedGroup
+from bus.cli.layout import add_db_after_command
 from bus.cli.layout import add_moved_aliases
 from bus.cli.output import format_message
 
@@ -37,9 +40,12 @@ __all__ = ["main", "format_message"]
 @click.option("--max-payload-bytes", envvar="BUS_MAX_PAYLOAD_BYTES", default=MAX_PAYLOAD_BYTES,
               show_default=True, type=click.IntRange(1),
               help="Refuse a message whose payload JSON is longer (env: BUS_MAX_PAYLOAD_BYTES).")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON output and JSON errors, as if --json followed the command.")
 @click.version_option(__version__, "--version", prog_name="bus")
 @click.pass_context
-def main(ctx: click.Context, db: str, durability: str, max_payload_bytes: int) -> None:
+def main(ctx: click.Context, db: str, durability: str, max_payload_bytes: int,
+         as_json: bool) -> None:
     """agentbus: a message bus for agents in one SQLite file.
 
     \b
@@ -49,10 +55,11 @@ def main(ctx: click.Context, db: str, durability: str, max_payload_bytes: int) -
       bus poll --agent worker-1
       bus ack --agent worker-1 --seq 1
     """
-    ctx.obj = BusContext(ctx, db, durability, max_payload_bytes)
+    ctx.obj = BusContext(ctx, db, durability, max_payload_bytes, as_json)
 
 
-for _module in (messaging, coordination, history, channels, pump, xml, search, mcp):
+for _module in (messaging, coordination, history, channels, pump, xml, search, mcp, admin, live):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 add_moved_aliases(main)
+add_db_after_command(main)

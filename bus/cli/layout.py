@@ -13,7 +13,10 @@ from typing import Any
 
 import click
 
+from bus.cli.context import DB_OPTION_NAME
+from bus.cli.context import JSON_ERRORS
 from bus.cli.context import BusGroup
+from bus.cli.context import db_option
 
 # Section title -> the top-level commands in it, in the order `bus --help` lists them.
 SECTIONS = (
@@ -24,7 +27,8 @@ SECTIONS = (
     ("Pump and XML", ("pump", "xml")),
     ("Agents", ("mcp",)),
     ("Export and history", ("export", "history")),
-    ("Admin", ("status", "check", "sql", "migrate", "gc", "compact")),
+    ("Admin", ("status", "check", "top", "serve", "consumers", "consumer", "cursor", "sql",
+               "tables", "schema", "migrate", "gc", "compact", "help")),
 )
 
 # Old top-level name -> the group it moved into (the command keeps its name there).
@@ -81,8 +85,33 @@ def format_sections(group: click.Group, ctx: click.Context,
                 formatter.write_dl([(n, visible[n].get_short_help_str(limit)) for n in names])
 
 
+def leaf_commands(group: click.Group) -> list[click.Command]:
+    """Every command under `group` that is not itself a group, each once."""
+    found: dict[int, click.Command] = {}
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            found.update((id(c), c) for c in leaf_commands(command))
+        else:
+            found[id(command)] = command
+    return list(found.values())
+
+
+def add_db_after_command(root: click.Group) -> None:
+    """Let every command take --db after its name too, where people type it."""
+    for command in leaf_commands(root):
+        # Hidden aliases share their command's parameter list: add it once.
+        if not any(p.name == DB_OPTION_NAME for p in command.params):
+            command.params.append(db_option())
+
+
 class SectionedGroup(BusGroup):
-    """The root `bus` group: `--help` lists its commands by part."""
+    """The root `bus` group: `--help` lists its commands by part; it notes
+    whether --json is anywhere on the command line, to show errors as JSON."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        options = args[:args.index("--")] if "--" in args else args
+        ctx.meta[JSON_ERRORS] = "--json" in options
+        return super().parse_args(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         format_sections(self, ctx, formatter)

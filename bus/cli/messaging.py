@@ -16,12 +16,13 @@ import orjson
 
 from bus.api import Bus
 from bus.cli.context import BusContext
+from bus.cli.context import json_anywhere
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import PAYLOAD_PREVIEW
 from bus.cli.output import echo_json
 from bus.cli.output import echo_messages
-from bus.cli.output import echo_rows
+from bus.cli.output import echo_query_rows
 from bus.db import connect
 from bus.db import environment_error
 from bus.errors import DatabaseCorrupt
@@ -91,14 +92,19 @@ def publish(obj: BusContext, from_agent: str, type_: str, to: str | None, payloa
               help="Most messages to return.")
 @click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(0),
               help="Seconds to wait for a message when none is waiting.")
+@click.option("--from-latest", is_flag=True,
+              help="An agent without a cursor starts at the last seq, not the whole log.")
 @json_option
 @pass_bus_context
-def poll(obj: BusContext, agent: str, limit: int, wait: float, as_json: bool) -> None:
+def poll(obj: BusContext, agent: str, limit: int, wait: float, from_latest: bool,
+         as_json: bool) -> None:
     """Show the messages waiting for an agent; the cursor does not move (see `ack`).
 
     Example: bus poll --agent worker-1 --wait 30
     """
     bus = obj.open()
+    if from_latest:
+        bus.start_at_latest(agent)
     preview = _preview(as_json)
     found = bus.poll(agent, limit, preview=preview)
     deadline = time.monotonic() + wait
@@ -156,15 +162,23 @@ def tail(obj: BusContext, follow: bool, since: int | None, lines: int, as_json: 
 
 @click.command()
 @click.argument("query")
-@json_option
+@click.option("--table", "shape", flag_value="table", default=True,
+              help="Aligned columns (the default).")
+@click.option("--csv", "shape", flag_value="csv", help="CSV with a header row; NULL is empty.")
+@click.option("--nl", "shape", flag_value="nl", help="One JSON object per row, one per line.")
+@click.option("--json", "as_json", is_flag=True, callback=json_anywhere,
+              help="One JSON array of row objects.")
 @pass_bus_context
-def sql(obj: BusContext, query: str, as_json: bool) -> None:
+def sql(obj: BusContext, query: str, shape: str, as_json: bool) -> None:
     """Run a read-only SQL query on the bus file and print the rows.
 
     Writes fail: the connection is opened read-only. Change the bus through
-    the other commands.
+    the other commands. `bus tables` lists what there is to query.
 
-    Example: bus sql "SELECT type, count(*) FROM messages GROUP BY type"
+    \b
+    Example:
+      bus sql "SELECT type, count(*) FROM messages GROUP BY type"
+      bus sql --csv "SELECT * FROM cursors" > cursors.csv
     """
     conn = connect(obj.db, readonly=True)
     obj.ctx.call_on_close(lambda: conn.close(True))
@@ -179,7 +193,7 @@ def sql(obj: BusContext, query: str, as_json: bool) -> None:
         ) from None
     except apsw.Error as exc:
         raise click.ClickException(f"SQL failed: {exc}") from None
-    echo_rows(columns, rows, as_json)
+    echo_query_rows(columns, rows, "json" if as_json else shape)
 
 
 @click.command("migrate")
@@ -207,27 +221,6 @@ def migrate_command(obj: BusContext, status_only: bool, as_json: bool) -> None:
     if status_only:
         for m in before.pending:
             click.echo(f"pending {m.version:04d}_{m.name}")
-
-
-@click.command()
-@json_option
-@pass_bus_context
-def status(obj: BusContext, as_json: bool) -> None:
-    """Show message count, last seq and each consumer's cursor with its lag.
-
-    Example: bus status --json
-    """
-    summary = obj.open().summary()
-    if as_json:
-        echo_json(summary)
-        return
-    click.echo(f"bus {obj.db} (schema version {summary['schema_version']})")
-    click.echo(f"messages: {summary['messages']}, last seq: {summary['last_seq']}")
-    cursor_rows = [(c["agent"], c["last_acked_seq"], c["pending"]) for c in summary["cursors"]]
-    if cursor_rows:
-        echo_rows(["agent", "acked", "lag"], cursor_rows, False)
-    else:
-        click.echo("no cursors yet (no agent has acked)")
 
 
 @click.command()
@@ -395,4 +388,4 @@ def _export_with_progress(exporter) -> int:
     return total
 
 
-COMMANDS = [init, publish, poll, ack, tail, sql, migrate_command, status, check, export]
+COMMANDS = [init, publish, poll, ack, tail, sql, migrate_command, check, export]

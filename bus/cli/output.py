@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 from typing import Any
 from typing import Callable
 from typing import Iterable
@@ -11,6 +13,7 @@ import click
 import orjson
 
 from bus.messages import Message
+from bus.views.render import table_lines
 
 PAYLOAD_PREVIEW = 200  # characters of payload JSON on a human-readable line
 
@@ -59,19 +62,36 @@ def _cut(text: str, size: int) -> str:
 
 
 def echo_rows(columns: list[str], rows: list[tuple[Any, ...]], as_json: bool) -> None:
+    """Rows as an aligned table, or one JSON object per row and line."""
     if as_json:
-        keys = _unique_names(columns)
-        for row in rows:
-            echo_json({k: _json_value(v) for k, v in zip(keys, row)})
+        for row in _row_objects(columns, rows):
+            echo_json(row)
         return
     if not columns:
         click.echo("(no rows)")
         return
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
-    for r in cells:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+    for line in table_lines(columns, [[_cell(v) for v in row] for row in rows]):
+        click.echo(line)
+
+
+def echo_query_rows(columns: list[str], rows: list[tuple[Any, ...]], shape: str) -> None:
+    """A query's rows in `shape`: table, nl (JSON per line), json (one array) or csv."""
+    if shape == "json":
+        echo_json(_row_objects(columns, rows))
+    elif shape == "csv":
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        if columns:
+            writer.writerow(columns)
+        writer.writerows([["" if v is None else _json_value(v) for v in row] for row in rows])
+        click.echo(text.getvalue(), nl=False)
+    else:
+        echo_rows(columns, rows, shape == "nl")
+
+
+def _row_objects(columns: list[str], rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    keys = _unique_names(columns)
+    return [{k: _json_value(v) for k, v in zip(keys, row)} for row in rows]
 
 
 def echo_listing(found: Sequence[Any], as_json: bool, empty: str, columns: list[str],

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bus.mcpserver.session import AgentSession
+from bus.views.status import read_status
 
 INBOX_LIMIT = 100
 
@@ -18,8 +19,11 @@ class Resources:
         self.workers = session.workers
 
     def status(self) -> dict[str, Any]:
-        """The bus at a glance: schema version, message count, last seq, each cursor and its lag."""
-        return self.bus.summary()
+        """The whole bus at a glance, as `bus status --json` shows it.
+
+        The file, the log, consumers, agents, claims, workers, channels, the pump and the export.
+        """
+        return read_status(self.bus.path, self.bus.durability).to_json_dict()
 
     def inbox(self) -> dict[str, Any]:
         """Your waiting messages (the first 100 above your cursor), as `poll` returns them."""

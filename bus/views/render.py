@@ -1,0 +1,129 @@
+"""The status as text: the lines of `bus status`, and the tables `bus top` shows.
+
+Plain strings, no terminal control: the CLI echoes them, the terminal view
+puts the same rows in its tables.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import Sequence
+
+from bus.messages import iso_utc
+from bus.views.status import Consumer
+from bus.views.status import Status
+
+CONSUMER_COLUMNS = ["consumer", "kind", "cursor", "pending", "lag", "last ack"]
+AGENT_COLUMNS = ["agent", "state", "silent", "status", "task"]
+CLAIM_COLUMNS = ["task", "holder", "lease left", "attempt"]
+CHANNEL_COLUMNS = ["channel", "type", "state", "open", "awaiting ack", "dead letters"]
+
+
+def status_lines(status: Status) -> list[str]:
+    """One screen: a line per part, with a table under the parts that have rows."""
+    f, log = status.file, status.log
+    lines = [f"bus {f.path}  schema {f.schema_version}  durability {f.durability}"
+             f"  file {human_bytes(f.size_bytes)}  WAL {human_bytes(f.wal_bytes)}",
+             f"log: {log.messages} messages, last seq {log.last_seq}, {_oldest(status)}"]
+    lines += _section("consumers", str(len(status.consumers)) if status.consumers else
+                      "none (no agent has acked, nothing exported)",
+                      CONSUMER_COLUMNS, consumer_rows(status))
+    lines += _section("agents", counts(status.agents_by_state) or "none has sent a heartbeat",
+                      AGENT_COLUMNS, agent_rows(status))
+    lines += _section("claims", claims_summary(status), CLAIM_COLUMNS, claim_rows(status))
+    lines.append(f"workers: {counts(status.workers) or 'none'}")
+    lines += _section("channels", str(len(status.channels)) if status.channels else "none",
+                      CHANNEL_COLUMNS, channel_rows(status))
+    lines.append(f"pump: {pump_summary(status)}")
+    lines.append(f"export: {export_summary(status)}")
+    return lines
+
+
+def consumer_rows(status: Status) -> list[tuple[Any, ...]]:
+    return [consumer_row(c) for c in status.consumers]
+
+
+def consumer_row(c: Consumer) -> tuple[Any, ...]:
+    return (c.agent, c.kind, c.cursor, c.pending, c.lag, last_ack(c))
+
+
+def last_ack(c: Consumer) -> str:
+    return "-" if c.last_ack_age_s is None else f"{seconds(c.last_ack_age_s)} ago"
+
+
+def agent_rows(status: Status) -> list[tuple[Any, ...]]:
+    return [(a.agent, a.state, seconds(a.age_s), a.status, a.task or "-") for a in status.agents]
+
+
+def claim_rows(status: Status) -> list[tuple[Any, ...]]:
+    return [(c.task_id, c.agent, seconds((c.lease_until_ms - status.now_ms) / 1000),
+             f"{c.attempts}/{c.max_attempts}") for c in status.claims.claims]
+
+
+def channel_rows(status: Status) -> list[tuple[Any, ...]]:
+    return [(c.name, c.type, c.state, c.open_deliveries, c.awaiting_ack, c.dead_letters)
+            for c in status.channels]
+
+
+def claims_summary(status: Status) -> str:
+    c = status.claims
+    return (f"{c.held} held, {c.expiring_soon} expiring soon, {c.expired} expired,"
+            f" {c.taken_over} taken over, {c.dead} dead")
+
+
+def pump_summary(status: Status) -> str:
+    p = status.pump
+    organisms = ", ".join(p.organisms) or "no organism booted"
+    return f"{organisms}; units {p.queued} queued, {p.in_flight} in flight, {p.dead} dead"
+
+
+def export_summary(status: Status) -> str:
+    e = status.export
+    if e.path is None and e.last_seq == 0:
+        return "never run (bus export)"
+    return f"last exported seq {e.last_seq}, lag {e.lag}, to {e.path}"
+
+
+def counts(by_name: dict[str, int]) -> str:
+    """`2 alive, 1 dead`; names with no count are left out."""
+    return ", ".join(f"{n} {name}" for name, n in by_name.items() if n)
+
+
+def table_lines(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Columns padded to their widest cell, two spaces apart."""
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    return ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip()
+            for line in [list(columns), *rows]]
+
+
+def seconds(value: float) -> str:
+    """A duration for people: 4.2 s, 3 min, 2.5 h (negative: already past)."""
+    sign, value = ("-" if value < 0 else ""), abs(value)
+    if value < 120:
+        return f"{sign}{value:.1f} s"
+    if value < 7200:
+        return f"{sign}{value / 60:.0f} min"
+    return f"{sign}{value / 3600:.1f} h"
+
+
+def human_bytes(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    value, units = size / 1024, ["KiB", "MiB", "GiB"]
+    while value >= 1024 and len(units) > 1:
+        value, units = value / 1024, units[1:]
+    return f"{value:.1f} {units[0]}"
+
+
+def _oldest(status: Status) -> str:
+    if status.log.oldest_seq is None:
+        return "no message retained"
+    return f"oldest retained seq {status.log.oldest_seq} ({iso_utc(status.log.oldest_ts_ms)})"
+
+
+def _section(title: str, summary: str, columns: list[str],
+             rows: list[tuple[Any, ...]]) -> list[str]:
+    """`title: summary`, then the rows as a table indented under it."""
+    cells = [[str(v) for v in row] for row in rows]
+    table = table_lines(columns, cells) if cells else []
+    return [f"{title}: {summary}"] + ["  " + line for line in table]

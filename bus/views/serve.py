@@ -1,0 +1,219 @@
+"""`bus serve`: the status as a live, read-only local web page (Starlette on uvicorn).
+
+One reader thread per server (bus/views/follow.py) holds a read-only
+connection, wakes on commits, and reads the status and the chart series in
+one snapshot; every open page gets it as a server-sent event.
+Pages never make the server read more: a hundred tabs cost one reader.
+
+Read-only by construction: the connection is opened read-only (and refuses
+writes at prepare time), and the app has only GET routes. Plotly's own
+`plotly.min.js`, shipped inside the plotly package, is served from the
+installed package: the page needs no network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from contextlib import asynccontextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from typing import AsyncIterator
+from typing import Callable
+
+import apsw
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse
+from starlette.responses import Response
+from starlette.responses import StreamingResponse
+from starlette.routing import Mount
+from starlette.routing import Route
+from starlette.staticfiles import StaticFiles
+
+from bus.db import connect
+from bus.db import translate_busy
+from bus.errors import ValidationFailed
+from bus.views.charts import chart_data
+from bus.views.follow import follow
+from bus.views.status import read_status
+from bus.views.status import status_of
+
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+STATIC = Path(__file__).resolve().parent / "static"
+
+
+def snapshot(conn: apsw.Connection, path: str, durability: str) -> bytes:
+    """The status and every chart's series, read in one transaction, as JSON."""
+    with translate_busy(), conn:
+        status = status_of(conn, path, durability)
+        return orjson.dumps({"status": status.to_json_dict(),
+                             "charts": chart_data(conn, status)})
+
+
+class Broadcaster:
+    """Reads a snapshot after each commit and hands it to every open event stream."""
+
+    def __init__(self, path: str, durability: str) -> None:
+        self.path = path
+        self.durability = durability
+        self.latest = b"{}"
+        self._streams: set[asyncio.Queue[bytes | None]] = set()
+        self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Read the first snapshot, then start the reader thread; call from the event loop."""
+        self._loop = asyncio.get_running_loop()
+        conn = connect(self.path, readonly=True)
+        try:
+            self.latest = snapshot(conn, self.path, self.durability)
+        finally:
+            conn.close()
+        self._thread = threading.Thread(target=self._follow, name="bus-serve-reader",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._end_streams()
+
+    def end_streams_soon(self) -> None:
+        """End every open event stream; safe from a signal handler or another thread."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._end_streams)
+
+    def _end_streams(self) -> None:
+        for stream in self._streams:
+            _put_latest(stream, None)
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """Server-sent events: the latest snapshot now, then one per change."""
+        stream: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=1)
+        self._streams.add(stream)
+        try:
+            payload: bytes | None = self.latest
+            while payload is not None:
+                yield b"data: " + payload + b"\n\n"
+                payload = await stream.get()
+        finally:
+            self._streams.discard(stream)
+
+    def _follow(self) -> None:
+        follow(self.path, lambda conn: snapshot(conn, self.path, self.durability),
+               self._publish_soon, self._stop)
+
+    def _publish_soon(self, payload: bytes) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._publish, payload)
+
+    def _publish(self, payload: bytes) -> None:
+        self.latest = payload
+        for stream in self._streams:
+            _put_latest(stream, payload)
+
+
+def _put_latest(stream: asyncio.Queue[bytes | None], item: bytes | None) -> None:
+    """A slow page skips to the newest snapshot instead of queueing old ones."""
+    if stream.full():
+        stream.get_nowait()
+    stream.put_nowait(item)
+
+
+def plotly_js() -> Path:
+    """plotly.min.js as the installed plotly package ships it."""
+    return Path(str(resources.files("plotly") / "package_data" / "plotly.min.js"))
+
+
+def create_app(path: str, durability: str = "normal") -> Starlette:
+    """The web app for the bus at `path`: the page, its files, the status and its events."""
+    broadcaster = Broadcaster(path, durability)
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        broadcaster.start()
+        yield
+        broadcaster.stop()
+
+    async def page(_request: Request) -> Response:
+        return FileResponse(STATIC / "index.html")
+
+    async def status(_request: Request) -> Response:
+        return Response(broadcaster.latest, media_type="application/json")
+
+    async def events(_request: Request) -> Response:
+        return StreamingResponse(broadcaster.events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store"})
+
+    async def plotly(_request: Request) -> Response:
+        return FileResponse(plotly_js(), media_type="text/javascript")
+
+    app = Starlette(lifespan=lifespan, routes=[
+        Route("/", page), Route("/api/status", status), Route("/events", events),
+        Route("/static/plotly.min.js", plotly), Mount("/static", StaticFiles(directory=STATIC)),
+    ])
+    app.state.broadcaster = broadcaster
+    return app
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending the event streams when asked to stop: it waits for
+    open responses before it shuts the app down, and a stream never ends by itself."""
+
+    def __init__(self, config: uvicorn.Config, broadcaster: Broadcaster) -> None:
+        super().__init__(config)
+        self.broadcaster = broadcaster
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.broadcaster.end_streams_soon()
+        super().handle_exit(sig, frame)
+
+
+def check_host(host: str, allow_remote: bool) -> None:
+    """Refuse to listen beyond this machine unless asked to: the page has no login."""
+    if host not in LOOPBACK and not allow_remote:
+        raise ValidationFailed(
+            "host", f"{host} would show the bus to anyone who can reach this machine (the page"
+                    " has no login); use 127.0.0.1, or pass allow_remote (--allow-remote)"
+                    " to mean it")
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound socket (port 0: any free one); ValidationFailed when the address is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValidationFailed("port", f"cannot listen on {host}:{port} ({exc.strerror});"
+                                       " pick another --port, or 0 for any free one") from None
+    sock.listen(128)  # connections wait in the backlog until the server accepts them
+    return sock
+
+
+def serve(path: str, host: str = "127.0.0.1", port: int = 8765, *, allow_remote: bool = False,
+          durability: str = "normal", ready: Callable[[str], Any] = lambda url: None) -> None:
+    """Serve the page until interrupted; `ready(url)` is called once it listens.
+
+    Raises ValidationFailed for a host beyond this machine without
+    `allow_remote` or a port that is taken, and what `read_status` raises for
+    a file that cannot be shown.
+    """
+    check_host(host, allow_remote)
+    read_status(path, durability)
+    sock = listen(host, port)
+    shown_host = f"[{host}]" if ":" in host else host
+    app = create_app(path, durability)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+    server = _Server(config, app.state.broadcaster)
+    ready(f"http://{shown_host}:{sock.getsockname()[1]}/")
+    server.run(sockets=[sock])

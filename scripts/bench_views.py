@@ -1,0 +1,159 @@
+"""What the live views cost the writers: publish 1 per transaction with `bus serve`
+(and a page's event stream open) and `bus top` (in a pseudo-terminal) watching
+the file, against the same publishes with nothing watching, in the same run.
+
+Each round publishes on two fresh files, one watched and one not, in
+alternating order; the best round of each counts. Target: watched >= 0.9x.
+Beside the ratio, which a busy machine blurs, it reports the CPU the two
+view processes used during the watched run, as a share of one core.
+
+    python scripts/bench_views.py [--rounds 3] [--scale 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pty
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+from typing import Iterator
+
+from bus import Bus
+
+TARGET = 0.9
+MESSAGES = 3000  # publishes per run at scale 1
+STARTUP_TIMEOUT_S = 60.0
+SETTLE_S = 1.0  # let the views finish starting (Textual's first layouts) before timing
+
+
+def publish_rate(path: Path, count: int) -> float:
+    with Bus.open(path) as bus:
+        start = time.perf_counter()
+        for i in range(count):
+            bus.publish("producer", "tick", {"n": i}, to="consumer")
+        return count / (time.perf_counter() - start)
+
+
+def bus_argv(path: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "bus.cli", "--db", str(path), *args]
+
+
+def _drain(read: Callable[[], bytes]) -> None:
+    """Read and drop everything until the other side closes."""
+    try:
+        while read():
+            pass
+    except (OSError, ValueError):
+        pass
+
+
+@contextmanager
+def serving(path: Path) -> Iterator[int]:
+    """`bus serve` with one page's event stream being read, as a browser would."""
+    server = subprocess.Popen(bus_argv(path, "serve", "--port", "0"), stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        url = server.stdout.readline().split(" at ")[1].split()[0]
+        stream = urllib.request.urlopen(url + "events", timeout=STARTUP_TIMEOUT_S)
+        stream.readline()  # the first snapshot: the server is up
+        threading.Thread(target=_drain, args=(lambda: stream.read1(65536),), daemon=True).start()
+        yield server.pid
+    finally:
+        server.send_signal(2)
+        server.wait(timeout=STARTUP_TIMEOUT_S)
+
+
+@contextmanager
+def topping(path: Path) -> Iterator[int]:
+    """`bus top` drawing into a pseudo-terminal whose output is read and dropped."""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "140", "LINES": "45"}
+    top = subprocess.Popen(bus_argv(path, "top"), stdin=follower, stdout=follower,
+                           stderr=follower, env=env, close_fds=True)
+    os.close(follower)
+    try:
+        first = os.read(leader, 65536)  # blocks until it draws
+        assert first, "bus top drew nothing"
+        threading.Thread(target=_drain, args=(lambda: os.read(leader, 65536),),
+                         daemon=True).start()
+        yield top.pid
+    finally:
+        os.write(leader, b"q")
+        top.wait(timeout=STARTUP_TIMEOUT_S)
+        os.close(leader)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def watched_rate(path: Path, count: int) -> tuple[float, float]:
+    """The publish rate with both views open, and the share of one core they used meanwhile."""
+    Bus.open(path).close()
+    with serving(path) as server, topping(path) as top:
+        time.sleep(SETTLE_S)
+        before = cpu_seconds(server) + cpu_seconds(top)
+        rate = publish_rate(path, count)
+        used = cpu_seconds(server) + cpu_seconds(top) - before
+    return rate, used / (count / rate)
+
+
+def views_rows(workdir: Path, rounds: int, scale: float) -> list[dict]:
+    count = max(200, int(MESSAGES * scale))
+    alone = watched = 0.0
+    cores = []
+    for r in range(rounds):
+        pair = [("alone", workdir / f"views-alone-{r}.db"),
+                ("watched", workdir / f"views-watched-{r}.db")]
+        for kind, path in pair if r % 2 == 0 else reversed(pair):
+            if kind == "alone":
+                alone = max(alone, publish_rate(path, count))
+            else:
+                rate, core_share = watched_rate(path, count)
+                watched = max(watched, rate)
+                cores.append(core_share)
+    ratio = watched / alone
+    return [{"case": "publish 1/txn with serve + top open", "messages": count,
+             "alone_per_s": round(alone), "watched_per_s": round(watched),
+             "ratio": round(ratio, 3), "views_cpu_share": round(min(cores), 3),
+             "target": TARGET, "ok": ratio >= TARGET}]
+
+
+def print_rows(rows: list[dict]) -> None:
+    print(f"{'views':40} {'n':>6} {'alone/s':>9} {'watched/s':>10} {'ratio':>6}"
+          f" {'views cpu':>9}  target")
+    for r in rows:
+        print(f"{r['case']:40} {r['messages']:>6} {r['alone_per_s']:>9} {r['watched_per_s']:>10}"
+              f" {r['ratio']:>6.2f} {r['views_cpu_share']:>8.0%}  >={r['target']}"
+              f" {'ok' if r['ok'] else 'BELOW'}")
+    print("(views cpu: the CPU the serve and top processes used during the watched run,"
+          " as a share of one core)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="runs per case; the best counts")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="agentbus-bench-views-"))
+    try:
+        rows = views_rows(workdir, args.rounds, args.scale)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print_rows(rows)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""`bus serve`: a real server process, real HTTP, and the page in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from bus import Bus
+from bus.db import connect
+from bus.messages import now_ms
+from bus.pump.threads import ThreadRegistry
+from bus.views.charts import call_trees
+from bus.views.charts import worker_swimlane
+from bus.views.serve import plotly_js
+from tests.cli_helpers import run
+from tests.conftest import REPO_ROOT
+
+CHROMIUM = shutil.which("chromium")
+CHARTS = ("chart-rate", "chart-lag", "chart-swimlane", "chart-claims", "chart-threads")
+PAGE_TIMEOUT_MS = 20_000  # generous: the machine may be loaded; tests never assert on time
+
+
+def seed(bus: Bus) -> None:
+    """Something for every chart: types, a consumer, worker transitions, claims, threads."""
+    for type_ in ("task_assign", "task_assign", "note", "heartbeat_note"):
+        bus.publish("planner", type_, {"n": 1})
+    bus.ack("w1", 2)
+    for worker, states in (("w1", ["ASSIGNED", "WORKING", "IN_REVIEW"]),
+                           ("w2", ["ASSIGNED", "WORKING"])):
+        previous = None
+        for state in states:
+            bus.publish(worker, "state_change", {"from": previous, "to": state,
+                                                 "command": "x"})
+            previous = state
+    assert bus.claim("t1", "w1")
+    assert bus.claim("t2", "w2", lease_ms=1, now=1_700_000_000_000)
+    assert bus.claim("t2", "w1")  # the expired lease is taken over
+    registry = ThreadRegistry(bus, "org")
+    registry.get_or_create(["org", "calc", "add"])
+    registry.get_or_create(["org", "calc", "mul"])
+    bus.heartbeat("w1", "working", "t1")
+
+
+class Server:
+    """`bus serve --port 0` in its own process; the URL comes from its first line."""
+
+    def __init__(self, db: Path, env: dict[str, str], *extra: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bus.cli", "--db", str(db), "serve", "--port", "0", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        line = self.proc.stdout.readline()
+        assert " at http://" in line, line + self.proc.stderr.read()
+        self.url = line.split(" at ")[1].split()[0]
+
+    def get(self, path: str) -> bytes:
+        with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=30) as response:
+            return response.read()
+
+    def stop(self) -> int:
+        self.proc.send_signal(2)  # Ctrl-C
+        return self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def seeded_db(db_path: Path) -> Path:
+    with Bus.open(db_path) as bus:
+        seed(bus)
+    return db_path
+
+
+@pytest.fixture
+def server(seeded_db: Path, python_env: dict[str, str]):
+    started = Server(seeded_db, python_env)
+    yield started
+    if started.proc.poll() is None:
+        started.stop()
+
+
+# --- the chart series ----------------------------------------------------------
+
+
+def test_swimlane_segments_follow_state_changes(seeded_db: Path) -> None:
+    conn = connect(seeded_db, readonly=True)
+    now = now_ms() + 3_600_000  # an hour on: every state still open until now
+    segments = worker_swimlane(conn, now)
+    conn.close()
+    assert [(s["worker"], s["state"]) for s in segments] == [
+        ("w1", "ASSIGNED"), ("w1", "WORKING"), ("w1", "IN_REVIEW"),
+        ("w2", "ASSIGNED"), ("w2", "WORKING")]
+    for this, after in zip(segments, segments[1:]):
+        if this["worker"] == after["worker"]:
+            assert this["end_ms"] == after["start_ms"]
+    assert segments[2]["end_ms"] == segments[4]["end_ms"] == now  # still in that state
+
+
+def test_call_trees_are_a_forest(seeded_db: Path) -> None:
+    conn = connect(seeded_db, readonly=True)
+    trees = call_trees(conn)
+    conn.close()
+    by_id = dict(zip(trees["ids"], zip(trees["parents"], trees["labels"])))
+    labels = {label: parent for parent, label in by_id.values()}
+    assert set(labels) == {"org", "calc", "add", "mul"}
+    assert labels["org"] == ""
+    assert by_id[labels["add"]][1] == by_id[labels["mul"]][1] == "calc"
+
+
+# --- the server ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_serve_status_plotly_and_events(server: Server, seeded_db: Path) -> None:
+    snapshot = json.loads(server.get("/api/status"))
+    assert snapshot["status"]["log"]["last_seq"] == 10  # 9, and task_reclaimed for t2
+    assert set(snapshot["charts"]) == {"rate", "lag", "swimlane", "claims", "threads"}
+    assert server.get("/static/plotly.min.js") == plotly_js().read_bytes()
+    assert b"/static/plotly.min.js" in server.get("/")
+    assert b"EventSource" in server.get("/static/app.js")
+    with urllib.request.urlopen(server.url + "events", timeout=30) as stream:
+        first = stream.readline()
+        assert first.startswith(b"data: {") and json.loads(first[6:])["status"]["log"]
+
+
+@pytest.mark.slow
+def test_serve_has_no_route_that_writes(server: Server) -> None:
+    for method in ("POST", "PUT", "DELETE"):
+        request = urllib.request.Request(server.url + "api/status", data=b"{}", method=method)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 405
+
+
+@pytest.mark.slow
+def test_serve_stops_on_ctrl_c(server: Server) -> None:
+    assert server.stop() == 0
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.1", "::"])
+def test_serve_refuses_a_remote_host_without_the_flag(seeded_db: Path, host: str) -> None:
+    result = run(["serve", "--host", host], seeded_db)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: host: {host} would show the bus to anyone who can reach this machine (the page"
+        " has no login); use 127.0.0.1, or pass allow_remote (--allow-remote) to mean it\n")
+
+
+def test_serve_refuses_a_port_in_use(seeded_db: Path, server: Server) -> None:
+    port = server.url.rstrip("/").rsplit(":", 1)[1]
+    result = run(["serve", "--port", port], seeded_db)
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: port: cannot listen on 127.0.0.1:{port} (")
+
+
+def test_serve_a_missing_file(tmp_path: Path) -> None:
+    result = run(["serve", "--port", "0"], tmp_path / "none.db")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: no bus database at")
+
+
+# --- the page in Chromium ---------------------------------------------------------
+
+
+def chart_points(page, chart: str) -> int:
+    return page.evaluate(
+        "(id) => (document.getElementById(id).data || []).reduce("
+        " (n, t) => n + (t.x || t.ids || []).length, 0)", chart)
+
+
+def file_state(db: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(db.parent.iterdir())
+            if p.name.startswith(db.name) and not p.name.endswith("-shm")}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it)")
+def test_serve_page_in_chromium(server: Server, seeded_db: Path, python_env: dict[str, str],
+                                tmp_path: Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    local = server.url.rstrip("/")
+    elsewhere: list[str] = []
+    watcher = connect(seeded_db, readonly=True)
+    version = watcher.execute("PRAGMA data_version").get
+    before = file_state(seeded_db)
+    with sync_api.sync_playwright() as pw:
+        # No name resolves but the loopback, and any request elsewhere is refused
+        # and recorded: the page must work with the network off.
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1300})
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(local)
+                   else (elsewhere.append(route.request.url), route.abort()))
+        page.goto(server.url)
+        page.wait_for_function("document.body.dataset.lastSeq === '10'", timeout=PAGE_TIMEOUT_MS)
+        assert page.text_content("#messages") == "10"  # with task_reclaimed for t2
+        assert page.text_content("#claims-held") == "2"
+        assert "w1" in page.text_content("#consumers")
+        for chart in CHARTS:
+            page.wait_for_function(f"(document.getElementById('{chart}').data || []).length > 0",
+                                   timeout=PAGE_TIMEOUT_MS)
+            assert chart_points(page, chart) > 0, chart
+        page.reload()  # a second visit: still nothing written
+        page.wait_for_function("document.body.dataset.lastSeq === '10'", timeout=PAGE_TIMEOUT_MS)
+        assert watcher.execute("PRAGMA data_version").get == version
+        assert file_state(seeded_db) == before
+        subprocess.run([sys.executable, "-m", "bus.cli", "--db", str(seeded_db), "publish",
+                        "--from", "other", "--type", "late"], env=python_env, check=True,
+                       capture_output=True)
+        published = time.monotonic()
+        page.wait_for_function("document.body.dataset.lastSeq === '11'", polling=50,
+                               timeout=PAGE_TIMEOUT_MS)
+        print(f"page updated {time.monotonic() - published:.3f} s after the publish returned")
+        assert page.text_content("#messages") == "11"
+        page.screenshot(path=str(tmp_path / "bus-serve.png"), full_page=True)
+        browser.close()
+    watcher.close()
+    assert elsewhere == []
+    if os.environ.get("BUS_DOCS_SCREENSHOT"):
+        shutil.copy(tmp_path / "bus-serve.png", REPO_ROOT / "docs" / "bus-serve.png")

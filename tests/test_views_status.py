@@ -1,0 +1,145 @@
+"""The status snapshot (bus/views/status.py): every section from a real file, read-only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bus import Bus
+from bus.db import connect
+from bus.errors import BusNotFound
+from bus.errors import SchemaOutdated
+from bus.heartbeats import Thresholds
+from bus.heartbeats import beat
+from bus.views.status import EXPORTER
+from bus.views.status import read_status
+from tests.conftest import LATEST_VERSION
+
+NOW = 1_800_000_000_000
+
+
+def test_status_of_an_empty_bus(bus: Bus, db_path: Path) -> None:
+    found = read_status(db_path, now=NOW)
+    assert (found.log.messages, found.log.last_seq, found.log.oldest_seq) == (0, 0, None)
+    assert found.consumers == [] and found.agents == [] and found.channels == []
+    assert found.file.schema_version == LATEST_VERSION
+    assert found.file.size_bytes == db_path.stat().st_size
+    assert found.agents_by_state == {"alive": 0, "warn": 0, "stale": 0, "dead": 0}
+    assert (found.export.last_seq, found.export.path) == (0, None)
+    assert found.to_json_dict()["pump"] == {"organisms": [], "queued": 0, "in_flight": 0,
+                                             "dead": 0}
+
+
+def test_status_consumers_pending_lag_and_the_exporter(bus: Bus, db_path: Path) -> None:
+    bus.publish("p", "t", to="w1")   # 1
+    bus.publish("p", "t", to="w2")   # 2
+    bus.publish("p", "t")            # 3 broadcast
+    bus.ack("w1", 1)
+    bus.export_jsonl()
+    bus.publish("p", "t", to="w1")   # 4
+    found = read_status(db_path)
+    rows = [(c.agent, c.kind, c.cursor, c.pending, c.lag) for c in found.consumers]
+    assert rows == [("w1", "agent", 1, 2, 3), (EXPORTER, "exporter", 3, 1, 1)]
+    assert found.consumer("w1").last_ack_ms == bus.list_cursors()[0].updated_at_ms
+    assert found.consumer("nobody") is None
+    assert (found.log.messages, found.log.last_seq, found.log.oldest_seq) == (4, 4, 1)
+    assert (found.export.last_seq, found.export.lag) == (3, 1)
+    assert found.export.path == str(db_path.parent / "bus.jsonl")
+
+
+def test_status_agents_by_liveness(bus: Bus, db_path: Path) -> None:
+    for agent, silent_s in (("fresh", 1), ("quiet", 40), ("gone", 400)):
+        beat(bus.conn, agent, "working", "t1", None, now=NOW - silent_s * 1000)
+    found = read_status(db_path, now=NOW, thresholds=Thresholds())
+    assert [(a.agent, a.state) for a in found.agents] == [
+        ("gone", "dead"), ("quiet", "warn"), ("fresh", "alive")]
+    assert found.agents_by_state == {"alive": 1, "warn": 1, "stale": 0, "dead": 1}
+
+
+def test_status_claims_held_expiring_expired_taken_over_dead(bus: Bus, db_path: Path) -> None:
+    assert bus.claim("long", "a", 60_000, now=NOW)
+    assert bus.claim("short", "a", 5_000, now=NOW)
+    assert bus.claim("lapsed", "a", 1_000, now=NOW - 2_000)
+    assert bus.claim("retried", "a", 1_000, now=NOW - 10_000)
+    assert bus.claim("retried", "b", 60_000, now=NOW - 5_000)  # takes over the expired lease
+    assert bus.claim("doomed", "a", 1_000, max_attempts=1, now=NOW - 10_000)
+    assert not bus.claim("doomed", "b", 1_000, max_attempts=1, now=NOW - 5_000)  # dies
+    c = read_status(db_path, now=NOW).claims
+    assert (c.held, c.expiring_soon, c.expired, c.taken_over, c.dead) == (3, 1, 1, 1, 1)
+    assert sorted(claim.task_id for claim in c.claims) == ["lapsed", "long", "retried", "short"]
+
+
+def test_status_workers_channels_and_pump(bus: Bus, db_path: Path) -> None:
+    for worker, state in (("w1", "WORKING"), ("w2", "WORKING"), ("w3", "FAILED")):
+        bus.conn.execute(
+            "INSERT INTO workers (worker_id, task_id, state, repo, base, branch, worktree,"
+            " created_at_ms, updated_at_ms) VALUES (?, 't', ?, '/r', 'main', 'b', '/w', 1, 1)",
+            (worker, state))
+    bus.channels.create_channel("jobs", "group", "boss")
+    bus.channels.join_channel("jobs", "w1")
+    bus.channels.join_channel("jobs", "w2")
+    bus.channels.send_message("jobs", "boss", "command", "resize")
+    bus.channels.receive_messages("w1")  # handed out: awaiting its ack
+    units = (("pending", 0), ("pending", NOW + 60_000), ("dead", 0), ("done", 0))
+    for input_seq, (status, lease) in enumerate(units):
+        bus.conn.execute(
+            "INSERT INTO pump_work (organism, input_seq, listener, kind, thread, status,"
+            " max_attempts, lease_until_ms, created_at_ms) VALUES ('org', ?, 'l', 'call', 'x',"
+            " ?, 3, ?, 1)", (input_seq, status, lease))
+    bus.conn.execute("INSERT INTO pump_organisms VALUES ('org', 1, 'boot')")
+    found = read_status(db_path, now=NOW)
+    assert found.workers == {"FAILED": 1, "WORKING": 2}
+    [jobs] = found.channels
+    assert (jobs.name, jobs.type, jobs.state, jobs.open_deliveries, jobs.awaiting_ack,
+            jobs.dead_letters) == ("jobs", "group", "active", 2, 1, 0)
+    assert (found.pump.organisms, found.pump.queued, found.pump.in_flight,
+            found.pump.dead) == (["org"], 1, 1, 1)
+
+
+def test_status_never_writes_the_file(bus: Bus, db_path: Path) -> None:
+    bus.publish("p", "t")
+    bus.ack("w", 1)
+    version = bus.conn.execute("PRAGMA data_version").get
+    files = {p: p.read_bytes() for p in db_path.parent.iterdir() if p.is_file()}
+    for _ in range(3):
+        read_status(db_path)
+    assert bus.conn.execute("PRAGMA data_version").get == version
+    assert {p: p.read_bytes() for p in db_path.parent.iterdir() if p.is_file()} == files
+
+
+def test_status_refuses_a_missing_file_and_an_old_schema(tmp_path: Path) -> None:
+    with pytest.raises(BusNotFound):
+        read_status(tmp_path / "none.db")
+    old = tmp_path / "old.db"
+    Bus.open(old).close()
+    conn = connect(old)
+    conn.execute(f"PRAGMA user_version = {LATEST_VERSION - 1}")
+    conn.close()
+    with pytest.raises(SchemaOutdated, match="bus migrate"):
+        read_status(old)
+
+
+@given(st.lists(st.one_of(st.tuples(st.just("publish"), st.sampled_from(["a", "b", None])),
+                          st.tuples(st.just("ack"), st.sampled_from(["a", "b"]))),
+                max_size=25))
+def test_status_pending_matches_a_model(tmp_path_factory, steps) -> None:
+    """pending = messages to the agent or broadcast above its cursor; lag = last seq - cursor."""
+    path = tmp_path_factory.mktemp("model") / "bus.db"
+    with Bus.open(path) as bus:
+        sent: list[str | None] = []
+        acked: dict[str, int] = {}
+        for action, agent in steps:
+            if action == "publish":
+                bus.publish("p", "t", to=agent)
+                sent.append(agent)
+            elif sent:
+                acked[agent] = bus.ack(agent, len(sent))
+        found = read_status(path)
+    for agent, cursor in acked.items():
+        waiting = sum(1 for to in sent[cursor:] if to in (agent, None))
+        c = found.consumer(agent)
+        assert (c.cursor, c.pending, c.lag) == (cursor, waiting, len(sent) - cursor)
+    assert sorted(c.agent for c in found.consumers) == sorted(acked)
