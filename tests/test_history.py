@@ -442,7 +442,8 @@ def test_run_all_queries_as_json_lines_names_each_query(
     import io
 
     out = io.StringIO()
-    job.run(spark, str(real_export["export"]), job.query_names("all"), "json", out=out)
+    job.run(spark, str(real_export["export"]), job.query_names("all"), job.Output("json"),
+            out=out)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert {line["query"] for line in lines} == set(job.QUERIES)
     assert {"query": "dead_tasks", "task": "t9", "released": 0, "dead": True, "agents": "w9",
@@ -469,12 +470,12 @@ def test_history_query_names_match_the_job_registry() -> None:
     assert list(history_cli.QUERY_NAMES) == list(job.QUERIES)
 
 
-def test_history_prints_a_table_from_the_bus_export(
+def test_history_full_prints_a_table_from_the_bus_export(
         spark: SparkSession, bus_cli: Any, real_export: dict[str, Any]) -> None:
     result = CliRunner().invoke(bus_cli, ["--db", str(real_export["db"]), "history",
-                                          "--query", "lifecycle"])
+                                          "--query", "lifecycle", "--full"])
     assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
+    lines = result.output.splitlines()[1:]  # after the "== lifecycle: ... ==" heading
     assert lines[0].split() == ["worker", "state", "visits", "p50_s", "p95_s", "max_s",
                                 "total_s"]
     assert [line.split() for line in lines[2:]] == [
