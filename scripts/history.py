@@ -164,12 +164,20 @@ def tune_for_one_machine(spark: SparkSession) -> None:
 def _log_level() -> str:
     """WARN, unless the launch set spark.log.level (`spark-submit --conf spark.log.level=INFO`).
 
-    Set on the builder, it applies as the SparkContext starts, so the ~60
-    INFO lines of a cluster run's start never print (setLogLevel after
-    getOrCreate came too late for them).
+    Applied to log4j at once, before the SparkContext starts, so the INFO
+    lines of its start (about 60 on a cluster) never print; the builder
+    passes it on so the context keeps it.
     """
     SparkContext._ensure_initialized()  # the JVM spark-submit started, or a new one
-    return SparkConf().get("spark.log.level", QUIET_LOG_LEVEL)
+    level = SparkConf().get("spark.log.level", QUIET_LOG_LEVEL)
+    jvm = SparkContext._jvm
+    # spark-submit resets Spark's logging before it runs the script, and the
+    # first Spark class to log sets it up again at INFO: set it up now (a
+    # protected Scala method, public to Java) so the level below stays.
+    jvm.org.apache.spark.SparkConf(False).initializeLogIfNecessary(False)
+    log4j = jvm.org.apache.logging.log4j
+    log4j.core.config.Configurator.setRootLevel(log4j.Level.toLevel(level))
+    return level
 
 
 class SparkStartError(RuntimeError):
