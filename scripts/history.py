@@ -544,7 +544,8 @@ def compute(spark: SparkSession, export: str, names: Sequence[str], options: Opt
     try:
         seen = overview(spark, raw)
         if strict and seen.malformed:
-            raise MalformedExport(f"{seen.malformed_note()}; --strict stops at any")
+            raise MalformedExport(f"{seen.malformed_note('in the export')}; --strict stops"
+                                  " at any (without it they are skipped and counted)")
         messages = to_messages(raw)
         return seen, [collect(name, QUERIES[name].run(messages, options)) for name in names]
     finally:

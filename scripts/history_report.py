@@ -70,11 +70,12 @@ class Overview:
     malformed: int
     first_malformed: str | None  # FILE:LINE (1-based), None when every line is a record
 
-    def malformed_note(self) -> str | None:
+    def malformed_note(self, verb: str = "skipped") -> str | None:
+        """"3 malformed lines skipped, first at FILE:LINE", or None when there are none."""
         if not self.malformed:
             return None
         lines = "line" if self.malformed == 1 else "lines"
-        return f"{self.malformed} malformed {lines} skipped, first at {self.first_malformed}"
+        return f"{self.malformed} malformed {lines} {verb}, first at {self.first_malformed}"
 
 
 @dataclass(frozen=True)
@@ -294,13 +295,13 @@ def write_query_files(results: Sequence[Result], out_dir: Path) -> list[Path]:
 class Chart:
     """One chart, drawn the same by plotly (report.html) and matplotlib (--png).
 
-    `series` maps a legend name to (x values, y values); a "histogram"
-    chart has one series of values and no x.
+    `series` maps a legend name to (x values, y values); the x values are
+    categories (hours, states, latency buckets), bars stack per category.
     """
 
     name: str
     title: str
-    kind: str  # "stacked", "bar" or "histogram"
+    kind: str  # "stacked" (series share the x axis, sorted) or "bar" (one series, as given)
     x_title: str
     y_title: str
     series: dict[str, tuple[list[Any], list[Any]]]
@@ -317,10 +318,7 @@ def charts(results: Sequence[Result]) -> list[Chart]:
     if "lifecycle" in by_name:
         made.append(_time_in_state(by_name["lifecycle"].records()))
     if "threads" in by_name:
-        latencies = [r["p50_ms"] for r in by_name["threads"].records() if r["scope"] == "thread"]
-        made.append(Chart("thread_latency", "Thread latency: each thread's median reply (ms)",
-                          "histogram", "median request-to-reply latency (ms)", "threads",
-                          {"threads": ([], latencies)}))
+        made.append(_thread_latency(by_name["threads"].records()))
     if "volume" in by_name:
         made.append(Chart("takeovers", "Takeovers and dead tasks per hour", "stacked",
                           "hour (UTC)", "events",
@@ -336,6 +334,27 @@ def _per_hour(volume: list[dict[str, Any]], keep: Callable[[str], bool]
             counts[record["type"]][record["hour"]] += record["messages"]
     return {kind: (sorted(hours), [hours[h] for h in sorted(hours)])
             for kind, hours in sorted(counts.items())}
+
+
+# Latency buckets (upper bounds in ms, labels): log-like steps, because a
+# thread's median reply ranges from milliseconds to hours.
+LATENCY_BUCKETS = [(100, "< 0.1 s"), (1_000, "0.1-1 s"), (5_000, "1-5 s"),
+                   (15_000, "5-15 s"), (60_000, "15-60 s"), (300_000, "1-5 min"),
+                   (900_000, "5-15 min"), (3_600_000, "15-60 min"), (None, ">= 1 h")]
+
+
+def _thread_latency(threads: list[dict[str, Any]]) -> Chart:
+    counts = {label: 0 for _, label in LATENCY_BUCKETS}
+    for record in threads:
+        if record["scope"] == "thread":
+            counts[_bucket(record["p50_ms"])] += 1
+    return Chart("thread_latency", "Thread latency: threads by median reply time", "bar",
+                 "median request-to-reply latency", "threads",
+                 {"threads": (list(counts), list(counts.values()))})
+
+
+def _bucket(ms: int) -> str:
+    return next(label for bound, label in LATENCY_BUCKETS if bound is None or ms < bound)
 
 
 def _time_in_state(lifecycle: list[dict[str, Any]]) -> Chart:
@@ -394,10 +413,7 @@ def _plotly_figure(chart: Chart) -> Any:
 
     figure = go.Figure()
     for name, (xs, ys) in chart.series.items():
-        if chart.kind == "histogram":
-            figure.add_trace(go.Histogram(x=ys, name=name, nbinsx=40))
-        else:
-            figure.add_trace(go.Bar(x=xs, y=ys, name=name))
+        figure.add_trace(go.Bar(x=xs, y=ys, name=name))
     figure.update_layout(title=chart.title, barmode="stack", xaxis_title=chart.x_title,
                          yaxis_title=chart.y_title, height=420, margin={"t": 60})
     return figure
@@ -426,18 +442,27 @@ def write_pngs(made: Sequence[Chart], out_dir: Path) -> list[Path]:
 
 
 def _draw(axes: Any, chart: Chart) -> None:
-    if chart.kind == "histogram":
-        for name, (_, values) in chart.series.items():
-            axes.hist(values, bins=40, label=name)
-        return
-    bottoms: dict[Any, float] = defaultdict(float)
-    for name, (xs, ys) in chart.series.items():
-        axes.bar(xs, ys, bottom=[bottoms[x] for x in xs], label=name)
-        for x, y in zip(xs, ys):
-            bottoms[x] += y
-    if len(chart.series) > 1:
-        axes.legend(fontsize="small")
-    from matplotlib.ticker import MaxNLocator
+    """Bars at category positions, stacked; a tick label every few categories."""
+    import matplotlib.pyplot as plt
 
-    axes.xaxis.set_major_locator(MaxNLocator(12))  # hours: a label every few bars
-    axes.tick_params(axis="x", labelrotation=30)
+    categories = _categories(chart)
+    position = {category: index for index, category in enumerate(categories)}
+    heights = [0.0] * len(categories)
+    colors = plt.get_cmap("tab20")  # 20 colours: every message type its own
+    for index, (name, (xs, ys)) in enumerate(chart.series.items()):
+        spots = [position[x] for x in xs]
+        axes.bar(spots, ys, bottom=[heights[spot] for spot in spots], label=name,
+                 color=colors(index % 20))
+        for spot, y in zip(spots, ys):
+            heights[spot] += y
+    step = max(1, len(categories) // 12)
+    axes.set_xticks(range(0, len(categories), step),
+                    [str(category) for category in categories[::step]], rotation=30, ha="right")
+    if len(chart.series) > 1:
+        axes.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def _categories(chart: Chart) -> list[Any]:
+    if chart.kind == "stacked":
+        return sorted({x for xs, _ in chart.series.values() for x in xs})
+    return [x for xs, _ in chart.series.values() for x in xs]

@@ -185,7 +185,7 @@ def test_malformed_lines_are_counted_and_the_first_located(
     assert seen.first_malformed == f"{first}:4"  # line 2 is blank: skipped, not malformed
     assert seen.malformed_note() == f"4 malformed lines skipped, first at {first}:4"
     assert job.extract(spark, str(root)).count() == 4
-    with pytest.raises(job.MalformedExport, match="4 malformed lines skipped"):
+    with pytest.raises(job.MalformedExport, match="4 malformed lines in the export, first at"):
         job.compute(spark, str(root), ["volume"], job.Options(), strict=True)
 
 
@@ -219,7 +219,7 @@ def test_history_strict_exits_1_naming_the_first_bad_line(
     path.write_bytes(line(1) + b"oops\n" + line(2))
     result = CliRunner().invoke(bus_cli, ["history", "--export", str(path), "--strict"])
     assert result.exit_code == 1
-    assert result.output.startswith(f"Error: 1 malformed line skipped, first at {path}:2")
+    assert result.output.startswith(f"Error: 1 malformed line in the export, first at {path}:2;")
     result = CliRunner().invoke(bus_cli, ["history", "--export", str(path), "--query", "volume",
                                           "--json"])
     assert result.exit_code == 0
@@ -250,3 +250,49 @@ def test_history_out_writes_the_report_and_says_where(
     assert f"report written to {tmp_path / 'out' / 'report.html'}" in result.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
         ["report.html"] + [f"{name}.{ext}" for name in job.QUERIES for ext in ("csv", "parquet")])
+
+
+# --- the views, on rows built by hand ------------------------------------------------------
+
+
+def result(name: str, columns: str, rows: list[tuple]) -> Any:
+    return report.Result(name, name, columns.split(), rows)
+
+
+def test_charts_bucket_thread_latency_and_stack_task_events_per_hour() -> None:
+    made = {chart.name: chart for chart in report.charts([
+        result("volume", "hour agent type messages", [
+            ("2026-01-05T09:00Z", "bus", "task_dead", 1), ("2026-01-05T08:00Z", "w1", "note", 5),
+            ("2026-01-05T08:00Z", "bus", "task_released", 2),
+            ("2026-01-05T09:00Z", "bus", "task_released", 1)]),
+        result("threads", "scope correlation_id replies p50_ms p95_ms max_ms", [
+            ("thread", "t1", 1, 99, 99, 99), ("thread", "t2", 1, 100, 100, 100),
+            ("thread", "t3", 1, 7_200_000, 7_200_000, 7_200_000),
+            ("all", None, 3, 100, 7_200_000, 7_200_000)])])}
+    assert made["takeovers"].series == {
+        "task_dead": (["2026-01-05T09:00Z"], [1]),
+        "task_released": (["2026-01-05T08:00Z", "2026-01-05T09:00Z"], [2, 1])}
+    labels, counts = made["thread_latency"].series["threads"]
+    assert dict(zip(labels, counts)) == {"< 0.1 s": 1, "0.1-1 s": 1, "1-5 s": 0, "5-15 s": 0,
+                                         "15-60 s": 0, "1-5 min": 0, "5-15 min": 0,
+                                         "15-60 min": 0, ">= 1 h": 1}  # "all" is no thread
+    assert set(made) == {"volume", "thread_latency", "takeovers"}  # no lifecycle: no chart
+
+
+def test_summary_cuts_each_query_to_top_rows_and_says_of_how_many() -> None:
+    sections = report.summary([("messages", 9)], [
+        result("volume", "hour agent type messages", [
+            ("h1", "w1", "heartbeat", 6), ("h1", "w2", "note", 1), ("h2", "w1", "heartbeat", 2)]),
+        result("lifecycle", "worker state visits p50_s p95_s max_s total_s", [
+            ("w1", "WORKING", 2, 30.0, 60.0, 60.0, 90.0),
+            ("w2", "WORKING", 1, 7200.0, 7200.0, 7200.0, 7200.0),
+            ("w1", "ASSIGNED", 1, 10.0, 10.0, 10.0, 10.0)]),
+        result("stuck", "worker task state since stuck_s", [("w1", "t1", "WORKING", "x", 9.0)]),
+    ], top=1)
+    assert [(s.heading(), s.rows) for s in sections] == [
+        ("== totals ==", [("messages", 9)]),
+        ("== volume: messages by type (top 1 of 2) ==", [("heartbeat", 8, 88.9)]),
+        ("== lifecycle: time in each state, all workers (top 1 of 2) ==",
+         [("WORKING", 3, 2.0, 7200.0, 7200.0)]),
+        ("== stuck: stuck ==", [("w1", "t1", "WORKING", "x", 9.0)]),
+    ]
