@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,7 @@ HEARTBEAT_TYPE = "heartbeat"
 HOLD_ENDING_TYPES = ("task_released", "task_reclaimed", "task_dead")
 STUCK_AFTER_SECONDS = 3600.0
 SILENCE_TOP = 3  # largest gaps reported per agent
+QUERY_THREADS = 3  # queries in flight at once (see compute)
 PART_GLOB = "*.jsonl"  # the exporter's part files; anything else in the directory is not read
 CORRUPT_COLUMN = "_corrupt_record"
 ISO_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"  # the export's `ts` format (session time zone UTC)
@@ -540,6 +542,12 @@ def run(spark: SparkSession, export: str, names: Sequence[str],
 
 def compute(spark: SparkSession, export: str, names: Sequence[str], options: Options,
             strict: bool = False) -> tuple[Overview, list[Result]]:
+    """The overview and each query's rows, in the order of `names`.
+
+    The queries are submitted side by side (Spark runs jobs from several
+    threads at once): a query's small stages and its driver-side planning
+    leave cores idle that another query's tasks then use.
+    """
     raw = read_export(spark, export).persist()  # parsed once: the overview and every query
     try:
         seen = overview(spark, raw)
@@ -547,7 +555,9 @@ def compute(spark: SparkSession, export: str, names: Sequence[str], options: Opt
             raise MalformedExport(f"{seen.malformed_note('in the export')}; --strict stops"
                                   " at any (without it they are skipped and counted)")
         messages = to_messages(raw)
-        return seen, [collect(name, QUERIES[name].run(messages, options)) for name in names]
+        with ThreadPoolExecutor(QUERY_THREADS) as pool:
+            return seen, list(pool.map(
+                lambda name: collect(name, QUERIES[name].run(messages, options)), names))
     finally:
         raw.unpersist()
 
