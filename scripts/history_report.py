@@ -197,9 +197,11 @@ def _lifecycle_by_state(result: Result, top: int) -> Section:
 
 def _slowest_threads(result: Result, top: int) -> Section:
     """The overall row, then the threads with the slowest p95."""
-    overall = [row for row in result.rows if row[0] == "all"]
-    threads = sorted((row for row in result.rows if row[0] != "all"),
-                     key=lambda row: (-row[4], -row[5], row[1] or ""))
+    scope, thread = result.columns.index("scope"), result.columns.index("correlation_id")
+    p95, longest = result.columns.index("p95_ms"), result.columns.index("max_ms")
+    overall = [row for row in result.rows if row[scope] == "all"]
+    threads = sorted((row for row in result.rows if row[scope] != "all"),
+                     key=lambda row: (-row[p95], -row[longest], row[thread] or ""))
     section = _cut("threads: slowest threads by p95 (ms)", result.columns, threads, top - 1)
     return Section(section.title, section.columns, overall + section.rows,
                    section.total and section.total + len(overall))

@@ -228,6 +228,18 @@ def test_history_strict_exits_1_naming_the_first_bad_line(
     assert f"1 malformed line skipped, first at {path}:2" in result.stderr
 
 
+def test_history_out_that_cannot_be_written_exits_1_naming_it(
+        spark: SparkSession, bus_cli: Any, tmp_path: Path) -> None:
+    path = tmp_path / "bus.jsonl"
+    path.write_bytes(line(1))
+    (tmp_path / "a-file").write_text("")
+    result = CliRunner().invoke(bus_cli, ["history", "--export", str(path), "--out",
+                                          str(tmp_path / "a-file" / "out")])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: cannot write the report to --out"
+                                    f" {tmp_path / 'a-file' / 'out'}: Not a directory")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--csv"], "CSV prints one query"),
     (["--png"], "--png writes images beside report.html"),

@@ -155,6 +155,12 @@ def run_job(job: ModuleType, path: str, query: str, output: Any,
                        strict=strict)
     except job.MalformedExport as exc:
         raise click.ClickException(str(exc)) from exc
+    except ImportError as exc:  # --out's writers: pyarrow, plotly, matplotlib
+        raise click.ClickException(f"--out needs {exc.name}, which is not installed; install"
+                                   " it with `pip install 'agentbus[spark]'`") from exc
+    except OSError as exc:  # the results are in; only --out could not be written
+        raise click.ClickException(f"cannot write the report to --out {output.out_dir}:"
+                                   f" {exc.strerror or exc}") from exc
     except (PySparkException, Py4JError) as exc:
         raise click.ClickException(f"the Spark job failed: {_first_line(exc)}") from exc
 
