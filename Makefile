@@ -12,7 +12,8 @@ demo: $(INSTALLED)
 	$(BIN)/python scripts/demo.py
 
 # Some tests drive a program: xmllint (libxml2-utils) checks our XSDs,
-# tmux runs `bus top` in a real terminal, chromium loads `bus serve`'s page.
+# tmux runs `bus top` in a real terminal, chromium loads `bus serve`'s page and
+# the history report's report.html.
 # Install each one we can (root with apt-get, as in CI), or say plainly that
 # its tests will skip.
 TOOLS := xmllint:libxml2-utils tmux:tmux chromium:chromium

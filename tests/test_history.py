@@ -10,16 +10,12 @@ Java is not installed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
-from datetime import datetime
-from datetime import timezone
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 from typing import Iterator
 
@@ -31,7 +27,6 @@ if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
 
 import orjson  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
-from pyspark.sql import DataFrame  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.testing import assertDataFrameEqual  # noqa: E402
 
@@ -43,80 +38,18 @@ from bus.export import format_line  # noqa: E402
 from workers.machine import TRANSITIONS  # noqa: E402
 
 from conftest import REPO_ROOT  # noqa: E402
+from history_support import QUICK_JVM  # noqa: E402
+from history_support import T0  # noqa: E402
+from history_support import change  # noqa: E402
+from history_support import expected  # noqa: E402
+from history_support import iso  # noqa: E402
+from history_support import job  # noqa: E402
+from history_support import load_script  # noqa: E402
+from history_support import messages_df  # noqa: E402
+from history_support import msg  # noqa: E402
+from history_support import spark  # noqa: E402,F401 (the fixture)
 
-T0 = 1_767_600_000_000  # 2026-01-05T08:00:00.000Z
-# A short-lived JVM on a small machine: the C1 compiler alone and the serial
-# collector leave the CPU to the work instead of to C2 compile threads; and
-# no hsperfdata file in /tmp.
-QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData"
-
-
-def load_script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"script_{name}",
-                                                  REPO_ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
-
-
-job = history_cli.load_job()  # the module `bus history` runs, loaded the same way
 gen = load_script("gen_history")
-
-
-@pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    """One small local JVM for the module; its scratch files stay under tmp_path."""
-    scratch = tmp_path_factory.mktemp("spark")
-    session = (SparkSession.builder.master("local[1]").appName("agentbus-tests")
-               .config("spark.sql.shuffle.partitions", "1")
-               .config("spark.default.parallelism", "1")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.driver.memory", "512m")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.log.level", "ERROR")
-               .config("spark.local.dir", str(scratch))
-               .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
-               # Tiny data: compiling whole-stage code and re-planning adaptively
-               # cost more than they save, so the module runs in half the time.
-               .config("spark.sql.codegen.wholeStage", "false")
-               .config("spark.sql.adaptive.enabled", "false")
-               .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={scratch} {QUICK_JVM}")
-               .getOrCreate())
-    yield session
-    session.stop()
-
-
-# --- building test data -------------------------------------------------------------
-
-
-def iso(ts_ms: int) -> str:
-    moment = datetime.fromtimestamp(ts_ms / 1000, tz=timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts_ms % 1000:03d}Z"
-
-
-def msg(seq: int, ts_ms: int, from_agent: str, type_: str, payload: Any = None, *,
-        to: str | None = None, corr: str | None = None, reply_to: str | None = None,
-        id_: str | None = None) -> tuple:
-    """A MESSAGES_SCHEMA row; the payload as the JSON text the extract step yields."""
-    text = None if payload is None else json.dumps(payload, separators=(",", ":"))
-    return (seq, id_ or f"m{seq}", ts_ms, iso(ts_ms), from_agent, to, type_, corr, reply_to,
-            None, text)
-
-
-def messages_df(spark: SparkSession, rows: list[tuple]) -> DataFrame:
-    return spark.createDataFrame(rows, job.MESSAGES_SCHEMA)
-
-
-def expected(spark: SparkSession, schema: str, rows: list[tuple]) -> DataFrame:
-    return spark.createDataFrame(rows, schema)
-
-
-def change(seq: int, ts_ms: int, worker: str, task: str, before: str | None, after: str,
-           command: str) -> tuple:
-    return msg(seq, ts_ms, worker, "state_change",
-               {"from": before, "to": after, "command": command}, corr=task)
 
 
 # w1 takes t1 through a rejection to COMPLETED, then starts t3; w2 is WORKING on t2.
@@ -223,6 +156,65 @@ def test_stuck_threshold_is_a_parameter(spark: SparkSession) -> None:
         ("w4", "t5", "IN_REVIEW", iso(T0 + 400_000), 3600.0),
         ("w3", "t4", "WORKING", iso(T0 + 1_000_000), 3000.0),
     ]), checkRowOrder=True)
+
+
+def bus_says(seq: int, ts_ms: int, type_: str, task: str, **payload: Any) -> tuple:
+    """A message the bus publishes itself about a task (sender "bus", correlation = task)."""
+    return msg(seq, ts_ms, "bus", type_, {"task": task, **payload}, corr=task)
+
+
+# Three pairs stuck by their state alone, whose holds the bus ended: w6 released
+# (the task then went to w7, whose hold is still live), w8 reclaimed by w9,
+# and w10's task declared dead. An older release of w11 does not end w11's
+# later hold of the same task.
+HOLD_ENDED_ROWS = STUCK_ROWS[:-1] + [
+    change(20, T0 + 20_000, "w6", "t7", None, "WORKING", "start"),
+    bus_says(21, T0 + 320_000, "task_released", "t7", agent="w6", reason="agent dead"),
+    change(22, T0 + 330_000, "w7", "t7", None, "ASSIGNED", "spawn"),
+    change(23, T0 + 30_000, "w8", "t8", None, "WORKING", "start"),
+    bus_says(24, T0 + 340_000, "task_reclaimed", "t8", previous_holder="w8", new_holder="w9",
+             attempt=2),
+    change(25, T0 + 40_000, "w10", "t9", None, "IN_REVIEW", "done"),
+    bus_says(26, T0 + 350_000, "task_dead", "t9", last_holder="w3", attempts=3,
+             reason="lease expired"),
+    bus_says(27, T0 + 10_000, "task_released", "t10", agent="w11", reason="agent dead"),
+    change(28, T0 + 50_000, "w11", "t10", None, "WORKING", "start"),
+    bus_says(29, T0 + 360_000, "task_released", "t10", agent="w12", reason="agent dead"),
+    STUCK_ROWS[-1],
+]
+
+
+def test_stuck_leaves_out_holds_the_bus_released_reclaimed_or_declared_dead(
+        spark: SparkSession) -> None:
+    result = job.stuck(messages_df(spark, HOLD_ENDED_ROWS), after_seconds=3600)
+    assertDataFrameEqual(result, expected(spark, STUCK_SCHEMA, [
+        ("w11", "t10", "WORKING", iso(T0 + 50_000), 3950.0),  # released before, not after
+        ("w2", "t2", "WORKING", iso(T0 + 25_000), 3975.0),
+        ("w1", "t3", "ASSIGNED", iso(T0 + 200_000), 3800.0),
+        ("w7", "t7", "ASSIGNED", iso(T0 + 330_000), 3670.0),
+    ]))
+
+
+def test_lifecycle_and_threads_percentiles_do_not_depend_on_partitioning(
+        spark: SparkSession) -> None:
+    """Exact nearest-rank p50/p95: 1, 4 or 7 input partitions give the same rows."""
+    rows = [change(2 * i + 1, T0 + i * 1_000_003 % 7_919_000, "w1", f"t{i}", None,
+                   "ASSIGNED", "spawn") for i in range(120)]
+    rows += [change(2 * i + 2, T0 + i * 1_000_003 % 7_919_000 + (i * 7_907) % 100_000 + 1,
+                    "w1", f"t{i}", "ASSIGNED", "WORKING", "start") for i in range(120)]
+    rows += [msg(1_000 + i, T0 + i, "w2", "ask", corr=f"c{i % 3}", id_=f"q{i}")
+             for i in range(150)]
+    rows += [msg(2_000 + i, T0 + i + (i * 7_919) % 10_007, "w3", "tell", corr=f"c{i % 3}",
+                 reply_to=f"q{i}") for i in range(150)]
+    one = messages_df(spark, rows)
+    for partitions in (4, 7):
+        spread = one.repartition(partitions)
+        assertDataFrameEqual(job.lifecycle(spread), job.lifecycle(one))
+        assertDataFrameEqual(job.threads(spread), job.threads(one))
+    ticks = sorted((i * 7_907) % 100_000 + 1 for i in range(120))
+    working = job.lifecycle(one).where("state = 'ASSIGNED'").first()
+    # Nearest rank: the 60th and the 114th of 120 sorted values, values of the data.
+    assert (working.p50_s, working.p95_s) == (ticks[59] / 1000, ticks[113] / 1000)
 
 
 def test_threads_gives_reply_latency_per_correlation_id_and_overall(
@@ -453,7 +445,8 @@ def test_run_all_queries_as_json_lines_names_each_query(
     import io
 
     out = io.StringIO()
-    job.run(spark, str(real_export["export"]), job.query_names("all"), "json", out=out)
+    job.run(spark, str(real_export["export"]), job.query_names("all"), job.Output("json"),
+            out=out)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert {line["query"] for line in lines} == set(job.QUERIES)
     assert {"query": "dead_tasks", "task": "t9", "released": 0, "reclaimed": 0, "dead": True,
@@ -481,12 +474,12 @@ def test_history_query_names_match_the_job_registry() -> None:
     assert list(history_cli.QUERY_NAMES) == list(job.QUERIES)
 
 
-def test_history_prints_a_table_from_the_bus_export(
+def test_history_full_prints_a_table_from_the_bus_export(
         spark: SparkSession, bus_cli: Any, real_export: dict[str, Any]) -> None:
     result = CliRunner().invoke(bus_cli, ["--db", str(real_export["db"]), "history",
-                                          "--query", "lifecycle"])
+                                          "--query", "lifecycle", "--full"])
     assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
+    lines = result.output.splitlines()[1:]  # after the "== lifecycle: ... ==" heading
     assert lines[0].split() == ["worker", "state", "visits", "p50_s", "p95_s", "max_s",
                                 "total_s"]
     assert [line.split() for line in lines[2:]] == [
