@@ -18,6 +18,7 @@ from typing import Any
 
 import apsw
 
+from bus import integrity
 from bus import messages
 from bus.claims import Claim
 from bus.claims import list_claims
@@ -164,6 +165,9 @@ def read_status(path: str | os.PathLike[str], durability: str = "normal", *,
     """
     conn = connect(path, readonly=True)
     try:
+        # A one-off status checks the file as a writer's open does: counts read
+        # from indexes alone would report a damaged file as healthy.
+        integrity.connection_check_at_open(conn, Path(path))
         return status_of(conn, os.fspath(path), durability, now=now, thresholds=thresholds)
     finally:
         conn.close()
