@@ -87,7 +87,8 @@ class Bus:
         self._closed = False
         self._channels: Channels | None = None
         # Publishes from this Bus's threads share transactions (bus/group_commit.py).
-        self._publishes: GroupCommit[messages.Row, PublishResult] = GroupCommit(self._write_rows)
+        self._publishes: GroupCommit[messages.Row, PublishResult] = GroupCommit(self._write_group)
+        self._group_conn: apsw.Connection | None = None
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], durability: str = "normal", *,
@@ -194,12 +195,30 @@ class Bus:
             # Blobs are written (and fsynced) before the transaction, outside the lock.
             rows = [self.move_large_payload(row) for row in rows]
             if conn.in_transaction:  # the caller's own transaction: write in it
-                return self._write_rows([rows])[0]
+                return self._write_rows([rows], conn)[0]
             return self._publishes.submit(rows)
 
-    def _write_rows(self, batches: list[Sequence[messages.Row]]) -> list[list[PublishResult]]:
-        """Every batch's rows in one transaction on this thread's connection."""
-        conn = self.conn
+    def _write_group(self, batches: list[Sequence[messages.Row]]) -> list[list[PublishResult]]:
+        """A group commit, on the one connection group commits use (see `_group_connection`)."""
+        return self._write_rows(batches, self._group_connection())
+
+    def _group_connection(self) -> apsw.Connection:
+        """The connection every group commit writes on, whichever thread leads it.
+
+        Only the leader uses it, one at a time. One connection keeps its page
+        cache warm; leaders writing on their own connections in turn would each
+        re-read the pages the previous leader's commit changed.
+        """
+        if self._group_conn is None:
+            conn = connect(self.path, self.durability, create=False)
+            with self._lock:
+                self._connections.append(conn)
+            self._group_conn = conn
+        return self._group_conn
+
+    def _write_rows(self, batches: list[Sequence[messages.Row]],
+                    conn: apsw.Connection) -> list[list[PublishResult]]:
+        """Every batch's rows in one transaction on `conn`."""
         durable = self.durable
         results = []
         with write_transaction(conn):

@@ -30,13 +30,17 @@ Result = TypeVar("Result")
 
 
 class _Request(Generic[Item, Result]):
-    __slots__ = ("items", "results", "error", "finished")
+    __slots__ = ("items", "results", "error", "done", "wake")
 
     def __init__(self, items: Sequence[Item]) -> None:
         self.items = items
         self.results: list[Result] = []
         self.error: BaseException | None = None
-        self.finished = False
+        self.done = False
+        # Each waiter sleeps on its own lock (acquired here, released to wake it),
+        # so a commit wakes exactly the threads it concerns, not every waiter.
+        self.wake = threading.Lock()
+        self.wake.acquire()
 
     def outcome(self) -> list[Result]:
         if self.error is not None:
@@ -54,7 +58,7 @@ class GroupCommit(Generic[Item, Result]):
 
     def __init__(self, write: Callable[[list[Sequence[Item]]], list[list[Result]]]) -> None:
         self._write = write
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
         self._queue: list[_Request[Item, Result]] = []
         self._leading = False
         self.commits = 0  # transactions written, for tests and benchmarks
@@ -62,24 +66,26 @@ class GroupCommit(Generic[Item, Result]):
     @property
     def queued(self) -> int:
         """Requests waiting for the next transaction (the one in flight not counted)."""
-        with self._cond:
+        with self._lock:
             return len(self._queue)
 
     def submit(self, items: Sequence[Item]) -> list[Result]:
         """Write `items` in the next group transaction; return their results."""
         request: _Request[Item, Result] = _Request(items)
-        with self._cond:
+        with self._lock:
             self._queue.append(request)
-            while self._leading and not request.finished:
-                self._cond.wait()
-            if request.finished:
-                return request.outcome()
+            follow = self._leading
             self._leading = True
-            batch, self._queue = self._queue, []
-        self._lead(batch)
+        if follow:
+            request.wake.acquire()  # released when its batch is written, or to lead
+            if request.done:
+                return request.outcome()
+        self._lead()
         return request.outcome()
 
-    def _lead(self, batch: list[_Request[Item, Result]]) -> None:
+    def _lead(self) -> None:
+        with self._lock:
+            batch, self._queue = self._queue, []
         try:
             results = self._write([request.items for request in batch])
             for request, result in zip(batch, results):
@@ -88,9 +94,17 @@ class GroupCommit(Generic[Item, Result]):
             for request in batch:
                 request.error = exc
         finally:
-            with self._cond:
-                self.commits += 1
-                for request in batch:
-                    request.finished = True
-                self._leading = False
-                self._cond.notify_all()
+            self._hand_over(batch)
+
+    def _hand_over(self, batch: list[_Request[Item, Result]]) -> None:
+        """Wake the batch's callers; the first request still queued leads next."""
+        with self._lock:
+            self.commits += 1
+            successor = self._queue[0] if self._queue else None
+            self._leading = successor is not None
+        for request in batch:
+            request.done = True
+            if request.wake.locked():
+                request.wake.release()
+        if successor is not None:
+            successor.wake.release()
