@@ -88,7 +88,6 @@ class Bus:
         self._channels: Channels | None = None
         # Publishes from this Bus's threads share transactions (bus/group_commit.py).
         self._publishes: GroupCommit[messages.Row, PublishResult] = GroupCommit(self._write_group)
-        self._group_conn: apsw.Connection | None = None
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], durability: str = "normal", *,
@@ -199,22 +198,13 @@ class Bus:
             return self._publishes.submit(rows)
 
     def _write_group(self, batches: list[Sequence[messages.Row]]) -> list[list[PublishResult]]:
-        """A group commit, on the one connection group commits use (see `_group_connection`)."""
-        return self._write_rows(batches, self._group_connection())
+        """A group commit, on the leading thread's own connection.
 
-    def _group_connection(self) -> apsw.Connection:
-        """The connection every group commit writes on, whichever thread leads it.
-
-        Only the leader uses it, one at a time. One connection keeps its page
-        cache warm; leaders writing on their own connections in turn would each
-        re-read the pages the previous leader's commit changed.
+        Not on a connection of its own: `wait_for_change` on a thread must not
+        wake for what that thread published itself, and PRAGMA data_version
+        ignores only the commits of the waiter's own connection.
         """
-        if self._group_conn is None:
-            conn = connect(self.path, self.durability, create=False)
-            with self._lock:
-                self._connections.append(conn)
-            self._group_conn = conn
-        return self._group_conn
+        return self._write_rows(batches, self.conn)
 
     def _write_rows(self, batches: list[Sequence[messages.Row]],
                     conn: apsw.Connection) -> list[list[PublishResult]]:
