@@ -28,14 +28,15 @@ from bus import Bus
 from bus import heartbeats
 from bus.messages import now_ms
 from tests.procs_coordination import Barrier
-from tests.procs_workers import GIT_REPO_VARIABLES
 from tests.procs_workers import WorkerChild
 from tests.procs_workers import commit_file
 from tests.procs_workers import git
 from tests.procs_workers import head
+from tests.procs_workers import GIT_REPO_VARIABLES
 from tests.procs_workers import hermetic_git_env
 from tests.procs_workers import make_repo
 from tests.procs_workers import worktree_paths
+from tests.worker_fixtures import isolate_git
 from workers.cli import main
 from workers.lifecycle import Workers
 from workers.registry import get as get_row
@@ -54,10 +55,7 @@ SUBCOMMANDS = ["spawn", "start", "heartbeat", "run", "done", "approve", "reject"
 @pytest.fixture(autouse=True)
 def hermetic_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """git in this process (CliRunner) sees no user config and writes nothing outside tmp_path."""
-    for name, value in hermetic_git_env(tmp_path).items():
-        monkeypatch.setenv(name, value)
-    for name in GIT_REPO_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    isolate_git(tmp_path, monkeypatch)
 
 
 @pytest.fixture

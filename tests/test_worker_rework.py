@@ -19,13 +19,13 @@ from click.testing import CliRunner
 
 from bus import Bus
 from bus.messages import now_ms
-from tests.conftest import REPO_ROOT
-from tests.procs_workers import GIT_REPO_VARIABLES
 from tests.procs_workers import commit_file
 from tests.procs_workers import git
 from tests.procs_workers import head
-from tests.procs_workers import hermetic_git_env
 from tests.procs_workers import make_repo
+from tests.worker_fixtures import hermetic_git  # noqa: F401 - autouse fixture
+from tests.worker_fixtures import repo  # noqa: F401 - fixture
+from tests.worker_fixtures import ws  # noqa: F401 - fixture
 from workers.cli import main as worker_main
 from workers.git import DirtyWorktree
 from workers.git import GitError
@@ -40,24 +40,6 @@ from workers.machine import InvalidTransition
 WAIT_TIMEOUT = 20.0
 
 
-@pytest.fixture(autouse=True)
-def hermetic_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in hermetic_git_env(tmp_path).items():
-        monkeypatch.setenv(name, value)
-    for name in GIT_REPO_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    return make_repo(tmp_path / "repo")
-
-
-@pytest.fixture
-def ws(bus: Bus) -> Workers:
-    return Workers(bus)
 
 
 def types_after(bus: Bus, seq: int) -> list[tuple[str, str]]:

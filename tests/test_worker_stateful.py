@@ -26,11 +26,10 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from bus import Bus
 from bus.errors import BusError
-from tests.procs_workers import GIT_REPO_VARIABLES
 from tests.procs_workers import commit_file
 from tests.procs_workers import git
-from tests.procs_workers import hermetic_git_env
 from tests.procs_workers import make_repo
+from tests.worker_fixtures import isolate_git
 from workers import machine
 from workers.git import MergeConflict
 from workers.lifecycle import BranchMoved
@@ -184,10 +183,7 @@ def step_towards_completion(ws: Workers, worker: str) -> None:
 
 @pytest.fixture(autouse=True)
 def hermetic_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in hermetic_git_env(tmp_path).items():
-        monkeypatch.setenv(name, value)
-    for name in GIT_REPO_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    isolate_git(tmp_path, monkeypatch)
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the examples' directories, under tmp_path
     tempfile.tempdir = None
     yield

@@ -27,13 +27,13 @@ from bus import Bus
 from bus.errors import BusError
 from bus.errors import ValidationFailed
 from bus.messages import now_ms
-from tests.conftest import REPO_ROOT
-from tests.procs_workers import GIT_REPO_VARIABLES
 from tests.procs_workers import commit_file
 from tests.procs_workers import git
 from tests.procs_workers import head
-from tests.procs_workers import hermetic_git_env
 from tests.procs_workers import make_repo
+from tests.worker_fixtures import hermetic_git  # noqa: F401 - autouse fixture
+from tests.worker_fixtures import repo  # noqa: F401 - fixture
+from tests.worker_fixtures import ws  # noqa: F401 - fixture
 from tests.procs_workers import tree_files
 from tests.procs_workers import worktree_paths
 from workers import machine
@@ -82,26 +82,6 @@ PATH_TO = {
 # --- fixtures and helpers -------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def hermetic_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """git sees no user config and writes nothing outside tmp_path; children import this
-    checkout."""
-    for name, value in hermetic_git_env(tmp_path).items():
-        monkeypatch.setenv(name, value)
-    for name in GIT_REPO_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    return make_repo(tmp_path / "repo")
-
-
-@pytest.fixture
-def ws(bus: Bus) -> Workers:
-    return Workers(bus)
 
 
 def all_messages(bus: Bus) -> list:
