@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import Callable
 
-import apsw
 from lxml import etree
 
 from bus import checkpoints
@@ -70,6 +69,7 @@ from bus.pump.organism import Organism
 from bus.pump.routing import Listener
 from bus.pump.routing import Routes
 from bus.pump.routing import RoutingTable
+from bus.pump.scan import Scan
 from bus.pump.work import Unit
 from bus.xml.envelope import read_envelope
 from bus.xml.parser import parse
@@ -90,7 +90,6 @@ IDLE_WAKE_S = 1.0  # look again at least this often (expired leases, stop reques
 WATCH_S = 0.5
 WATCH_POLL_S = 0.05  # the watcher looks at `stopped` this often while it waits for commits
 ORPHAN_CHECK_MS = 1000
-_DATA_VERSION_SQL = "PRAGMA data_version"
 SYSTEM_PIPELINE = system_pipeline()  # envelope checks only: for the <huh> a caller gets
 
 
@@ -118,66 +117,6 @@ class _Step:
     more: bool  # the inbox holds more than one step routes: step again at once
     pending: bool
     next_expiry: int | None
-
-
-class _Scan:
-    """When a step must look beyond its own work: the inbox, dead units, what is left.
-
-    Only another connection's commit (`PRAGMA data_version`: a client's
-    envelope, another pump's claim), a lease running out, a new routing table
-    or a full inbox batch can give a scan something new to find. So a step
-    that commits while other units are in flight skips the scan when none of
-    those happened, and a step with nothing to commit is no transaction at
-    all when, on top of that, the last scan's claims were not cut short by
-    the concurrency limits (the pump's own claim is no reason to look again).
-    """
-
-    def __init__(self) -> None:
-        self.version: int | None = None
-        self.routes: Routes | None = None
-        self.due_ms: int | None = None  # a lease may run out from then on
-        self.more = True  # the inbox had more than one step routes
-        self.pending = True  # what the last scan said is left
-        self.settled = False  # the last scan left nothing it could claim
-
-    def _same(self, conn: apsw.Connection, routes: Routes, now: int) -> bool:
-        version = conn.execute(_DATA_VERSION_SQL).get
-        same = version == self.version
-        self.version = version
-        return same and not self.more and routes is self.routes and (
-            self.due_ms is None or now < self.due_ms)
-
-    def due(self, conn: apsw.Connection, routes: Routes, now: int) -> bool:
-        """Whether this step must scan; reads `data_version` (inside the transaction)."""
-        return not self._same(conn, routes, now)
-
-    def quiet(self, conn: apsw.Connection, routes: Routes, now: int) -> bool:
-        """Whether a step with nothing to commit would find nothing (read outside a
-        transaction, so it sees the latest commit)."""
-        return self.settled and self._same(conn, routes, now)
-
-    def done(self, conn: apsw.Connection, routes: Routes, now: int, pending: bool,
-             next_expiry: int | None, more: bool) -> None:
-        self.version = conn.execute(_DATA_VERSION_SQL).get
-        self.routes, self.pending, self.more = routes, pending, more
-        self.due_ms = min(now + int(IDLE_WAKE_S * 1000), next_expiry or now + 10 ** 9)
-
-    def claimed(self, until: int, claimed: list, capacity: dict[str, int],
-                scanned: bool) -> None:
-        """After the claims: their leases, and whether the limits cut them short."""
-        if claimed:
-            self.due_ms = until if self.due_ms is None else min(self.due_ms, until)
-        got: dict[str, int] = {}
-        for unit, _ in claimed:
-            got[unit.listener] = got.get(unit.listener, 0) + 1
-        # A claim that got fewer units than it asked for left none behind: only a
-        # commit elsewhere, a lease running out or a new table can change that.
-        # (A busy listener skipped by the quarter rule in _claim got none; its
-        # running handlers bring the next step.)
-        full = any(got.get(name, 0) >= slots for name, slots in capacity.items())
-        self.settled = scanned and not full
-        if not scanned:
-            self.pending = True
 
 
 class Pump:
@@ -218,7 +157,7 @@ class Pump:
         self._alone: int | None = None  # the suspect unit running on its own (_claim_suspect)
         self._finished: list[Finished] = []
         self._orphans_checked: tuple[Routes, int] | None = None
-        self._scan = _Scan()
+        self._scan = Scan(IDLE_WAKE_S)
         self._tasks: set[asyncio.Task] = set()
         self._stop = threading.Event()
         # Set while the loop sleeps: only then does the watcher thread look for commits.
