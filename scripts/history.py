@@ -19,24 +19,16 @@ to UTC (a caller bringing its own session must do the same).
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from typing import Callable
-from typing import Iterator
 from typing import Sequence
 from typing import TextIO
 from urllib.parse import unquote
 from urllib.parse import urlparse
 
-from pyspark import SparkConf
-from pyspark import SparkContext
 from pyspark.sql import Column
 from pyspark.sql import DataFrame
 from pyspark.sql import SparkSession
@@ -53,9 +45,9 @@ from history_report import Result
 from history_report import output_problem
 from history_report import show
 from history_report import write_report
+from history_session import SparkStartError  # noqa: F401 - callers catch it from here
+from history_session import start_spark
 
-APP_NAME = "agentbus-history"
-QUIET_LOG_LEVEL = "WARN"  # Spark's INFO lines are for debugging Spark, not for reading history
 TERMINAL_STATES = ("COMPLETED", "CANCELLED", "FAILED")  # workers/machine.py TERMINAL
 HEARTBEAT_TYPE = "heartbeat"
 # What the bus publishes when a holder's lease ends without a state change.
@@ -103,132 +95,6 @@ MESSAGES_SCHEMA = T.StructType([
     T.StructField("payload_ref", T.StringType()),
     T.StructField("payload", T.StringType()),
 ])
-
-
-# --- session ----------------------------------------------------------------------
-
-
-def start_spark(quiet: bool = False) -> SparkSession:
-    """The active session, or a new one.
-
-    No master is set when spark-submit (or spark-defaults.conf) gives one;
-    otherwise SPARK_MASTER, else local[*]. On a local master a few SQL
-    settings suit one machine better (tune_for_one_machine). `quiet` keeps
-    the JVM's start-up chatter (log4j banners, native-library warnings) off
-    the terminal: the JVM's stderr goes to an anonymous file that is shown
-    only if Java fails to start. The progress bar is always off, and the log
-    level WARN unless the launch sets spark.log.level.
-    """
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        active.conf.set("spark.sql.session.timeZone", "UTC")
-        return active
-    builder = (SparkSession.builder.appName(APP_NAME)
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.ui.showConsoleProgress", "false"))
-    master = _configured_master()
-    if master is not None:
-        builder = builder.master(master)
-    if quiet:
-        builder = builder.config("spark.log.level", "ERROR")
-        with _jvm_stderr_captured() as captured:
-            try:
-                spark = builder.getOrCreate()
-            except Exception as exc:
-                raise SparkStartError(captured()) from exc
-    else:
-        spark = builder.config("spark.log.level", _log_level()).getOrCreate()
-    tune_for_one_machine(spark)
-    return spark
-
-
-def tune_for_one_machine(spark: SparkSession) -> None:
-    """On a local master, SQL settings that suit one small machine (unless set already).
-
-    Spark's defaults are for clusters: 200 shuffle partitions are 200 tasks
-    per stage, run a few at a time here; 128 MB file splits make a 300 MB
-    export 3 tasks on 2 cores (one idles for the last third); compressing
-    the cached export costs more CPU than the 20% of memory it saves.
-    """
-    context = spark.sparkContext
-    if not context.master.startswith("local"):
-        return
-    given = context.getConf()
-    for key, value in {
-        "spark.sql.shuffle.partitions": str(4 * context.defaultParallelism),
-        "spark.sql.files.maxPartitionBytes": "32m",
-        "spark.sql.inMemoryColumnarStorage.compressed": "false",
-    }.items():
-        if not given.contains(key):
-            spark.conf.set(key, value)
-
-
-def _log_level() -> str:
-    """WARN, unless the launch set spark.log.level (`spark-submit --conf spark.log.level=INFO`).
-
-    Applied to log4j at once, before the SparkContext starts, so the INFO
-    lines of its start (about 60 on a cluster) never print; the builder
-    passes it on so the context keeps it.
-    """
-    SparkContext._ensure_initialized()  # the JVM spark-submit started, or a new one
-    level = SparkConf().get("spark.log.level", QUIET_LOG_LEVEL)
-    jvm = SparkContext._jvm
-    # spark-submit resets Spark's logging before it runs the script, and the
-    # first Spark class to log sets it up again at INFO: set it up now (a
-    # protected Scala method, public to Java) so the level below stays.
-    jvm.org.apache.spark.SparkConf(False).initializeLogIfNecessary(False)
-    log4j = jvm.org.apache.logging.log4j
-    log4j.core.config.Configurator.setRootLevel(log4j.Level.toLevel(level))
-    return level
-
-
-class SparkStartError(RuntimeError):
-    """Java could not start Spark; the message is the tail of what the JVM printed."""
-
-
-def _configured_master() -> str | None:
-    """The master to set ourselves, or None when spark-submit's choice stands."""
-    if "PYSPARK_GATEWAY_PORT" in os.environ:  # launched by spark-submit: it chose
-        return None
-    if os.environ.get("SPARK_MASTER"):
-        return os.environ["SPARK_MASTER"]
-    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
-    if "--master" in submit_args or _defaults_set_master():
-        return None
-    return "local[*]"
-
-
-def _defaults_set_master() -> bool:
-    """Does spark-defaults.conf (SPARK_CONF_DIR, else SPARK_HOME/conf) name a master?"""
-    conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(
-        os.environ.get("SPARK_HOME", ""), "conf")
-    try:
-        with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as conf:
-            # A Java properties file: "key value", "key=value" or "key: value".
-            return any(re.split(r"[\s=:]", line.strip(), maxsplit=1)[0] == "spark.master"
-                       for line in conf)
-    except OSError:
-        return False
-
-
-@contextmanager
-def _jvm_stderr_captured() -> Iterator[Callable[[], str]]:
-    """Point fd 2 at an anonymous file while the JVM is spawned (it inherits it)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield lambda: _tail(sink)
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
-def _tail(sink: Any, limit: int = 4000) -> str:
-    sink.flush()
-    sink.seek(0)
-    return sink.read().decode(errors="replace")[-limit:].strip()
 
 
 # --- extract ----------------------------------------------------------------------
