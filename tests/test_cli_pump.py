@@ -306,43 +306,44 @@ def test_pump_run_names_the_key_of_a_broken_organism(db_path: Path, tmp_path: Pa
            "<add>" in result.stderr
 
 
-def test_pump_send_wait_through_a_real_pump_process(db_path: Path, tmp_path: Path,
-                                                    bus_command: list[str], python_env):
+def send_through_a_real_pump(db_path: Path, bus_command: list[str], python_env: dict,
+                             *send_args: str) -> subprocess.CompletedProcess:
+    """`bus pump send EXAMPLE ...` while `bus pump run EXAMPLE` runs in another process,
+    which must then stop cleanly on SIGTERM."""
     env = dict(python_env, PYTHONPATH=f"{EXAMPLE.parent}:{python_env['PYTHONPATH']}")
     pump = subprocess.Popen([*bus_command, "--db", str(db_path), "pump", "run", str(EXAMPLE),
                              "--no-oob"], env=env, stderr=subprocess.PIPE, text=True)
     try:
         sent = subprocess.run([*bus_command, "--db", str(db_path), "pump", "send", str(EXAMPLE),
-                               "<search><query>q</query></search>", "--wait", "--replies", "2"],
-                              env=env, capture_output=True, text=True, timeout=60)
+                               *send_args], env=env, capture_output=True, text=True, timeout=60)
     finally:
         pump.terminate()
         _, stderr = pump.communicate(timeout=30)
+    assert pump.returncode == 0, stderr
+    return sent
+
+
+def test_pump_send_wait_through_a_real_pump_process(db_path: Path, bus_command: list[str],
+                                                    python_env):
+    sent = send_through_a_real_pump(db_path, bus_command, python_env,
+                                    "<search><query>q</query></search>", "--wait",
+                                    "--replies", "2")
     assert sent.returncode == 0, sent.stderr
     assert sent.stdout.splitlines() == [
         "search.fast -> console: <search-result><source>fast</source>"
         "<text>a quick guess about 'q'</text></search-result>",
         "search.slow -> console: <search-result><source>slow</source>"
         "<text>a thorough answer about 'q'</text></search-result>"]
-    assert pump.returncode == 0, stderr
 
 
 def test_pump_send_wait_exits_3_on_a_huh_through_a_real_pump(db_path: Path, bus_command,
                                                              python_env):
-    env = dict(python_env, PYTHONPATH=f"{EXAMPLE.parent}:{python_env['PYTHONPATH']}")
-    pump = subprocess.Popen([*bus_command, "--db", str(db_path), "pump", "run", str(EXAMPLE),
-                             "--no-oob"], env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        sent = subprocess.run([*bus_command, "--db", str(db_path), "pump", "send", str(EXAMPLE),
-                               "<add><a>one</a><b>2</b></add>", "--to", "calculator", "--wait"],
-                              env=env, capture_output=True, text=True, timeout=60)
-    finally:
-        pump.terminate()
-        _, stderr = pump.communicate(timeout=30)
+    sent = send_through_a_real_pump(db_path, bus_command, python_env,
+                                    "<add><a>one</a><b>2</b></add>", "--to", "calculator",
+                                    "--wait")
     assert sent.returncode == 3, sent.stderr
     line, = sent.stdout.splitlines()
     assert line.startswith("calculator -> console: <huh ") and 'code="payload-invalid"' in line
-    assert pump.returncode == 0, stderr
 
 
 def test_pump_send_as_a_reserved_id_exits_1(db_path: Path):
