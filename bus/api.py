@@ -208,15 +208,13 @@ class Bus(TaskClaims):
                     conn: apsw.Connection) -> list[list[PublishResult]]:
         """Every batch's rows in one transaction on `conn`."""
         durable = self.durable
-        results = []
+        rows = [row for batch in batches for row in batch]
         with write_transaction(conn):
-            ts_ms = messages.now_ms()
-            for rows in batches:
-                written = []
-                for row in rows:
-                    seq, duplicate = messages.insert_row(conn, row, ts_ms)
-                    written.append(PublishResult(seq, row.id, duplicate, durable))
-                results.append(written)
+            written = iter(messages.insert_rows(conn, rows, messages.now_ms()))
+        results = []
+        for batch in batches:
+            results.append([PublishResult(seq, row.id, duplicate, durable)
+                            for row, (seq, duplicate) in zip(batch, written)])
         return results
 
     def check_payload_size(self, row: messages.Row, field: str = "payload") -> None:
