@@ -293,29 +293,34 @@ def insert_row(conn: apsw.Connection, row: Row, ts_ms: int) -> tuple[int, bool]:
     return conn.execute(_SEQ_BY_ID_SQL, (row.id,)).get, True
 
 
-# Rows per multi-row INSERT: 9 bound values each, far below SQLite's limit
+# Rows per multi-row INSERT: 8 bound values each, far below SQLite's limit
 # of 32,766 variables, and few distinct statement texts for apsw's cache.
-_ROWS_PER_INSERT = 64
+ROWS_PER_INSERT = 64
+# The time a row is written, taken by SQLite once per statement after it has
+# the write lock: times follow seq order across processes.
+_NOW_MS_SQL = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)"
+_ROW_VALUES_NOW = f"(?, {_NOW_MS_SQL}, ?, ?, ?, ?, ?, ?, ?)"
 
 
-def insert_rows(conn: apsw.Connection, rows: Sequence[Row], ts_ms: int) -> list[tuple[int, bool]]:
-    """`insert_row` for many rows, with one INSERT statement per 64 of them.
+def insert_rows(conn: apsw.Connection, rows: Sequence[Row]) -> list[tuple[int, bool]]:
+    """Insert rows with one statement per 64; return each one's (seq, duplicate).
 
-    One statement instead of one per row matters to group commit: apsw
-    releases the GIL for every step, and a leader that must win the GIL back
-    from 15 busy threads after each row spends most of its transaction waiting.
+    The results are what `insert_row` would give for each row in turn: an id
+    already in the file, or earlier in `rows`, is a duplicate of that row.
+    Outside a transaction, up to 64 rows are one statement and so one
+    transaction of their own: no BEGIN or COMMIT, so a group commit's leader
+    gives the GIL up once, not three times, to threads it must then wait for.
+    Over 64 rows need the caller's transaction to be all or nothing.
     """
-    if len(rows) == 1:
-        return [insert_row(conn, rows[0], ts_ms)]
     results: list[tuple[int, bool]] = []
-    for first in range(0, len(rows), _ROWS_PER_INSERT):
-        results.extend(_insert_chunk(conn, rows[first:first + _ROWS_PER_INSERT], ts_ms))
+    for first in range(0, len(rows), ROWS_PER_INSERT):
+        results.extend(_insert_chunk(conn, rows[first:first + ROWS_PER_INSERT]))
     return results
 
 
-def _insert_chunk(conn: apsw.Connection, rows: Sequence[Row], ts_ms: int) -> list[tuple[int, bool]]:
-    conn.execute(_multi_insert_sql(len(rows)),
-                 [value for row in rows for value in row.bindings(ts_ms)])
+def _insert_chunk(conn: apsw.Connection, rows: Sequence[Row]) -> list[tuple[int, bool]]:
+    # A Row's fields are its bindings, in column order (the time comes from SQL).
+    conn.execute(_multi_insert_sql(len(rows)), [value for row in rows for value in row])
     written = conn.changes()
     # New rows take consecutive seqs in VALUES order (max(seq) + 1 each, under
     # the write lock); a row skipped as a duplicate takes none.
@@ -331,16 +336,23 @@ def _resolve_duplicates(conn: apsw.Connection, rows: Sequence[Row],
     ids = [row.id for row in rows]
     seq_by_id = dict(conn.execute(_seqs_by_ids_sql(len(ids)), ids))
     results, seen = [], set()
-    for row_id in ids:
-        seq = seq_by_id[row_id]
-        results.append((seq, first_new is None or seq < first_new or row_id in seen))
-        seen.add(row_id)
+    for row in rows:
+        seq = seq_by_id.get(row.id)
+        if seq is None:
+            # Outside a transaction, compaction may have removed the row this one
+            # duplicated since the INSERT committed: then it is new after all.
+            seq, duplicate = insert_row(conn, row, now_ms())
+            seq_by_id[row.id] = seq
+        else:
+            duplicate = first_new is None or seq < first_new or row.id in seen
+        results.append((seq, duplicate))
+        seen.add(row.id)
     return results
 
 
 @functools.lru_cache(maxsize=None)
 def _multi_insert_sql(count: int) -> str:
-    return f"{_INSERT_HEAD}{', '.join([_ROW_VALUES] * count)} ON CONFLICT (id) DO NOTHING"
+    return f"{_INSERT_HEAD}{', '.join([_ROW_VALUES_NOW] * count)} ON CONFLICT (id) DO NOTHING"
 
 
 @functools.lru_cache(maxsize=None)

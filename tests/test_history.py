@@ -328,11 +328,20 @@ def test_extract_keeps_payload_as_json_text_and_drops_a_torn_line(
 
 
 class FakeClock:
-    """The bus takes each message's time from messages.now_ms(): make it ours."""
+    """Messages with the times a test chooses.
+
+    SQLite stamps a published message; `publish` then sets the message's time
+    to `now`. Other writes take their time from messages.now_ms(): ours too.
+    """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.now = T0
         monkeypatch.setattr(bus_messages, "now_ms", lambda: self.now)
+
+    def publish(self, opened: Bus, *args: Any, **kwargs: Any) -> str:
+        message_id = opened.publish(*args, **kwargs).id
+        opened.conn.execute("UPDATE messages SET ts_ms = ? WHERE id = ?", (self.now, message_id))
+        return message_id
 
 
 def publish_history(db: Path, clock: FakeClock) -> dict[str, Any]:
@@ -340,7 +349,7 @@ def publish_history(db: Path, clock: FakeClock) -> dict[str, Any]:
     with Bus.open(db) as opened:
         def at(ms: int, *args: Any, **kwargs: Any) -> str:
             clock.now = T0 + ms
-            return opened.publish(*args, **kwargs).id
+            return clock.publish(opened, *args, **kwargs)
 
         at(0, "w1", "state_change", {"from": None, "to": "ASSIGNED", "command": "spawn"},
            correlation_id="t1")
@@ -424,7 +433,7 @@ def test_extract_reads_a_date_partitioned_export_without_a_date_column(
     with Bus.open(db_path) as opened:
         for seq, ms in enumerate([midnight - 2_000, midnight - 1, midnight, midnight + 5], 1):
             clock.now = ms
-            opened.publish("w1", "note", {"n": seq})
+            clock.publish(opened, "w1", "note", {"n": seq})
         opened.export_jsonl(tmp_path / "export", partition_by="date")
     parts = sorted(p.relative_to(tmp_path / "export").as_posix()
                    for p in (tmp_path / "export").rglob("*.jsonl"))
