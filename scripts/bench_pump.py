@@ -37,18 +37,23 @@ import apsw
 import orjson
 
 from bus import Bus
+from bus.db import write_transaction
 from bus.messages import _INSERT_SQL
 from bus.messages import new_message_id
 from bus.messages import now_ms
 from bus.pump import Pump
 from bus.pump import client
+from bus.pump.organism import Organism
 from bus.pump.organism import load_organism
 from bus.wake import ChangeWatcher
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
-TARGET_PER_S = 10_000  # durable envelopes/s at 1 per transaction (issue 9)
-TARGET_P50_MS = 0.5
+# Issue 21's targets, as ratios to the baselines of the same run:
+# (inline, per transaction) -> envelopes/s against raw apsw inserting the replies.
+TARGET_RATIOS = {(True, 1): 0.5, (False, 1): 0.3, (True, 64): 0.25, (False, 64): 0.25}
+TARGET_P50_RATIO = 2.0  # round trip p50 <= 2x the raw three-commit round trip
+TARGET_P99_MS = 3.0
 REQUEST = b"<add><a>1.5</a><b>2</b></add>"
 ORGANISM = """\
 name: bench
@@ -59,42 +64,82 @@ listeners:
     handler: example_tools:add
     concurrency: 64
 """
+# The same listener declared fast: a plain function answered in the routing transaction.
+INLINE_ORGANISM = ORGANISM.replace("example_tools:add", "example_tools:add_now") \
+    + "    inline: true\n"
 
 
 def pump_rows(workdir: Path, rounds: int = 3, scale: float = 1.0) -> list[dict]:
     sys.path.insert(0, str(EXAMPLES))  # example_tools, as `bus pump run` finds it
-    organism = workdir / "bench-organism.yaml"
-    organism.write_text(ORGANISM)
+    leased = workdir / "bench-organism.yaml"
+    leased.write_text(ORGANISM)
+    inline = workdir / "bench-inline-organism.yaml"
+    inline.write_text(INLINE_ORGANISM)
     count = max(200, int(2000 * scale))
-    rows = [throughput_row(workdir, organism, count, batch, rounds) for batch in (1, 64)]
+    rows = [throughput_row(workdir, organism, count, batch, rounds)
+            for organism in (leased, inline) for batch in (1, 64)]
     trips = max(50, int(300 * scale))
-    rows.append(round_trip_row(workdir, organism, trips, in_process=False))
-    rows.append(round_trip_row(workdir, organism, trips, in_process=True))
+    for organism in (leased, inline):
+        rows.append(round_trip_row(workdir, organism, trips, in_process=False))
+        rows.append(round_trip_row(workdir, organism, trips, in_process=True))
     return rows
 
 
 def throughput_row(workdir: Path, organism: Path, count: int, batch: int, rounds: int) -> dict:
     best_pump = best_raw = 0.0
+    inline = organism.name.startswith("bench-inline")
     for round_ in range(rounds):
-        path = workdir / f"pump-{batch}-{round_}.db"
+        path = workdir / f"pump-{organism.stem}-{batch}-{round_}.db"
         with Bus.open(path) as bus:
-            for _ in range(count):
-                client.send(bus, "bench", REQUEST, to="calculator")
-            pump = Pump(bus, load_organism(organism), oob=False, commit_batch=batch)
-            start = time.perf_counter()
-            stats = pump.run(until_idle=True)
-            elapsed = time.perf_counter() - start
-            assert stats.outcomes == {"replied": count}, stats.outcomes
+            run = _inline_throughput if inline else _leased_throughput
+            elapsed = run(bus, load_organism(organism), count, batch)
             reply_xml = bus.last_messages(1)[0].payload
         best_pump = max(best_pump, count / elapsed)
         best_raw = max(best_raw, raw_replies(workdir / f"raw-{batch}-{round_}.db", count, batch,
                                              reply_xml))
-    row = {"case": f"pump envelopes/s, {batch} per txn", "messages": count,
-           "raw_per_s": round(best_raw), "agentbus_per_s": round(best_pump),
-           "ratio": round(best_pump / best_raw, 3), "unit": "envelopes/s"}
-    if batch == 1:
-        row.update(target_per_s=TARGET_PER_S, ok=best_pump >= TARGET_PER_S)
-    return row
+    ratio = best_pump / best_raw
+    target = TARGET_RATIOS[inline, batch]
+    return {"case": f"pump {'inline' if inline else 'leased'} envelopes/s, {batch} per txn",
+            "messages": count, "raw_per_s": round(best_raw), "agentbus_per_s": round(best_pump),
+            "ratio": round(ratio, 3), "unit": "envelopes/s", "target_ratio": target,
+            "ok": ratio >= target}
+
+
+def _leased_throughput(bus: Bus, organism: Organism, count: int, batch: int) -> float:
+    """Seconds to answer `count` requests that wait for a starting pump (which leases
+    them all: a restarted pump cannot tell whether one of them killed its predecessor)."""
+    for _ in range(count):
+        client.send(bus, "bench", REQUEST, to="calculator")
+    pump = Pump(bus, organism, oob=False, commit_batch=batch)
+    start = time.perf_counter()
+    stats = pump.run(until_idle=True)
+    elapsed = time.perf_counter() - start
+    assert stats.outcomes == {"replied": count}, stats.outcomes
+    return elapsed
+
+
+def _inline_throughput(bus: Bus, organism: Organism, count: int, batch: int) -> float:
+    """Seconds from the commit of `count` requests to a running pump's last answer."""
+    answered = threading.Semaphore(0)
+    pump = Pump(bus, organism, oob=False, commit_batch=batch,
+                on_unit=lambda done, outcome: answered.release())
+    thread = threading.Thread(target=pump.run, daemon=True)
+    thread.start()
+    try:
+        assert client.wait_replies(bus, client.send(bus, "bench", REQUEST), timeout=30)
+        answered.acquire()  # the warm-up request: the pump has booted
+        with write_transaction(bus.conn):
+            for _ in range(count):
+                client.send(bus, "bench", REQUEST, to="calculator")
+        start = time.perf_counter()
+        for _ in range(count):
+            answered.acquire()
+        elapsed = time.perf_counter() - start
+    finally:
+        pump.stop()
+        thread.join()
+    assert pump.stats.outcomes == {"replied": count + 1}, pump.stats.outcomes
+    return elapsed
 
 
 def raw_replies(path: Path, count: int, batch: int, payload: object) -> float:
@@ -119,7 +164,8 @@ def raw_replies(path: Path, count: int, batch: int, payload: object) -> float:
 
 def round_trip_row(workdir: Path, organism: Path, trips: int, in_process: bool) -> dict:
     where = "thread" if in_process else "process"
-    path = workdir / f"trip-{where}.db"
+    kind = "inline" if organism.name.startswith("bench-inline") else "leased"
+    path = workdir / f"trip-{kind}-{where}.db"
     with Bus.open(path) as bus:
         stop = _start_pump(bus, path, organism, in_process)
         try:
@@ -131,11 +177,13 @@ def round_trip_row(workdir: Path, organism: Path, trips: int, in_process: bool) 
             stop()
     raw = raw_round_trips(workdir / f"raw-trip-{where}.db", trips, in_process)
     p50, raw_p50 = statistics.median(latencies), statistics.median(raw)
-    return {"case": f"round trip, pump in a{'' if in_process else 'nother'} {where}",
-            "messages": trips, "p50_ms": round(p50, 3), "p99_ms": round(_p99(latencies), 3),
+    p99 = _p99(latencies)
+    return {"case": f"round trip {kind}, pump in a{'' if in_process else 'nother'} {where}",
+            "messages": trips, "p50_ms": round(p50, 3), "p99_ms": round(p99, 3),
             "raw_p50_ms": round(raw_p50, 3), "raw_p99_ms": round(_p99(raw), 3),
-            "ratio": round(raw_p50 / p50, 3), "target_p50_ms": TARGET_P50_MS,
-            "ok": p50 < TARGET_P50_MS}
+            "ratio": round(p50 / raw_p50, 3), "target_ratio": TARGET_P50_RATIO,
+            "target_p99_ms": TARGET_P99_MS,
+            "ok": p50 <= TARGET_P50_RATIO * raw_p50 and p99 <= TARGET_P99_MS}
 
 
 def _latencies(trip: Callable[[], None], trips: int) -> list[float]:
@@ -241,19 +289,21 @@ def raw_server(path: Path, stopped: Callable[[], bool] = lambda: False) -> None:
 
 
 def print_rows(rows: list[dict]) -> None:
-    print(f"{'pump':40} {'n':>6} {'baseline':>11} {'agentbus':>11} {'ratio':>7}  target")
+    """Envelopes/s rows: ratio = ours / raw (higher is better); round trips: ratio = our
+    p50 / raw p50 (lower is better)."""
+    print(f"{'pump':44} {'n':>6} {'baseline':>11} {'agentbus':>11} {'ratio':>7}  target")
     for r in rows:
+        verdict = "ok" if r["ok"] else "not met"
         if "p50_ms" in r:
-            print(f"{r['case']:40} {r['messages']:>6} {'p50 ' + str(r['raw_p50_ms']):>11}"
-                  f" {'p50 ' + str(r['p50_ms']):>11} {r['ratio']:>7}  p50 < {r['target_p50_ms']}"
-                  f" ms {'ok' if r['ok'] else 'MISSED'}")
-            print(f"{'':40} {'':>6} {'p99 ' + str(r['raw_p99_ms']):>11}"
+            print(f"{r['case']:44} {r['messages']:>6} {'p50 ' + str(r['raw_p50_ms']):>11}"
+                  f" {'p50 ' + str(r['p50_ms']):>11} {r['ratio']:>7}  p50 <= "
+                  f"{r['target_ratio']:g}x raw, p99 <= {r['target_p99_ms']:g} ms: {verdict}")
+            print(f"{'':44} {'':>6} {'p99 ' + str(r['raw_p99_ms']):>11}"
                   f" {'p99 ' + str(r['p99_ms']):>11}")
         else:
-            target = (f"{r['target_per_s']}/s {'ok' if r['ok'] else 'MISSED'}"
-                      if "target_per_s" in r else "-")
-            print(f"{r['case']:40} {r['messages']:>6} {r['raw_per_s']:>11}"
-                  f" {r['agentbus_per_s']:>11} {r['ratio']:>7}  {target}")
+            print(f"{r['case']:44} {r['messages']:>6} {r['raw_per_s']:>11}"
+                  f" {r['agentbus_per_s']:>11} {r['ratio']:>7}  >= {r['target_ratio']:g}x raw:"
+                  f" {verdict}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print_rows(rows)
-    return 0 if all(r.get("ok", True) for r in rows) else 1
+    return 0  # a missed target is a figure to read, not an error
 
 
 if __name__ == "__main__":

@@ -45,21 +45,30 @@ from bus.pump import work
 from bus.pump.envelopes import SYSTEM_SENDER
 from bus.pump.envelopes import derived_id
 from bus.pump.envelopes import envelope_row
+from bus.pump.envelopes import envelope_xml
 from bus.pump.envelopes import huh_element
 from bus.pump.envelopes import is_huh
 from bus.pump.handlers import Output
+from bus.pump.routing import Listener
 from bus.pump.routing import Routes
 from bus.pump.threads import Caller
 from bus.pump.threads import Thread
 from bus.pump.work import Unit
+from bus.xml.envelope import Envelope
 from bus.xml.envelope import build_envelope
 from bus.xml.errors import XmlRejected
+from bus.xml.pipeline import Huh
+from bus.xml.pipeline import run as run_pipeline
+from bus.xml.pipeline import system_pipeline
 
 if TYPE_CHECKING:
     from bus.api import Bus
 
 log = logging.getLogger("bus.pump")
 CONVERSATION_DEPTH = 1  # organism/client: the thread a client's request starts
+SYSTEM_PIPELINE = system_pipeline()  # envelope checks only: for the <huh> a caller gets
+# Handles a call to a listener in the routing transaction; True if it did (Writer.route).
+Inline = Callable[[Listener, str], bool]
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,21 @@ class Finished:
     huh: etree._Element | None = None
 
 
+def checked_input(unit: Unit, message: Message, listener: Listener) -> Envelope | Finished:
+    """The input through its pipeline: the typed envelope, or the unit finished with the
+    `<huh>` its sender gets. A `<huh>` for a call the listener made passes the system
+    pipeline and reaches its handler as a Huh."""
+    try:
+        pipeline = SYSTEM_PIPELINE if unit.kind == "answer" and is_huh(message) \
+            else listener.pipeline
+        result = run_pipeline(pipeline, envelope_xml(message))
+    except ValidationFailed as exc:
+        return Finished(unit, message, huh=huh_element("not-an-envelope", str(exc)))
+    if isinstance(result, Huh):
+        return Finished(unit, message, huh=result.to_element())
+    return result
+
+
 class Writer:
     """Writes of one transaction: `conn` is in a write transaction, `now` its clock."""
 
@@ -79,6 +103,7 @@ class Writer:
                  now: int) -> None:
         self.bus, self.conn, self.organism, self.routes, self.now = (bus, conn, organism,
                                                                      routes, now)
+        self.inlined: list[tuple[Finished, str]] = []  # units handled inline, with outcomes
 
     # --- envelopes -------------------------------------------------------------------
 
@@ -97,8 +122,13 @@ class Writer:
         self._close_conversation(message.correlation_id)
 
     def route(self, seq: int, message_id: str, sender: str, root_tag: str, to: str | None,
-              thread: str, kind: str = "call", in_reply_to: str | None = None) -> int:
-        """Make the work units of an envelope; a `<huh>` to its sender if nobody takes it."""
+              thread: str, kind: str = "call", in_reply_to: str | None = None,
+              inline: Inline | None = None) -> int:
+        """Make the work units of an envelope; a `<huh>` to its sender if nobody takes it.
+
+        `inline(listener, thread)`, if given, may handle a call to a listener
+        here and now, in this transaction (True: no work unit is needed).
+        """
         targets = self.routes.targets(root_tag, to)
         if not targets:
             self._no_route(message_id, sender, root_tag, to, thread, kind, in_reply_to)
@@ -106,8 +136,9 @@ class Writer:
         for listener in targets:
             unit_thread = thread if kind == "answer" else \
                 threads.extend_uuid(self.conn, thread, listener.name, self.now)
-            work.insert_unit(self.conn, self.organism, seq, listener.name, kind, unit_thread,
-                             listener.spec.max_attempts, self.now)
+            if inline is None or not inline(listener, unit_thread):
+                work.insert_unit(self.conn, self.organism, seq, listener.name, kind,
+                                 unit_thread, listener.spec.max_attempts, self.now)
         return len(targets)
 
     def _no_route(self, message_id: str, sender: str, root_tag: str, to: str | None,
@@ -152,7 +183,11 @@ class Writer:
                 pass  # which unit failed is found below, one savepoint each
         return [self._finish_alone(done, owner) for done in batch]
 
-    def _finish_alone(self, done: Finished, owner: str) -> str:
+    def finish_inline(self, done: Finished) -> str:
+        """Write the results of a unit handled in this transaction (no work row to ack)."""
+        return self._finish_alone(done, None)
+
+    def _finish_alone(self, done: Finished, owner: str | None) -> str:
         try:
             with write_transaction(self.conn):  # a savepoint: this unit or nothing
                 return self._finish(done, owner)
@@ -168,10 +203,14 @@ class Writer:
                       done.unit.id, done.input.id, done.unit.listener, exc)
             return "failed"
 
-    def _finish(self, done: Finished, owner: str) -> str:
-        """Ack the unit if its claim is still ours (one statement), then write its results."""
+    def _finish(self, done: Finished, owner: str | None) -> str:
+        """Ack the unit if its claim is still ours (one statement), then write its results.
+
+        `owner` None: an inline unit, which has no work row.
+        """
         outcome = "replied" if done.huh is None else "huh"
-        if not work.finish_held(self.conn, done.unit, owner, outcome, self.now):
+        if owner is not None and not work.finish_held(self.conn, done.unit, owner, outcome,
+                                                      self.now):
             return "lost"
         if done.huh is None:
             self._replies(done)

@@ -127,12 +127,38 @@ async def call_handler(handler: Callable[..., Any], msg: Any, ctx: Context, time
             result = await asyncio.wait_for(
                 loop.run_in_executor(executor, handler, msg, ctx), timeout)
     except asyncio.TimeoutError:
-        raise HandlerFailed("timeout", f"the handler did not answer within {timeout:g} s; "
-                                       "send a smaller request or try again later") from None
+        raise _timed_out(timeout) from None
     except Exception as exc:  # the handler's bug: the sender learns of it, the pump goes on
-        raise HandlerFailed("handler-error", f"the handler failed: {type(exc).__name__}: "
-                                             f"{exc}"[:500]) from None
+        raise _raised(exc) from None
     return replies_of(result)
+
+
+def call_inline(handler: Callable[..., Any], msg: Any, ctx: Context,
+                timeout: float) -> list[Reply]:
+    """Run a plain `def` handler here and now; its replies as a list.
+
+    Raises HandlerFailed, with code "timeout" when it returned after `timeout`
+    seconds: it could not be stopped, but what it returned is dropped, as the
+    pump would have stopped waiting for it on the leased path.
+    """
+    started = time.monotonic()
+    try:
+        result = handler(msg, ctx)
+    except Exception as exc:  # the handler's bug: the sender learns of it, the pump goes on
+        raise _raised(exc) from None
+    if time.monotonic() - started > timeout:
+        raise _timed_out(timeout)
+    return replies_of(result)
+
+
+def _timed_out(timeout: float) -> HandlerFailed:
+    return HandlerFailed("timeout", f"the handler did not answer within {timeout:g} s; "
+                                    "send a smaller request or try again later")
+
+
+def _raised(exc: Exception) -> HandlerFailed:
+    return HandlerFailed("handler-error", f"the handler failed: {type(exc).__name__}: "
+                                          f"{exc}"[:500])
 
 
 def replies_of(result: object) -> list[Reply]:

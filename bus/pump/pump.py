@@ -38,12 +38,8 @@ from typing import Callable
 from lxml import etree
 
 from bus import checkpoints
-from bus.checkpoints import Checkpointer
-from bus.db import translate_busy
 from bus.db import write_transaction
-from bus.errors import BusError
 from bus.errors import ValidationFailed
-from bus.heartbeats import Heartbeat
 from bus.messages import Message
 from bus.messages import new_message_id
 from bus.messages import now_ms
@@ -51,32 +47,29 @@ from bus.pump import meta
 from bus.pump import threads
 from bus.pump import work
 from bus.pump.commit import Finished
+from bus.pump.commit import Inline
 from bus.pump.commit import Writer
+from bus.pump.commit import checked_input
 from bus.pump.envelopes import SYSTEM_SENDER
 from bus.pump.envelopes import derived_id
 from bus.pump.envelopes import envelope_xml
 from bus.pump.envelopes import huh_element
-from bus.pump.envelopes import is_huh
 from bus.pump.handlers import Context
 from bus.pump.handlers import HandlerFailed
 from bus.pump.handlers import call_handler
 from bus.pump.handlers import outputs_of
-from bus.pump.oob import OobServer
-from bus.pump.oob import load_public_key
-from bus.pump.oob import socket_path_for
+from bus.pump.inline import InlineRunner
 from bus.pump.organism import META_ROOT_TAGS
 from bus.pump.organism import Organism
 from bus.pump.routing import Listener
 from bus.pump.routing import Routes
 from bus.pump.routing import RoutingTable
 from bus.pump.scan import Scan
+from bus.pump.services import Services
 from bus.pump.work import Unit
 from bus.xml.envelope import read_envelope
 from bus.xml.parser import parse
 from bus.xml.pipeline import BOOT
-from bus.xml.pipeline import Huh
-from bus.xml.pipeline import run as run_pipeline
-from bus.xml.pipeline import system_pipeline
 
 if TYPE_CHECKING:
     from bus.api import Bus
@@ -87,10 +80,7 @@ DEFAULT_MAX_IN_FLIGHT = 64
 DEFAULT_COMMIT_BATCH = 64
 ROUTE_BATCH = 256  # inbox rows routed per step
 IDLE_WAKE_S = 1.0  # look again at least this often (expired leases, stop requests)
-WATCH_S = 0.5
-WATCH_POLL_S = 0.05  # the watcher looks at `stopped` this often while it waits for commits
 ORPHAN_CHECK_MS = 1000
-SYSTEM_PIPELINE = system_pipeline()  # envelope checks only: for the <huh> a caller gets
 
 
 @dataclass
@@ -158,6 +148,7 @@ class Pump:
         self._finished: list[Finished] = []
         self._orphans_checked: tuple[Routes, int] | None = None
         self._scan = Scan(IDLE_WAKE_S)
+        self._inline = InlineRunner(0)  # set at boot: what waits in the inbox goes leased
         self._tasks: set[asyncio.Task] = set()
         self._stop = threading.Event()
         # Set while the loop sleeps: only then does the watcher thread look for commits.
@@ -168,7 +159,7 @@ class Pump:
         self._wake: asyncio.Event | None = None
         self._until_idle = False
         self._wake_at_ms = 0  # when the sleeping loop wakes anyway
-        # Where the checkpoint of the step's next commit goes (see _Services).
+        # Where the checkpoint of the step's next commit goes (see bus/pump/services.py).
         self._checkpoint = checkpoints.HERE
 
     @property
@@ -269,6 +260,7 @@ class Pump:
         conn = self.bus.conn
         root = threads.initialize_root(conn, self.name)
         with write_transaction(conn):
+            self._inline = InlineRunner(work.last_inbox_seq(conn, self.name))
             now = now_ms()
             boot_id = derived_id(root.uuid, SYSTEM_SENDER, BOOT)
             if not work.mark_booted(conn, self.name, boot_id, now):
@@ -300,9 +292,11 @@ class Pump:
         self._checkpoint = checkpoints.LATER if finished else checkpoints.HERE
         if finished and self.before_commit is not None:
             self.before_commit(finished)
+        inlined = self._route_inline()
         routes = self.table.routes
         if not finished and self._scan.quiet(conn, routes, now_ms()):
-            return _Step([], routes, False, self._scan.pending, self._scan.due_ms)
+            return _Step([], routes, inlined >= ROUTE_BATCH, self._scan.pending,
+                         self._scan.due_ms)
         with write_transaction(conn):
             # The table is read under the write lock: a client's send that follows an
             # OOB change is routed by the changed table (its inbox row commits after).
@@ -321,8 +315,44 @@ class Pump:
             else:  # units are in flight: what is left is asked once they are back
                 pending, next_expiry = True, self._scan.due_ms
             self._scan.claimed(writer.now + self.lease_ms, claimed, capacity, scan)
+            self._before_inline_commit(writer)
         self._committed(finished, outcomes)
-        return _Step(claimed, routes, routed >= ROUTE_BATCH, pending, next_expiry)
+        self._committed_inline(writer)
+        return _Step(claimed, routes, max(routed, inlined) >= ROUTE_BATCH, pending, next_expiry)
+
+    def _route_inline(self) -> int:
+        """While inline listeners have requests waiting: transactions that route
+        `commit_batch` inbox rows each and answer the inline ones in them; how many.
+
+        The step's last transaction routes ROUTE_BATCH rows and claims too: the
+        inline requests get their own commits, as finished units do.
+        """
+        conn = self.bus.conn
+        if not self.table.routes.has_inline or not work.inbox_waiting(conn, self.name):
+            return 0
+        routed, where = 0, self._checkpoint
+        self._checkpoint = checkpoints.THREAD  # more commits follow at once
+        try:
+            while routed < ROUTE_BATCH:
+                with write_transaction(conn):
+                    writer = Writer(self.bus, conn, self.name, self.table.routes, now_ms())
+                    taken = self._route_inbox(writer, self.commit_batch)
+                    self._before_inline_commit(writer)
+                self._committed_inline(writer)
+                routed += taken
+                if taken < self.commit_batch:
+                    break
+        finally:
+            self._checkpoint = where
+        return routed
+
+    def _before_inline_commit(self, writer: Writer) -> None:
+        if writer.inlined and self.before_commit is not None:
+            self.before_commit([done for done, _ in writer.inlined])
+
+    def _committed_inline(self, writer: Writer) -> None:
+        self._committed([done for done, _ in writer.inlined],
+                        [outcome for _, outcome in writer.inlined])
 
     def _commit(self, finished: list[Finished]) -> None:
         """A transaction that commits `finished` and does nothing else."""
@@ -341,8 +371,8 @@ class Pump:
             if self.on_unit is not None:
                 self.on_unit(done, outcome)
 
-    def _route_inbox(self, writer: Writer) -> int:
-        inbound = work.take_inbox(writer.conn, self.name, ROUTE_BATCH)
+    def _route_inbox(self, writer: Writer, limit: int = ROUTE_BATCH) -> int:
+        inbound = work.take_inbox(writer.conn, self.name, limit)
         found = work.messages_by_seq(writer.conn, [item.seq for item in inbound],
                                      self.bus.blobs)
         for item in inbound:
@@ -352,9 +382,22 @@ class Pump:
             if item.root_tag in META_ROOT_TAGS and item.to is None:
                 self.stats.count(self._answer_meta(writer, message, item.root_tag))
             elif not writer.route(item.seq, message.id, message.from_agent, item.root_tag,
-                                  item.to, message.correlation_id):
+                                  item.to, message.correlation_id,
+                                  inline=self._inline_of(writer, message)):
                 self.stats.count("no-route")  # the client got a <huh> from the pump
         return len(inbound)
+
+    def _inline_of(self, writer: Writer, message: Message) -> Inline | None:
+        """What runs a client's request to an inline listener in `writer`'s transaction."""
+        if not writer.routes.has_inline:
+            return None
+
+        def inline(listener: Listener, thread: str) -> bool:
+            if not self._inline.takes(listener, message.seq):
+                return False
+            writer.inlined.append(self._inline.handle(writer, listener, message, thread))
+            return True
+        return inline
 
     def _answer_meta(self, writer: Writer, message: Message, root_tag: str) -> str:
         """Answer a client's question about the organism itself, or refuse it (a <huh>)."""
@@ -473,19 +516,14 @@ class Pump:
 
     async def _process(self, unit: Unit, message: Message, listener: Listener) -> Finished:
         """Pipeline, then handler: the unit's outputs or the `<huh>` for its sender."""
-        try:  # a <huh> for a call this listener made reaches its handler as a Huh
-            pipeline = SYSTEM_PIPELINE if unit.kind == "answer" and is_huh(message) \
-                else listener.pipeline
-            result = run_pipeline(pipeline, envelope_xml(message))
-        except ValidationFailed as exc:
-            return Finished(unit, message, huh=huh_element("not-an-envelope", str(exc)))
-        if isinstance(result, Huh):
-            return Finished(unit, message, huh=result.to_element())
+        checked = checked_input(unit, message, listener)
+        if isinstance(checked, Finished):
+            return checked
         spec = listener.spec
-        ctx = Context(unit.thread, result.sender, spec.name, message.id, unit.attempts,
+        ctx = Context(unit.thread, checked.sender, spec.name, message.id, unit.attempts,
                       self._loop.time() + spec.timeout_s, listener.tools)
         try:
-            replies = await call_handler(listener.handler, result.payload, ctx,
+            replies = await call_handler(listener.handler, checked.payload, ctx,
                                          spec.timeout_s, self._handler_pool)
             outputs = outputs_of(replies, spec.peers)
         except HandlerFailed as exc:
@@ -494,100 +532,5 @@ class Pump:
 
     # --- side services ----------------------------------------------------------------------
 
-    def _services(self) -> _Services:
-        return _Services(self)
-
-
-class _Services:
-    """The pump's side threads: lease renewal (with heartbeats), change watcher, OOB
-    server, checkpoints."""
-
-    def __init__(self, pump: Pump) -> None:
-        self.pump = pump
-        self.stopped = threading.Event()
-        self.threads: list[threading.Thread] = []
-        self.heartbeat: Heartbeat | None = None
-        self.oob: OobServer | None = None
-        self.checkpointer: Checkpointer | None = None
-
-    def __enter__(self) -> _Services:
-        try:
-            return self._open()
-        except BaseException:
-            self.__exit__()
-            raise
-
-    def _open(self) -> _Services:
-        pump = self.pump
-        # While finished units queue up for their commits, the pump commits all the
-        # time: its checkpoints run on a thread. Otherwise a step that only routes
-        # and claims checkpoints in its commit, and one that commits replies leaves
-        # it to the next: after a reply's commit the woken client writes its next
-        # request while the checkpoint runs, and the log never started over (it
-        # grew to the backstop, all commits past 1000 pages checkpointing); after a
-        # claim, the reply's commit finds the log copied and starts it over.
-        self.checkpointer = Checkpointer(pump.bus, where=lambda: (
-            checkpoints.THREAD if pump._finished else pump._checkpoint)).__enter__()
-        pump._db_pool.submit(lambda: self.checkpointer.attach(pump.bus.conn)).result()
-        self.heartbeat = Heartbeat(pump.bus.path, f"pump:{pump.name}",
-                                   interval=pump.lease_ms / 3000, status="working",
-                                   on_beat=pump._renew).start()
-        self._thread(self._watch, "pump-watch")
-        keys = pump.organism.oob.authorized_keys
-        if pump.use_oob and keys:
-            self.oob = OobServer(pump.bus, socket_path_for(pump.bus.path, pump.organism.oob.socket),
-                                 [load_public_key(path) for path in keys],
-                                 pump.table.dispatch, pump.organism.oob.window_s)
-            self._thread(self.oob.serve_forever, "pump-oob", self.stopped)
-        return self
-
-    def _thread(self, target: Callable[..., None], name: str, *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        thread.start()
-        self.threads.append(thread)
-
-    def _watch(self) -> None:
-        # Short waits, so that stopping (which also sets `_sleeping`) joins this
-        # thread at once: `run(until_idle=True)` used to end WATCH_S late.
-        while not self.stopped.is_set():
-            if not self.pump._sleeping.wait(WATCH_S) or self.stopped.is_set():
-                continue
-            try:
-                if self.pump.bus.wait_for_change(WATCH_POLL_S) and self._worth_a_step():
-                    self.pump._poke()
-            except BusError as exc:  # busy or closed: look again, or stop with the pump
-                log.warning("pump change watcher: %s", exc)
-                self.stopped.wait(WATCH_S)
-
-    def _worth_a_step(self) -> bool:
-        """After a commit: whether it left the sleeping loop something to do.
-
-        Most commits the watcher sees are the pump's own (its claims, while
-        the handlers run); waking the loop for those only took time from them.
-        So: the inbox holds something, a unit can be claimed, the routing
-        table changed, or a lease (another pump's claim) runs out before the
-        loop would wake anyway (its scan then learns when). Finished handlers
-        and `stop()` wake the loop themselves. Running until idle, any commit
-        may be another pump's last: look again.
-        """
-        pump = self.pump
-        if pump._until_idle or pump.table.routes is not pump._scan.routes:
-            return True
-        with translate_busy():
-            ready, next_expiry = work.has_work(pump.bus.conn, pump.name, now_ms())
-        return ready or (next_expiry is not None and next_expiry < pump._wake_at_ms)
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stopped.set()
-        self.pump._sleeping.set()  # the watcher waits for this: let it see `stopped`
-        for thread in self.threads:
-            thread.join()
-        self.pump._sleeping.clear()
-        try:
-            if self.oob is not None:
-                self.oob.close()
-            if self.heartbeat is not None:
-                self.heartbeat.stop()
-        finally:
-            if self.checkpointer is not None:  # on the thread its connection belongs to
-                self.pump._db_pool.submit(self.checkpointer.stop).result()
+    def _services(self) -> Services:
+        return Services(self)

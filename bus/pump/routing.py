@@ -14,6 +14,7 @@ path it routes nowhere.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from dataclasses import dataclass
 from dataclasses import replace
@@ -67,6 +68,7 @@ class Routes:
         for listener in self.listeners.values():
             by_tag.setdefault(listener.tag, []).append(listener)
         self.by_tag = {tag: tuple(found) for tag, found in by_tag.items()}
+        self.has_inline = any(item.spec.inline for item in self.listeners.values())
 
     def targets(self, root_tag: str, to: str | None) -> tuple[Listener, ...]:
         """Who receives a `root_tag` payload: listener `to`, or all of the tag; () if none.
@@ -85,6 +87,10 @@ class Routes:
 def build_listener(spec: ListenerSpec, organism: Organism, path: str) -> Listener:
     """Import a listener's handler and payload class; OrganismInvalid names the key."""
     handler = resolve_handler(spec, organism, path)
+    if spec.inline and inspect.iscoroutinefunction(handler):
+        raise OrganismInvalid(organism.source, f"{path}.inline", (
+            f"listener {spec.name!r} has an async handler ({spec.handler}), which cannot run "
+            "inside the pump's transaction; make it a plain `def` or set inline: false"))
     payload = resolve_payload(spec, organism, path)
     try:
         root = spec_of(payload).root

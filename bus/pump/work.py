@@ -109,6 +109,8 @@ _INBOX_SQL = (
     "SELECT seq, root_tag, to_listener FROM pump_inbox WHERE organism = ?"
     " ORDER BY seq LIMIT ?"
 )
+_INBOX_WAITING_SQL = "SELECT EXISTS (SELECT 1 FROM pump_inbox WHERE organism = ?)"
+_LAST_INBOX_SQL = "SELECT max(seq) FROM pump_inbox WHERE organism = ?"
 _TAKE_INBOX_SQL = "DELETE FROM pump_inbox WHERE seq IN (SELECT value FROM json_each(?))"
 _BOOT_SQL = (
     "INSERT INTO pump_organisms (name, booted_at_ms, boot_id) VALUES (?, ?, ?)"
@@ -268,6 +270,16 @@ def take_inbox(conn: apsw.Connection, organism: str, limit: int) -> list[Inbound
     if inbound:
         conn.execute(_TAKE_INBOX_SQL, (orjson.dumps([item.seq for item in inbound]),))
     return inbound
+
+
+def inbox_waiting(conn: apsw.Connection, organism: str) -> bool:
+    """Whether client envelopes wait to be routed (an index lookup)."""
+    return bool(conn.execute(_INBOX_WAITING_SQL, (organism,)).get)
+
+
+def last_inbox_seq(conn: apsw.Connection, organism: str) -> int:
+    """The seq of the newest envelope waiting to be routed; 0 if none waits."""
+    return conn.execute(_LAST_INBOX_SQL, (organism,)).get or 0
 
 
 def mark_booted(conn: apsw.Connection, organism: str, boot_id: str, now: int) -> bool:
