@@ -15,13 +15,19 @@
   request and its inbox row; the server takes the row and claims the work
   (one commit), then writes the reply and marks the work done (another).
 
-    python scripts/bench_pump.py [--rounds 3] [--scale 1.0]
+- --original: the same echo workload through the original in-memory pump,
+  xml-pipeline 0.4.0 from PyPI (scripts/bench_original_pump.py, in a venv of
+  its own under /tmp, made on first use; skipped with a message when pip
+  cannot install it), its figures printed beside ours from the same run.
+
+    python scripts/bench_pump.py [--rounds 3] [--scale 1.0] [--original]
     python scripts/bench_pump.py --raw-server DB   # the baseline's server, on its own
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -54,6 +60,12 @@ EXAMPLES = REPO_ROOT / "examples"
 TARGET_RATIOS = {(True, 1): 0.5, (False, 1): 0.3, (True, 64): 0.25, (False, 64): 0.25}
 TARGET_P50_RATIO = 2.0  # round trip p50 <= 2x the raw three-commit round trip
 TARGET_P99_MS = 3.0
+# Against the original in-memory pump, in the same run.
+ORIGINAL = "xml-pipeline==0.4.0"
+ORIGINAL_EXTRAS = ("python-dotenv",)  # its bootstrap imports dotenv, which it does not declare
+ORIGINAL_VENV = Path(tempfile.gettempdir()) / "agentbus-bench-xml-pipeline-0.4.0"
+TARGET_ORIGINAL_SPEEDUP = 3.0  # our envelopes/s >= 3x its
+TARGET_ORIGINAL_P50 = 0.8  # our round trip p50 <= 0.8x its
 REQUEST = b"<add><a>1.5</a><b>2</b></add>"
 ORGANISM = """\
 name: bench
@@ -306,22 +318,83 @@ def print_rows(rows: list[dict]) -> None:
                   f" {verdict}")
 
 
+# --- the original in-memory pump (xml-pipeline 0.4.0) ---------------------------------
+
+
+def original_python() -> Path | None:
+    """The Python of a venv holding xml-pipeline 0.4.0 (made on first use); None, with
+    the reason on stderr, when it cannot be made."""
+    python = ORIGINAL_VENV / "bin" / "python"
+    ready = ORIGINAL_VENV / ".installed"
+    if ready.exists():
+        return python
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(ORIGINAL_VENV)], check=True,
+                       capture_output=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", ORIGINAL,
+                        *ORIGINAL_EXTRAS], check=True, capture_output=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as exc:
+        output = getattr(exc, "stderr", b"") or b""
+        print(f"--original skipped: cannot install {ORIGINAL} into {ORIGINAL_VENV}: {exc}"
+              f" {output.decode(errors='replace')[-500:]}", file=sys.stderr)
+        return None
+    ready.touch()
+    return python
+
+
+def original_row(python: Path, scale: float) -> dict | None:
+    """Its envelopes/s and round trip (scripts/bench_original_pump.py); None if it failed."""
+    count, trips = max(200, int(2000 * scale)), max(50, int(300 * scale))
+    done = subprocess.run([str(python), str(REPO_ROOT / "scripts" / "bench_original_pump.py"),
+                           "--count", str(count), "--trips", str(trips)],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        print(f"--original failed (exit {done.returncode}): {done.stderr[-1000:]}",
+              file=sys.stderr)
+        return None
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def print_original(rows: list[dict], original: dict) -> None:
+    print(f"\noriginal xml-pipeline 0.4.0 (in memory), same run: {original['per_s']:.0f}"
+          f" requests answered/s, round trip p50 {original['p50_ms']:.3f} ms,"
+          f" p99 {original['p99_ms']:.3f} ms")
+    for r in rows:
+        if "p50_ms" in r:
+            ratio = r["p50_ms"] / original["p50_ms"]
+            ok = ratio <= TARGET_ORIGINAL_P50
+            print(f"  {r['case']:44} p50 {ratio:6.2f}x the original's"
+                  f"  (<= {TARGET_ORIGINAL_P50:g}x: {'ok' if ok else 'not met'})")
+        else:
+            ratio = r["agentbus_per_s"] / original["per_s"]
+            ok = ratio >= TARGET_ORIGINAL_SPEEDUP
+            print(f"  {r['case']:44} {ratio:6.2f}x the original's envelopes/s"
+                  f"  (>= {TARGET_ORIGINAL_SPEEDUP:g}x: {'ok' if ok else 'not met'})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--original", action="store_true",
+                        help=f"also run the workload through {ORIGINAL} (pip-installed under"
+                             " /tmp) and print its figures beside ours")
     parser.add_argument("--raw-server", type=Path, metavar="DB",
                         help="run the round trip baseline's server on DB until terminated")
     args = parser.parse_args(argv)
     if args.raw_server:
         raw_server(args.raw_server)
         return 0
+    python = original_python() if args.original else None
     workdir = Path(tempfile.mkdtemp(prefix="agentbus-bench-pump-"))
     try:
         rows = pump_rows(workdir, args.rounds, args.scale)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    original = original_row(python, args.scale) if python is not None else None
     print_rows(rows)
+    if original is not None:
+        print_original(rows, original)
     return 0  # a missed target is a figure to read, not an error
 
 
