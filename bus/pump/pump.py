@@ -17,9 +17,11 @@ for the pump), so a long handler keeps its claim; a killed pump's units are
 claimed again once their leases run out, and since reply ids derive from the
 input id, listener and index, a retried commit cannot duplicate anything.
 
-The loop wakes when a handler finishes, when another connection commits
-something it can take (`Bus.wait_for_change` on a watcher thread, then
-`work.has_work`), before a lease it knows of runs out, or after `IDLE_WAKE_S`.
+With nothing to do, the database thread itself waits (`Pump._idle`): for
+another connection's commit that left something to take (`Bus.wait_for_change`,
+then `work.has_work`), which it steps on at once, without a hop to the loop;
+for a wake from the loop (a handler finished, `stop()`) through a pipe; until
+a lease it knows of runs out; or for `IDLE_WAKE_S`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field
@@ -38,7 +41,9 @@ from typing import Callable
 from lxml import etree
 
 from bus import checkpoints
+from bus.db import translate_busy
 from bus.db import write_transaction
+from bus.errors import BusError
 from bus.errors import ValidationFailed
 from bus.messages import Message
 from bus.messages import new_message_id
@@ -151,14 +156,13 @@ class Pump:
         self._inline = InlineRunner(0)  # set at boot: what waits in the inbox goes leased
         self._tasks: set[asyncio.Task] = set()
         self._stop = threading.Event()
-        # Set while the loop sleeps: only then does the watcher thread look for commits.
-        # While the pump is busy it steps anyway, and a watcher woken by each of the
-        # pump's own commits only took the GIL from the work (see docs/benchmarks.md).
-        self._sleeping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
+        # The idle database thread waits for commits and for this pipe: a byte in it
+        # (a handler finished, stop()) ends the wait (see _idle).
+        self._wake_r, self._wake_w = -1, -1
+        self._sleeping = threading.Event()  # set while the database thread waits (_idle)
         self._until_idle = False
-        self._wake_at_ms = 0  # when the sleeping loop wakes anyway
+        self._wake_at_ms = 0  # when the idle wait ends anyway
         # Where the checkpoint of the step's next commit goes (see bus/pump/services.py).
         self._checkpoint = checkpoints.HERE
 
@@ -175,9 +179,17 @@ class Pump:
                 ThreadPoolExecutor(max(4, min(self.max_in_flight, 64)),
                                    thread_name_prefix="pump-handler") as handlers:
             self._db_pool, self._handler_pool = db, handlers
-            with self._services():
-                self._until_idle = until_idle
-                asyncio.run(self._main(until_idle))
+            self._wake_r, self._wake_w = os.pipe()
+            os.set_blocking(self._wake_r, False)
+            os.set_blocking(self._wake_w, False)
+            try:
+                with self._services():
+                    self._until_idle = until_idle
+                    asyncio.run(self._main(until_idle))
+            finally:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_r, self._wake_w = -1, -1
         return self.stats
 
     def stop(self) -> None:
@@ -189,29 +201,26 @@ class Pump:
         self._poke()
 
     def _poke(self) -> None:
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(wake.set)
-            except RuntimeError:  # the loop closed in between
-                pass
+        """End the database thread's idle wait (from any thread or a signal handler)."""
+        try:
+            os.write(self._wake_w, b"!")
+        except (BlockingIOError, OSError):  # full (a wake is pending anyway), or not running
+            pass
+
+    def _poked(self) -> bool:
+        """Whether the pipe held a wake (drained)."""
+        try:
+            return bool(os.read(self._wake_r, 4096))
+        except BlockingIOError:
+            return False
 
     async def _main(self, until_idle: bool) -> None:
-        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         self.stats.booted = await self._db(self._boot)
+        woke: _Step | None = None
         while True:
-            self._wake.clear()
-            # Every finished unit goes in one call to the database thread, which
-            # commits them `commit_batch` per transaction: one hop, not one per commit.
-            batch, self._finished = self._finished, []
-            for done in batch:  # its slots are free for the claims after its commit
-                self._settle(done.unit)
-            busy = sum(self._in_flight.values()) > 0  # units beyond this batch
-            step = await self._db(self._step, batch, self._capacity(), busy)
+            step = woke if woke is not None else await self._next_step()
             self.stats.steps += 1
-            with self._running_lock:  # committed (or lost, or failed: retried after its lease)
-                for done in batch:
-                    self._running.pop(done.unit.id, None)
             for unit, message in step.claimed:
                 self._start(step.routes.listeners[unit.listener], unit, message)
             if not self._tasks and not self._finished and (
@@ -220,22 +229,71 @@ class Pump:
             # Claims need no second look: a listener that got fewer units than it
             # asked for has none left, one that got them all has no slot left; its
             # handlers wake the loop when they finish.
+            woke = None
             if step.more or self._finished:
                 continue
-            await self._sleep(step.next_expiry)
+            woke = await self._db(self._idle, self._timeout(step.next_expiry),
+                                  self._capacity(), sum(self._in_flight.values()) > 0)
 
-    async def _sleep(self, next_expiry: int | None) -> None:
-        timeout = IDLE_WAKE_S
-        if next_expiry is not None:
-            timeout = min(timeout, max(0.001, (next_expiry - now_ms()) / 1000 + 0.001))
-        self._wake_at_ms = now_ms() + int(timeout * 1000)  # for the watcher
+    async def _next_step(self) -> _Step:
+        # Every finished unit goes in one call to the database thread, which
+        # commits them `commit_batch` per transaction: one hop, not one per commit.
+        batch, self._finished = self._finished, []
+        for done in batch:  # its slots are free for the claims after its commit
+            self._settle(done.unit)
+        busy = sum(self._in_flight.values()) > 0  # units beyond this batch
+        step = await self._db(self._step, batch, self._capacity(), busy)
+        with self._running_lock:  # committed (or lost, or failed: retried after its lease)
+            for done in batch:
+                self._running.pop(done.unit.id, None)
+        return step
+
+    def _timeout(self, next_expiry: int | None) -> float:
+        """How long the pump may wait for something to happen: IDLE_WAKE_S at most."""
+        if next_expiry is None:
+            return IDLE_WAKE_S
+        return min(IDLE_WAKE_S, max(0.001, (next_expiry - now_ms()) / 1000 + 0.001))
+
+    def _idle(self, timeout: float, capacity: dict[str, int], busy: bool) -> _Step | None:
+        """On the database thread, with nothing to do: wait for a commit worth a step and
+        take that step at once, or for a wake (a handler finished, stop()): then None.
+
+        The thread that saw the commit is the one that steps: a client's request
+        is answered (inline) or claimed with no hop between threads.
+        """
+        self._wake_at_ms = now_ms() + int(timeout * 1000)
+        if self._wait_for_work(time.monotonic() + timeout):
+            return self._step([], capacity, busy)
+        return None
+
+    def _wait_for_work(self, deadline: float) -> bool:
+        """True once another connection's commit left work, False on a wake or at `deadline`."""
         self._sleeping.set()
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+            while not self._poked() and deadline > time.monotonic():
+                if self.bus.wait_for_change(deadline - time.monotonic(), self._wake_r) \
+                        and self._worth_a_step():
+                    return True
+        except BusError as exc:  # busy or closed: the loop looks again
+            log.warning("pump idle wait: %s", exc)
         finally:
             self._sleeping.clear()
+        return False
+
+    def _worth_a_step(self) -> bool:
+        """After another connection's commit: whether it left the pump something to do.
+
+        The inbox holds something, a unit can be claimed, the routing table
+        changed, or a lease (another pump's claim) runs out before the pump
+        would look anyway (its scan then learns when). Finished handlers and
+        `stop()` wake it themselves. Running until idle, any commit may be
+        another pump's last: look again.
+        """
+        if self._until_idle or self.table.routes is not self._scan.routes:
+            return True
+        with translate_busy():
+            ready, next_expiry = work.has_work(self.bus.conn, self.name, now_ms())
+        return ready or (next_expiry is not None and next_expiry < self._wake_at_ms)
 
     async def _db(self, function: Callable[..., Any], *args: Any) -> Any:
         return await self._loop.run_in_executor(self._db_pool, function, *args)
@@ -501,7 +559,7 @@ class Pump:
                 self._release(unit)
         if finished is not None:  # it holds its slot and lease until its commit
             self._finished.append(finished)
-        self._wake.set()
+        self._poke()
 
     def _release(self, unit: Unit) -> None:
         self._settle(unit)
