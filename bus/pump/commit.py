@@ -26,6 +26,7 @@ must refuse (an envelope as payload, ...) becomes a `bad-reply` `<huh>` at once.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -69,6 +70,8 @@ CONVERSATION_DEPTH = 1  # organism/client: the thread a client's request starts
 SYSTEM_PIPELINE = system_pipeline()  # envelope checks only: for the <huh> a caller gets
 # Handles a call to a listener in the routing transaction; True if it did (Writer.route).
 Inline = Callable[[Listener, str], bool]
+# An envelope the pump routed to a listener: the payload class that encoded its element.
+Encoded = tuple[type, etree._Element]
 
 
 @dataclass(frozen=True)
@@ -81,10 +84,21 @@ class Finished:
     huh: etree._Element | None = None
 
 
-def checked_input(unit: Unit, message: Message, listener: Listener) -> Envelope | Finished:
+def checked_input(unit: Unit, message: Message, listener: Listener,
+                  encoded: Encoded | None = None) -> Envelope | Finished:
     """The input through its pipeline: the typed envelope, or the unit finished with the
     `<huh>` its sender gets. A `<huh>` for a call the listener made passes the system
-    pipeline and reaches its handler as a Huh."""
+    pipeline and reaches its handler as a Huh.
+
+    `encoded`: what the pump knows of the input because it wrote it (`Writer.encoded`).
+    When the listener's payload class encoded it, the element is valid by
+    construction and only decoded: parsing, C14N and the schema would find
+    nothing to refuse. Client input never gets here (it is always checked).
+    """
+    if encoded is not None and encoded[0] is listener.pipeline.payload:
+        element = encoded[1]
+        return Envelope(message.from_agent, message.correlation_id,
+                        listener.pipeline.spec.decode(element), element)
     try:
         pipeline = SYSTEM_PIPELINE if unit.kind == "answer" and is_huh(message) \
             else listener.pipeline
@@ -96,6 +110,27 @@ def checked_input(unit: Unit, message: Message, listener: Listener) -> Envelope 
     return result
 
 
+class EncodedMemory:
+    """The envelopes this pump encoded for listeners and committed, by message id, for
+    `checked_input`; the oldest are forgotten past `limit` (their units ran by then).
+    Filled on the database thread, read on the loop's: hence the lock."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._items: dict[str, Encoded] = {}
+        self._lock = threading.Lock()
+
+    def remember(self, items: list[tuple[str, Encoded]]) -> None:
+        with self._lock:
+            self._items.update(items)
+            while len(self._items) > self.limit:
+                del self._items[next(iter(self._items))]
+
+    def take(self, message_id: str) -> Encoded | None:
+        with self._lock:
+            return self._items.pop(message_id, None)
+
+
 class Writer:
     """Writes of one transaction: `conn` is in a write transaction, `now` its clock."""
 
@@ -104,6 +139,9 @@ class Writer:
         self.bus, self.conn, self.organism, self.routes, self.now = (bus, conn, organism,
                                                                      routes, now)
         self.inlined: list[tuple[Finished, str]] = []  # units handled inline, with outcomes
+        # Envelopes routed to listeners, by message id, from an @xmlify payload (for
+        # checked_input once the transaction committed); a rolled back unit drops its own.
+        self.encoded: list[tuple[str, Encoded]] = []
 
     # --- envelopes -------------------------------------------------------------------
 
@@ -157,12 +195,16 @@ class Writer:
                        in_reply_to=message_id)
 
     def send(self, payload: etree._Element, *, id: str, sender: str, thread: str,
-             to: str | None, in_reply_to: str | None, kind: str = "call") -> None:
+             to: str | None, in_reply_to: str | None, kind: str = "call",
+             encoded_from: type | None = None) -> None:
         """Write an envelope and route it (unless it was written before)."""
         seq, duplicate = self.write(payload, id=id, sender=sender, thread=thread, to=to,
                                     in_reply_to=in_reply_to)
-        if not duplicate:
-            self.route(seq, id, sender, payload.tag, to, thread, kind, in_reply_to)
+        if duplicate:
+            return
+        if self.route(seq, id, sender, payload.tag, to, thread, kind, in_reply_to) \
+                and encoded_from is not None:
+            self.encoded.append((id, (encoded_from, payload)))
 
     # --- finishing units ---------------------------------------------------------------
 
@@ -176,11 +218,12 @@ class Writer:
         written again one savepoint per unit, so only that unit fails.
         """
         if len(batch) > 1:
+            mark = len(self.encoded)
             try:
                 with write_transaction(self.conn):
                     return [self._finish(done, owner) for done in batch]
             except BusError:
-                pass  # which unit failed is found below, one savepoint each
+                del self.encoded[mark:]  # which unit failed is found below, one each
         return [self._finish_alone(done, owner) for done in batch]
 
     def finish_inline(self, done: Finished) -> str:
@@ -188,10 +231,12 @@ class Writer:
         return self._finish_alone(done, None)
 
     def _finish_alone(self, done: Finished, owner: str | None) -> str:
+        mark = len(self.encoded)
         try:
             with write_transaction(self.conn):  # a savepoint: this unit or nothing
                 return self._finish(done, owner)
         except (ValidationFailed, XmlRejected) as exc:
+            del self.encoded[mark:]
             if done.huh is None:  # a reply no retry could write: the handler hears why now
                 return self._finish_alone(replace(done, outputs=(), huh=huh_element(
                     "bad-reply", f"the pump cannot send the handler's reply: {exc}",
@@ -199,6 +244,7 @@ class Writer:
             log.error("committing the <huh> of unit %s failed: %s", done.unit.id, exc)
             return "failed"
         except BusError as exc:
+            del self.encoded[mark:]
             log.error("committing unit %s (input %s, listener %s) failed: %s",
                       done.unit.id, done.input.id, done.unit.listener, exc)
             return "failed"
@@ -270,7 +316,7 @@ class Writer:
         for index, output in [item for item in indexed if item[1].to is not None]:
             self.send(output.element, id=derived_id(message.id, unit.listener, index),
                       sender=unit.listener, thread=unit.thread, to=output.to,
-                      in_reply_to=message.id)
+                      in_reply_to=message.id, encoded_from=output.encoded_from)
         answers = [item for item in indexed if item[1].to is None]
         caller = threads.answer_to(self.conn, unit.thread, self.now) if answers else None
         for index, output in answers:
@@ -278,7 +324,8 @@ class Writer:
             if output.final:
                 self._final(output, reply_id, unit, message)
             else:
-                self._answer(output.element, reply_id, unit.listener, message.id, caller)
+                self._answer(output.element, reply_id, unit.listener, message.id, caller,
+                             output.encoded_from)
         if not done.outputs and unit.kind == "call":
             threads.close_thread(self.conn, unit.thread, self.now)  # nothing to say: done
             self._close_conversation(message.correlation_id)
@@ -291,7 +338,7 @@ class Writer:
             threads.close_if_done(self.conn, uuid, self.now)
 
     def _answer(self, element: etree._Element, reply_id: str, sender: str, in_reply_to: str,
-                caller: Caller) -> None:
+                caller: Caller, encoded_from: type | None = None) -> None:
         """Send an answer (or a `<huh>`) to `caller`: routed to a listener, egress to a client."""
         if caller.depth <= CONVERSATION_DEPTH:
             to = caller.name if caller.depth else SYSTEM_SENDER  # egress: written only
@@ -301,7 +348,8 @@ class Writer:
                 threads.close_if_done(self.conn, caller.uuid, self.now)
         else:
             self.send(element, id=reply_id, sender=sender, thread=caller.uuid,
-                      to=caller.name, in_reply_to=in_reply_to, kind="answer")
+                      to=caller.name, in_reply_to=in_reply_to, kind="answer",
+                      encoded_from=encoded_from)
 
     def _final(self, output: Output, reply_id: str, unit: Unit, message: Message) -> None:
         """A FinalAnswer goes to the client on its conversation thread, which it closes."""

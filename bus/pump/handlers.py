@@ -110,6 +110,9 @@ class Output:
     element: etree._Element
     to: str | None
     final: bool = False
+    # The @xmlify class the element was encoded from (so valid by construction), or
+    # None for an lxml element a handler built itself.
+    encoded_from: type | None = None
 
 
 async def call_handler(handler: Callable[..., Any], msg: Any, ctx: Context, timeout: float,
@@ -181,8 +184,10 @@ def outputs_of(replies: list[Reply], peers: tuple[str, ...]) -> list[Output]:
             raise HandlerFailed("peer-denied", f"reply {index} is addressed to {reply.to!r}, "
                                                "which this listener may not call; add it to "
                                                "the listener's peers in organism.yaml")
+        cls = type(reply.payload)
         outputs.append(Output(_element(reply.payload, index), reply.to,
-                              isinstance(reply.payload, FinalAnswer)))
+                              isinstance(reply.payload, FinalAnswer),
+                              cls if is_xmlified(cls) else None))
     return outputs
 
 

@@ -33,6 +33,7 @@ import time
 
 from bus.messages import Message
 from bus.pump.commit import Finished
+from bus.pump.commit import Inline
 from bus.pump.commit import Writer
 from bus.pump.commit import checked_input
 from bus.pump.envelopes import huh_element
@@ -53,6 +54,19 @@ class InlineRunner:
     def __init__(self, after: int) -> None:
         self.after = after
         self.demoted: set[str] = set()  # listeners that overran their timeout inline
+
+    def runner(self, writer: Writer, message: Message) -> Inline | None:
+        """What runs a client's request to inline listeners in `writer`'s transaction
+        (for `Writer.route`); the units it ran go to `writer.inlined`."""
+        if not writer.routes.has_inline:
+            return None
+
+        def inline(listener: Listener, thread: str) -> bool:
+            if not self.takes(listener, message.seq):
+                return False
+            writer.inlined.append(self.handle(writer, listener, message, thread))
+            return True
+        return inline
 
     def takes(self, listener: Listener, seq: int) -> bool:
         """Whether the request at `seq` to `listener` runs inline."""

@@ -51,8 +51,8 @@ from bus.messages import now_ms
 from bus.pump import meta
 from bus.pump import threads
 from bus.pump import work
+from bus.pump.commit import EncodedMemory
 from bus.pump.commit import Finished
-from bus.pump.commit import Inline
 from bus.pump.commit import Writer
 from bus.pump.commit import checked_input
 from bus.pump.envelopes import SYSTEM_SENDER
@@ -86,6 +86,7 @@ DEFAULT_COMMIT_BATCH = 64
 ROUTE_BATCH = 256  # inbox rows routed per step
 IDLE_WAKE_S = 1.0  # look again at least this often (expired leases, stop requests)
 ORPHAN_CHECK_MS = 1000
+ENCODED_MAX = 4096  # envelopes the pump remembers having encoded (see checked_input)
 
 
 @dataclass
@@ -154,6 +155,7 @@ class Pump:
         self._orphans_checked: tuple[Routes, int] | None = None
         self._scan = Scan(IDLE_WAKE_S)
         self._inline = InlineRunner(0)  # set at boot: what waits in the inbox goes leased
+        self._encoded = EncodedMemory(ENCODED_MAX)  # see _after_commit
         self._tasks: set[asyncio.Task] = set()
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -375,7 +377,7 @@ class Pump:
             self._scan.claimed(writer.now + self.lease_ms, claimed, capacity, scan)
             self._before_inline_commit(writer)
         self._committed(finished, outcomes)
-        self._committed_inline(writer)
+        self._after_commit(writer)
         return _Step(claimed, routes, max(routed, inlined) >= ROUTE_BATCH, pending, next_expiry)
 
     def _route_inline(self) -> int:
@@ -396,7 +398,7 @@ class Pump:
                     writer = Writer(self.bus, conn, self.name, self.table.routes, now_ms())
                     taken = self._route_inbox(writer, self.commit_batch)
                     self._before_inline_commit(writer)
-                self._committed_inline(writer)
+                self._after_commit(writer)
                 routed += taken
                 if taken < self.commit_batch:
                     break
@@ -408,9 +410,12 @@ class Pump:
         if writer.inlined and self.before_commit is not None:
             self.before_commit([done for done, _ in writer.inlined])
 
-    def _committed_inline(self, writer: Writer) -> None:
+    def _after_commit(self, writer: Writer) -> None:
+        """What `writer`'s transaction did, now that it committed: its inline units
+        count, and the envelopes it encoded for listeners need no pipeline run."""
         self._committed([done for done, _ in writer.inlined],
                         [outcome for _, outcome in writer.inlined])
+        self._encoded.remember(writer.encoded)
 
     def _commit(self, finished: list[Finished]) -> None:
         """A transaction that commits `finished` and does nothing else."""
@@ -421,6 +426,7 @@ class Pump:
             writer = Writer(self.bus, conn, self.name, self.table.routes, now_ms())
             outcomes = writer.finish(finished, self.owner)
         self._committed(finished, outcomes)
+        self._after_commit(writer)
 
     def _committed(self, finished: list[Finished], outcomes: list[str]) -> None:
         """Count (and report) units once their transaction committed, not before."""
@@ -441,21 +447,9 @@ class Pump:
                 self.stats.count(self._answer_meta(writer, message, item.root_tag))
             elif not writer.route(item.seq, message.id, message.from_agent, item.root_tag,
                                   item.to, message.correlation_id,
-                                  inline=self._inline_of(writer, message)):
+                                  inline=self._inline.runner(writer, message)):
                 self.stats.count("no-route")  # the client got a <huh> from the pump
         return len(inbound)
-
-    def _inline_of(self, writer: Writer, message: Message) -> Inline | None:
-        """What runs a client's request to an inline listener in `writer`'s transaction."""
-        if not writer.routes.has_inline:
-            return None
-
-        def inline(listener: Listener, thread: str) -> bool:
-            if not self._inline.takes(listener, message.seq):
-                return False
-            writer.inlined.append(self._inline.handle(writer, listener, message, thread))
-            return True
-        return inline
 
     def _answer_meta(self, writer: Writer, message: Message, root_tag: str) -> str:
         """Answer a client's question about the organism itself, or refuse it (a <huh>)."""
@@ -574,7 +568,7 @@ class Pump:
 
     async def _process(self, unit: Unit, message: Message, listener: Listener) -> Finished:
         """Pipeline, then handler: the unit's outputs or the `<huh>` for its sender."""
-        checked = checked_input(unit, message, listener)
+        checked = checked_input(unit, message, listener, self._encoded.take(message.id))
         if isinstance(checked, Finished):
             return checked
         spec = listener.spec
