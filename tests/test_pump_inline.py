@@ -28,6 +28,7 @@ from bus.pump.organism import INLINE_DEFAULT_TIMEOUT_S
 from bus.pump.organism import load_organism
 from bus.pump.organism import parse_organism
 from tests import pump_tools
+from tests.cli_helpers import run
 
 ECHO = """\
   - name: echo
@@ -222,3 +223,11 @@ def test_an_async_handler_cannot_be_inline(bus, tmp_path):
     assert refused.value.field == "listeners[0].inline"
     assert "listener 'echo' has an async handler" in refused.value.reason
     assert "make it a plain `def` or set inline: false" in refused.value.reason
+
+
+def test_organism_check_refuses_an_async_inline_handler(tmp_path):
+    organism = write_organism(tmp_path, ECHO.replace("echo_inline", "echo"))
+    result = run(["pump", "organism", "check", str(organism)], tmp_path / "bus.db")
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {organism}: listeners[0].inline: listener 'echo'"
+                                    " has an async handler")

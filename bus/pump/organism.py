@@ -43,6 +43,7 @@ INLINE_TIMEOUT_MAX_S: every other write of the pump waits for it.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import re
 import sys
@@ -340,6 +341,10 @@ def resolve_handler(spec: ListenerSpec, organism: Organism, path: str = "listene
         raise OrganismInvalid(organism.source, f"{path}.handler", (
             f"{spec.handler} is {_a(type(handler).__name__)}, not a function; "
             "point it at `async def handler(msg, ctx)` or a plain function"))
+    if spec.inline and inspect.iscoroutinefunction(handler):
+        raise OrganismInvalid(organism.source, f"{path}.inline", (
+            f"listener {spec.name!r} has an async handler ({spec.handler}), which cannot run "
+            "inside the pump's transaction; make it a plain `def` or set inline: false"))
     return handler
 
 

@@ -14,7 +14,6 @@ path it routes nowhere.
 
 from __future__ import annotations
 
-import inspect
 import threading
 from dataclasses import dataclass
 from dataclasses import replace
@@ -87,10 +86,6 @@ class Routes:
 def build_listener(spec: ListenerSpec, organism: Organism, path: str) -> Listener:
     """Import a listener's handler and payload class; OrganismInvalid names the key."""
     handler = resolve_handler(spec, organism, path)
-    if spec.inline and inspect.iscoroutinefunction(handler):
-        raise OrganismInvalid(organism.source, f"{path}.inline", (
-            f"listener {spec.name!r} has an async handler ({spec.handler}), which cannot run "
-            "inside the pump's transaction; make it a plain `def` or set inline: false"))
     payload = resolve_payload(spec, organism, path)
     try:
         root = spec_of(payload).root
