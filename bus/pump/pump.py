@@ -364,21 +364,23 @@ class Pump:
             writer = Writer(self.bus, conn, self.name, routes, now_ms())
             outcomes = writer.finish(finished, self.owner) if finished else []
             scan = not finished or not busy or self._scan.due(conn, routes, writer.now)
-            routed = self._route_inbox(writer) if scan else 0
+            # With inline listeners, requests are answered in this transaction too:
+            # `commit_batch` of them at most, as in _route_inline's.
+            limit = self.commit_batch if routes.has_inline else ROUTE_BATCH
+            full = scan and self._route_inbox(writer, limit) >= limit
             if scan:
                 self._bury(writer)
             claimed = self._claim(writer, capacity)
             if scan:
                 pending, next_expiry = work.pending(conn, self.name, writer.now)
-                self._scan.done(conn, routes, writer.now, pending, next_expiry,
-                                routed >= ROUTE_BATCH)
+                self._scan.done(conn, routes, writer.now, pending, next_expiry, full)
             else:  # units are in flight: what is left is asked once they are back
                 pending, next_expiry = True, self._scan.due_ms
             self._scan.claimed(writer.now + self.lease_ms, claimed, capacity, scan)
             self._before_inline_commit(writer)
         self._committed(finished, outcomes)
         self._after_commit(writer)
-        return _Step(claimed, routes, max(routed, inlined) >= ROUTE_BATCH, pending, next_expiry)
+        return _Step(claimed, routes, full or inlined >= ROUTE_BATCH, pending, next_expiry)
 
     def _route_inline(self) -> int:
         """While inline listeners have requests waiting: transactions that route
