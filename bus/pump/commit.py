@@ -58,6 +58,7 @@ from bus.pump.work import Unit
 from bus.xml.envelope import Envelope
 from bus.xml.envelope import build_envelope
 from bus.xml.errors import XmlRejected
+from bus.xml.pipeline import BOOT
 from bus.xml.pipeline import Huh
 from bus.xml.pipeline import run as run_pipeline
 from bus.xml.pipeline import system_pipeline
@@ -152,6 +153,20 @@ class Writer:
         row = envelope_row(element, id=id, sender=sender, thread=thread,
                            organism=self.organism, in_reply_to=in_reply_to)
         return insert_row(self.conn, self.bus.move_large_payload(row), self.now)
+
+    def boot(self, root: str) -> bool:
+        """Send <boot/> on the organism's first start; False on a restart (sent before)."""
+        boot_id = derived_id(root, SYSTEM_SENDER, BOOT)
+        if not work.mark_booted(self.conn, self.organism, boot_id, self.now):
+            return False
+        conversation = threads.extend_chain(self.conn, root, SYSTEM_SENDER, self.now)
+        seq, _ = self.write(etree.Element(BOOT), id=boot_id, sender=SYSTEM_SENDER,
+                            thread=conversation.uuid, to=None, in_reply_to=None)
+        if self.routes.targets(BOOT, None):  # nobody listening is no error here
+            self.route(seq, boot_id, SYSTEM_SENDER, BOOT, None, conversation.uuid)
+        else:  # nothing will answer it
+            threads.close_thread(self.conn, conversation.uuid, self.now)
+        return True
 
     def reply_as_system(self, payload: etree._Element, message: Message, label: str) -> None:
         """The pump's own answer to a client's request, on its conversation, which it ends."""

@@ -38,8 +38,6 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import Callable
 
-from lxml import etree
-
 from bus import checkpoints
 from bus.db import translate_busy
 from bus.db import write_transaction
@@ -55,8 +53,6 @@ from bus.pump.commit import EncodedMemory
 from bus.pump.commit import Finished
 from bus.pump.commit import Writer
 from bus.pump.commit import checked_input
-from bus.pump.envelopes import SYSTEM_SENDER
-from bus.pump.envelopes import derived_id
 from bus.pump.envelopes import envelope_xml
 from bus.pump.envelopes import huh_element
 from bus.pump.handlers import Context
@@ -74,7 +70,6 @@ from bus.pump.services import Services
 from bus.pump.work import Unit
 from bus.xml.envelope import read_envelope
 from bus.xml.parser import parse
-from bus.xml.pipeline import BOOT
 
 if TYPE_CHECKING:
     from bus.api import Bus
@@ -321,19 +316,7 @@ class Pump:
         root = threads.initialize_root(conn, self.name)
         with write_transaction(conn):
             self._inline = InlineRunner(work.last_inbox_seq(conn, self.name))
-            now = now_ms()
-            boot_id = derived_id(root.uuid, SYSTEM_SENDER, BOOT)
-            if not work.mark_booted(conn, self.name, boot_id, now):
-                return False
-            writer = Writer(self.bus, conn, self.name, self.table.routes, now)
-            conversation = threads.extend_chain(conn, root.uuid, SYSTEM_SENDER, now)
-            seq, _ = writer.write(etree.Element(BOOT), id=boot_id, sender=SYSTEM_SENDER,
-                                  thread=conversation.uuid, to=None, in_reply_to=None)
-            if writer.routes.targets(BOOT, None):  # nobody listening is no error here
-                writer.route(seq, boot_id, SYSTEM_SENDER, BOOT, None, conversation.uuid)
-            else:  # nothing will answer it
-                threads.close_thread(conn, conversation.uuid, now)
-        return True
+            return Writer(self.bus, conn, self.name, self.table.routes, now_ms()).boot(root.uuid)
 
     def _step(self, finished: list[Finished], capacity: dict[str, int], busy: bool) -> _Step:
         """Commit `finished`, `commit_batch` units per transaction; the last
@@ -357,6 +340,10 @@ class Pump:
         if not finished and self._scan.quiet(conn, routes, now_ms()):
             return _Step([], routes, inlined >= ROUTE_BATCH, self._scan.pending,
                          self._scan.due_ms)
+        if not finished and 0 < inlined < ROUTE_BATCH:
+            drained = self._drained(routes)
+            if drained is not None:
+                return drained
         with write_transaction(conn):
             # The table is read under the write lock: a client's send that follows an
             # OOB change is routed by the changed table (its inbox row commits after).
@@ -407,6 +394,19 @@ class Pump:
         finally:
             self._checkpoint = where
         return routed
+
+    def _drained(self, routes: Routes) -> _Step | None:
+        """After inline transactions emptied the inbox: the step, if it needs no scan
+        transaction (nothing to claim or bury, the table the last scan saw), else None.
+
+        One read instead of a write transaction after every inline request.
+        """
+        if routes is not self._scan.routes:
+            return None
+        ready, next_expiry = work.has_work(self.bus.conn, self.name, now_ms())
+        if ready:
+            return None
+        return _Step([], routes, False, next_expiry is not None, next_expiry)
 
     def _before_inline_commit(self, writer: Writer) -> None:
         if writer.inlined and self.before_commit is not None:
