@@ -555,7 +555,10 @@ class Pump:
                 self._release(unit)
         if finished is not None:  # it holds its slot and lease until its commit
             self._finished.append(finished)
-        self._poke()
+        # One wake per batch: the loop that takes `_finished` is the thread that fills
+        # it, so a non-empty list always had a wake written after its first unit.
+        if finished is None or len(self._finished) == 1:
+            self._poke()
 
     def _release(self, unit: Unit) -> None:
         self._settle(unit)
