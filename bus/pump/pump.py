@@ -373,8 +373,8 @@ class Pump:
         """While inline listeners have requests waiting: transactions that route
         `commit_batch` inbox rows each and answer the inline ones in them; how many.
 
-        The step's last transaction routes ROUTE_BATCH rows and claims too: the
-        inline requests get their own commits, as finished units do.
+        Up to ROUTE_BATCH rows, before the step's last transaction (which buries
+        and claims): inline requests get commits of their own, as finished units do.
         """
         conn = self.bus.conn
         if not self.table.routes.has_inline or not work.inbox_waiting(conn, self.name):
