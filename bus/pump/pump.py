@@ -220,6 +220,8 @@ class Pump:
             self.stats.steps += 1
             for unit, message in step.claimed:
                 self._start(step.routes.listeners[unit.listener], unit, message)
+            if step.claimed:  # a handler that never awaits is done after this turn
+                await asyncio.sleep(0)
             if not self._tasks and not self._finished and (
                     self._stop.is_set() or (until_idle and not step.pending)):
                 return
