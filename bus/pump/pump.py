@@ -237,6 +237,9 @@ class Pump:
     async def _next_step(self) -> _Step:
         # Every finished unit goes in one call to the database thread, which
         # commits them `commit_batch` per transaction: one hop, not one per commit.
+        # Their wakes are stale now: left in the pipe, they would end the next idle
+        # wait at once, for a step with nothing to do.
+        self._poked()
         batch, self._finished = self._finished, []
         for done in batch:  # its slots are free for the claims after its commit
             self._settle(done.unit)
