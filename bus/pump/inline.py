@@ -15,6 +15,8 @@ What the leased path gives that this one must keep:
   the inbox rows that were already there when it started down the leased path
   (`after`): one of them may have killed its predecessor, and a work unit
   counts attempts, runs a suspect alone and buries it after `max_attempts`.
+  (Pumps that were already running when it arrived take it inline too: each
+  of them may die of it once before a restarted one leases it.)
 - Stuck handlers. Every write of the pump waits for an inline handler. One
   that overruns its `timeout` has its result dropped (its sender gets the
   `<huh code="timeout">` a leased handler's would) and its listener takes the
