@@ -350,7 +350,7 @@ class Bus(TaskClaims):
                 raise UnknownConsumer(agent, cursors.known(conn), "see `bus consumers`")
         return position
 
-    def wait_for_change(self, timeout: float) -> bool:
+    def wait_for_change(self, timeout: float, interrupt: int | None = None) -> bool:
         """Block until another connection or process commits, or `timeout` seconds pass.
 
         Returns True when something changed (the first call on a thread
@@ -362,6 +362,10 @@ class Bus(TaskClaims):
                 for message in bus.poll(agent):
                     handle(message); bus.ack(agent, message.seq)
                 bus.wait_for_change(timeout=30)
+
+        `interrupt`: a readable fd (a pipe's read end) whose data ends the wait
+        early (False); the caller drains it (the pump wakes its database
+        thread so).
         """
         conn = self.conn  # raises BusClosed after close()
         watcher = getattr(self._local, "watcher", None)
@@ -371,7 +375,7 @@ class Bus(TaskClaims):
                 self._watchers.append(watcher)
             self._local.watcher = watcher
         with translate_errors(self.conn):
-            return watcher.wait(timeout)
+            return watcher.wait(timeout, interrupt)
 
     # --- heartbeats -------------------------------------------------------
 

@@ -74,13 +74,17 @@ class ChangeWatcher:
     def uses_inotify(self) -> bool:
         return self._inotify_fd >= 0
 
-    def wait(self, timeout: float) -> bool:
+    def wait(self, timeout: float, interrupt: int | None = None) -> bool:
         """Block until another connection commits or `timeout` seconds pass.
 
         Returns True on a change (or on the first call), False on timeout.
+        `interrupt`, a readable fd (a pipe's read end), ends the wait early as
+        soon as it holds data (False, unless a change came too); the caller
+        drains it.
         """
         deadline = time.monotonic() + max(0.0, timeout)
         hot_until = hot_interval = 0.0
+        extra = () if interrupt is None else (interrupt,)
         while True:
             version = self.conn.execute("PRAGMA data_version").get
             if version != self._last_version:
@@ -93,23 +97,27 @@ class ChangeWatcher:
                 interval = RECHECK_INTERVAL_S
                 if now < hot_until:
                     interval, hot_interval = hot_interval, min(hot_interval * 2, HOT_INTERVAL_S)
-                if self._block(min(deadline - now, interval)):
+                woken = self._block(min(deadline - now, interval), extra)
+                if woken is True:
                     hot_until, hot_interval = time.monotonic() + HOT_PERIOD_S, HOT_FIRST_S
             else:
-                time.sleep(min(deadline - now, POLL_INTERVAL_S))
+                woken = _select(None, extra, min(deadline - now, POLL_INTERVAL_S))
+            if woken is _INTERRUPTED:
+                return False
 
     def close(self) -> None:
         if self._inotify_fd >= 0:
             os.close(self._inotify_fd)
             self._inotify_fd = -1
 
-    def _block(self, timeout: float) -> bool:
-        """Wait for directory events; True if any was the WAL's (all are drained)."""
+    def _block(self, timeout: float, extra: tuple[int, ...] = ()) -> bool | str:
+        """Wait for directory events: True if one was the WAL's (all are drained),
+        _INTERRUPTED if an `extra` fd is readable, False on timeout."""
         deadline = time.monotonic() + timeout
         while True:
-            ready, _, _ = select.select([self._inotify_fd], [], [], timeout)
-            if not ready:
-                return False
+            ready = _select(self._inotify_fd, extra, timeout)
+            if ready is not _WAL:
+                return ready or False
             if _wal_changed(self._drain(), self._wal_name):
                 return True
             timeout = deadline - time.monotonic()
@@ -124,6 +132,23 @@ class ChangeWatcher:
         except BlockingIOError:
             pass
         return events
+
+
+_WAL = "wal"  # what _select says when the inotify fd is readable
+_INTERRUPTED = "interrupted"  # ... when an interrupt fd is
+
+
+def _select(inotify_fd: int | None, extra: tuple[int, ...], timeout: float) -> object:
+    """Wait up to `timeout` s: _INTERRUPTED if an `extra` fd is readable (it wins: the
+    caller wants to hear of it at once), _WAL if `inotify_fd` is, else None."""
+    fds = ([] if inotify_fd is None else [inotify_fd]) + list(extra)
+    if not fds:
+        time.sleep(timeout)
+        return None
+    ready, _, _ = select.select(fds, [], [], timeout)
+    if any(fd in extra for fd in ready):
+        return _INTERRUPTED
+    return _WAL if ready else None
 
 
 def _wal_changed(events: bytes, wal_name: bytes) -> bool:

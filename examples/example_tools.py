@@ -88,3 +88,8 @@ def search_slow(msg: Search, ctx: Context) -> Reply:
     """A plain function: the pump runs it in a thread, so it may block."""
     time.sleep(0.5)
     return Reply(SearchResult("slow", f"a thorough answer about {msg.query!r}"))
+
+
+def add_now(msg: Add, ctx: Context) -> Reply:
+    """`add` as a plain function: fast enough for `inline: true` (scripts/bench_pump.py)."""
+    return Reply(Sum(msg.a + msg.b))

@@ -1,17 +1,19 @@
 """Child-process program for tests/test_pump_processes.py: a pump that can be killed.
 
     python tests/procs_pump.py --db PATH --organism FILE --lease-ms N [--block-at K]
+                               [--serve]
 
-Prints "ready", runs the pump until idle, then prints one JSON line of its
-stats. With --block-at K the pump prints "committing" just before its K-th
-commit and blocks there, between the handlers and the commit, for the parent
-to SIGKILL it.
+Prints "ready", runs the pump until idle (with --serve: until SIGTERM), then
+prints one JSON line of its stats. With --block-at K the pump prints
+"committing" just before its K-th commit and blocks there, between the
+handlers and the commit, for the parent to SIGKILL it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 
@@ -31,6 +33,7 @@ def main() -> None:
     parser.add_argument("--organism", required=True)
     parser.add_argument("--lease-ms", type=int, default=300)
     parser.add_argument("--block-at", type=int, default=0)
+    parser.add_argument("--serve", action="store_true")
     args = parser.parse_args()
     commits = []
 
@@ -43,8 +46,9 @@ def main() -> None:
     with Bus.open(args.db) as bus:
         pump = Pump(bus, load_organism(args.organism), lease_ms=args.lease_ms, oob=False,
                     before_commit=before_commit)
+        signal.signal(signal.SIGTERM, lambda *_: pump.stop())
         say("ready")
-        stats = pump.run(until_idle=True)
+        stats = pump.run(until_idle=not args.serve)
     say(json.dumps(stats.to_json_dict()))
 
 

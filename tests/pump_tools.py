@@ -205,3 +205,24 @@ async def misaddressed(msg: object, ctx: Context) -> Reply:
     if isinstance(msg, Huh):
         return Reply(Result("misfit", f"{ctx.from_} said {msg.code}"))
     return Reply(Echo("hello"), to="calc.add")
+
+
+def echo_inline(msg: Echo, ctx: Context) -> object:
+    """A plain `def` echo for inline listeners; `mode` picks a failure (raise, sleep, peer,
+    kill: SIGKILL the pump's process while its transaction is open)."""
+    record(ctx.listener, msg, ctx)
+    if msg.mode == "raise":
+        raise RuntimeError(f"cannot echo {msg.text}")
+    if msg.mode == "sleep":
+        time.sleep(ctx.remaining() + 0.05)  # past the listener's timeout, whatever it is
+    if msg.mode == "peer":
+        return Reply(Add(1, 2), to="calc.add")
+    if msg.mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [Reply(Result(str(i), msg.text)) for i in range(msg.count)]
+
+
+def add_inline(msg: Add, ctx: Context) -> Reply:
+    """`add` as a plain function, for inline listeners."""
+    record(ctx.listener, msg, ctx)
+    return Reply(Sum(msg.a + msg.b))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bus import Bus
+from bus.db import write_transaction
 from bus.pump import client
 from bus.pump import work
 from bus.pump.envelopes import derived_id
@@ -199,3 +200,76 @@ def test_a_poison_unit_is_dead_lettered_alone_and_its_neighbours_are_answered(
         got, = client.replies(bus, bad)
         assert 'code="dead-letter"' in got.payload_xml
     assert calls(tmp_path)[bad.id] == 3
+
+
+INLINE = """\
+name: org
+listeners:
+  - name: echo
+    root_tag: echo
+    payload: tests.pump_tools:Echo
+    handler: tests.pump_tools:echo_inline
+    inline: true
+    max_attempts: 2
+"""
+
+
+def inline_pump(children: Children, db_path: Path, organism: Path, *extra: str):
+    """A serving pump with inline listeners, booted: it has answered a first request
+    (which waited for it, so it went the leased way)."""
+    with Bus.open(db_path) as bus:
+        first = client.send(bus, "org", "<echo><text>boot</text><count>0</count></echo>")
+    child = pump(children, "inline", db_path, organism, "--serve", *extra)
+    with Bus.open(db_path) as bus:
+        while not bus.conn.execute("SELECT status = 'done' FROM pump_work WHERE input_seq = ?",
+                                   (first.seq,)).get:
+            bus.wait_for_change(1.0)
+    return child
+
+
+def test_sigkill_inside_an_inline_transaction_loses_and_duplicates_nothing(
+        children, db_path, tmp_path):
+    """The kill comes before the commit of the inline transaction that handled all eight
+    requests: everything it did is rolled back, and the next pump (for which they were
+    waiting, so it leases them) answers each exactly once."""
+    organism = tmp_path / "inline.yaml"
+    organism.write_text(INLINE)
+    child = inline_pump(children, db_path, organism, "--block-at", "2")  # 1: the first request
+    with Bus.open(db_path) as bus, write_transaction(bus.conn):
+        sent = [client.send(bus, "org", f"<echo><text>n{i}</text><count>{1 + i % 3}</count>"
+                                        "</echo>") for i in range(8)]
+    assert child.read_line(60) == "committing 8", child.describe()
+    os.kill(child.pid, signal.SIGKILL)
+    assert child.wait(30) == -signal.SIGKILL
+    last = pump(children, "last", db_path, organism)
+    assert json.loads(last.read_line(60))["outcomes"] == {"replied": 8}
+    last.wait_ok(30)
+    with Bus.open(db_path) as bus:
+        for i, one in enumerate(sent):
+            assert [unit.attempts for unit in work.units_for_input(bus.conn, one.seq)] == [1]
+            assert [r.message.id for r in client.replies(bus, one)] == [
+                derived_id(one.id, "echo", k) for k in range(1 + i % 3)]
+    handled = calls(tmp_path)  # in the killed transaction, then in the last pump
+    assert [handled[one.id] for one in sent] == [2] * 8
+
+
+def test_an_inline_request_that_kills_the_pump_becomes_a_dead_letter(
+        children, db_path, tmp_path):
+    """Killed inline, nothing counted the attempt; the next pumps lease it (it waited for
+    them), count its attempts and bury it after max_attempts."""
+    organism = tmp_path / "inline.yaml"
+    organism.write_text(INLINE)
+    child = inline_pump(children, db_path, organism)
+    with Bus.open(db_path) as bus:
+        bad = client.send(bus, "org", "<echo><text>boom</text><mode>kill</mode></echo>")
+    assert child.wait(60) == -signal.SIGKILL, child.describe()
+    for attempt in range(2):
+        victim = pump(children, f"victim-{attempt}", db_path, organism)
+        assert victim.wait(60) == -signal.SIGKILL, victim.describe()
+    last = pump(children, "last", db_path, organism)
+    assert json.loads(last.read_line(60))["outcomes"] == {"dead": 1}
+    last.wait_ok(30)
+    assert calls(tmp_path)[bad.id] == 3
+    with Bus.open(db_path) as bus:
+        got, = client.replies(bus, bad)
+        assert got.root_tag == "huh" and 'code="dead-letter"' in got.payload_xml

@@ -559,3 +559,32 @@ def test_only_the_wal_s_events_end_a_blocking_wait(need_inotify, bus: Bus, db_pa
         other.close()
     finally:
         watcher.close()
+
+
+@pytest.mark.parametrize("inotify", [True, False])
+def test_a_byte_on_the_interrupt_fd_ends_a_wait_without_a_change(bus: Bus, db_path: Path,
+                                                                 inotify: bool) -> None:
+    """The pump's idle database thread waits so: a finished handler or stop() writes a
+    byte, and the wait ends (False: nothing changed) before its timeout."""
+    watcher = ChangeWatcher(bus.conn, db_path, use_inotify=inotify or False)
+    if inotify and not watcher.uses_inotify:
+        pytest.skip("no inotify here")
+    read, write = os.pipe()
+    try:
+        assert watcher.wait(0, read) is True  # the first wait: nothing to compare with
+        results: list[bool] = []
+        waiter = threading.Thread(target=lambda: results.append(watcher.wait(3600, read)),
+                                  daemon=True)
+        waiter.start()
+        os.write(write, b"!")
+        waiter.join(60)
+        assert results == [False]  # ended by the byte, not by its hour-long timeout
+        assert os.read(read, 16) == b"!"  # left for the caller to drain
+        other = connect(db_path)
+        other.execute("INSERT INTO meta (key, value) VALUES ('wake', 'x')")
+        other.close()
+        assert watcher.wait(3600, read) is True  # a change still wins over no byte
+    finally:
+        watcher.close()
+        os.close(read)
+        os.close(write)

@@ -108,14 +108,13 @@ def send(bus: Bus, organism: str, xml: bytes | str, *, to: str | None = None,
     message_id = new_message_id()
     with write_transaction(conn):  # one commit: the pump wakes once, to a routable request
         now = now_ms()
-        root = threads.initialize_root(conn, organism, now)
-        conversation = threads.extend_chain(conn, root.uuid, client, now)
-        element = build_envelope(payload, sender=client, thread=conversation.uuid, to=to)
-        row = envelope_row(element, id=message_id, sender=client, thread=conversation.uuid,
+        conversation = threads.open_conversation(conn, organism, client, now)
+        element = build_envelope(payload, sender=client, thread=conversation, to=to)
+        row = envelope_row(element, id=message_id, sender=client, thread=conversation,
                            organism=organism)
         seq, _ = insert_row(conn, bus.move_large_payload(row), now)
         work.insert_inbox(conn, seq, organism, payload.tag, to, now)
-    return Sent(seq, message_id, conversation.uuid, client)
+    return Sent(seq, message_id, conversation, client)
 
 
 def _client_id(client: str, organism: str) -> str:

@@ -26,6 +26,7 @@ must refuse (an envelope as payload, ...) becomes a `bad-reply` `<huh>` at once.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -45,21 +46,33 @@ from bus.pump import work
 from bus.pump.envelopes import SYSTEM_SENDER
 from bus.pump.envelopes import derived_id
 from bus.pump.envelopes import envelope_row
+from bus.pump.envelopes import envelope_xml
 from bus.pump.envelopes import huh_element
 from bus.pump.envelopes import is_huh
 from bus.pump.handlers import Output
+from bus.pump.routing import Listener
 from bus.pump.routing import Routes
 from bus.pump.threads import Caller
 from bus.pump.threads import Thread
 from bus.pump.work import Unit
+from bus.xml.envelope import Envelope
 from bus.xml.envelope import build_envelope
 from bus.xml.errors import XmlRejected
+from bus.xml.pipeline import BOOT
+from bus.xml.pipeline import Huh
+from bus.xml.pipeline import run as run_pipeline
+from bus.xml.pipeline import system_pipeline
 
 if TYPE_CHECKING:
     from bus.api import Bus
 
 log = logging.getLogger("bus.pump")
 CONVERSATION_DEPTH = 1  # organism/client: the thread a client's request starts
+SYSTEM_PIPELINE = system_pipeline()  # envelope checks only: for the <huh> a caller gets
+# Handles a call to a listener in the routing transaction; True if it did (Writer.route).
+Inline = Callable[[Listener, str], bool]
+# An envelope the pump routed to a listener: the payload class that encoded its element.
+Encoded = tuple[type, etree._Element]
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,53 @@ class Finished:
     huh: etree._Element | None = None
 
 
+def checked_input(unit: Unit, message: Message, listener: Listener,
+                  encoded: Encoded | None = None) -> Envelope | Finished:
+    """The input through its pipeline: the typed envelope, or the unit finished with the
+    `<huh>` its sender gets. A `<huh>` for a call the listener made passes the system
+    pipeline and reaches its handler as a Huh.
+
+    `encoded`: what the pump knows of the input because it wrote it (`Writer.encoded`).
+    When the listener's payload class encoded it, the element is valid by
+    construction and only decoded: parsing, C14N and the schema would find
+    nothing to refuse. Client input never gets here (it is always checked).
+    """
+    if encoded is not None and encoded[0] is listener.pipeline.payload:
+        element = encoded[1]
+        return Envelope(message.from_agent, message.correlation_id,
+                        listener.pipeline.spec.decode(element), element)
+    try:
+        pipeline = SYSTEM_PIPELINE if unit.kind == "answer" and is_huh(message) \
+            else listener.pipeline
+        result = run_pipeline(pipeline, envelope_xml(message))
+    except ValidationFailed as exc:
+        return Finished(unit, message, huh=huh_element("not-an-envelope", str(exc)))
+    if isinstance(result, Huh):
+        return Finished(unit, message, huh=result.to_element())
+    return result
+
+
+class EncodedMemory:
+    """The envelopes this pump encoded for listeners and committed, by message id, for
+    `checked_input`; the oldest are forgotten past `limit` (their units ran by then).
+    Filled on the database thread, read on the loop's: hence the lock."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._items: dict[str, Encoded] = {}
+        self._lock = threading.Lock()
+
+    def remember(self, items: list[tuple[str, Encoded]]) -> None:
+        with self._lock:
+            self._items.update(items)
+            while len(self._items) > self.limit:
+                del self._items[next(iter(self._items))]
+
+    def take(self, message_id: str) -> Encoded | None:
+        with self._lock:
+            return self._items.pop(message_id, None)
+
+
 class Writer:
     """Writes of one transaction: `conn` is in a write transaction, `now` its clock."""
 
@@ -79,6 +139,10 @@ class Writer:
                  now: int) -> None:
         self.bus, self.conn, self.organism, self.routes, self.now = (bus, conn, organism,
                                                                      routes, now)
+        self.inlined: list[tuple[Finished, str]] = []  # units handled inline, with outcomes
+        # Envelopes routed to listeners, by message id, from an @xmlify payload (for
+        # checked_input once the transaction committed); a rolled back unit drops its own.
+        self.encoded: list[tuple[str, Encoded]] = []
 
     # --- envelopes -------------------------------------------------------------------
 
@@ -90,6 +154,20 @@ class Writer:
                            organism=self.organism, in_reply_to=in_reply_to)
         return insert_row(self.conn, self.bus.move_large_payload(row), self.now)
 
+    def boot(self, root: str) -> bool:
+        """Send <boot/> on the organism's first start; False on a restart (sent before)."""
+        boot_id = derived_id(root, SYSTEM_SENDER, BOOT)
+        if not work.mark_booted(self.conn, self.organism, boot_id, self.now):
+            return False
+        conversation = threads.extend_chain(self.conn, root, SYSTEM_SENDER, self.now)
+        seq, _ = self.write(etree.Element(BOOT), id=boot_id, sender=SYSTEM_SENDER,
+                            thread=conversation.uuid, to=None, in_reply_to=None)
+        if self.routes.targets(BOOT, None):  # nobody listening is no error here
+            self.route(seq, boot_id, SYSTEM_SENDER, BOOT, None, conversation.uuid)
+        else:  # nothing will answer it
+            threads.close_thread(self.conn, conversation.uuid, self.now)
+        return True
+
     def reply_as_system(self, payload: etree._Element, message: Message, label: str) -> None:
         """The pump's own answer to a client's request, on its conversation, which it ends."""
         self.write(payload, id=derived_id(message.id, SYSTEM_SENDER, label), sender=SYSTEM_SENDER,
@@ -97,8 +175,13 @@ class Writer:
         self._close_conversation(message.correlation_id)
 
     def route(self, seq: int, message_id: str, sender: str, root_tag: str, to: str | None,
-              thread: str, kind: str = "call", in_reply_to: str | None = None) -> int:
-        """Make the work units of an envelope; a `<huh>` to its sender if nobody takes it."""
+              thread: str, kind: str = "call", in_reply_to: str | None = None,
+              inline: Inline | None = None) -> int:
+        """Make the work units of an envelope; a `<huh>` to its sender if nobody takes it.
+
+        `inline(listener, thread)`, if given, may handle a call to a listener
+        here and now, in this transaction (True: no work unit is needed).
+        """
         targets = self.routes.targets(root_tag, to)
         if not targets:
             self._no_route(message_id, sender, root_tag, to, thread, kind, in_reply_to)
@@ -106,8 +189,9 @@ class Writer:
         for listener in targets:
             unit_thread = thread if kind == "answer" else \
                 threads.extend_uuid(self.conn, thread, listener.name, self.now)
-            work.insert_unit(self.conn, self.organism, seq, listener.name, kind, unit_thread,
-                             listener.spec.max_attempts, self.now)
+            if inline is None or not inline(listener, unit_thread):
+                work.insert_unit(self.conn, self.organism, seq, listener.name, kind,
+                                 unit_thread, listener.spec.max_attempts, self.now)
         return len(targets)
 
     def _no_route(self, message_id: str, sender: str, root_tag: str, to: str | None,
@@ -126,12 +210,16 @@ class Writer:
                        in_reply_to=message_id)
 
     def send(self, payload: etree._Element, *, id: str, sender: str, thread: str,
-             to: str | None, in_reply_to: str | None, kind: str = "call") -> None:
+             to: str | None, in_reply_to: str | None, kind: str = "call",
+             encoded_from: type | None = None) -> None:
         """Write an envelope and route it (unless it was written before)."""
         seq, duplicate = self.write(payload, id=id, sender=sender, thread=thread, to=to,
                                     in_reply_to=in_reply_to)
-        if not duplicate:
-            self.route(seq, id, sender, payload.tag, to, thread, kind, in_reply_to)
+        if duplicate:
+            return
+        if self.route(seq, id, sender, payload.tag, to, thread, kind, in_reply_to) \
+                and encoded_from is not None:
+            self.encoded.append((id, (encoded_from, payload)))
 
     # --- finishing units ---------------------------------------------------------------
 
@@ -145,18 +233,25 @@ class Writer:
         written again one savepoint per unit, so only that unit fails.
         """
         if len(batch) > 1:
+            mark = len(self.encoded)
             try:
                 with write_transaction(self.conn):
                     return [self._finish(done, owner) for done in batch]
             except BusError:
-                pass  # which unit failed is found below, one savepoint each
+                del self.encoded[mark:]  # which unit failed is found below, one each
         return [self._finish_alone(done, owner) for done in batch]
 
-    def _finish_alone(self, done: Finished, owner: str) -> str:
+    def finish_inline(self, done: Finished) -> str:
+        """Write the results of a unit handled in this transaction (no work row to ack)."""
+        return self._finish_alone(done, None)
+
+    def _finish_alone(self, done: Finished, owner: str | None) -> str:
+        mark = len(self.encoded)
         try:
             with write_transaction(self.conn):  # a savepoint: this unit or nothing
                 return self._finish(done, owner)
         except (ValidationFailed, XmlRejected) as exc:
+            del self.encoded[mark:]
             if done.huh is None:  # a reply no retry could write: the handler hears why now
                 return self._finish_alone(replace(done, outputs=(), huh=huh_element(
                     "bad-reply", f"the pump cannot send the handler's reply: {exc}",
@@ -164,14 +259,19 @@ class Writer:
             log.error("committing the <huh> of unit %s failed: %s", done.unit.id, exc)
             return "failed"
         except BusError as exc:
+            del self.encoded[mark:]
             log.error("committing unit %s (input %s, listener %s) failed: %s",
                       done.unit.id, done.input.id, done.unit.listener, exc)
             return "failed"
 
-    def _finish(self, done: Finished, owner: str) -> str:
-        """Ack the unit if its claim is still ours (one statement), then write its results."""
+    def _finish(self, done: Finished, owner: str | None) -> str:
+        """Ack the unit if its claim is still ours (one statement), then write its results.
+
+        `owner` None: an inline unit, which has no work row.
+        """
         outcome = "replied" if done.huh is None else "huh"
-        if not work.finish_held(self.conn, done.unit, owner, outcome, self.now):
+        if owner is not None and not work.finish_held(self.conn, done.unit, owner, outcome,
+                                                      self.now):
             return "lost"
         if done.huh is None:
             self._replies(done)
@@ -231,7 +331,7 @@ class Writer:
         for index, output in [item for item in indexed if item[1].to is not None]:
             self.send(output.element, id=derived_id(message.id, unit.listener, index),
                       sender=unit.listener, thread=unit.thread, to=output.to,
-                      in_reply_to=message.id)
+                      in_reply_to=message.id, encoded_from=output.encoded_from)
         answers = [item for item in indexed if item[1].to is None]
         caller = threads.answer_to(self.conn, unit.thread, self.now) if answers else None
         for index, output in answers:
@@ -239,7 +339,8 @@ class Writer:
             if output.final:
                 self._final(output, reply_id, unit, message)
             else:
-                self._answer(output.element, reply_id, unit.listener, message.id, caller)
+                self._answer(output.element, reply_id, unit.listener, message.id, caller,
+                             output.encoded_from)
         if not done.outputs and unit.kind == "call":
             threads.close_thread(self.conn, unit.thread, self.now)  # nothing to say: done
             self._close_conversation(message.correlation_id)
@@ -252,7 +353,7 @@ class Writer:
             threads.close_if_done(self.conn, uuid, self.now)
 
     def _answer(self, element: etree._Element, reply_id: str, sender: str, in_reply_to: str,
-                caller: Caller) -> None:
+                caller: Caller, encoded_from: type | None = None) -> None:
         """Send an answer (or a `<huh>`) to `caller`: routed to a listener, egress to a client."""
         if caller.depth <= CONVERSATION_DEPTH:
             to = caller.name if caller.depth else SYSTEM_SENDER  # egress: written only
@@ -262,7 +363,8 @@ class Writer:
                 threads.close_if_done(self.conn, caller.uuid, self.now)
         else:
             self.send(element, id=reply_id, sender=sender, thread=caller.uuid,
-                      to=caller.name, in_reply_to=in_reply_to, kind="answer")
+                      to=caller.name, in_reply_to=in_reply_to, kind="answer",
+                      encoded_from=encoded_from)
 
     def _final(self, output: Output, reply_id: str, unit: Unit, message: Message) -> None:
         """A FinalAnswer goes to the client on its conversation thread, which it closes."""

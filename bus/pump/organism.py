@@ -11,6 +11,7 @@
         timeout: 30                    # seconds per handler call (default 300)
         concurrency: 2                 # handler calls at once (default 1)
         max_attempts: 5                # before the input is a dead letter (default 5)
+        inline: false                  # a fast plain-def handler: see below
     agents:
       - name: researcher               # the model behind the listener of that name
         type: llm
@@ -31,11 +32,18 @@ key path (``listeners[2].handler``) and whose message says the fix.
 References (`handler`, `payload`) are checked for shape at load time and
 imported only by `check_references` (what `bus pump organism check` runs), so
 loading never runs handler code.
+
+`inline: true` declares a plain `def` handler fast: the pump runs it on its
+database thread, in the transaction that takes the request from the inbox
+and writes its replies (no lease, no work unit; see bus/pump/inline.py). Its
+`timeout` defaults to INLINE_DEFAULT_TIMEOUT_S and may not exceed
+INLINE_TIMEOUT_MAX_S: every other write of the pump waits for it.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import re
 import sys
@@ -71,6 +79,8 @@ TIMEOUT_MAX_S = 86_400.0
 DEFAULT_CONCURRENCY = 1
 CONCURRENCY_MAX = 1024
 DEFAULT_MAX_ATTEMPTS = 5
+INLINE_DEFAULT_TIMEOUT_S = 0.5
+INLINE_TIMEOUT_MAX_S = 5.0
 DEFAULT_WINDOW_S = 60.0
 WINDOW_MAX_S = 3600.0
 DEFAULT_SOCKET = "oob.sock"
@@ -91,6 +101,7 @@ class ListenerSpec:
     timeout_s: float = DEFAULT_TIMEOUT_S
     concurrency: int = DEFAULT_CONCURRENCY
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    inline: bool = False  # handled in the transaction that takes it (bus/pump/inline.py)
 
 
 @dataclass(frozen=True)
@@ -202,11 +213,21 @@ def parse_listener(data: object, source: str = "request", path: str = "listener"
         handler=s.reference("handler", "module:function"),
         namespace=s.text("namespace"), description=s.text("description"),
         capability=s.text("capability"), peers=_peers(s),
-        timeout_s=s.number("timeout", DEFAULT_TIMEOUT_S, TIMEOUT_MAX_S),
+        timeout_s=_timeout(s, s.data.get("inline") is True),
         concurrency=s.count("concurrency", DEFAULT_CONCURRENCY, CONCURRENCY_MAX),
-        max_attempts=s.count("max_attempts", DEFAULT_MAX_ATTEMPTS, 1000))
+        max_attempts=s.count("max_attempts", DEFAULT_MAX_ATTEMPTS, 1000),
+        inline=s.flag("inline"))
     s.done()
     return spec
+
+
+def _timeout(s: _Section, inline: bool) -> float:
+    """`timeout`: small for an inline handler, which runs while the pump holds its write lock."""
+    if not inline:
+        return s.number("timeout", DEFAULT_TIMEOUT_S, TIMEOUT_MAX_S)
+    return s.number("timeout", INLINE_DEFAULT_TIMEOUT_S, INLINE_TIMEOUT_MAX_S, (
+        "; an inline handler runs while the pump holds its write lock: set inline: false "
+        "for a slower handler"))
 
 
 def _peers(s: _Section) -> tuple[str, ...]:
@@ -320,6 +341,10 @@ def resolve_handler(spec: ListenerSpec, organism: Organism, path: str = "listene
         raise OrganismInvalid(organism.source, f"{path}.handler", (
             f"{spec.handler} is {_a(type(handler).__name__)}, not a function; "
             "point it at `async def handler(msg, ctx)` or a plain function"))
+    if spec.inline and inspect.iscoroutinefunction(handler):
+        raise OrganismInvalid(organism.source, f"{path}.inline", (
+            f"listener {spec.name!r} has an async handler ({spec.handler}), which cannot run "
+            "inside the pump's transaction; make it a plain `def` or set inline: false"))
     return handler
 
 
@@ -464,13 +489,14 @@ class _Section:
                            "(a dotted module path, ':', then a name)")
         return value
 
-    def number(self, key: str, default: float, limit: float) -> float:
+    def number(self, key: str, default: float, limit: float, hint: str = "") -> float:
         value = self.get(key)
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value) or not 0 < value <= limit:
-            self.fail(key, f"must be a number of seconds > 0 and <= {limit:g}, got {value!r}")
+            self.fail(key, f"must be a number of seconds > 0 and <= {limit:g}, got {value!r}"
+                           + hint)
         return float(value)
 
     def count(self, key: str, default: int, limit: int) -> int:
@@ -480,6 +506,12 @@ class _Section:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
             self.fail(key, f"must be an integer from 1 to {limit}, got {value!r}")
         return value
+
+    def flag(self, key: str) -> bool:
+        value = self.get(key)
+        if value is not None and not isinstance(value, bool):
+            self.fail(key, f"must be true or false, got {_kind(value)}")
+        return bool(value)
 
     def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
         value = self.get(key)

@@ -17,9 +17,11 @@ for the pump), so a long handler keeps its claim; a killed pump's units are
 claimed again once their leases run out, and since reply ids derive from the
 input id, listener and index, a retried commit cannot duplicate anything.
 
-The loop wakes when a handler finishes, when another connection commits
-something it can take (`Bus.wait_for_change` on a watcher thread, then
-`work.has_work`), before a lease it knows of runs out, or after `IDLE_WAKE_S`.
+With nothing to do, the database thread itself waits (`Pump._idle`): for
+another connection's commit that left something to take (`Bus.wait_for_change`,
+then `work.has_work`), which it steps on at once, without a hop to the loop;
+for a wake from the loop (a handler finished, `stop()`) through a pipe; until
+a lease it knows of runs out; or for `IDLE_WAKE_S`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field
@@ -35,48 +38,38 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import Callable
 
-from lxml import etree
-
 from bus import checkpoints
-from bus.checkpoints import Checkpointer
 from bus.db import translate_busy
 from bus.db import write_transaction
 from bus.errors import BusError
 from bus.errors import ValidationFailed
-from bus.heartbeats import Heartbeat
 from bus.messages import Message
 from bus.messages import new_message_id
 from bus.messages import now_ms
 from bus.pump import meta
 from bus.pump import threads
 from bus.pump import work
+from bus.pump.commit import EncodedMemory
 from bus.pump.commit import Finished
 from bus.pump.commit import Writer
-from bus.pump.envelopes import SYSTEM_SENDER
-from bus.pump.envelopes import derived_id
+from bus.pump.commit import checked_input
 from bus.pump.envelopes import envelope_xml
 from bus.pump.envelopes import huh_element
-from bus.pump.envelopes import is_huh
 from bus.pump.handlers import Context
 from bus.pump.handlers import HandlerFailed
 from bus.pump.handlers import call_handler
 from bus.pump.handlers import outputs_of
-from bus.pump.oob import OobServer
-from bus.pump.oob import load_public_key
-from bus.pump.oob import socket_path_for
+from bus.pump.inline import InlineRunner
 from bus.pump.organism import META_ROOT_TAGS
 from bus.pump.organism import Organism
 from bus.pump.routing import Listener
 from bus.pump.routing import Routes
 from bus.pump.routing import RoutingTable
 from bus.pump.scan import Scan
+from bus.pump.services import Services
 from bus.pump.work import Unit
 from bus.xml.envelope import read_envelope
 from bus.xml.parser import parse
-from bus.xml.pipeline import BOOT
-from bus.xml.pipeline import Huh
-from bus.xml.pipeline import run as run_pipeline
-from bus.xml.pipeline import system_pipeline
 
 if TYPE_CHECKING:
     from bus.api import Bus
@@ -87,10 +80,8 @@ DEFAULT_MAX_IN_FLIGHT = 64
 DEFAULT_COMMIT_BATCH = 64
 ROUTE_BATCH = 256  # inbox rows routed per step
 IDLE_WAKE_S = 1.0  # look again at least this often (expired leases, stop requests)
-WATCH_S = 0.5
-WATCH_POLL_S = 0.05  # the watcher looks at `stopped` this often while it waits for commits
 ORPHAN_CHECK_MS = 1000
-SYSTEM_PIPELINE = system_pipeline()  # envelope checks only: for the <huh> a caller gets
+ENCODED_MAX = 4096  # envelopes the pump remembers having encoded (see checked_input)
 
 
 @dataclass
@@ -158,17 +149,18 @@ class Pump:
         self._finished: list[Finished] = []
         self._orphans_checked: tuple[Routes, int] | None = None
         self._scan = Scan(IDLE_WAKE_S)
+        self._inline = InlineRunner(0)  # set at boot: what waits in the inbox goes leased
+        self._encoded = EncodedMemory(ENCODED_MAX)  # see _after_commit
         self._tasks: set[asyncio.Task] = set()
         self._stop = threading.Event()
-        # Set while the loop sleeps: only then does the watcher thread look for commits.
-        # While the pump is busy it steps anyway, and a watcher woken by each of the
-        # pump's own commits only took the GIL from the work (see docs/benchmarks.md).
-        self._sleeping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
+        # The idle database thread waits for commits and for this pipe: a byte in it
+        # (a handler finished, stop()) ends the wait (see _idle).
+        self._wake_r, self._wake_w = -1, -1
+        self._sleeping = threading.Event()  # set while the database thread waits (_idle)
         self._until_idle = False
-        self._wake_at_ms = 0  # when the sleeping loop wakes anyway
-        # Where the checkpoint of the step's next commit goes (see _Services).
+        self._wake_at_ms = 0  # when the idle wait ends anyway
+        # Where the checkpoint of the step's next commit goes (see bus/pump/services.py).
         self._checkpoint = checkpoints.HERE
 
     @property
@@ -184,9 +176,17 @@ class Pump:
                 ThreadPoolExecutor(max(4, min(self.max_in_flight, 64)),
                                    thread_name_prefix="pump-handler") as handlers:
             self._db_pool, self._handler_pool = db, handlers
-            with self._services():
-                self._until_idle = until_idle
-                asyncio.run(self._main(until_idle))
+            self._wake_r, self._wake_w = os.pipe()
+            os.set_blocking(self._wake_r, False)
+            os.set_blocking(self._wake_w, False)
+            try:
+                with self._services():
+                    self._until_idle = until_idle
+                    asyncio.run(self._main(until_idle))
+            finally:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_r, self._wake_w = -1, -1
         return self.stats
 
     def stop(self) -> None:
@@ -198,53 +198,104 @@ class Pump:
         self._poke()
 
     def _poke(self) -> None:
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(wake.set)
-            except RuntimeError:  # the loop closed in between
-                pass
+        """End the database thread's idle wait (from any thread or a signal handler)."""
+        try:
+            os.write(self._wake_w, b"!")
+        except (BlockingIOError, OSError):  # full (a wake is pending anyway), or not running
+            pass
+
+    def _poked(self) -> bool:
+        """Whether the pipe held a wake (drained)."""
+        try:
+            return bool(os.read(self._wake_r, 4096))
+        except BlockingIOError:
+            return False
 
     async def _main(self, until_idle: bool) -> None:
-        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         self.stats.booted = await self._db(self._boot)
+        woke: _Step | None = None
         while True:
-            self._wake.clear()
-            # Every finished unit goes in one call to the database thread, which
-            # commits them `commit_batch` per transaction: one hop, not one per commit.
-            batch, self._finished = self._finished, []
-            for done in batch:  # its slots are free for the claims after its commit
-                self._settle(done.unit)
-            busy = sum(self._in_flight.values()) > 0  # units beyond this batch
-            step = await self._db(self._step, batch, self._capacity(), busy)
+            step = woke if woke is not None else await self._next_step()
             self.stats.steps += 1
-            with self._running_lock:  # committed (or lost, or failed: retried after its lease)
-                for done in batch:
-                    self._running.pop(done.unit.id, None)
             for unit, message in step.claimed:
                 self._start(step.routes.listeners[unit.listener], unit, message)
+            if step.claimed:  # a handler that never awaits is done after this turn
+                await asyncio.sleep(0)
             if not self._tasks and not self._finished and (
                     self._stop.is_set() or (until_idle and not step.pending)):
                 return
             # Claims need no second look: a listener that got fewer units than it
             # asked for has none left, one that got them all has no slot left; its
             # handlers wake the loop when they finish.
+            woke = None
             if step.more or self._finished:
                 continue
-            await self._sleep(step.next_expiry)
+            woke = await self._db(self._idle, self._timeout(step.next_expiry),
+                                  self._capacity(), sum(self._in_flight.values()) > 0)
 
-    async def _sleep(self, next_expiry: int | None) -> None:
-        timeout = IDLE_WAKE_S
-        if next_expiry is not None:
-            timeout = min(timeout, max(0.001, (next_expiry - now_ms()) / 1000 + 0.001))
-        self._wake_at_ms = now_ms() + int(timeout * 1000)  # for the watcher
+    async def _next_step(self) -> _Step:
+        # Every finished unit goes in one call to the database thread, which
+        # commits them `commit_batch` per transaction: one hop, not one per commit.
+        # Their wakes are stale now: left in the pipe, they would end the next idle
+        # wait at once, for a step with nothing to do.
+        self._poked()
+        batch, self._finished = self._finished, []
+        for done in batch:  # its slots are free for the claims after its commit
+            self._settle(done.unit)
+        busy = sum(self._in_flight.values()) > 0  # units beyond this batch
+        step = await self._db(self._step, batch, self._capacity(), busy)
+        with self._running_lock:  # committed (or lost, or failed: retried after its lease)
+            for done in batch:
+                self._running.pop(done.unit.id, None)
+        return step
+
+    def _timeout(self, next_expiry: int | None) -> float:
+        """How long the pump may wait for something to happen: IDLE_WAKE_S at most."""
+        if next_expiry is None:
+            return IDLE_WAKE_S
+        return min(IDLE_WAKE_S, max(0.001, (next_expiry - now_ms()) / 1000 + 0.001))
+
+    def _idle(self, timeout: float, capacity: dict[str, int], busy: bool) -> _Step | None:
+        """On the database thread, with nothing to do: wait for a commit worth a step and
+        take that step at once, or for a wake (a handler finished, stop()): then None.
+
+        The thread that saw the commit is the one that steps: a client's request
+        is answered (inline) or claimed with no hop between threads.
+        """
+        self._wake_at_ms = now_ms() + int(timeout * 1000)
+        if self._wait_for_work(time.monotonic() + timeout):
+            return self._step([], capacity, busy)
+        return None
+
+    def _wait_for_work(self, deadline: float) -> bool:
+        """True once another connection's commit left work, False on a wake or at `deadline`."""
         self._sleeping.set()
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+            while not self._poked() and deadline > time.monotonic():
+                if self.bus.wait_for_change(deadline - time.monotonic(), self._wake_r) \
+                        and self._worth_a_step():
+                    return True
+        except BusError as exc:  # busy or closed: the loop looks again
+            log.warning("pump idle wait: %s", exc)
         finally:
             self._sleeping.clear()
+        return False
+
+    def _worth_a_step(self) -> bool:
+        """After another connection's commit: whether it left the pump something to do.
+
+        The inbox holds something, a unit can be claimed, the routing table
+        changed, or a lease (another pump's claim) runs out before the pump
+        would look anyway (its scan then learns when). Finished handlers and
+        `stop()` wake it themselves. Running until idle, any commit may be
+        another pump's last: look again.
+        """
+        if self._until_idle or self.table.routes is not self._scan.routes:
+            return True
+        with translate_busy():
+            ready, next_expiry = work.has_work(self.bus.conn, self.name, now_ms())
+        return ready or (next_expiry is not None and next_expiry < self._wake_at_ms)
 
     async def _db(self, function: Callable[..., Any], *args: Any) -> Any:
         return await self._loop.run_in_executor(self._db_pool, function, *args)
@@ -269,19 +320,8 @@ class Pump:
         conn = self.bus.conn
         root = threads.initialize_root(conn, self.name)
         with write_transaction(conn):
-            now = now_ms()
-            boot_id = derived_id(root.uuid, SYSTEM_SENDER, BOOT)
-            if not work.mark_booted(conn, self.name, boot_id, now):
-                return False
-            writer = Writer(self.bus, conn, self.name, self.table.routes, now)
-            conversation = threads.extend_chain(conn, root.uuid, SYSTEM_SENDER, now)
-            seq, _ = writer.write(etree.Element(BOOT), id=boot_id, sender=SYSTEM_SENDER,
-                                  thread=conversation.uuid, to=None, in_reply_to=None)
-            if writer.routes.targets(BOOT, None):  # nobody listening is no error here
-                writer.route(seq, boot_id, SYSTEM_SENDER, BOOT, None, conversation.uuid)
-            else:  # nothing will answer it
-                threads.close_thread(conn, conversation.uuid, now)
-        return True
+            self._inline = InlineRunner(work.last_inbox_seq(conn, self.name))
+            return Writer(self.bus, conn, self.name, self.table.routes, now_ms()).boot(root.uuid)
 
     def _step(self, finished: list[Finished], capacity: dict[str, int], busy: bool) -> _Step:
         """Commit `finished`, `commit_batch` units per transaction; the last
@@ -300,9 +340,15 @@ class Pump:
         self._checkpoint = checkpoints.LATER if finished else checkpoints.HERE
         if finished and self.before_commit is not None:
             self.before_commit(finished)
+        inlined = self._route_inline()
         routes = self.table.routes
         if not finished and self._scan.quiet(conn, routes, now_ms()):
-            return _Step([], routes, False, self._scan.pending, self._scan.due_ms)
+            return _Step([], routes, inlined >= ROUTE_BATCH, self._scan.pending,
+                         self._scan.due_ms)
+        if not finished and 0 < inlined < ROUTE_BATCH:
+            drained = self._drained(routes)
+            if drained is not None:
+                return drained
         with write_transaction(conn):
             # The table is read under the write lock: a client's send that follows an
             # OOB change is routed by the changed table (its inbox row commits after).
@@ -310,19 +356,73 @@ class Pump:
             writer = Writer(self.bus, conn, self.name, routes, now_ms())
             outcomes = writer.finish(finished, self.owner) if finished else []
             scan = not finished or not busy or self._scan.due(conn, routes, writer.now)
-            routed = self._route_inbox(writer) if scan else 0
+            # With inline listeners, requests are answered in this transaction too:
+            # `commit_batch` of them at most, as in _route_inline's.
+            limit = self.commit_batch if routes.has_inline else ROUTE_BATCH
+            full = scan and self._route_inbox(writer, limit) >= limit
             if scan:
                 self._bury(writer)
             claimed = self._claim(writer, capacity)
             if scan:
                 pending, next_expiry = work.pending(conn, self.name, writer.now)
-                self._scan.done(conn, routes, writer.now, pending, next_expiry,
-                                routed >= ROUTE_BATCH)
+                self._scan.done(conn, routes, writer.now, pending, next_expiry, full)
             else:  # units are in flight: what is left is asked once they are back
                 pending, next_expiry = True, self._scan.due_ms
             self._scan.claimed(writer.now + self.lease_ms, claimed, capacity, scan)
+            self._before_inline_commit(writer)
         self._committed(finished, outcomes)
-        return _Step(claimed, routes, routed >= ROUTE_BATCH, pending, next_expiry)
+        self._after_commit(writer)
+        return _Step(claimed, routes, full or inlined >= ROUTE_BATCH, pending, next_expiry)
+
+    def _route_inline(self) -> int:
+        """While inline listeners have requests waiting: transactions that route
+        `commit_batch` inbox rows each and answer the inline ones in them; how many.
+
+        Up to ROUTE_BATCH rows, before the step's last transaction (which buries
+        and claims): inline requests get commits of their own, as finished units do.
+        """
+        conn = self.bus.conn
+        if not self.table.routes.has_inline or not work.inbox_waiting(conn, self.name):
+            return 0
+        routed, where = 0, self._checkpoint
+        self._checkpoint = checkpoints.THREAD  # more commits follow at once
+        try:
+            while routed < ROUTE_BATCH:
+                with write_transaction(conn):
+                    writer = Writer(self.bus, conn, self.name, self.table.routes, now_ms())
+                    taken = self._route_inbox(writer, self.commit_batch)
+                    self._before_inline_commit(writer)
+                self._after_commit(writer)
+                routed += taken
+                if taken < self.commit_batch:
+                    break
+        finally:
+            self._checkpoint = where
+        return routed
+
+    def _drained(self, routes: Routes) -> _Step | None:
+        """After inline transactions emptied the inbox: the step, if it needs no scan
+        transaction (nothing to claim or bury, the table the last scan saw), else None.
+
+        One read instead of a write transaction after every inline request.
+        """
+        if routes is not self._scan.routes:
+            return None
+        ready, next_expiry = work.has_work(self.bus.conn, self.name, now_ms())
+        if ready:
+            return None
+        return _Step([], routes, False, next_expiry is not None, next_expiry)
+
+    def _before_inline_commit(self, writer: Writer) -> None:
+        if writer.inlined and self.before_commit is not None:
+            self.before_commit([done for done, _ in writer.inlined])
+
+    def _after_commit(self, writer: Writer) -> None:
+        """What `writer`'s transaction did, now that it committed: its inline units
+        count, and the envelopes it encoded for listeners need no pipeline run."""
+        self._committed([done for done, _ in writer.inlined],
+                        [outcome for _, outcome in writer.inlined])
+        self._encoded.remember(writer.encoded)
 
     def _commit(self, finished: list[Finished]) -> None:
         """A transaction that commits `finished` and does nothing else."""
@@ -333,6 +433,7 @@ class Pump:
             writer = Writer(self.bus, conn, self.name, self.table.routes, now_ms())
             outcomes = writer.finish(finished, self.owner)
         self._committed(finished, outcomes)
+        self._after_commit(writer)
 
     def _committed(self, finished: list[Finished], outcomes: list[str]) -> None:
         """Count (and report) units once their transaction committed, not before."""
@@ -341,8 +442,8 @@ class Pump:
             if self.on_unit is not None:
                 self.on_unit(done, outcome)
 
-    def _route_inbox(self, writer: Writer) -> int:
-        inbound = work.take_inbox(writer.conn, self.name, ROUTE_BATCH)
+    def _route_inbox(self, writer: Writer, limit: int = ROUTE_BATCH) -> int:
+        inbound = work.take_inbox(writer.conn, self.name, limit)
         found = work.messages_by_seq(writer.conn, [item.seq for item in inbound],
                                      self.bus.blobs)
         for item in inbound:
@@ -352,7 +453,8 @@ class Pump:
             if item.root_tag in META_ROOT_TAGS and item.to is None:
                 self.stats.count(self._answer_meta(writer, message, item.root_tag))
             elif not writer.route(item.seq, message.id, message.from_agent, item.root_tag,
-                                  item.to, message.correlation_id):
+                                  item.to, message.correlation_id,
+                                  inline=self._inline.runner(writer, message)):
                 self.stats.count("no-route")  # the client got a <huh> from the pump
         return len(inbound)
 
@@ -458,7 +560,10 @@ class Pump:
                 self._release(unit)
         if finished is not None:  # it holds its slot and lease until its commit
             self._finished.append(finished)
-        self._wake.set()
+        # One wake per batch: the loop that takes `_finished` is the thread that fills
+        # it, so a non-empty list always had a wake written after its first unit.
+        if finished is None or len(self._finished) == 1:
+            self._poke()
 
     def _release(self, unit: Unit) -> None:
         self._settle(unit)
@@ -473,19 +578,14 @@ class Pump:
 
     async def _process(self, unit: Unit, message: Message, listener: Listener) -> Finished:
         """Pipeline, then handler: the unit's outputs or the `<huh>` for its sender."""
-        try:  # a <huh> for a call this listener made reaches its handler as a Huh
-            pipeline = SYSTEM_PIPELINE if unit.kind == "answer" and is_huh(message) \
-                else listener.pipeline
-            result = run_pipeline(pipeline, envelope_xml(message))
-        except ValidationFailed as exc:
-            return Finished(unit, message, huh=huh_element("not-an-envelope", str(exc)))
-        if isinstance(result, Huh):
-            return Finished(unit, message, huh=result.to_element())
+        checked = checked_input(unit, message, listener, self._encoded.take(message.id))
+        if isinstance(checked, Finished):
+            return checked
         spec = listener.spec
-        ctx = Context(unit.thread, result.sender, spec.name, message.id, unit.attempts,
+        ctx = Context(unit.thread, checked.sender, spec.name, message.id, unit.attempts,
                       self._loop.time() + spec.timeout_s, listener.tools)
         try:
-            replies = await call_handler(listener.handler, result.payload, ctx,
+            replies = await call_handler(listener.handler, checked.payload, ctx,
                                          spec.timeout_s, self._handler_pool)
             outputs = outputs_of(replies, spec.peers)
         except HandlerFailed as exc:
@@ -494,100 +594,5 @@ class Pump:
 
     # --- side services ----------------------------------------------------------------------
 
-    def _services(self) -> _Services:
-        return _Services(self)
-
-
-class _Services:
-    """The pump's side threads: lease renewal (with heartbeats), change watcher, OOB
-    server, checkpoints."""
-
-    def __init__(self, pump: Pump) -> None:
-        self.pump = pump
-        self.stopped = threading.Event()
-        self.threads: list[threading.Thread] = []
-        self.heartbeat: Heartbeat | None = None
-        self.oob: OobServer | None = None
-        self.checkpointer: Checkpointer | None = None
-
-    def __enter__(self) -> _Services:
-        try:
-            return self._open()
-        except BaseException:
-            self.__exit__()
-            raise
-
-    def _open(self) -> _Services:
-        pump = self.pump
-        # While finished units queue up for their commits, the pump commits all the
-        # time: its checkpoints run on a thread. Otherwise a step that only routes
-        # and claims checkpoints in its commit, and one that commits replies leaves
-        # it to the next: after a reply's commit the woken client writes its next
-        # request while the checkpoint runs, and the log never started over (it
-        # grew to the backstop, all commits past 1000 pages checkpointing); after a
-        # claim, the reply's commit finds the log copied and starts it over.
-        self.checkpointer = Checkpointer(pump.bus, where=lambda: (
-            checkpoints.THREAD if pump._finished else pump._checkpoint)).__enter__()
-        pump._db_pool.submit(lambda: self.checkpointer.attach(pump.bus.conn)).result()
-        self.heartbeat = Heartbeat(pump.bus.path, f"pump:{pump.name}",
-                                   interval=pump.lease_ms / 3000, status="working",
-                                   on_beat=pump._renew).start()
-        self._thread(self._watch, "pump-watch")
-        keys = pump.organism.oob.authorized_keys
-        if pump.use_oob and keys:
-            self.oob = OobServer(pump.bus, socket_path_for(pump.bus.path, pump.organism.oob.socket),
-                                 [load_public_key(path) for path in keys],
-                                 pump.table.dispatch, pump.organism.oob.window_s)
-            self._thread(self.oob.serve_forever, "pump-oob", self.stopped)
-        return self
-
-    def _thread(self, target: Callable[..., None], name: str, *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        thread.start()
-        self.threads.append(thread)
-
-    def _watch(self) -> None:
-        # Short waits, so that stopping (which also sets `_sleeping`) joins this
-        # thread at once: `run(until_idle=True)` used to end WATCH_S late.
-        while not self.stopped.is_set():
-            if not self.pump._sleeping.wait(WATCH_S) or self.stopped.is_set():
-                continue
-            try:
-                if self.pump.bus.wait_for_change(WATCH_POLL_S) and self._worth_a_step():
-                    self.pump._poke()
-            except BusError as exc:  # busy or closed: look again, or stop with the pump
-                log.warning("pump change watcher: %s", exc)
-                self.stopped.wait(WATCH_S)
-
-    def _worth_a_step(self) -> bool:
-        """After a commit: whether it left the sleeping loop something to do.
-
-        Most commits the watcher sees are the pump's own (its claims, while
-        the handlers run); waking the loop for those only took time from them.
-        So: the inbox holds something, a unit can be claimed, the routing
-        table changed, or a lease (another pump's claim) runs out before the
-        loop would wake anyway (its scan then learns when). Finished handlers
-        and `stop()` wake the loop themselves. Running until idle, any commit
-        may be another pump's last: look again.
-        """
-        pump = self.pump
-        if pump._until_idle or pump.table.routes is not pump._scan.routes:
-            return True
-        with translate_busy():
-            ready, next_expiry = work.has_work(pump.bus.conn, pump.name, now_ms())
-        return ready or (next_expiry is not None and next_expiry < pump._wake_at_ms)
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stopped.set()
-        self.pump._sleeping.set()  # the watcher waits for this: let it see `stopped`
-        for thread in self.threads:
-            thread.join()
-        self.pump._sleeping.clear()
-        try:
-            if self.oob is not None:
-                self.oob.close()
-            if self.heartbeat is not None:
-                self.heartbeat.stop()
-        finally:
-            if self.checkpointer is not None:  # on the thread its connection belongs to
-                self.pump._db_pool.submit(self.checkpointer.stop).result()
+    def _services(self) -> Services:
+        return Services(self)

@@ -67,6 +67,7 @@ class Routes:
         for listener in self.listeners.values():
             by_tag.setdefault(listener.tag, []).append(listener)
         self.by_tag = {tag: tuple(found) for tag, found in by_tag.items()}
+        self.has_inline = any(item.spec.inline for item in self.listeners.values())
 
     def targets(self, root_tag: str, to: str | None) -> tuple[Listener, ...]:
         """Who receives a `root_tag` payload: listener `to`, or all of the tag; () if none.

@@ -333,6 +333,15 @@ class Caller:
     depth: int
 
 
+def open_conversation(conn: apsw.Connection, organism: str, client: str, now: int) -> str:
+    """A new conversation of `client` under the organism's root (made on the first call):
+    its UUID. `initialize_root` then `extend_chain` in two statements, for a caller that
+    checked both names (client.send); runs inside the caller's write transaction."""
+    uuid = new_message_id()
+    _insert(conn, _open_root_id(conn, organism, now), client, 1, now, uuid)
+    return uuid
+
+
 def extend_uuid(conn: apsw.Connection, uuid: str, name: str, now: int) -> str:
     """`extend_chain` for callers that checked their arguments: the new UUID only.
 

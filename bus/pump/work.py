@@ -104,12 +104,14 @@ _INSERT_INBOX_SQL = (
     "INSERT INTO pump_inbox (seq, organism, root_tag, to_listener, created_at_ms)"
     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (seq) DO NOTHING"
 )
-# Looked at first, then deleted by seq: the inbox is empty on most steps.
-_INBOX_SQL = (
-    "SELECT seq, root_tag, to_listener FROM pump_inbox WHERE organism = ?"
-    " ORDER BY seq LIMIT ?"
+# The oldest rows, deleted and returned in one statement (RETURNING gives no
+# order: take_inbox sorts them).
+_TAKE_INBOX_SQL = (
+    "DELETE FROM pump_inbox WHERE seq IN (SELECT seq FROM pump_inbox WHERE organism = ?"
+    " ORDER BY seq LIMIT ?) RETURNING seq, root_tag, to_listener"
 )
-_TAKE_INBOX_SQL = "DELETE FROM pump_inbox WHERE seq IN (SELECT value FROM json_each(?))"
+_INBOX_WAITING_SQL = "SELECT EXISTS (SELECT 1 FROM pump_inbox WHERE organism = ?)"
+_LAST_INBOX_SQL = "SELECT max(seq) FROM pump_inbox WHERE organism = ?"
 _BOOT_SQL = (
     "INSERT INTO pump_organisms (name, booted_at_ms, boot_id) VALUES (?, ?, ?)"
     " ON CONFLICT (name) DO NOTHING RETURNING name"
@@ -264,10 +266,17 @@ def take_inbox(conn: apsw.Connection, organism: str, limit: int) -> list[Inbound
 
     Runs inside the caller's write transaction, so nobody takes them in between.
     """
-    inbound = [Inbound(*row) for row in conn.execute(_INBOX_SQL, (organism, limit))]
-    if inbound:
-        conn.execute(_TAKE_INBOX_SQL, (orjson.dumps([item.seq for item in inbound]),))
-    return inbound
+    return sorted(Inbound(*row) for row in conn.execute(_TAKE_INBOX_SQL, (organism, limit)))
+
+
+def inbox_waiting(conn: apsw.Connection, organism: str) -> bool:
+    """Whether client envelopes wait to be routed (an index lookup)."""
+    return bool(conn.execute(_INBOX_WAITING_SQL, (organism,)).get)
+
+
+def last_inbox_seq(conn: apsw.Connection, organism: str) -> int:
+    """The seq of the newest envelope waiting to be routed; 0 if none waits."""
+    return conn.execute(_LAST_INBOX_SQL, (organism,)).get or 0
 
 
 def mark_booted(conn: apsw.Connection, organism: str, boot_id: str, now: int) -> bool:

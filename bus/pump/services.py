@@ -1,0 +1,84 @@
+"""The pump's side threads: lease renewal (with heartbeats), OOB server, checkpoints.
+
+`Pump.run` opens them around its loop (`with Services(pump):`). They read
+the pump's private state (its finished units, where its next checkpoint
+goes): they are part of the pump, in a module of their own for its length.
+The pump is typed `Any` here: importing bus.pump.pump for its type would be
+an import cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+from typing import Callable
+
+from bus import checkpoints
+from bus.checkpoints import Checkpointer
+from bus.heartbeats import Heartbeat
+from bus.pump.oob import OobServer
+from bus.pump.oob import load_public_key
+from bus.pump.oob import socket_path_for
+
+log = logging.getLogger("bus.pump")
+
+
+class Services:
+    """The pump's side threads: lease renewal (with heartbeats), OOB server, checkpoints."""
+
+    def __init__(self, pump: Any) -> None:
+        self.pump = pump
+        self.stopped = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.heartbeat: Heartbeat | None = None
+        self.oob: OobServer | None = None
+        self.checkpointer: Checkpointer | None = None
+
+    def __enter__(self) -> Services:
+        try:
+            return self._open()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _open(self) -> Services:
+        pump = self.pump
+        # While finished units queue up for their commits, the pump commits all the
+        # time: its checkpoints run on a thread. Otherwise a step that only routes
+        # and claims checkpoints in its commit, and one that commits replies leaves
+        # it to the next: after a reply's commit the woken client writes its next
+        # request while the checkpoint runs, and the log never started over (it
+        # grew to the backstop, all commits past 1000 pages checkpointing); after a
+        # claim, the reply's commit finds the log copied and starts it over.
+        self.checkpointer = Checkpointer(pump.bus, where=lambda: (
+            checkpoints.THREAD if pump._finished else pump._checkpoint)).__enter__()
+        pump._db_pool.submit(lambda: self.checkpointer.attach(pump.bus.conn)).result()
+        self.heartbeat = Heartbeat(pump.bus.path, f"pump:{pump.name}",
+                                   interval=pump.lease_ms / 3000, status="working",
+                                   on_beat=pump._renew).start()
+        keys = pump.organism.oob.authorized_keys
+        if pump.use_oob and keys:
+            self.oob = OobServer(pump.bus, socket_path_for(pump.bus.path, pump.organism.oob.socket),
+                                 [load_public_key(path) for path in keys],
+                                 pump.table.dispatch, pump.organism.oob.window_s)
+            self._thread(self.oob.serve_forever, "pump-oob", self.stopped)
+        return self
+
+    def _thread(self, target: Callable[..., None], name: str, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join()
+        try:
+            if self.oob is not None:
+                self.oob.close()
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
+        finally:
+            if self.checkpointer is not None:  # on the thread its connection belongs to
+                self.pump._db_pool.submit(self.checkpointer.stop).result()

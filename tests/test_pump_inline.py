@@ -1,0 +1,233 @@
+"""Inline listeners (bus/pump/inline.py): answered in the transaction that routes.
+
+A running pump answers a client's request to an `inline: true` listener in
+the transaction that takes it from the inbox: no work unit, no lease. What
+waited before the pump started, what the pump writes itself and a listener
+that overran its timeout take the leased path. Crash tests are in
+tests/test_pump_processes.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from bus import Bus
+from bus.db import write_transaction
+from bus.errors import OrganismInvalid
+from bus.pump import Pump
+from bus.pump import client
+from bus.pump import work
+from bus.pump.envelopes import derived_id
+from bus.pump.organism import INLINE_DEFAULT_TIMEOUT_S
+from bus.pump.organism import load_organism
+from bus.pump.organism import parse_organism
+from tests import pump_tools
+from tests.cli_helpers import run
+
+ECHO = """\
+  - name: echo
+    root_tag: echo
+    payload: tests.pump_tools:Echo
+    handler: tests.pump_tools:echo_inline
+    inline: true
+    timeout: 0.2
+"""
+COUNTER = """\
+  - name: counter
+    root_tag: sum
+    payload: tests.pump_tools:Sum
+    handler: tests.pump_tools:count_up
+    peers: [calc.add]
+  - name: calc.add
+    root_tag: add
+    payload: tests.pump_tools:Add
+    handler: tests.pump_tools:add_inline
+    inline: true
+"""
+
+
+def write_organism(directory: Path, listeners: str = ECHO) -> Path:
+    path = directory / "organism.yaml"
+    path.write_text(f"name: org\nlisteners:\n{listeners}")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def fresh_calls():
+    pump_tools.CALLS.clear()
+    yield
+    pump_tools.CALLS.clear()
+
+
+class Running:
+    """A pump running in a thread until the test ends; `answered` counts settled units."""
+
+    def __init__(self, bus: Bus, organism: Path, **options) -> None:
+        self.answered = threading.Semaphore(0)
+        self.pump = Pump(bus, load_organism(organism), oob=False,
+                         on_unit=lambda done, outcome: self.answered.release(), **options)
+        self.thread = threading.Thread(target=self.pump.run, daemon=True)
+        self.thread.start()
+
+    def settle(self, units: int) -> None:
+        for _ in range(units):
+            assert self.answered.acquire(timeout=30), "the pump did not settle its units"
+
+    def stop(self) -> None:
+        self.pump.stop()
+        self.thread.join()
+
+
+@pytest.fixture
+def running(bus: Bus, tmp_path: Path):
+    """Start a pump on an organism; it has booted (answered a first request) on return."""
+    started: list[Running] = []
+
+    def start(listeners: str = ECHO, **options) -> Running:
+        pump = Running(bus, write_organism(tmp_path, listeners), **options)
+        started.append(pump)
+        first = "<echo><text>boot</text><count>0</count></echo>" if listeners is ECHO \
+            else "<add><a>0</a><b>0</b></add>"
+        client.send(bus, "org", first)
+        pump.settle(1)  # routed before the pump's boot or after: either way it has booted
+        return pump
+    yield start
+    for pump in started:
+        pump.stop()
+
+
+def echo(bus: Bus, text: str, count: int = 1, mode: str = "ok") -> client.Sent:
+    return client.send(bus, "org", f"<echo><text>{text}</text><count>{count}</count>"
+                                   f"<mode>{mode}</mode></echo>")
+
+
+def test_an_inline_request_is_answered_without_a_work_unit(bus, running):
+    pump = running()
+    sent = [echo(bus, "a", 2), echo(bus, "b", 0), echo(bus, "c", mode="raise")]
+    pump.settle(3)
+    assert [work.units_for_input(bus.conn, one.seq) for one in sent] == [[], [], []]
+    two, none, failed = (client.replies(bus, one) for one in sent)
+    assert [r.message.id for r in two] == [derived_id(sent[0].id, "echo", k) for k in (0, 1)]
+    assert [r.payload_xml for r in two] == [
+        f"<result><source>{k}</source><text>a</text></result>" for k in (0, 1)]
+    assert none == []
+    assert failed[0].root_tag == "huh" and 'code="handler-error"' in failed[0].payload_xml
+    ctx = pump_tools.CALLS[-1][2]
+    assert (ctx.listener, ctx.from_, ctx.attempt) == ("echo", "console", 1)
+
+
+def test_requests_waiting_when_the_pump_starts_take_the_leased_path(bus, tmp_path):
+    """One of them may have killed the pump before: only a work unit counts attempts."""
+    sent = echo(bus, "early")
+    Pump(bus, load_organism(write_organism(tmp_path)), oob=False).run(until_idle=True)
+    unit, = work.units_for_input(bus.conn, sent.seq)
+    assert (unit.listener, unit.attempts) == ("echo", 1)
+    got, = client.replies(bus, sent)
+    assert got.payload_xml == "<result><source>0</source><text>early</text></result>"
+
+
+def test_an_inline_handler_that_overruns_gets_timeout_and_its_listener_goes_leased(
+        bus, running):
+    pump = running()
+    slow = echo(bus, "slow", mode="sleep")
+    pump.settle(1)
+    got, = client.replies(bus, slow)
+    assert got.root_tag == "huh" and 'code="timeout"' in got.payload_xml
+    assert work.units_for_input(bus.conn, slow.seq) == []
+    after = echo(bus, "after")
+    pump.settle(1)
+    assert [unit.listener for unit in work.units_for_input(bus.conn, after.seq)] == ["echo"]
+    assert client.replies(bus, after)[0].root_tag == "result"
+
+
+def test_calls_the_pump_writes_to_an_inline_listener_are_work_units(bus, running):
+    """Only client requests run inline: a peer call goes through a leased unit."""
+    pump = running(COUNTER)
+    sent = client.send(bus, "org", "<sum><value>0</value></sum>", to="counter")
+    pump.settle(7)  # counter 4 times, calc.add 3 times
+    got, = client.replies(bus, sent)
+    assert got.payload_xml == "<final-answer><text>counted to 3</text></final-answer>"
+    units = bus.conn.execute("SELECT count(*) FROM pump_work WHERE listener = 'calc.add'"
+                             " AND input_seq > ?", (sent.seq,)).get
+    assert units == 3
+    direct = client.send(bus, "org", "<add><a>1</a><b>2</b></add>", to="calc.add")
+    pump.settle(1)
+    assert work.units_for_input(bus.conn, direct.seq) == []
+    assert client.replies(bus, direct)[0].payload_xml == "<sum><value>3.0</value></sum>"
+
+
+REQUESTS = st.lists(st.tuples(st.sampled_from(["ok", "raise"]), st.integers(0, 3)),
+                    min_size=1, max_size=12)
+
+
+@settings(max_examples=10, deadline=None)
+@given(requests=REQUESTS, batch=st.sampled_from([1, 3, 64]))
+def test_every_inline_request_gets_exactly_its_reply_set(tmp_path_factory, requests, batch):
+    """Requests committed together, answered `batch` per transaction."""
+    directory = tmp_path_factory.mktemp("inline")
+    with Bus.open(directory / "bus.db") as bus:
+        pump = Running(bus, write_organism(directory), commit_batch=batch)
+        try:
+            client.send(bus, "org", "<echo><text>boot</text><count>0</count></echo>")
+            pump.settle(1)
+            with write_transaction(bus.conn):
+                sent = [echo(bus, f"t{i}", count, mode)
+                        for i, (mode, count) in enumerate(requests)]
+            pump.settle(len(requests))
+        finally:
+            pump.stop()
+        for one, (mode, count) in zip(sent, requests):
+            got = client.replies(bus, one)
+            assert len(got) == (count if mode == "ok" else 1), (mode, count, got)
+            assert len({r.message.id for r in got}) == len(got)
+            assert work.units_for_input(bus.conn, one.seq) == []
+
+
+# --- organism.yaml ---------------------------------------------------------------------
+
+
+def listener_yaml(**keys: object) -> str:
+    entry = {"name": "echo", "root_tag": "echo", "payload": "tests.pump_tools:Echo",
+             "handler": "tests.pump_tools:echo_inline", **keys}
+    return "listeners:\n  - " + "\n    ".join(f"{k}: {v}" for k, v in entry.items())
+
+
+def test_an_inline_listener_gets_a_small_default_timeout():
+    spec, = parse_organism(listener_yaml(inline="true")).listeners
+    assert (spec.inline, spec.timeout_s) == (True, INLINE_DEFAULT_TIMEOUT_S)
+    spec, = parse_organism(listener_yaml()).listeners
+    assert (spec.inline, spec.timeout_s) == (False, 300.0)
+
+
+@pytest.mark.parametrize("keys, field, fragment", [
+    ({"inline": 1}, "listeners[0].inline", "must be true or false"),
+    ({"inline": "true", "timeout": 30}, "listeners[0].timeout",
+     "set inline: false for a slower handler"),
+])
+def test_inline_options_are_checked(keys, field, fragment):
+    with pytest.raises(OrganismInvalid) as refused:
+        parse_organism(listener_yaml(**keys))
+    assert refused.value.field == field and fragment in refused.value.reason
+
+
+def test_an_async_handler_cannot_be_inline(bus, tmp_path):
+    organism = write_organism(tmp_path, ECHO.replace("echo_inline", "echo"))
+    with pytest.raises(OrganismInvalid) as refused:
+        Pump(bus, load_organism(organism), oob=False)
+    assert refused.value.field == "listeners[0].inline"
+    assert "listener 'echo' has an async handler" in refused.value.reason
+    assert "make it a plain `def` or set inline: false" in refused.value.reason
+
+
+def test_organism_check_refuses_an_async_inline_handler(tmp_path):
+    organism = write_organism(tmp_path, ECHO.replace("echo_inline", "echo"))
+    result = run(["pump", "organism", "check", str(organism)], tmp_path / "bus.db")
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {organism}: listeners[0].inline: listener 'echo'"
+                                    " has an async handler")
