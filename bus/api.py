@@ -188,12 +188,19 @@ class Bus(TaskClaims):
     def _insert(self, rows: list[messages.Row]) -> list[PublishResult]:
         conn = self.conn
         refuse_write(conn)  # a read-only or corrupt bus says so before a blob is written
+        # The common case, no payload near the blob threshold or the size limit
+        # (a character is at most 4 bytes of UTF-8), has no blob to stage.
+        small = min(self.blob_threshold, self.max_payload_bytes) // 4
+        if all(row.payload is None or len(row.payload) <= small for row in rows):
+            return self._write_now(rows, conn)
         with self.staging_blobs():
             # Blobs are written (and fsynced) before the transaction, outside the lock.
-            rows = [self.move_large_payload(row) for row in rows]
-            if conn.in_transaction:  # the caller's own transaction: write in it
-                return self._write_rows([rows], conn)[0]
-            return self._publishes.submit(rows)
+            return self._write_now([self.move_large_payload(row) for row in rows], conn)
+
+    def _write_now(self, rows: list[messages.Row], conn: apsw.Connection) -> list[PublishResult]:
+        if conn.in_transaction:  # the caller's own transaction: write in it
+            return self._write_rows([rows], conn)[0]
+        return self._publishes.submit(rows)
 
     def _write_group(self, batches: list[Sequence[messages.Row]]) -> list[list[PublishResult]]:
         """A group commit, on the leading thread's own connection.
