@@ -6,12 +6,19 @@ between looks is the only question:
 
 - With inotify (Linux), the waiter blocks on events in the database's
   directory: every commit writes the `-wal` file, which wakes it at once.
-  A commit's first write reaches the WAL a moment (tens of microseconds)
-  before SQLite publishes the new wal-index header, so after an event the
-  waiter looks again after 20 µs, then after twice as long each time up to
-  0.5 ms, for 20 ms; it also looks every 50 ms whatever happens: an event
-  that came too early can delay a wake, never lose it. (Looking every
-  0.5 ms from the start woke about 0.35 ms after the commit; see
+  The watch is one-shot (IN_ONESHOT), armed again only when the waiter
+  next blocks: a watch that stays armed makes the kernel build an event
+  for every write any writer makes to the WAL (several per commit), in the
+  writer's own system time, even while the waiter is busy elsewhere (two
+  idle views cost a publisher about a fifth of its speed; see
+  docs/benchmarks.md). One-shot, a waiter costs the writers one event per
+  wait. A commit's first write reaches the WAL a moment (tens of
+  microseconds) before SQLite publishes the new wal-index header, so after
+  an event the waiter looks again after 20 µs, then after twice as long
+  each time up to 0.5 ms, for 20 ms; it also looks every 50 ms whatever
+  happens: an event that came too early, or a commit that slipped past
+  while the watch was spent, can delay a wake, never lose it. (Looking
+  every 0.5 ms from the start woke about 0.35 ms after the commit; see
   docs/benchmarks.md.)
 - Without inotify, it looks every millisecond.
 
@@ -40,7 +47,8 @@ _IN_MODIFY = 0x002
 _IN_MOVED_TO = 0x080
 _IN_CREATE = 0x100
 _IN_Q_OVERFLOW = 0x4000
-_WATCH_MASK = _IN_MODIFY | _IN_MOVED_TO | _IN_CREATE
+_IN_ONESHOT = 0x80000000
+_WATCH_MASK = _IN_MODIFY | _IN_MOVED_TO | _IN_CREATE | _IN_ONESHOT
 _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 
 
@@ -65,7 +73,10 @@ class ChangeWatcher:
             # database file a checkpoint writes, an export being appended to)
             # can mean a commit, so only the WAL's events count.
             self._wal_name = os.fsencode(real.name + "-wal")
-            self._inotify_fd = _inotify_watch(directory)
+            self._directory = os.fsencode(directory)
+            self._inotify_fd = _inotify_init()
+            if self.uses_inotify and not self._arm():
+                self.close()
             if use_inotify and self._inotify_fd < 0:
                 raise OSError(f"cannot watch {directory} with inotify (not Linux, or no such"
                               " directory, or the inotify watch limit is reached)")
@@ -82,6 +93,9 @@ class ChangeWatcher:
         deadline = time.monotonic() + max(0.0, timeout)
         hot_until = hot_interval = 0.0
         while True:
+            hot = time.monotonic() < hot_until
+            if self.uses_inotify and not hot:
+                self._arm()  # before the look: a commit from here on leaves an event
             version = self.conn.execute("PRAGMA data_version").get
             if version != self._last_version:
                 self._last_version = version
@@ -89,32 +103,34 @@ class ChangeWatcher:
             now = time.monotonic()
             if now >= deadline:
                 return False
-            if self.uses_inotify:
-                interval = RECHECK_INTERVAL_S
-                if now < hot_until:
-                    interval, hot_interval = hot_interval, min(hot_interval * 2, HOT_INTERVAL_S)
-                if self._block(min(deadline - now, interval)):
-                    hot_until, hot_interval = time.monotonic() + HOT_PERIOD_S, HOT_FIRST_S
-            else:
+            if not self.uses_inotify:
                 time.sleep(min(deadline - now, POLL_INTERVAL_S))
+            elif hot:  # the event spent the watch; the commit is about to show
+                time.sleep(min(deadline - now, hot_interval))
+                hot_interval = min(hot_interval * 2, HOT_INTERVAL_S)
+            elif self._block(min(deadline - now, RECHECK_INTERVAL_S)):
+                hot_until, hot_interval = time.monotonic() + HOT_PERIOD_S, HOT_FIRST_S
 
     def close(self) -> None:
         if self._inotify_fd >= 0:
             os.close(self._inotify_fd)
             self._inotify_fd = -1
 
+    def _arm(self) -> bool:
+        """(Re)arm the one-shot watch on the directory; False where it cannot be watched.
+
+        Arming a watch that is still armed only sets its mask again.
+        """
+        return _libc().inotify_add_watch(self._inotify_fd, self._directory, _WATCH_MASK) >= 0
+
     def _block(self, timeout: float) -> bool:
-        """Wait for directory events; True if any was the WAL's (all are drained)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            ready, _, _ = select.select([self._inotify_fd], [], [], timeout)
-            if not ready:
-                return False
-            if _wal_changed(self._drain(), self._wal_name):
-                return True
-            timeout = deadline - time.monotonic()
-            if timeout <= 0:
-                return False
+        """Wait for directory events; True if one was the WAL's (all are drained).
+
+        Any event spends the one-shot watch, so the caller arms it again
+        before it blocks again.
+        """
+        ready, _, _ = select.select([self._inotify_fd], [], [], timeout)
+        return bool(ready) and _wal_changed(self._drain(), self._wal_name)
 
     def _drain(self) -> bytes:
         events = b""
@@ -139,18 +155,12 @@ def _wal_changed(events: bytes, wal_name: bytes) -> bool:
     return False
 
 
-def _inotify_watch(directory: Path) -> int:
-    """A non-blocking inotify fd watching `directory`, or -1 where that is not possible."""
+def _inotify_init() -> int:
+    """A non-blocking inotify fd (no watch yet), or -1 where inotify is missing."""
     libc = _libc()
     if libc is None:
         return -1
-    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-    if fd < 0:
-        return -1
-    if libc.inotify_add_watch(fd, os.fsencode(directory), _WATCH_MASK) < 0:
-        os.close(fd)
-        return -1
-    return fd
+    return libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
 
 
 _LIBC: ctypes.CDLL | None | bool = False

@@ -554,8 +554,32 @@ def test_only_the_wal_s_events_end_a_blocking_wait(need_inotify, bus: Bus, db_pa
             ready, _, _ = select.select([watcher._inotify_fd], [], [], WAIT_TIMEOUT)
             assert ready  # their events arrived ...
             assert watcher._block(0.2) is False  # ... and were not enough
+        assert watcher._arm()  # an event spends the one-shot watch: wait() arms it again
         other.execute("INSERT INTO meta (key, value) VALUES ('wake', 'x')")
         assert watcher._block(WAIT_TIMEOUT) is True
         other.close()
+    finally:
+        watcher.close()
+
+
+def inotify_watches(fd: int) -> int:
+    """How many watches the inotify instance `fd` of this process holds (Linux /proc)."""
+    lines = Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines()
+    return sum(line.startswith("inotify wd:") for line in lines)
+
+
+def test_a_commit_spends_the_watch_until_the_next_wait(need_inotify, bus: Bus,
+                                                       db_path: Path) -> None:
+    """Between two waits the watcher holds no watch: while an armed watch
+    exists the kernel builds an event for every write to the WAL, in the
+    writer's own time, however busy the waiter is elsewhere."""
+    watcher = ChangeWatcher(bus.conn, db_path, use_inotify=True)
+    try:
+        assert watcher.wait(0) is True
+        assert inotify_watches(watcher._inotify_fd) == 1
+        publish_once(db_path)  # several writes to the WAL: the first spends the watch
+        assert inotify_watches(watcher._inotify_fd) == 0
+        assert watcher.wait(WAIT_TIMEOUT) is True  # the commit is still seen
+        assert inotify_watches(watcher._inotify_fd) == 1  # armed again to wait
     finally:
         watcher.close()
