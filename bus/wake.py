@@ -6,20 +6,24 @@ between looks is the only question:
 
 - With inotify (Linux), the waiter blocks on events in the database's
   directory: every commit writes the `-wal` file, which wakes it at once.
-  The watch is one-shot (IN_ONESHOT), armed again only when the waiter
-  next blocks: a watch that stays armed makes the kernel build an event
-  for every write any writer makes to the WAL (several per commit), in the
-  writer's own system time, even while the waiter is busy elsewhere (two
-  idle views cost a publisher about a fifth of its speed; see
-  docs/benchmarks.md). One-shot, a waiter costs the writers one event per
-  wait. A commit's first write reaches the WAL a moment (tens of
-  microseconds) before SQLite publishes the new wal-index header, so after
-  an event the waiter looks again after 20 µs, then after twice as long
-  each time up to 0.5 ms, for 20 ms; it also looks every 50 ms whatever
-  happens: an event that came too early, or a commit that slipped past
-  while the watch was spent, can delay a wake, never lose it. (Looking
+  A commit's first write reaches the WAL a moment (tens of microseconds)
+  before SQLite publishes the new wal-index header, so after an event the
+  waiter looks again after 20 µs, then after twice as long each time up
+  to 0.5 ms, for 20 ms; it also looks every 50 ms whatever happens: an
+  event that came too early can delay a wake, never lose it. (Looking
   every 0.5 ms from the start woke about 0.35 ms after the commit; see
   docs/benchmarks.md.)
+- While a watch exists, the kernel builds an event for every write any
+  writer makes to the WAL (several per commit), in the writer's own
+  system time, even while the waiter is busy elsewhere: two idle views
+  cost a publisher about a fifth of its speed (docs/benchmarks.md). A
+  waiter that need not wake at once (a view that reads a few times a
+  second) passes `hold_watch=False`: its watch is one-shot (IN_ONESHOT)
+  and exists only inside `wait`, so it costs the writers one event per
+  wait. The price: a commit whose WAL writes came just before the watch
+  was added and whose header is published just after the look (with
+  `synchronous=FULL` that gap is the commit's fsync) wakes it only at the
+  50 ms look.
 - Without inotify, it looks every millisecond.
 
 inotify is reached through ctypes (stdlib) rather than a package: three libc
@@ -48,7 +52,7 @@ _IN_MOVED_TO = 0x080
 _IN_CREATE = 0x100
 _IN_Q_OVERFLOW = 0x4000
 _IN_ONESHOT = 0x80000000
-_WATCH_MASK = _IN_MODIFY | _IN_MOVED_TO | _IN_CREATE | _IN_ONESHOT
+_WATCH_MASK = _IN_MODIFY | _IN_MOVED_TO | _IN_CREATE
 _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 
 
@@ -57,14 +61,17 @@ class ChangeWatcher:
 
     One watcher per connection (and so per thread). The first `wait` returns
     at once: it has no earlier version to compare with, and an extra wake is
-    harmless where a missed one is not.
+    harmless where a missed one is not. `hold_watch=False`: watch only inside
+    `wait`, so writers pay nothing while the caller is busy (see above).
     """
 
     def __init__(self, conn: apsw.Connection, db_path: str | os.PathLike[str],
-                 use_inotify: bool | None = None) -> None:
+                 use_inotify: bool | None = None, hold_watch: bool = True) -> None:
         self.conn = conn
+        self.hold_watch = hold_watch
         self._last_version: int | None = None
         self._inotify_fd = -1
+        self._wd = -1  # the watch, while there is one
         if use_inotify is not False:
             # SQLite writes the WAL beside the real file, wherever a symlink points.
             real = Path(db_path).resolve()
@@ -74,9 +81,11 @@ class ChangeWatcher:
             # can mean a commit, so only the WAL's events count.
             self._wal_name = os.fsencode(real.name + "-wal")
             self._directory = os.fsencode(directory)
+            self._mask = _WATCH_MASK if hold_watch else _WATCH_MASK | _IN_ONESHOT
             self._inotify_fd = _inotify_init()
-            if self.uses_inotify and not self._arm():
+            if self.uses_inotify and not self._arm():  # the directory cannot be watched
                 self.close()
+            self._release()
             if use_inotify and self._inotify_fd < 0:
                 raise OSError(f"cannot watch {directory} with inotify (not Linux, or no such"
                               " directory, or the inotify watch limit is reached)")
@@ -90,11 +99,16 @@ class ChangeWatcher:
 
         Returns True on a change (or on the first call), False on timeout.
         """
+        try:
+            return self._wait(timeout)
+        finally:
+            self._release()
+
+    def _wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + max(0.0, timeout)
         hot_until = hot_interval = 0.0
         while True:
-            hot = time.monotonic() < hot_until
-            if self.uses_inotify and not hot:
+            if self.uses_inotify and self._wd < 0 and time.monotonic() >= hot_until:
                 self._arm()  # before the look: a commit from here on leaves an event
             version = self.conn.execute("PRAGMA data_version").get
             if version != self._last_version:
@@ -103,34 +117,45 @@ class ChangeWatcher:
             now = time.monotonic()
             if now >= deadline:
                 return False
-            if not self.uses_inotify:
+            if self.uses_inotify:
+                interval = RECHECK_INTERVAL_S
+                if now < hot_until:
+                    interval, hot_interval = hot_interval, min(hot_interval * 2, HOT_INTERVAL_S)
+                if self._block(min(deadline - now, interval)):
+                    hot_until, hot_interval = time.monotonic() + HOT_PERIOD_S, HOT_FIRST_S
+            else:
                 time.sleep(min(deadline - now, POLL_INTERVAL_S))
-            elif hot:  # the event spent the watch; the commit is about to show
-                time.sleep(min(deadline - now, hot_interval))
-                hot_interval = min(hot_interval * 2, HOT_INTERVAL_S)
-            elif self._block(min(deadline - now, RECHECK_INTERVAL_S)):
-                hot_until, hot_interval = time.monotonic() + HOT_PERIOD_S, HOT_FIRST_S
 
     def close(self) -> None:
         if self._inotify_fd >= 0:
-            os.close(self._inotify_fd)
-            self._inotify_fd = -1
+            os.close(self._inotify_fd)  # with its watch
+            self._inotify_fd = self._wd = -1
 
     def _arm(self) -> bool:
-        """(Re)arm the one-shot watch on the directory; False where it cannot be watched.
+        """Add the watch on the directory; False where it cannot be watched."""
+        self._wd = _libc().inotify_add_watch(self._inotify_fd, self._directory, self._mask)
+        return self._wd >= 0
 
-        Arming a watch that is still armed only sets its mask again.
+    def _release(self) -> None:
+        """Without hold_watch: remove the watch, spent or not, and what it left queued.
+
+        Removed here rather than trusted to IN_ONESHOT: the kernel removes a
+        spent watch in the writer's context after it queued the event, and a
+        watch added again before that would only update the dying one.
         """
-        return _libc().inotify_add_watch(self._inotify_fd, self._directory, _WATCH_MASK) >= 0
+        if not self.hold_watch and self._wd >= 0:
+            _libc().inotify_rm_watch(self._inotify_fd, self._wd)  # EINVAL once spent: fine
+            self._wd = -1
+            self._drain()  # its IN_IGNORED
 
     def _block(self, timeout: float) -> bool:
-        """Wait for directory events; True if one was the WAL's (all are drained).
-
-        Any event spends the one-shot watch, so the caller arms it again
-        before it blocks again.
-        """
+        """Wait for directory events; True if one was the WAL's (all are drained)."""
         ready, _, _ = select.select([self._inotify_fd], [], [], timeout)
-        return bool(ready) and _wal_changed(self._drain(), self._wal_name)
+        if not ready:
+            return False
+        events = self._drain()
+        self._release()  # a one-shot watch is spent by any event
+        return _wal_changed(events, self._wal_name)
 
     def _drain(self) -> bytes:
         events = b""
@@ -175,6 +200,7 @@ def _libc() -> ctypes.CDLL | None:
             libc = ctypes.CDLL(name, use_errno=True)
             libc.inotify_init1.argtypes = [ctypes.c_int]
             libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+            libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
             _LIBC = libc
         except (OSError, AttributeError):
             pass  # not Linux, or a libc without inotify: polling it is

@@ -35,7 +35,7 @@ WAIT_TIMEOUT = 20.0  # what the waiter is given
 WAKE_WITHIN = 5.0    # how soon after the publish it must be awake: loose on purpose
 AT_ONCE = 2.0        # "returns at once": no blocking wait, whatever the machine's load
 TOLERANCE = 0.02     # clock granularity when checking a timeout was waited out
-MODES = ["inotify", "polling", "bus"]
+MODES = ["inotify", "inotify-released", "polling", "bus"]  # released: hold_watch=False
 
 
 def inotify_fds() -> int:
@@ -198,14 +198,16 @@ def make_waiter(mode: str, bus: Bus, db_path: Path) -> Callable[[float], bool]:
     """wait(timeout) through a ChangeWatcher in the given mode, or through the Bus."""
     if mode == "bus":
         return bus.wait_for_change
-    watcher = ChangeWatcher(bus.conn, db_path, use_inotify=(mode == "inotify"))
-    assert watcher.uses_inotify == (mode == "inotify")
+    inotify = mode.startswith("inotify")
+    watcher = ChangeWatcher(bus.conn, db_path, use_inotify=inotify,
+                            hold_watch=(mode != "inotify-released"))
+    assert watcher.uses_inotify == inotify
     return watcher.wait
 
 
 @pytest.fixture(params=MODES)
 def mode(request, tmp_path: Path) -> str:
-    if request.param == "inotify" and not inotify_works(tmp_path):
+    if request.param.startswith("inotify") and not inotify_works(tmp_path):
         pytest.skip("inotify is not available here")
     return request.param
 
@@ -554,7 +556,6 @@ def test_only_the_wal_s_events_end_a_blocking_wait(need_inotify, bus: Bus, db_pa
             ready, _, _ = select.select([watcher._inotify_fd], [], [], WAIT_TIMEOUT)
             assert ready  # their events arrived ...
             assert watcher._block(0.2) is False  # ... and were not enough
-        assert watcher._arm()  # an event spends the one-shot watch: wait() arms it again
         other.execute("INSERT INTO meta (key, value) VALUES ('wake', 'x')")
         assert watcher._block(WAIT_TIMEOUT) is True
         other.close()
@@ -568,18 +569,29 @@ def inotify_watches(fd: int) -> int:
     return sum(line.startswith("inotify wd:") for line in lines)
 
 
-def test_a_commit_spends_the_watch_until_the_next_wait(need_inotify, bus: Bus,
-                                                       db_path: Path) -> None:
-    """Between two waits the watcher holds no watch: while an armed watch
-    exists the kernel builds an event for every write to the WAL, in the
-    writer's own time, however busy the waiter is elsewhere."""
-    watcher = ChangeWatcher(bus.conn, db_path, use_inotify=True)
+@pytest.mark.parametrize("hold_watch", [True, False])
+def test_watcher_without_hold_watch_watches_only_while_it_waits(
+        need_inotify, bus: Bus, db_path: Path, hold_watch: bool) -> None:
+    """While a watch exists the kernel builds an event for every write to the
+    WAL, in the writer's own time: a view's watcher (hold_watch=False) holds
+    none between two waits; the default keeps its watch, to wake at once."""
+    watcher = ChangeWatcher(bus.conn, db_path, use_inotify=True, hold_watch=hold_watch)
+    between_waits = 1 if hold_watch else 0
     try:
+        assert inotify_watches(watcher._inotify_fd) == between_waits
         assert watcher.wait(0) is True
-        assert inotify_watches(watcher._inotify_fd) == 1
-        publish_once(db_path)  # several writes to the WAL: the first spends the watch
-        assert inotify_watches(watcher._inotify_fd) == 0
-        assert watcher.wait(WAIT_TIMEOUT) is True  # the commit is still seen
-        assert inotify_watches(watcher._inotify_fd) == 1  # armed again to wait
+        assert inotify_watches(watcher._inotify_fd) == between_waits
+        while_blocked: list[int] = []
+
+        def publish_once_watched() -> None:
+            while_blocked.append(inotify_watches(watcher._inotify_fd))
+            publish_once(db_path)
+
+        trigger = WhenBlocked(publish_once_watched)
+        assert watcher.wait(WAIT_TIMEOUT) is True
+        trigger.join()
+        if trigger.blocked:  # the kernel said the waiter was blocked, so in select
+            assert while_blocked == [1]
+        assert inotify_watches(watcher._inotify_fd) == between_waits
     finally:
         watcher.close()
