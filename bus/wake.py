@@ -8,10 +8,10 @@ between looks is the only question:
   directory: every commit writes the `-wal` file, which wakes it at once.
   A commit's first write reaches the WAL a moment (tens of microseconds)
   before SQLite publishes the new wal-index header, so after an event the
-  waiter looks again after 20 µs, then after twice as long each time up
-  to 0.5 ms, for 20 ms; it also looks every 50 ms whatever happens: an
-  event that came too early can delay a wake, never lose it. (Looking
-  every 0.5 ms from the start woke about 0.35 ms after the commit; see
+  waiter looks again after 20 µs, then after twice as long each time up to
+  0.5 ms, for 20 ms; it also looks every 50 ms whatever happens: an event
+  that came too early can delay a wake, never lose it. (Looking every
+  0.5 ms from the start woke about 0.35 ms after the commit; see
   docs/benchmarks.md.)
 - While a watch exists, the kernel builds an event for every write any
   writer makes to the WAL (several per commit), in the writer's own
@@ -26,7 +26,7 @@ between looks is the only question:
   50 ms look.
 - Without inotify, it looks every millisecond.
 
-inotify is reached through ctypes (stdlib) rather than a package: three libc
+inotify is reached through ctypes (stdlib) rather than a package: four libc
 calls do the job and nothing needs to be compiled or installed.
 """
 

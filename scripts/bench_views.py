@@ -6,8 +6,8 @@ Each round publishes on two fresh files, one watched and one not, in
 alternating order; the best round of each counts. Target: watched >= 0.9x.
 The page's stream and the terminal are read by a helper process, as a
 browser and a terminal emulator are processes of their own: read by threads
-of the measuring process, they took the publishing thread's GIL and made it
-some 15% slower, which no writer of a real bus pays.
+of the measuring process, they took the publishing thread's GIL (73.5 against
+57.1 us of its CPU per publish, docs/benchmarks.md), which no real writer pays.
 
 A busy machine blurs the ratio of rates (the writer waits for a core), so
 two figures beside it do not depend on the load: the writer's own CPU time

@@ -570,7 +570,7 @@ def inotify_watches(fd: int) -> int:
 
 
 @pytest.mark.parametrize("hold_watch", [True, False])
-def test_watcher_without_hold_watch_watches_only_while_it_waits(
+def test_watcher_keeps_its_watch_between_waits_only_with_hold_watch(
         need_inotify, bus: Bus, db_path: Path, hold_watch: bool) -> None:
     """While a watch exists the kernel builds an event for every write to the
     WAL, in the writer's own time: a view's watcher (hold_watch=False) holds

@@ -8,8 +8,8 @@ commit it still reads every AGE_REFRESH_S, so ages and rates move.
 
 The watcher holds its inotify watch only while it waits (`hold_watch=False`):
 a watch held through the reads and pauses made the kernel build an event for
-every write to the WAL, in the writers' time; two views watching cost a
-publisher 0.78x of its speed (docs/benchmarks.md). A commit that slips past
+every write to the WAL, in the writers' time: with two views watching, a
+publisher spent 39% more CPU per publish (docs/benchmarks.md). A commit that slips past
 the watch's return is seen at the watcher's 50 ms look: nothing a person sees.
 """
 
