@@ -13,9 +13,20 @@ between looks is the only question:
   that came too early can delay a wake, never lose it. (Looking every
   0.5 ms from the start woke about 0.35 ms after the commit; see
   docs/benchmarks.md.)
+- While a watch exists, the kernel builds an event for every write any
+  writer makes to the WAL (several per commit), in the writer's own
+  system time, even while the waiter is busy elsewhere: two idle views
+  cost a publisher about a fifth of its speed (docs/benchmarks.md). A
+  waiter that need not wake at once (a view that reads a few times a
+  second) passes `hold_watch=False`: its watch is one-shot (IN_ONESHOT)
+  and exists only inside `wait`, so it costs the writers one event per
+  wait. The price: a commit whose WAL writes came just before the watch
+  was added and whose header is published just after the look (with
+  `synchronous=FULL` that gap is the commit's fsync) wakes it only at the
+  50 ms look.
 - Without inotify, it looks every millisecond.
 
-inotify is reached through ctypes (stdlib) rather than a package: three libc
+inotify is reached through ctypes (stdlib) rather than a package: four libc
 calls do the job and nothing needs to be compiled or installed.
 """
 
@@ -40,6 +51,7 @@ _IN_MODIFY = 0x002
 _IN_MOVED_TO = 0x080
 _IN_CREATE = 0x100
 _IN_Q_OVERFLOW = 0x4000
+_IN_ONESHOT = 0x80000000
 _WATCH_MASK = _IN_MODIFY | _IN_MOVED_TO | _IN_CREATE
 _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 
@@ -49,14 +61,17 @@ class ChangeWatcher:
 
     One watcher per connection (and so per thread). The first `wait` returns
     at once: it has no earlier version to compare with, and an extra wake is
-    harmless where a missed one is not.
+    harmless where a missed one is not. `hold_watch=False`: watch only inside
+    `wait`, so writers pay nothing while the caller is busy (see above).
     """
 
     def __init__(self, conn: apsw.Connection, db_path: str | os.PathLike[str],
-                 use_inotify: bool | None = None) -> None:
+                 use_inotify: bool | None = None, hold_watch: bool = True) -> None:
         self.conn = conn
+        self.hold_watch = hold_watch
         self._last_version: int | None = None
         self._inotify_fd = -1
+        self._wd = -1  # the watch, while there is one
         if use_inotify is not False:
             # SQLite writes the WAL beside the real file, wherever a symlink points.
             real = Path(db_path).resolve()
@@ -65,7 +80,12 @@ class ChangeWatcher:
             # database file a checkpoint writes, an export being appended to)
             # can mean a commit, so only the WAL's events count.
             self._wal_name = os.fsencode(real.name + "-wal")
-            self._inotify_fd = _inotify_watch(directory)
+            self._directory = os.fsencode(directory)
+            self._mask = _WATCH_MASK if hold_watch else _WATCH_MASK | _IN_ONESHOT
+            self._inotify_fd = _inotify_init()
+            if self.uses_inotify and not self._arm():  # the directory cannot be watched
+                self.close()
+            self._release()
             if use_inotify and self._inotify_fd < 0:
                 raise OSError(f"cannot watch {directory} with inotify (not Linux, or no such"
                               " directory, or the inotify watch limit is reached)")
@@ -82,10 +102,17 @@ class ChangeWatcher:
         soon as it holds data (False, unless a change came too); the caller
         drains it.
         """
+        try:
+            return self._wait(timeout, () if interrupt is None else (interrupt,))
+        finally:
+            self._release()
+
+    def _wait(self, timeout: float, extra: tuple[int, ...]) -> bool:
         deadline = time.monotonic() + max(0.0, timeout)
         hot_until = hot_interval = 0.0
-        extra = () if interrupt is None else (interrupt,)
         while True:
+            if self.uses_inotify and self._wd < 0 and time.monotonic() >= hot_until:
+                self._arm()  # before the look: a commit from here on leaves an event
             version = self.conn.execute("PRAGMA data_version").get
             if version != self._last_version:
                 self._last_version = version
@@ -107,22 +134,35 @@ class ChangeWatcher:
 
     def close(self) -> None:
         if self._inotify_fd >= 0:
-            os.close(self._inotify_fd)
-            self._inotify_fd = -1
+            os.close(self._inotify_fd)  # with its watch
+            self._inotify_fd = self._wd = -1
 
-    def _block(self, timeout: float, extra: tuple[int, ...] = ()) -> bool | str:
+    def _arm(self) -> bool:
+        """Add the watch on the directory; False where it cannot be watched."""
+        self._wd = _libc().inotify_add_watch(self._inotify_fd, self._directory, self._mask)
+        return self._wd >= 0
+
+    def _release(self) -> None:
+        """Without hold_watch: remove the watch, spent or not, and what it left queued.
+
+        Removed here rather than trusted to IN_ONESHOT: the kernel removes a
+        spent watch in the writer's context after it queued the event, and a
+        watch added again before that would only update the dying one.
+        """
+        if not self.hold_watch and self._wd >= 0:
+            _libc().inotify_rm_watch(self._inotify_fd, self._wd)  # EINVAL once spent: fine
+            self._wd = -1
+            self._drain()  # its IN_IGNORED
+
+    def _block(self, timeout: float, extra: tuple[int, ...] = ()) -> object:
         """Wait for directory events: True if one was the WAL's (all are drained),
-        _INTERRUPTED if an `extra` fd is readable, False on timeout."""
-        deadline = time.monotonic() + timeout
-        while True:
-            ready = _select(self._inotify_fd, extra, timeout)
-            if ready is not _WAL:
-                return ready or False
-            if _wal_changed(self._drain(), self._wal_name):
-                return True
-            timeout = deadline - time.monotonic()
-            if timeout <= 0:
-                return False
+        _INTERRUPTED if an `extra` fd is readable, else False."""
+        ready = _select(self._inotify_fd, extra, timeout)
+        if ready is not _WAL:
+            return ready or False
+        events = self._drain()
+        self._release()  # a one-shot watch is spent by any event
+        return _wal_changed(events, self._wal_name)
 
     def _drain(self) -> bytes:
         events = b""
@@ -164,18 +204,12 @@ def _wal_changed(events: bytes, wal_name: bytes) -> bool:
     return False
 
 
-def _inotify_watch(directory: Path) -> int:
-    """A non-blocking inotify fd watching `directory`, or -1 where that is not possible."""
+def _inotify_init() -> int:
+    """A non-blocking inotify fd (no watch yet), or -1 where inotify is missing."""
     libc = _libc()
     if libc is None:
         return -1
-    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-    if fd < 0:
-        return -1
-    if libc.inotify_add_watch(fd, os.fsencode(directory), _WATCH_MASK) < 0:
-        os.close(fd)
-        return -1
-    return fd
+    return libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
 
 
 _LIBC: ctypes.CDLL | None | bool = False
@@ -190,6 +224,7 @@ def _libc() -> ctypes.CDLL | None:
             libc = ctypes.CDLL(name, use_errno=True)
             libc.inotify_init1.argtypes = [ctypes.c_int]
             libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+            libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
             _LIBC = libc
         except (OSError, AttributeError):
             pass  # not Linux, or a libc without inotify: polling it is

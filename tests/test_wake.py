@@ -35,7 +35,7 @@ WAIT_TIMEOUT = 20.0  # what the waiter is given
 WAKE_WITHIN = 5.0    # how soon after the publish it must be awake: loose on purpose
 AT_ONCE = 2.0        # "returns at once": no blocking wait, whatever the machine's load
 TOLERANCE = 0.02     # clock granularity when checking a timeout was waited out
-MODES = ["inotify", "polling", "bus"]
+MODES = ["inotify", "inotify-released", "polling", "bus"]  # released: hold_watch=False
 
 
 def inotify_fds() -> int:
@@ -198,14 +198,16 @@ def make_waiter(mode: str, bus: Bus, db_path: Path) -> Callable[[float], bool]:
     """wait(timeout) through a ChangeWatcher in the given mode, or through the Bus."""
     if mode == "bus":
         return bus.wait_for_change
-    watcher = ChangeWatcher(bus.conn, db_path, use_inotify=(mode == "inotify"))
-    assert watcher.uses_inotify == (mode == "inotify")
+    inotify = mode.startswith("inotify")
+    watcher = ChangeWatcher(bus.conn, db_path, use_inotify=inotify,
+                            hold_watch=(mode != "inotify-released"))
+    assert watcher.uses_inotify == inotify
     return watcher.wait
 
 
 @pytest.fixture(params=MODES)
 def mode(request, tmp_path: Path) -> str:
-    if request.param == "inotify" and not inotify_works(tmp_path):
+    if request.param.startswith("inotify") and not inotify_works(tmp_path):
         pytest.skip("inotify is not available here")
     return request.param
 
@@ -588,3 +590,37 @@ def test_a_byte_on_the_interrupt_fd_ends_a_wait_without_a_change(bus: Bus, db_pa
         watcher.close()
         os.close(read)
         os.close(write)
+
+
+def inotify_watches(fd: int) -> int:
+    """How many watches the inotify instance `fd` of this process holds (Linux /proc)."""
+    lines = Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines()
+    return sum(line.startswith("inotify wd:") for line in lines)
+
+
+@pytest.mark.parametrize("hold_watch", [True, False])
+def test_watcher_keeps_its_watch_between_waits_only_with_hold_watch(
+        need_inotify, bus: Bus, db_path: Path, hold_watch: bool) -> None:
+    """While a watch exists the kernel builds an event for every write to the
+    WAL, in the writer's own time: a view's watcher (hold_watch=False) holds
+    none between two waits; the default keeps its watch, to wake at once."""
+    watcher = ChangeWatcher(bus.conn, db_path, use_inotify=True, hold_watch=hold_watch)
+    between_waits = 1 if hold_watch else 0
+    try:
+        assert inotify_watches(watcher._inotify_fd) == between_waits
+        assert watcher.wait(0) is True
+        assert inotify_watches(watcher._inotify_fd) == between_waits
+        while_blocked: list[int] = []
+
+        def publish_once_watched() -> None:
+            while_blocked.append(inotify_watches(watcher._inotify_fd))
+            publish_once(db_path)
+
+        trigger = WhenBlocked(publish_once_watched)
+        assert watcher.wait(WAIT_TIMEOUT) is True
+        trigger.join()
+        if trigger.blocked:  # the kernel said the waiter was blocked, so in select
+            assert while_blocked == [1]
+        assert inotify_watches(watcher._inotify_fd) == between_waits
+    finally:
+        watcher.close()

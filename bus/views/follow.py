@@ -5,6 +5,12 @@ connection. The bus's `ChangeWatcher` (inotify on the WAL) wakes it when
 anything commits; a burst of commits is read at most every MIN_REFRESH_S (a quarter second),
 so a busy writer pays for a few reads a second, not one per commit; with no
 commit it still reads every AGE_REFRESH_S, so ages and rates move.
+
+The watcher holds its inotify watch only while it waits (`hold_watch=False`):
+a watch held through the reads and pauses made the kernel build an event for
+every write to the WAL, in the writers' time: with two views watching, a
+publisher spent 39% more CPU per publish (docs/benchmarks.md). A commit that slips past
+the watch's return is seen at the watcher's 50 ms look: nothing a person sees.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ def follow(path: str, read: Callable[[apsw.Connection], T], deliver: Callable[[T
     retries); any other error ends the loop and propagates.
     """
     conn = connect(path, readonly=True)
-    watcher = ChangeWatcher(conn, path)
+    watcher = ChangeWatcher(conn, path, hold_watch=False)
     try:
         due = 0.0
         while not stop.is_set():
