@@ -56,7 +56,6 @@ from bus.pump.threads import Caller
 from bus.pump.threads import Thread
 from bus.pump.work import Unit
 from bus.xml.envelope import Envelope
-from bus.xml.envelope import build_envelope
 from bus.xml.errors import XmlRejected
 from bus.xml.pipeline import BOOT
 from bus.xml.pipeline import Huh
@@ -149,8 +148,7 @@ class Writer:
     def write(self, payload: etree._Element, *, id: str, sender: str, thread: str,
               to: str | None, in_reply_to: str | None) -> tuple[int, bool]:
         """Insert one envelope; (seq, duplicate)."""
-        element = build_envelope(payload, sender=sender, thread=thread, to=to)
-        row = envelope_row(element, id=id, sender=sender, thread=thread,
+        row = envelope_row(payload, id=id, sender=sender, thread=thread, to=to,
                            organism=self.organism, in_reply_to=in_reply_to)
         return insert_row(self.conn, self.bus.move_large_payload(row), self.now)
 

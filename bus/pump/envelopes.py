@@ -26,9 +26,9 @@ from lxml import etree
 from bus.errors import ValidationFailed
 from bus.messages import Message
 from bus.messages import Row
+from bus.xml.envelope import envelope_c14n
 from bus.xml.envelope import read_envelope
 from bus.xml.errors import XmlRejected
-from bus.xml.parser import canonicalize
 from bus.xml.parser import parse
 from bus.xml.pipeline import HUH
 from bus.xml.pipeline import Huh
@@ -59,10 +59,11 @@ def derived_id(input_id: str, listener: str, label: object) -> str:
     return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
 
 
-def envelope_row(element: etree._Element, *, id: str, sender: str, thread: str,
+def envelope_row(payload: Any, *, id: str, sender: str, thread: str, to: str | None,
                  organism: str, in_reply_to: str | None = None) -> Row:
-    """The messages row of an envelope element (its canonical XML in the payload)."""
-    xml = canonicalize(element).decode()
+    """The messages row of the envelope around `payload` (an @xmlify instance or an lxml
+    element; its canonical XML in the row's payload). ValidationFailed as `build_envelope`."""
+    xml = envelope_c14n(payload, sender=sender, thread=thread, to=to).decode()
     return Row(id=id, from_agent=sender, to_agent=address(organism), type=ENVELOPE_TYPE,
                correlation_id=thread, in_reply_to=in_reply_to,
                payload=orjson.dumps({"xml": xml}).decode())
