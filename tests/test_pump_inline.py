@@ -22,6 +22,7 @@ from bus.db import write_transaction
 from bus.errors import OrganismInvalid
 from bus.pump import Pump
 from bus.pump import client
+from bus.pump import threads
 from bus.pump import work
 from bus.pump.envelopes import derived_id
 from bus.pump.organism import INLINE_DEFAULT_TIMEOUT_S
@@ -120,6 +121,35 @@ def test_an_inline_request_is_answered_without_a_work_unit(bus, running):
     assert failed[0].root_tag == "huh" and 'code="handler-error"' in failed[0].payload_xml
     ctx = pump_tools.CALLS[-1][2]
     assert (ctx.listener, ctx.from_, ctx.attempt) == ("echo", "console", 1)
+
+
+def test_an_inline_unit_leaves_the_thread_rows_a_leased_one_does(bus, running):
+    """Each inline call gets its thread under the request's conversation, with the UUID
+    its handler saw, closed once it answered (written closed at once when the handler
+    only answered), and the conversation closes: only the organism's root stays open."""
+    pump = running()
+    sent = [echo(bus, "two", 2), echo(bus, "none", 0), echo(bus, "bad", mode="raise")]
+    pump.settle(3)
+    seen = {msg.text: ctx.thread for _, msg, ctx in pump_tools.CALLS}
+    for one, text in zip(sent, ("two", "none", "bad")):
+        children = bus.conn.execute(
+            "SELECT c.uuid, c.status, c.name FROM threads c JOIN threads p ON p.id = c.parent_id"
+            " WHERE p.uuid = ?", (one.thread,)).fetchall()
+        assert children == [(seen[text], "closed", "echo")]
+    assert threads.thread_count(bus.conn, "open") == 1
+
+
+def test_an_inline_call_to_a_peer_runs_under_the_thread_its_handler_saw(bus, running):
+    """A handler that calls a peer leaves its thread open (written with its results),
+    and the peer's unit runs on a thread under it."""
+    pump = running(ECHO + "    peers: [calc.add]\n  - name: calc.add\n    root_tag: add\n"
+                          "    payload: tests.pump_tools:Add\n    handler: tests.pump_tools:add\n")
+    echo(bus, "peer", mode="peer")
+    pump.settle(2)  # echo inline, then calc.add's leased unit
+    (_, _, caller), (_, _, peer) = pump_tools.CALLS[-2:]
+    parent = bus.conn.execute("SELECT p.uuid, p.name FROM threads c JOIN threads p"
+                              " ON p.id = c.parent_id WHERE c.uuid = ?", (peer.thread,)).get
+    assert parent == (caller.thread, "echo") and caller.listener == "echo"
 
 
 def test_requests_waiting_when_the_pump_starts_take_the_leased_path(bus, tmp_path):

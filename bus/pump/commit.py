@@ -178,18 +178,20 @@ class Writer:
         """Make the work units of an envelope; a `<huh>` to its sender if nobody takes it.
 
         `inline(listener, thread)`, if given, may handle a call to a listener
-        here and now, in this transaction (True: no work unit is needed).
+        here and now, in this transaction, on a thread under `thread` (True:
+        no work unit is needed).
         """
         targets = self.routes.targets(root_tag, to)
         if not targets:
             self._no_route(message_id, sender, root_tag, to, thread, kind, in_reply_to)
             return 0
         for listener in targets:
+            if inline is not None and inline(listener, thread):
+                continue  # its thread is written with its results (finish_inline)
             unit_thread = thread if kind == "answer" else \
                 threads.extend_uuid(self.conn, thread, listener.name, self.now)
-            if inline is None or not inline(listener, unit_thread):
-                work.insert_unit(self.conn, self.organism, seq, listener.name, kind,
-                                 unit_thread, listener.spec.max_attempts, self.now)
+            work.insert_unit(self.conn, self.organism, seq, listener.name, kind,
+                             unit_thread, listener.spec.max_attempts, self.now)
         return len(targets)
 
     def _no_route(self, message_id: str, sender: str, root_tag: str, to: str | None,
@@ -239,21 +241,23 @@ class Writer:
                 del self.encoded[mark:]  # which unit failed is found below, one each
         return [self._finish_alone(done, owner) for done in batch]
 
-    def finish_inline(self, done: Finished) -> str:
-        """Write the results of a unit handled in this transaction (no work row to ack)."""
-        return self._finish_alone(done, None)
+    def finish_inline(self, done: Finished, parent: str) -> str:
+        """Write the results of a unit handled in this transaction (no work row to ack),
+        and its thread (`done.unit.thread`, not written yet) under `parent`."""
+        return self._finish_alone(done, None, parent)
 
-    def _finish_alone(self, done: Finished, owner: str | None) -> str:
+    def _finish_alone(self, done: Finished, owner: str | None, parent: str | None = None) -> str:
         mark = len(self.encoded)
         try:
             with write_transaction(self.conn):  # a savepoint: this unit or nothing
-                return self._finish(done, owner)
+                caller = None if parent is None else self._inline_thread(done, parent)
+                return self._finish(done, owner, caller)
         except (ValidationFailed, XmlRejected) as exc:
             del self.encoded[mark:]
             if done.huh is None:  # a reply no retry could write: the handler hears why now
                 return self._finish_alone(replace(done, outputs=(), huh=huh_element(
                     "bad-reply", f"the pump cannot send the handler's reply: {exc}",
-                    "handler")), owner)
+                    "handler")), owner, parent)
             log.error("committing the <huh> of unit %s failed: %s", done.unit.id, exc)
             return "failed"
         except BusError as exc:
@@ -262,17 +266,29 @@ class Writer:
                       done.unit.id, done.input.id, done.unit.listener, exc)
             return "failed"
 
-    def _finish(self, done: Finished, owner: str | None) -> str:
+    def _inline_thread(self, done: Finished, parent: str) -> Caller | None:
+        """Write an inline unit's thread under `parent`: closed at once when the handler
+        only answered (then the caller its answers go to), else open."""
+        unit = done.unit
+        if done.huh is None and done.outputs and not any(
+                output.to is not None or output.final for output in done.outputs):
+            return threads.answered_child(self.conn, parent, unit.thread, unit.listener,
+                                          self.now)
+        threads.extend_uuid(self.conn, parent, unit.listener, self.now, unit.thread)
+        return None
+
+    def _finish(self, done: Finished, owner: str | None, caller: Caller | None = None) -> str:
         """Ack the unit if its claim is still ours (one statement), then write its results.
 
-        `owner` None: an inline unit, which has no work row.
+        `owner` None: an inline unit, which has no work row. `caller`: who the
+        unit's answers go to, when its thread is closed already (_inline_thread).
         """
         outcome = "replied" if done.huh is None else "huh"
         if owner is not None and not work.finish_held(self.conn, done.unit, owner, outcome,
                                                       self.now):
             return "lost"
         if done.huh is None:
-            self._replies(done)
+            self._replies(done, caller)
         else:
             self._huh(done)
         return outcome
@@ -322,7 +338,7 @@ class Writer:
         found = message_id and work.message_by_id(self.conn, message_id, self.bus.blobs)
         return bool(found) and is_huh(found)
 
-    def _replies(self, done: Finished) -> str:
+    def _replies(self, done: Finished, caller: Caller | None = None) -> str:
         unit, message = done.unit, done.input
         # Forwards first: they extend the listener's thread, which answering closes.
         indexed = list(enumerate(done.outputs))
@@ -331,7 +347,8 @@ class Writer:
                       sender=unit.listener, thread=unit.thread, to=output.to,
                       in_reply_to=message.id, encoded_from=output.encoded_from)
         answers = [item for item in indexed if item[1].to is None]
-        caller = threads.answer_to(self.conn, unit.thread, self.now) if answers else None
+        if answers and caller is None:
+            caller = threads.answer_to(self.conn, unit.thread, self.now)
         for index, output in answers:
             reply_id = derived_id(message.id, unit.listener, index)
             if output.final:

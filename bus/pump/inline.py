@@ -34,6 +34,7 @@ import logging
 import time
 
 from bus.messages import Message
+from bus.messages import new_message_id
 from bus.pump.commit import Finished
 from bus.pump.commit import Inline
 from bus.pump.commit import Writer
@@ -63,10 +64,10 @@ class InlineRunner:
         if not writer.routes.has_inline:
             return None
 
-        def inline(listener: Listener, thread: str) -> bool:
+        def inline(listener: Listener, parent: str) -> bool:
             if not self.takes(listener, message.seq):
                 return False
-            writer.inlined.append(self.handle(writer, listener, message, thread))
+            writer.inlined.append(self.handle(writer, listener, message, parent))
             return True
         return inline
 
@@ -75,12 +76,14 @@ class InlineRunner:
         return listener.spec.inline and seq > self.after and listener.name not in self.demoted
 
     def handle(self, writer: Writer, listener: Listener, message: Message,
-               thread: str) -> tuple[Finished, str]:
-        """Run the call in `writer`'s transaction; the unit and its outcome (for the stats)."""
-        unit = Unit(INLINE_UNIT_ID, message.seq, listener.name, "call", thread, 1,
+               parent: str) -> tuple[Finished, str]:
+        """Run the call in `writer`'s transaction on a new thread under `parent`; the unit
+        and its outcome (for the stats). The thread is written with the results, closed
+        if the handler only answered (its UUID is opaque to the handler until then)."""
+        unit = Unit(INLINE_UNIT_ID, message.seq, listener.name, "call", new_message_id(), 1,
                     listener.spec.max_attempts)
         done = self._run(unit, message, listener)
-        return done, writer.finish_inline(done)
+        return done, writer.finish_inline(done, parent)
 
     def _run(self, unit: Unit, message: Message, listener: Listener) -> Finished:
         checked = checked_input(unit, message, listener)
