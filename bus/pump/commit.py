@@ -139,6 +139,7 @@ class Writer:
         self.bus, self.conn, self.organism, self.routes, self.now = (bus, conn, organism,
                                                                      routes, now)
         self.inlined: list[tuple[Finished, str]] = []  # units handled inline, with outcomes
+        self._handled: list[tuple[Finished, str]] = []  # ... and their parents, until written
         # Envelopes routed to listeners, by message id, from an @xmlify payload (for
         # checked_input once the transaction committed); a rolled back unit drops its own.
         self.encoded: list[tuple[str, Encoded]] = []
@@ -187,7 +188,7 @@ class Writer:
             return 0
         for listener in targets:
             if inline is not None and inline(listener, thread):
-                continue  # its thread is written with its results (finish_inline)
+                continue  # written with its thread by finish_inline
             unit_thread = thread if kind == "answer" else \
                 threads.extend_uuid(self.conn, thread, listener.name, self.now)
             work.insert_unit(self.conn, self.organism, seq, listener.name, kind,
@@ -232,26 +233,37 @@ class Writer:
         savepoint; when a unit fails in it, the batch is rolled back and
         written again one savepoint per unit, so only that unit fails.
         """
-        if len(batch) > 1:
+        return self._finish_all([(done, owner, None) for done in batch])
+
+    def handled_inline(self, done: Finished, parent: str) -> None:
+        """A unit handled in this transaction, its thread to be opened under `parent`:
+        `finish_inline` writes it."""
+        self._handled.append((done, parent))
+
+    def finish_inline(self) -> None:
+        """Write what the units handled in this transaction returned (no work rows to ack)
+        and their threads (`done.unit.thread`, not written yet); the units and their
+        outcomes go to `inlined`. One savepoint for all of them, as in `finish`."""
+        handled, self._handled = self._handled, []
+        outcomes = self._finish_all([(done, None, parent) for done, parent in handled])
+        self.inlined += zip([done for done, _ in handled], outcomes)
+
+    def _finish_all(self, items: list[tuple[Finished, str | None, str | None]]) -> list[str]:
+        """`_finish_alone` each (unit, owner, parent), in one savepoint while none fails."""
+        if len(items) > 1:
             mark = len(self.encoded)
             try:
                 with write_transaction(self.conn):
-                    return [self._finish(done, owner) for done in batch]
+                    return [self._finish_with_thread(*item) for item in items]
             except BusError:
                 del self.encoded[mark:]  # which unit failed is found below, one each
-        return [self._finish_alone(done, owner) for done in batch]
+        return [self._finish_alone(*item) for item in items]
 
-    def finish_inline(self, done: Finished, parent: str) -> str:
-        """Write the results of a unit handled in this transaction (no work row to ack),
-        and its thread (`done.unit.thread`, not written yet) under `parent`."""
-        return self._finish_alone(done, None, parent)
-
-    def _finish_alone(self, done: Finished, owner: str | None, parent: str | None = None) -> str:
+    def _finish_alone(self, done: Finished, owner: str | None, parent: str | None) -> str:
         mark = len(self.encoded)
         try:
             with write_transaction(self.conn):  # a savepoint: this unit or nothing
-                caller = None if parent is None else self._inline_thread(done, parent)
-                return self._finish(done, owner, caller)
+                return self._finish_with_thread(done, owner, parent)
         except (ValidationFailed, XmlRejected) as exc:
             del self.encoded[mark:]
             if done.huh is None:  # a reply no retry could write: the handler hears why now
@@ -265,6 +277,12 @@ class Writer:
             log.error("committing unit %s (input %s, listener %s) failed: %s",
                       done.unit.id, done.input.id, done.unit.listener, exc)
             return "failed"
+
+    def _finish_with_thread(self, done: Finished, owner: str | None,
+                            parent: str | None) -> str:
+        """`_finish`, after writing an inline unit's thread (`parent` not None)."""
+        caller = None if parent is None else self._inline_thread(done, parent)
+        return self._finish(done, owner, caller)
 
     def _inline_thread(self, done: Finished, parent: str) -> Caller | None:
         """Write an inline unit's thread under `parent`: closed at once when the handler
