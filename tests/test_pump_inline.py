@@ -20,10 +20,12 @@ from hypothesis import strategies as st
 from bus import Bus
 from bus.db import write_transaction
 from bus.errors import OrganismInvalid
+from bus.errors import ValidationFailed
 from bus.pump import Pump
 from bus.pump import client
 from bus.pump import threads
 from bus.pump import work
+from bus.pump.commit import Writer
 from bus.pump.envelopes import derived_id
 from bus.pump.organism import INLINE_DEFAULT_TIMEOUT_S
 from bus.pump.organism import load_organism
@@ -150,6 +152,29 @@ def test_an_inline_call_to_a_peer_runs_under_the_thread_its_handler_saw(bus, run
     parent = bus.conn.execute("SELECT p.uuid, p.name FROM threads c JOIN threads p"
                               " ON p.id = c.parent_id WHERE c.uuid = ?", (peer.thread,)).get
     assert parent == (caller.thread, "echo") and caller.listener == "echo"
+
+
+def test_a_reply_the_commit_refuses_fails_alone_among_inline_units(bus, running, monkeypatch):
+    """Inline units of one transaction share a savepoint; when one cannot be written, the
+    others are written again one by one and that one's sender gets a bad-reply."""
+    write_replies = Writer._replies
+
+    def refused(self, done, caller=None) -> str:
+        if done.input.id == sent[1].id:
+            raise ValidationFailed("payload", "refused by the commit")
+        return write_replies(self, done, caller)
+
+    pump = running()
+    monkeypatch.setattr(Writer, "_replies", refused)
+    with write_transaction(bus.conn):
+        sent = [echo(bus, f"t{i}") for i in range(3)]
+    pump.settle(3)
+    first, second, third = (client.replies(bus, one) for one in sent)
+    assert [r.payload_xml for r in first + third] == [
+        "<result><source>0</source><text>t0</text></result>",
+        "<result><source>0</source><text>t2</text></result>"]
+    assert 'code="bad-reply"' in second[0].payload_xml
+    assert threads.thread_count(bus.conn, "open") == 1
 
 
 def test_requests_waiting_when_the_pump_starts_take_the_leased_path(bus, tmp_path):
