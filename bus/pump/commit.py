@@ -365,6 +365,12 @@ class Writer:
                       sender=unit.listener, thread=unit.thread, to=output.to,
                       in_reply_to=message.id, encoded_from=output.encoded_from)
         answers = [item for item in indexed if item[1].to is None]
+        closed = False  # whether the caller's thread closed with the unit's (answer_call)
+        if answers and caller is None and unit.kind == "call" and \
+                not any(output.final for _, output in answers):
+            caller = threads.answer_call(self.conn, unit.thread, message.correlation_id,
+                                         self.now)
+            closed = caller is not None
         if answers and caller is None:
             caller = threads.answer_to(self.conn, unit.thread, self.now)
         for index, output in answers:
@@ -373,7 +379,7 @@ class Writer:
                 self._final(output, reply_id, unit, message)
             else:
                 self._answer(output.element, reply_id, unit.listener, message.id, caller,
-                             output.encoded_from)
+                             output.encoded_from, close=not closed)
         if not done.outputs and unit.kind == "call":
             threads.close_thread(self.conn, unit.thread, self.now)  # nothing to say: done
             self._close_conversation(message.correlation_id)
@@ -386,13 +392,14 @@ class Writer:
             threads.close_if_done(self.conn, uuid, self.now)
 
     def _answer(self, element: etree._Element, reply_id: str, sender: str, in_reply_to: str,
-                caller: Caller, encoded_from: type | None = None) -> None:
-        """Send an answer (or a `<huh>`) to `caller`: routed to a listener, egress to a client."""
+                caller: Caller, encoded_from: type | None = None, close: bool = True) -> None:
+        """Send an answer (or a `<huh>`) to `caller`: routed to a listener, egress to a client
+        (whose conversation then closes if done, unless `close` is False: done already)."""
         if caller.depth <= CONVERSATION_DEPTH:
             to = caller.name if caller.depth else SYSTEM_SENDER  # egress: written only
             self.write(element, id=reply_id, sender=sender, thread=caller.uuid,
                        to=to, in_reply_to=in_reply_to)
-            if caller.depth:  # the reply reached its client: the request is done
+            if caller.depth and close:  # the reply reached its client: the request is done
                 threads.close_if_done(self.conn, caller.uuid, self.now)
         else:
             self.send(element, id=reply_id, sender=sender, thread=caller.uuid,

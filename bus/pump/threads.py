@@ -110,6 +110,16 @@ _ANSWERED_CHILD_SQL = (
     " WHERE uuid = ?4 AND status = 'open'"
     " RETURNING (SELECT p.name FROM threads p WHERE p.id = threads.parent_id), depth - 1"
 )
+# answer_to, and close_if_done of the caller when it is a client's conversation
+# (depth 1), in one statement: a call's thread closes and so does its caller's,
+# unless something else under it is still open. The call's row names the caller.
+_ANSWER_CALL_SQL = (
+    "UPDATE threads SET status = 'closed', closed_at_ms = :now"
+    " WHERE status = 'open' AND parent_id IS NOT NULL AND (uuid = :call OR (uuid = :caller"
+    " AND depth = 1 AND NOT EXISTS (SELECT 1 FROM threads c WHERE c.parent_id = threads.id"
+    " AND c.status = 'open' AND c.uuid != :call)))"
+    " RETURNING uuid, (SELECT p.name FROM threads p WHERE p.id = threads.parent_id), depth - 1"
+)
 _CALLER_SQL = (
     "SELECT t.id, t.status, t.name, t.depth, p.uuid, p.name, p.depth"
     " FROM threads t LEFT JOIN threads p ON p.id = t.parent_id WHERE t.uuid = ?"
@@ -376,6 +386,16 @@ def answered_child(conn: apsw.Connection, uuid: str, child: str, name: str,
     if row is None:
         _open_row(conn, uuid)  # raises: unknown or closed
     return Caller(uuid, *row)
+
+
+def answer_call(conn: apsw.Connection, uuid: str, caller: str, now: int) -> Caller | None:
+    """`answer_to(conn, uuid, now)` for a call made on thread `caller`, with
+    `close_if_done(conn, caller, now)` when the caller is a client's conversation: one
+    statement. None if `uuid` was not open (nothing closed then but maybe the
+    conversation, which answer_to's closing would have closed too)."""
+    rows = conn.execute(_ANSWER_CALL_SQL, {"now": now, "call": uuid, "caller": caller})
+    return next((Caller(caller, name, depth) for closed, name, depth in rows
+                 if closed == uuid), None)
 
 
 def answer_to(conn: apsw.Connection, uuid: str, now: int) -> Caller:
