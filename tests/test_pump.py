@@ -308,7 +308,7 @@ def test_a_handler_returning_an_envelope_gets_bad_reply_at_once(bus, tmp_path):
 def test_a_reply_the_commit_refuses_becomes_bad_reply_not_retries(bus, tmp_path, monkeypatch):
     from bus.pump.commit import Writer
 
-    def refused(self, done) -> str:
+    def refused(self, done, caller=None) -> str:
         raise ValidationFailed("payload", "refused by the commit")
 
     monkeypatch.setattr(Writer, "_replies", refused)
@@ -448,8 +448,8 @@ def test_a_unit_that_fails_to_commit_fails_alone_and_is_tried_again(bus, tmp_pat
     replies_of = Writer._replies
     batches = []
 
-    def failing(self, done) -> str:
-        outcome = replies_of(self, done)  # written, then rolled back
+    def failing(self, done, caller=None) -> str:
+        outcome = replies_of(self, done, caller)  # written, then rolled back
         if done.input.id == sent[1].id and done.unit.attempts == 1:
             raise BusBusy("locked, in the test")  # a passing failure: tried again
         return outcome

@@ -20,9 +20,12 @@ from hypothesis import strategies as st
 from bus import Bus
 from bus.db import write_transaction
 from bus.errors import OrganismInvalid
+from bus.errors import ValidationFailed
 from bus.pump import Pump
 from bus.pump import client
+from bus.pump import threads
 from bus.pump import work
+from bus.pump.commit import Writer
 from bus.pump.envelopes import derived_id
 from bus.pump.organism import INLINE_DEFAULT_TIMEOUT_S
 from bus.pump.organism import load_organism
@@ -120,6 +123,58 @@ def test_an_inline_request_is_answered_without_a_work_unit(bus, running):
     assert failed[0].root_tag == "huh" and 'code="handler-error"' in failed[0].payload_xml
     ctx = pump_tools.CALLS[-1][2]
     assert (ctx.listener, ctx.from_, ctx.attempt) == ("echo", "console", 1)
+
+
+def test_an_inline_unit_leaves_the_thread_rows_a_leased_one_does(bus, running):
+    """Each inline call gets its thread under the request's conversation, with the UUID
+    its handler saw, closed once it answered (written closed at once when the handler
+    only answered), and the conversation closes: only the organism's root stays open."""
+    pump = running()
+    sent = [echo(bus, "two", 2), echo(bus, "none", 0), echo(bus, "bad", mode="raise")]
+    pump.settle(3)
+    seen = {msg.text: ctx.thread for _, msg, ctx in pump_tools.CALLS}
+    for one, text in zip(sent, ("two", "none", "bad")):
+        children = bus.conn.execute(
+            "SELECT c.uuid, c.status, c.name FROM threads c JOIN threads p ON p.id = c.parent_id"
+            " WHERE p.uuid = ?", (one.thread,)).fetchall()
+        assert children == [(seen[text], "closed", "echo")]
+    assert threads.thread_count(bus.conn, "open") == 1
+
+
+def test_an_inline_call_to_a_peer_runs_under_the_thread_its_handler_saw(bus, running):
+    """A handler that calls a peer leaves its thread open (written with its results),
+    and the peer's unit runs on a thread under it."""
+    pump = running(ECHO + "    peers: [calc.add]\n  - name: calc.add\n    root_tag: add\n"
+                          "    payload: tests.pump_tools:Add\n    handler: tests.pump_tools:add\n")
+    echo(bus, "peer", mode="peer")
+    pump.settle(2)  # echo inline, then calc.add's leased unit
+    (_, _, caller), (_, _, peer) = pump_tools.CALLS[-2:]
+    parent = bus.conn.execute("SELECT p.uuid, p.name FROM threads c JOIN threads p"
+                              " ON p.id = c.parent_id WHERE c.uuid = ?", (peer.thread,)).get
+    assert parent == (caller.thread, "echo") and caller.listener == "echo"
+
+
+def test_a_reply_the_commit_refuses_fails_alone_among_inline_units(bus, running, monkeypatch):
+    """Inline units of one transaction share a savepoint; when one cannot be written, the
+    others are written again one by one and that one's sender gets a bad-reply."""
+    write_replies = Writer._replies
+
+    def refused(self, done, caller=None) -> str:
+        if done.input.id == sent[1].id:
+            raise ValidationFailed("payload", "refused by the commit")
+        return write_replies(self, done, caller)
+
+    pump = running()
+    monkeypatch.setattr(Writer, "_replies", refused)
+    with write_transaction(bus.conn):
+        sent = [echo(bus, f"t{i}") for i in range(3)]
+    pump.settle(3)
+    first, second, third = (client.replies(bus, one) for one in sent)
+    assert [r.payload_xml for r in first + third] == [
+        "<result><source>0</source><text>t0</text></result>",
+        "<result><source>0</source><text>t2</text></result>"]
+    assert 'code="bad-reply"' in second[0].payload_xml
+    assert threads.thread_count(bus.conn, "open") == 1
 
 
 def test_requests_waiting_when_the_pump_starts_take_the_leased_path(bus, tmp_path):

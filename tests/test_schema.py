@@ -9,6 +9,8 @@ from bus import Bus
 from bus.db import APPLICATION_ID
 from bus.db import connect
 from bus.errors import SchemaTooNew
+from bus.pump import work
+from bus.schema import _apply
 from bus.schema import available_migrations
 from bus.schema import migrate
 from bus.schema import schema_status
@@ -92,4 +94,20 @@ def test_failed_migration_leaves_version_unchanged(db_path, tmp_path, monkeypatc
         migrate(conn)
     assert conn.execute("PRAGMA user_version").get == len(good)
     assert "half_done" not in table_names(conn)
+    conn.close()
+
+
+def test_migration_10_keeps_the_requests_waiting_in_the_pump_inbox(db_path):
+    """The inbox is rebuilt clustered by (organism, seq): what waited still waits, in order."""
+    conn = connect(db_path)
+    conn.execute("PRAGMA foreign_keys = OFF")
+    for migration in available_migrations()[:9]:
+        _apply(conn, migration)
+    rows = [(7, "org", "add", None, 1), (3, "org", "add", "calc", 2), (5, "other", "x", None, 3)]
+    conn.executemany("INSERT INTO pump_inbox (seq, organism, root_tag, to_listener,"
+                     " created_at_ms) VALUES (?, ?, ?, ?, ?)", rows)
+    assert [m.version for m in migrate(conn)] == [10]
+    assert [(i.seq, i.root_tag, i.to) for i in work.take_inbox(conn, "org", 10)] == [
+        (3, "add", "calc"), (7, "add", None)]
+    assert work.inbox_waiting(conn, "other") and not work.inbox_waiting(conn, "org")
     conn.close()

@@ -488,3 +488,34 @@ def test_close_if_done_waits_for_open_children(conn):
         threads.close_thread(conn, call.uuid, 1)
         assert threads.close_if_done(conn, conversation.uuid, 1) is True
         assert threads.close_if_done(conn, root.uuid, 1) is False  # a root stays open
+
+
+def test_answer_call_closes_the_call_and_then_the_conversation_it_ended(bus):
+    """The pump's answer to a client: each answered call closes; the conversation closes
+    with the last call open under it, as answer_to then close_if_done would."""
+    conn = bus.conn
+    with write_transaction(conn):
+        threads.initialize_root(conn, "org", 1)
+        conversation = threads.open_conversation(conn, "org", "console", 1)
+        fast, slow = (threads.extend_uuid(conn, conversation, name, 1) for name in ("a", "b"))
+        assert threads.answer_call(conn, fast, conversation, 2) == threads.Caller(
+            conversation, "console", 1)
+        assert threads.get_thread(conn, conversation).status == "open"  # b is still open
+        assert threads.answer_call(conn, fast, conversation, 3) is None  # answered before
+        assert threads.answer_call(conn, slow, conversation, 4).depth == 1
+        assert [threads.get_thread(conn, uuid).status for uuid in (fast, slow, conversation)] \
+            == ["closed", "closed", "closed"]
+
+
+def test_answer_call_leaves_a_calling_listener_open(bus):
+    """A call made by a listener (depth 2) closes; the listener's own thread stays open
+    for its caller to close when it answers."""
+    conn = bus.conn
+    with write_transaction(conn):
+        threads.initialize_root(conn, "org", 1)
+        conversation = threads.open_conversation(conn, "org", "console", 1)
+        listener = threads.extend_uuid(conn, conversation, "counter", 1)
+        call = threads.extend_uuid(conn, listener, "calc.add", 1)
+        assert threads.answer_call(conn, call, listener, 2) == threads.Caller(
+            listener, "counter", 2)
+        assert threads.get_thread(conn, listener).status == "open"

@@ -38,7 +38,6 @@ from bus.pump.envelopes import envelope_row
 from bus.pump.envelopes import envelope_xml
 from bus.pump.handlers import FINAL_ANSWER
 from bus.xml.envelope import ENVELOPE_NS
-from bus.xml.envelope import build_envelope
 from bus.xml.envelope import read_envelope
 from bus.xml.parser import canonicalize
 from bus.xml.parser import parse
@@ -109,9 +108,8 @@ def send(bus: Bus, organism: str, xml: bytes | str, *, to: str | None = None,
     with write_transaction(conn):  # one commit: the pump wakes once, to a routable request
         now = now_ms()
         conversation = threads.open_conversation(conn, organism, client, now)
-        element = build_envelope(payload, sender=client, thread=conversation, to=to)
-        row = envelope_row(element, id=message_id, sender=client, thread=conversation,
-                           organism=organism)
+        row = envelope_row(payload, id=message_id, sender=client, thread=conversation,
+                           to=to, organism=organism)
         seq, _ = insert_row(conn, bus.move_large_payload(row), now)
         work.insert_inbox(conn, seq, organism, payload.tag, to, now)
     return Sent(seq, message_id, conversation, client)

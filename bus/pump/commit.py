@@ -56,7 +56,6 @@ from bus.pump.threads import Caller
 from bus.pump.threads import Thread
 from bus.pump.work import Unit
 from bus.xml.envelope import Envelope
-from bus.xml.envelope import build_envelope
 from bus.xml.errors import XmlRejected
 from bus.xml.pipeline import BOOT
 from bus.xml.pipeline import Huh
@@ -140,6 +139,7 @@ class Writer:
         self.bus, self.conn, self.organism, self.routes, self.now = (bus, conn, organism,
                                                                      routes, now)
         self.inlined: list[tuple[Finished, str]] = []  # units handled inline, with outcomes
+        self._handled: list[tuple[Finished, str]] = []  # ... and their parents, until written
         # Envelopes routed to listeners, by message id, from an @xmlify payload (for
         # checked_input once the transaction committed); a rolled back unit drops its own.
         self.encoded: list[tuple[str, Encoded]] = []
@@ -149,8 +149,7 @@ class Writer:
     def write(self, payload: etree._Element, *, id: str, sender: str, thread: str,
               to: str | None, in_reply_to: str | None) -> tuple[int, bool]:
         """Insert one envelope; (seq, duplicate)."""
-        element = build_envelope(payload, sender=sender, thread=thread, to=to)
-        row = envelope_row(element, id=id, sender=sender, thread=thread,
+        row = envelope_row(payload, id=id, sender=sender, thread=thread, to=to,
                            organism=self.organism, in_reply_to=in_reply_to)
         return insert_row(self.conn, self.bus.move_large_payload(row), self.now)
 
@@ -180,18 +179,20 @@ class Writer:
         """Make the work units of an envelope; a `<huh>` to its sender if nobody takes it.
 
         `inline(listener, thread)`, if given, may handle a call to a listener
-        here and now, in this transaction (True: no work unit is needed).
+        here and now, in this transaction, on a thread under `thread` (True:
+        no work unit is needed).
         """
         targets = self.routes.targets(root_tag, to)
         if not targets:
             self._no_route(message_id, sender, root_tag, to, thread, kind, in_reply_to)
             return 0
         for listener in targets:
+            if inline is not None and inline(listener, thread):
+                continue  # written with its thread by finish_inline
             unit_thread = thread if kind == "answer" else \
                 threads.extend_uuid(self.conn, thread, listener.name, self.now)
-            if inline is None or not inline(listener, unit_thread):
-                work.insert_unit(self.conn, self.organism, seq, listener.name, kind,
-                                 unit_thread, listener.spec.max_attempts, self.now)
+            work.insert_unit(self.conn, self.organism, seq, listener.name, kind,
+                             unit_thread, listener.spec.max_attempts, self.now)
         return len(targets)
 
     def _no_route(self, message_id: str, sender: str, root_tag: str, to: str | None,
@@ -232,30 +233,43 @@ class Writer:
         savepoint; when a unit fails in it, the batch is rolled back and
         written again one savepoint per unit, so only that unit fails.
         """
-        if len(batch) > 1:
+        return self._finish_all([(done, owner, None) for done in batch])
+
+    def handled_inline(self, done: Finished, parent: str) -> None:
+        """A unit handled in this transaction, its thread to be opened under `parent`:
+        `finish_inline` writes it."""
+        self._handled.append((done, parent))
+
+    def finish_inline(self) -> None:
+        """Write what the units handled in this transaction returned (no work rows to ack)
+        and their threads (`done.unit.thread`, not written yet); the units and their
+        outcomes go to `inlined`. One savepoint for all of them, as in `finish`."""
+        handled, self._handled = self._handled, []
+        outcomes = self._finish_all([(done, None, parent) for done, parent in handled])
+        self.inlined += zip([done for done, _ in handled], outcomes)
+
+    def _finish_all(self, items: list[tuple[Finished, str | None, str | None]]) -> list[str]:
+        """`_finish_alone` each (unit, owner, parent), in one savepoint while none fails."""
+        if len(items) > 1:
             mark = len(self.encoded)
             try:
                 with write_transaction(self.conn):
-                    return [self._finish(done, owner) for done in batch]
+                    return [self._finish_with_thread(*item) for item in items]
             except BusError:
                 del self.encoded[mark:]  # which unit failed is found below, one each
-        return [self._finish_alone(done, owner) for done in batch]
+        return [self._finish_alone(*item) for item in items]
 
-    def finish_inline(self, done: Finished) -> str:
-        """Write the results of a unit handled in this transaction (no work row to ack)."""
-        return self._finish_alone(done, None)
-
-    def _finish_alone(self, done: Finished, owner: str | None) -> str:
+    def _finish_alone(self, done: Finished, owner: str | None, parent: str | None) -> str:
         mark = len(self.encoded)
         try:
             with write_transaction(self.conn):  # a savepoint: this unit or nothing
-                return self._finish(done, owner)
+                return self._finish_with_thread(done, owner, parent)
         except (ValidationFailed, XmlRejected) as exc:
             del self.encoded[mark:]
             if done.huh is None:  # a reply no retry could write: the handler hears why now
                 return self._finish_alone(replace(done, outputs=(), huh=huh_element(
                     "bad-reply", f"the pump cannot send the handler's reply: {exc}",
-                    "handler")), owner)
+                    "handler")), owner, parent)
             log.error("committing the <huh> of unit %s failed: %s", done.unit.id, exc)
             return "failed"
         except BusError as exc:
@@ -264,17 +278,35 @@ class Writer:
                       done.unit.id, done.input.id, done.unit.listener, exc)
             return "failed"
 
-    def _finish(self, done: Finished, owner: str | None) -> str:
+    def _finish_with_thread(self, done: Finished, owner: str | None,
+                            parent: str | None) -> str:
+        """`_finish`, after writing an inline unit's thread (`parent` not None)."""
+        caller = None if parent is None else self._inline_thread(done, parent)
+        return self._finish(done, owner, caller)
+
+    def _inline_thread(self, done: Finished, parent: str) -> Caller | None:
+        """Write an inline unit's thread under `parent`: closed at once when the handler
+        only answered (then the caller its answers go to), else open."""
+        unit = done.unit
+        if done.huh is None and done.outputs and not any(
+                output.to is not None or output.final for output in done.outputs):
+            return threads.answered_child(self.conn, parent, unit.thread, unit.listener,
+                                          self.now)
+        threads.extend_uuid(self.conn, parent, unit.listener, self.now, unit.thread)
+        return None
+
+    def _finish(self, done: Finished, owner: str | None, caller: Caller | None = None) -> str:
         """Ack the unit if its claim is still ours (one statement), then write its results.
 
-        `owner` None: an inline unit, which has no work row.
+        `owner` None: an inline unit, which has no work row. `caller`: who the
+        unit's answers go to, when its thread is closed already (_inline_thread).
         """
         outcome = "replied" if done.huh is None else "huh"
         if owner is not None and not work.finish_held(self.conn, done.unit, owner, outcome,
                                                       self.now):
             return "lost"
         if done.huh is None:
-            self._replies(done)
+            self._replies(done, caller)
         else:
             self._huh(done)
         return outcome
@@ -324,7 +356,7 @@ class Writer:
         found = message_id and work.message_by_id(self.conn, message_id, self.bus.blobs)
         return bool(found) and is_huh(found)
 
-    def _replies(self, done: Finished) -> str:
+    def _replies(self, done: Finished, caller: Caller | None = None) -> str:
         unit, message = done.unit, done.input
         # Forwards first: they extend the listener's thread, which answering closes.
         indexed = list(enumerate(done.outputs))
@@ -333,14 +365,21 @@ class Writer:
                       sender=unit.listener, thread=unit.thread, to=output.to,
                       in_reply_to=message.id, encoded_from=output.encoded_from)
         answers = [item for item in indexed if item[1].to is None]
-        caller = threads.answer_to(self.conn, unit.thread, self.now) if answers else None
+        closed = False  # whether the caller's thread closed with the unit's (answer_call)
+        if answers and caller is None and unit.kind == "call" and \
+                not any(output.final for _, output in answers):
+            caller = threads.answer_call(self.conn, unit.thread, message.correlation_id,
+                                         self.now)
+            closed = caller is not None
+        if answers and caller is None:
+            caller = threads.answer_to(self.conn, unit.thread, self.now)
         for index, output in answers:
             reply_id = derived_id(message.id, unit.listener, index)
             if output.final:
                 self._final(output, reply_id, unit, message)
             else:
                 self._answer(output.element, reply_id, unit.listener, message.id, caller,
-                             output.encoded_from)
+                             output.encoded_from, close=not closed)
         if not done.outputs and unit.kind == "call":
             threads.close_thread(self.conn, unit.thread, self.now)  # nothing to say: done
             self._close_conversation(message.correlation_id)
@@ -353,13 +392,14 @@ class Writer:
             threads.close_if_done(self.conn, uuid, self.now)
 
     def _answer(self, element: etree._Element, reply_id: str, sender: str, in_reply_to: str,
-                caller: Caller, encoded_from: type | None = None) -> None:
-        """Send an answer (or a `<huh>`) to `caller`: routed to a listener, egress to a client."""
+                caller: Caller, encoded_from: type | None = None, close: bool = True) -> None:
+        """Send an answer (or a `<huh>`) to `caller`: routed to a listener, egress to a client
+        (whose conversation then closes if done, unless `close` is False: done already)."""
         if caller.depth <= CONVERSATION_DEPTH:
             to = caller.name if caller.depth else SYSTEM_SENDER  # egress: written only
             self.write(element, id=reply_id, sender=sender, thread=caller.uuid,
                        to=to, in_reply_to=in_reply_to)
-            if caller.depth:  # the reply reached its client: the request is done
+            if caller.depth and close:  # the reply reached its client: the request is done
                 threads.close_if_done(self.conn, caller.uuid, self.now)
         else:
             self.send(element, id=reply_id, sender=sender, thread=caller.uuid,

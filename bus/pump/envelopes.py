@@ -26,9 +26,9 @@ from lxml import etree
 from bus.errors import ValidationFailed
 from bus.messages import Message
 from bus.messages import Row
+from bus.xml.envelope import envelope_c14n
 from bus.xml.envelope import read_envelope
 from bus.xml.errors import XmlRejected
-from bus.xml.parser import canonicalize
 from bus.xml.parser import parse
 from bus.xml.pipeline import HUH
 from bus.xml.pipeline import Huh
@@ -52,17 +52,23 @@ def address(organism: str) -> str:
 def derived_id(input_id: str, listener: str, label: object) -> str:
     """The id of output `label` (an index, "dead", ...) of `listener` for input `input_id`.
 
-    A version 5 UUID (RFC 9562: SHA-1 of namespace and name), equal to
-    `uuid.uuid5(_ID_NAMESPACE, name)` and formatted by hand at a third of its cost.
+    Deterministic, so a retried commit writes nothing twice: a version 8 UUID
+    (RFC 9562, custom) whose first 48 bits are those of `input_id` and whose
+    other 74 bits come from SHA-1 of namespace and name. The bus's own ids are
+    time-ordered (version 7), so a reply's id sorts beside its request's and
+    the unique index on `messages.id` takes it near its right edge, as it does
+    a new id: a hash there (uuid5) put every reply on a random page of the
+    index, one more page to write per reply in a transaction of many.
     """
     h = hashlib.sha1(_ID_NAMESPACE_BYTES + f"{input_id}/{listener}/{label}".encode()).hexdigest()
-    return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
+    return f"{input_id[:8]}-{input_id[9:13]}-8{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
 
 
-def envelope_row(element: etree._Element, *, id: str, sender: str, thread: str,
+def envelope_row(payload: Any, *, id: str, sender: str, thread: str, to: str | None,
                  organism: str, in_reply_to: str | None = None) -> Row:
-    """The messages row of an envelope element (its canonical XML in the payload)."""
-    xml = canonicalize(element).decode()
+    """The messages row of the envelope around `payload` (an @xmlify instance or an lxml
+    element; its canonical XML in the row's payload). ValidationFailed as `build_envelope`."""
+    xml = envelope_c14n(payload, sender=sender, thread=thread, to=to).decode()
     return Row(id=id, from_agent=sender, to_agent=address(organism), type=ENVELOPE_TYPE,
                correlation_id=thread, in_reply_to=in_reply_to,
                payload=orjson.dumps({"xml": xml}).decode())

@@ -34,6 +34,7 @@ import logging
 import time
 
 from bus.messages import Message
+from bus.messages import new_message_id
 from bus.pump.commit import Finished
 from bus.pump.commit import Inline
 from bus.pump.commit import Writer
@@ -59,14 +60,14 @@ class InlineRunner:
 
     def runner(self, writer: Writer, message: Message) -> Inline | None:
         """What runs a client's request to inline listeners in `writer`'s transaction
-        (for `Writer.route`); the units it ran go to `writer.inlined`."""
+        (for `Writer.route`); `writer.finish_inline` writes the units it ran."""
         if not writer.routes.has_inline:
             return None
 
-        def inline(listener: Listener, thread: str) -> bool:
+        def inline(listener: Listener, parent: str) -> bool:
             if not self.takes(listener, message.seq):
                 return False
-            writer.inlined.append(self.handle(writer, listener, message, thread))
+            writer.handled_inline(self.handle(listener, message), parent)
             return True
         return inline
 
@@ -74,15 +75,11 @@ class InlineRunner:
         """Whether the request at `seq` to `listener` runs inline."""
         return listener.spec.inline and seq > self.after and listener.name not in self.demoted
 
-    def handle(self, writer: Writer, listener: Listener, message: Message,
-               thread: str) -> tuple[Finished, str]:
-        """Run the call in `writer`'s transaction; the unit and its outcome (for the stats)."""
-        unit = Unit(INLINE_UNIT_ID, message.seq, listener.name, "call", thread, 1,
+    def handle(self, listener: Listener, message: Message) -> Finished:
+        """Run the call now, on a new thread whose row is written with the results (closed
+        if the handler only answered; its UUID is opaque to the handler until then)."""
+        unit = Unit(INLINE_UNIT_ID, message.seq, listener.name, "call", new_message_id(), 1,
                     listener.spec.max_attempts)
-        done = self._run(unit, message, listener)
-        return done, writer.finish_inline(done)
-
-    def _run(self, unit: Unit, message: Message, listener: Listener) -> Finished:
         checked = checked_input(unit, message, listener)
         if isinstance(checked, Finished):
             return checked

@@ -456,6 +456,7 @@ class Pump:
                                   item.to, message.correlation_id,
                                   inline=self._inline.runner(writer, message)):
                 self.stats.count("no-route")  # the client got a <huh> from the pump
+        writer.finish_inline()
         return len(inbound)
 
     def _answer_meta(self, writer: Writer, message: Message, root_tag: str) -> str:

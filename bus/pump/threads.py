@@ -102,6 +102,24 @@ _EXTEND_SQL = (
     " SELECT ?, id, ?, depth + 1, ? FROM threads WHERE uuid = ? AND status = 'open'"
     " RETURNING uuid"
 )
+# An inline unit's thread once its handler only answered: written closed, its
+# parent (the caller the answers go to) named by the same statement.
+_ANSWERED_CHILD_SQL = (
+    "INSERT INTO threads (uuid, parent_id, name, depth, created_at_ms, status, closed_at_ms)"
+    " SELECT ?1, id, ?2, depth + 1, ?3, 'closed', ?3 FROM threads"
+    " WHERE uuid = ?4 AND status = 'open'"
+    " RETURNING (SELECT p.name FROM threads p WHERE p.id = threads.parent_id), depth - 1"
+)
+# answer_to, and close_if_done of the caller when it is a client's conversation
+# (depth 1), in one statement: a call's thread closes and so does its caller's,
+# unless something else under it is still open. The call's row names the caller.
+_ANSWER_CALL_SQL = (
+    "UPDATE threads SET status = 'closed', closed_at_ms = :now"
+    " WHERE status = 'open' AND parent_id IS NOT NULL AND (uuid = :call OR (uuid = :caller"
+    " AND depth = 1 AND NOT EXISTS (SELECT 1 FROM threads c WHERE c.parent_id = threads.id"
+    " AND c.status = 'open' AND c.uuid != :call)))"
+    " RETURNING uuid, (SELECT p.name FROM threads p WHERE p.id = threads.parent_id), depth - 1"
+)
 _CALLER_SQL = (
     "SELECT t.id, t.status, t.name, t.depth, p.uuid, p.name, p.depth"
     " FROM threads t LEFT JOIN threads p ON p.id = t.parent_id WHERE t.uuid = ?"
@@ -342,16 +360,42 @@ def open_conversation(conn: apsw.Connection, organism: str, client: str, now: in
     return uuid
 
 
-def extend_uuid(conn: apsw.Connection, uuid: str, name: str, now: int) -> str:
-    """`extend_chain` for callers that checked their arguments: the new UUID only.
+def extend_uuid(conn: apsw.Connection, uuid: str, name: str, now: int,
+                child: str | None = None) -> str:
+    """`extend_chain` for callers that checked their arguments: the new UUID only
+    (`child`, if given, else a new one).
 
     One statement instead of four; the same errors (ThreadNotFound, ThreadClosed).
     Runs inside the caller's write transaction.
     """
-    child = conn.execute(_EXTEND_SQL, (new_message_id(), name, now, uuid)).get
+    child = conn.execute(_EXTEND_SQL, (child or new_message_id(), name, now, uuid)).get
     if child is None:
         _open_row(conn, uuid)  # raises: unknown or closed
     return child
+
+
+def answered_child(conn: apsw.Connection, uuid: str, child: str, name: str,
+                   now: int) -> Caller:
+    """`extend_uuid(conn, uuid, name, now, child)` then `answer_to(conn, child, now)` in
+    one statement, for a call answered in the transaction that made it.
+
+    The thread is written closed: the same row, one write fewer. Raises as
+    extend_uuid does.
+    """
+    row = conn.execute(_ANSWERED_CHILD_SQL, (child, name, now, uuid)).fetchone()
+    if row is None:
+        _open_row(conn, uuid)  # raises: unknown or closed
+    return Caller(uuid, *row)
+
+
+def answer_call(conn: apsw.Connection, uuid: str, caller: str, now: int) -> Caller | None:
+    """`answer_to(conn, uuid, now)` for a call made on thread `caller`, with
+    `close_if_done(conn, caller, now)` when the caller is a client's conversation: one
+    statement. None if `uuid` was not open (nothing closed then but maybe the
+    conversation, which answer_to's closing would have closed too)."""
+    rows = conn.execute(_ANSWER_CALL_SQL, {"now": now, "call": uuid, "caller": caller})
+    return next((Caller(caller, name, depth) for closed, name, depth in rows
+                 if closed == uuid), None)
 
 
 def answer_to(conn: apsw.Connection, uuid: str, now: int) -> Caller:

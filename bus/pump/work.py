@@ -102,13 +102,13 @@ _HAS_WORK_SQL = (
 )
 _INSERT_INBOX_SQL = (
     "INSERT INTO pump_inbox (seq, organism, root_tag, to_listener, created_at_ms)"
-    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (seq) DO NOTHING"
+    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (organism, seq) DO NOTHING"
 )
 # The oldest rows, deleted and returned in one statement (RETURNING gives no
 # order: take_inbox sorts them).
 _TAKE_INBOX_SQL = (
-    "DELETE FROM pump_inbox WHERE seq IN (SELECT seq FROM pump_inbox WHERE organism = ?"
-    " ORDER BY seq LIMIT ?) RETURNING seq, root_tag, to_listener"
+    "DELETE FROM pump_inbox WHERE organism = ?1 AND seq IN (SELECT seq FROM pump_inbox"
+    " WHERE organism = ?1 ORDER BY seq LIMIT ?2) RETURNING seq, root_tag, to_listener"
 )
 _INBOX_WAITING_SQL = "SELECT EXISTS (SELECT 1 FROM pump_inbox WHERE organism = ?)"
 _LAST_INBOX_SQL = "SELECT max(seq) FROM pump_inbox WHERE organism = ?"

@@ -27,6 +27,7 @@ from bus.errors import ValidationFailed
 from bus.messages import validate_agent_id
 from bus.xml.errors import XmlInvalid
 from bus.xml.parser import Repair
+from bus.xml.parser import canonicalize
 from bus.xml.parser import compiled_schema
 from bus.xml.payload import is_xmlified
 from bus.xml.payload import to_element
@@ -39,6 +40,9 @@ TO = f"{{{ENVELOPE_NS}}}to"
 THREAD = f"{{{ENVELOPE_NS}}}thread"
 THREAD_MAX = 256
 _THREAD = re.compile(r"[A-Za-z0-9._:-]+")
+# The canonical (exclusive C14N) text of the envelope around a payload (envelope_c14n).
+_C14N_OPEN = f'<{PREFIX}:message xmlns:{PREFIX}="{ENVELOPE_NS}">'
+_C14N_CLOSE = f"</{PREFIX}:message>".encode()
 _xsd: bytes | None = None
 
 # A plain envelope as exclusive C14N writes it: the env prefix, no attributes,
@@ -160,12 +164,35 @@ def build_envelope(payload: Any, *, sender: str, thread: str,
     return message
 
 
+def envelope_c14n(payload: Any, *, sender: str, thread: str, to: str | None = None) -> bytes:
+    """`canonicalize(build_envelope(...))`, without building the envelope's tree.
+
+    Exclusive C14N writes an element's namespace declarations where it uses
+    them, so the payload's canonical form is the same alone as inside the
+    envelope, and the envelope's own elements hold only ids that need no
+    escaping (checked as `build_envelope` checks them). About a third of the
+    cost of the tree, its copy of the payload and its serialization.
+    """
+    element = _payload_element(payload, copy_element=False)
+    head = [_C14N_OPEN, _c14n_field("from", validate_agent_id(sender, "sender"))]
+    if to is not None:
+        head.append(_c14n_field("to", validate_agent_id(to, "to")))
+    head.append(_c14n_field("thread", _validate_thread(thread)))
+    return b"".join(("".join(head).encode(), canonicalize(element), _C14N_CLOSE))
+
+
+def _c14n_field(name: str, value: str) -> str:
+    return f"<{PREFIX}:{name}>{value}</{PREFIX}:{name}>"
+
+
 def reply_envelope(envelope: Envelope, payload: Any, *, sender: str) -> etree._Element:
     """An envelope answering `envelope`: to its sender, in its thread, from `sender`."""
     return build_envelope(payload, sender=sender, thread=envelope.thread, to=envelope.sender)
 
 
-def _payload_element(payload: Any) -> etree._Element:
+def _payload_element(payload: Any, copy_element: bool = True) -> etree._Element:
+    """The payload as an element of its own: a copy of an lxml element unless
+    `copy_element` is False (the caller only reads it)."""
     if is_xmlified(type(payload)):
         return to_element(payload)
     if not isinstance(payload, etree._Element) or not isinstance(payload.tag, str):
@@ -174,7 +201,7 @@ def _payload_element(payload: Any) -> etree._Element:
     if etree.QName(payload).namespace == ENVELOPE_NS:
         raise ValidationFailed("payload", f"is in the envelope namespace {ENVELOPE_NS}; use "
                                           "the payload's own namespace or none")
-    return copy.deepcopy(payload)
+    return copy.deepcopy(payload) if copy_element else payload
 
 
 def _validate_thread(thread: object) -> str:
