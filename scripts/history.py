@@ -147,19 +147,33 @@ def _is_directory(spark: SparkSession, path: str) -> bool:
 
 
 def overview(spark: SparkSession, raw: DataFrame) -> Overview:
-    """Totals in one pass over read_export's rows, and where the first bad line is."""
-    good = F.col("bad_file").isNull()
-    row = raw.agg(F.count(F.when(good, 1)).alias("messages"),
-                  F.count_distinct(F.when(good, F.col("from"))).alias("agents"),
-                  F.min(F.when(good, F.col("ts_ms"))).alias("first_ms"),
-                  F.max(F.when(good, F.col("ts_ms"))).alias("last_ms"),
-                  F.count("bad_file").alias("malformed"),
-                  F.min("bad_file").alias("bad_file")).first()
+    """Totals over read_export's rows, and where the first bad line is.
+
+    One aggregate per (sender, bad file): a few rows per agent, summed here.
+    A count_distinct of senders beside the other totals would make Spark
+    copy every row once per distinct aggregate (an Expand) to count them.
+    """
+    groups = (raw.groupBy(F.col("from").alias("agent"), "bad_file")
+              .agg(F.count(F.lit(1)).alias("lines"), F.min("ts_ms").alias("first_ms"),
+                   F.max("ts_ms").alias("last_ms"))
+              .collect())
+    good = [group for group in groups if group.bad_file is None]
+    bad_files = [group.bad_file for group in groups if group.bad_file is not None]
     first = None
-    if row.bad_file is not None:
-        first = f"{_local_name(row.bad_file)}:{first_malformed_line(spark, row.bad_file)}"
-    return Overview(row.messages, row.agents, row.first_ms, row.last_ms, row.malformed,
-                    first)
+    if bad_files:
+        file = min(bad_files)
+        first = f"{_local_name(file)}:{first_malformed_line(spark, file)}"
+    return Overview(sum(group.lines for group in good),
+                    len({group.agent for group in good if group.agent is not None}),
+                    _extreme(min, [group.first_ms for group in good]),
+                    _extreme(max, [group.last_ms for group in good]),
+                    sum(group.lines for group in groups if group.bad_file is not None), first)
+
+
+def _extreme(pick: Callable[[list[int]], int], values: list[int | None]) -> int | None:
+    """min or max of the values that are not None (None when none is), as SQL's min/max."""
+    known = [value for value in values if value is not None]
+    return pick(known) if known else None
 
 
 def first_malformed_line(spark: SparkSession, file: str) -> int:
