@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 
 from pyspark.sql import Column
 from pyspark.sql import DataFrame
+from pyspark.sql import Row
 from pyspark.sql import SparkSession
 from pyspark.sql import Window
 from pyspark.sql import functions as F
@@ -158,16 +159,20 @@ def overview(spark: SparkSession, raw: DataFrame) -> Overview:
                    F.max("ts_ms").alias("last_ms"))
               .collect())
     good = [group for group in groups if group.bad_file is None]
-    bad_files = [group.bad_file for group in groups if group.bad_file is not None]
-    first = None
-    if bad_files:
-        file = min(bad_files)
-        first = f"{_local_name(file)}:{first_malformed_line(spark, file)}"
+    bad = [group for group in groups if group.bad_file is not None]
     return Overview(sum(group.lines for group in good),
-                    len({group.agent for group in good if group.agent is not None}),
+                    len({group.agent for group in good} - {None}),
                     _extreme(min, [group.first_ms for group in good]),
                     _extreme(max, [group.last_ms for group in good]),
-                    sum(group.lines for group in groups if group.bad_file is not None), first)
+                    sum(group.lines for group in bad), _first_malformed(spark, bad))
+
+
+def _first_malformed(spark: SparkSession, bad: list[Row]) -> str | None:
+    """FILE:LINE of the first bad line in the first file (by name) that has one."""
+    if not bad:
+        return None
+    file = min(group.bad_file for group in bad)
+    return f"{_local_name(file)}:{first_malformed_line(spark, file)}"
 
 
 def _extreme(pick: Callable[[list[int]], int], values: list[int | None]) -> int | None:
@@ -294,8 +299,8 @@ def reply_latencies(messages: DataFrame) -> DataFrame:
                                F.col("ts_ms").alias("request_ms"),
                                F.col("correlation_id").alias("request_correlation_id"))
     # Broadcast: replies are few beside all messages (1.5% of a generated
-    # export), and no more than the rows per thread the driver collects
-    # anyway; the messages are then probed where they lie, not shuffled.
+    # export), of the order of the per-thread rows the driver collects
+    # anyway; every message is then probed where it lies, not shuffled.
     replies = F.broadcast(messages.where(F.col("in_reply_to").isNotNull()))
     return (replies.join(requests, replies["in_reply_to"] == requests["request_id"])
             .select(F.coalesce("correlation_id", "request_correlation_id").alias("correlation_id"),
@@ -342,7 +347,7 @@ def silence(messages: DataFrame, top: int = SILENCE_TOP) -> DataFrame:
     # the earlier of equal gaps first.
     longest = F.max_by(F.struct("start_ms", "ts_ms", "gap_s"), F.struct("gap_s", -F.col("ts_ms")),
                        top)
-    return (gaps.groupBy("from_agent").agg(F.first("beats").alias("beats"), longest.alias("gaps"))
+    return (gaps.groupBy("from_agent").agg(F.max("beats").alias("beats"), longest.alias("gaps"))
             .select("from_agent", "beats", F.explode("gaps").alias("gap"))
             .select(F.col("from_agent").alias("agent"),
                     F.when(F.col("beats"), "heartbeat").otherwise("any").alias("basis"),
