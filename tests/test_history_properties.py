@@ -96,7 +96,7 @@ def task_histories(draw: st.DrawFn) -> list[tuple]:
             rows.append(hold_end(seq, draw(times), draw(st.sampled_from(
                 ["task_released", "task_reclaimed", "task_dead"])), draw(st.sampled_from(TASKS)),
                 draw(st.sampled_from(WORKERS))))
-    return rows
+    return draw(st.permutations(rows))  # rows need not come in seq order
 
 
 def hold_end(seq: int, ts_ms: int, type_: str, task: str, worker: str) -> tuple:
