@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 
 from pyspark.sql import Column
 from pyspark.sql import DataFrame
+from pyspark.sql import Row
 from pyspark.sql import SparkSession
 from pyspark.sql import Window
 from pyspark.sql import functions as F
@@ -54,6 +55,7 @@ HEARTBEAT_TYPE = "heartbeat"
 HOLD_ENDING_TYPES = ("task_released", "task_reclaimed", "task_dead")
 STUCK_AFTER_SECONDS = 3600.0
 SILENCE_TOP = 3  # largest gaps reported per agent
+MAX_SILENCE_TOP = 100_000  # the most max_by(..., k) keeps per group
 QUERY_THREADS = 3  # queries in flight at once (see compute)
 PART_GLOB = "*.jsonl"  # the exporter's part files; anything else in the directory is not read
 CORRUPT_COLUMN = "_corrupt_record"
@@ -146,19 +148,37 @@ def _is_directory(spark: SparkSession, path: str) -> bool:
 
 
 def overview(spark: SparkSession, raw: DataFrame) -> Overview:
-    """Totals in one pass over read_export's rows, and where the first bad line is."""
-    good = F.col("bad_file").isNull()
-    row = raw.agg(F.count(F.when(good, 1)).alias("messages"),
-                  F.count_distinct(F.when(good, F.col("from"))).alias("agents"),
-                  F.min(F.when(good, F.col("ts_ms"))).alias("first_ms"),
-                  F.max(F.when(good, F.col("ts_ms"))).alias("last_ms"),
-                  F.count("bad_file").alias("malformed"),
-                  F.min("bad_file").alias("bad_file")).first()
-    first = None
-    if row.bad_file is not None:
-        first = f"{_local_name(row.bad_file)}:{first_malformed_line(spark, row.bad_file)}"
-    return Overview(row.messages, row.agents, row.first_ms, row.last_ms, row.malformed,
-                    first)
+    """Totals over read_export's rows, and where the first bad line is.
+
+    One aggregate per (sender, bad file): a few rows per agent, summed here.
+    A count_distinct of senders beside the other totals would make Spark
+    copy every row once per distinct aggregate (an Expand) to count them.
+    """
+    groups = (raw.groupBy(F.col("from").alias("agent"), "bad_file")
+              .agg(F.count(F.lit(1)).alias("lines"), F.min("ts_ms").alias("first_ms"),
+                   F.max("ts_ms").alias("last_ms"))
+              .collect())
+    good = [group for group in groups if group.bad_file is None]
+    bad = [group for group in groups if group.bad_file is not None]
+    return Overview(sum(group.lines for group in good),
+                    len({group.agent for group in good} - {None}),
+                    _extreme(min, [group.first_ms for group in good]),
+                    _extreme(max, [group.last_ms for group in good]),
+                    sum(group.lines for group in bad), _first_malformed(spark, bad))
+
+
+def _first_malformed(spark: SparkSession, bad: list[Row]) -> str | None:
+    """FILE:LINE of the first bad line in the first file (by name) that has one."""
+    if not bad:
+        return None
+    file = min(group.bad_file for group in bad)
+    return f"{_local_name(file)}:{first_malformed_line(spark, file)}"
+
+
+def _extreme(pick: Callable[[list[int]], int], values: list[int | None]) -> int | None:
+    """min or max of the values that are not None (None when none is), as SQL's min/max."""
+    known = [value for value in values if value is not None]
+    return pick(known) if known else None
 
 
 def first_malformed_line(spark: SparkSession, file: str) -> int:
@@ -198,7 +218,7 @@ def volume(messages: DataFrame) -> DataFrame:
     hour = F.date_trunc("hour", F.timestamp_millis("ts_ms"))
     return (messages.groupBy(hour.alias("hour"), F.col("from_agent").alias("agent"), "type")
             .agg(F.count(F.lit(1)).alias("messages"))
-            .orderBy("hour", "agent", "type")
+            .transform(ordered, "hour", "agent", "type")
             # Formatted once per group, not once per message: it is the costly part.
             .withColumn("hour", F.date_format("hour", HOUR_FORMAT)))
 
@@ -234,7 +254,7 @@ def lifecycle(messages: DataFrame) -> DataFrame:
                  F.max("seconds").alias("max_s"), F.sum("seconds").alias("total_s"))
             .select("worker", "state", "visits", F.col("q")[0].alias("p50_s"),
                     F.col("q")[1].alias("p95_s"), "max_s", F.round("total_s", 3).alias("total_s"))
-            .orderBy("worker", "state"))
+            .transform(ordered, "worker", "state"))
 
 
 def stuck(messages: DataFrame, after_seconds: float = STUCK_AFTER_SECONDS) -> DataFrame:
@@ -247,10 +267,11 @@ def stuck(messages: DataFrame, after_seconds: float = STUCK_AFTER_SECONDS) -> Da
     the data, not the clock, so an old export gives the same answer tomorrow.
     """
     newest = messages.agg(F.max("ts_ms").alias("newest_ms"))
-    latest_first = Window.partitionBy("worker", "task").orderBy(F.desc("ts_ms"), F.desc("seq"))
-    last = (state_changes(messages)
-            .withColumn("rank", F.row_number().over(latest_first))
-            .where((F.col("rank") == 1) & ~F.col("state").isin(*TERMINAL_STATES)))
+    # An aggregate, not a window: it combines before the shuffle and sorts nothing.
+    latest = F.max_by(F.struct("state", "ts_ms", "seq"), F.struct("ts_ms", "seq"))
+    last = (state_changes(messages).groupBy("worker", "task").agg(latest.alias("last"))
+            .select("worker", "task", "last.*")
+            .where(~F.col("state").isin(*TERMINAL_STATES)))
     ended = hold_ends(messages)
     still_held = last.join(ended, (last["task"] == ended["ended_task"])
                            & (ended["holder"].isNull() | (last["worker"] == ended["holder"]))
@@ -259,7 +280,7 @@ def stuck(messages: DataFrame, after_seconds: float = STUCK_AFTER_SECONDS) -> Da
             .withColumn("stuck_s", (F.col("newest_ms") - F.col("ts_ms")) / 1000.0)
             .where(F.col("stuck_s") > F.lit(after_seconds))
             .select("worker", "task", "state", _iso("ts_ms").alias("since"), "stuck_s")
-            .orderBy(F.desc("stuck_s"), "worker", "task"))
+            .transform(ordered, F.desc("stuck_s"), "worker", "task"))
 
 
 def hold_ends(messages: DataFrame) -> DataFrame:
@@ -277,7 +298,10 @@ def reply_latencies(messages: DataFrame) -> DataFrame:
     requests = messages.select(F.col("id").alias("request_id"),
                                F.col("ts_ms").alias("request_ms"),
                                F.col("correlation_id").alias("request_correlation_id"))
-    replies = messages.where(F.col("in_reply_to").isNotNull())
+    # Broadcast: replies are few beside all messages (1.5% of a generated
+    # export), of the order of the per-thread rows the driver collects
+    # anyway; every message is then probed where it lies, not shuffled.
+    replies = F.broadcast(messages.where(F.col("in_reply_to").isNotNull()))
     return (replies.join(requests, replies["in_reply_to"] == requests["request_id"])
             .select(F.coalesce("correlation_id", "request_correlation_id").alias("correlation_id"),
                     F.col("id").alias("reply_id"), "request_id",
@@ -295,7 +319,7 @@ def threads(messages: DataFrame) -> DataFrame:
             .select(F.when(F.col("total") == 1, "all").otherwise("thread").alias("scope"),
                     "correlation_id", "replies", F.col("q")[0].alias("p50_ms"),
                     F.col("q")[1].alias("p95_ms"), "max_ms", "total")
-            .orderBy("total", "correlation_id")
+            .transform(ordered, "total", "correlation_id")
             .drop("total"))
 
 
@@ -305,8 +329,7 @@ def silence(messages: DataFrame, top: int = SILENCE_TOP) -> DataFrame:
     An agent that sends heartbeat messages is judged by those alone (its
     other messages are not proof of a live loop); any other by all it sends.
     """
-    per_agent = Window.partitionBy("from_agent")
-    in_order = per_agent.orderBy("ts_ms", "seq")
+    in_order = Window.partitionBy("from_agent").orderBy("ts_ms", "seq")
     is_beat = F.col("type") == HEARTBEAT_TYPE
     # Agents are few: a broadcast list of the beating ones is cheaper than a
     # whole-partition window over every message.
@@ -319,13 +342,18 @@ def silence(messages: DataFrame, top: int = SILENCE_TOP) -> DataFrame:
     gaps = (basis.withColumn("start_ms", F.lag("ts_ms").over(in_order))
             .where(F.col("start_ms").isNotNull())
             .withColumn("gap_s", (F.col("ts_ms") - F.col("start_ms")) / 1000.0))
-    longest_first = per_agent.orderBy(F.desc("gap_s"), "ts_ms")
-    return (gaps.withColumn("rank", F.row_number().over(longest_first))
-            .where(F.col("rank") <= top)
+    # The top gaps by an aggregate over the rows as the window left them (in
+    # agent order already), not a second sort of every gap; longest first,
+    # the earlier of equal gaps first.
+    longest = F.max_by(F.struct("start_ms", "ts_ms", "gap_s"), F.struct("gap_s", -F.col("ts_ms")),
+                       top)
+    return (gaps.groupBy("from_agent").agg(F.max("beats").alias("beats"), longest.alias("gaps"))
+            .select("from_agent", "beats", F.explode("gaps").alias("gap"))
             .select(F.col("from_agent").alias("agent"),
                     F.when(F.col("beats"), "heartbeat").otherwise("any").alias("basis"),
-                    _iso("start_ms").alias("start"), _iso("ts_ms").alias("end"), "gap_s")
-            .orderBy(F.desc("gap_s"), "agent", "start"))
+                    _iso("gap.start_ms").alias("start"), _iso("gap.ts_ms").alias("end"),
+                    F.col("gap.gap_s").alias("gap_s"))
+            .transform(ordered, F.desc("gap_s"), "agent", "start"))
 
 
 def dead_tasks(messages: DataFrame) -> DataFrame:
@@ -353,7 +381,18 @@ def dead_tasks(messages: DataFrame) -> DataFrame:
                  F.max("ts_ms").alias("last_ms"))
             .select("task", "released", "reclaimed", "dead", "agents", "last_event",
                     "last_reason", _iso("last_ms").alias("last_at"))
-            .orderBy("last_at", "task"))
+            .transform(ordered, "last_at", "task"))
+
+
+def ordered(result: DataFrame, *keys: str | Column) -> DataFrame:
+    """`result` sorted by `keys` in one partition: for the small results of the queries.
+
+    A global orderBy first samples its input in a job of its own to choose
+    range bounds, which runs again everything since the last shuffle (for
+    silence, the window over every message). The driver collects the
+    result whole anyway, so one partition costs it nothing.
+    """
+    return result.repartition(1).sortWithinPartitions(*keys)
 
 
 def exact_quantiles(column: str) -> Column:
@@ -470,14 +509,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="fail on a line that is not an export record (default: skip, count)")
     parser.add_argument("--stuck-after-seconds", type=float, default=STUCK_AFTER_SECONDS,
                         help="a non-terminal state older than this is stuck (default %(default)s)")
-    parser.add_argument("--silence-top", type=int, default=SILENCE_TOP,
-                        help="gaps reported per agent (default %(default)s)")
+    parser.add_argument("--silence-top", type=_silence_top, default=SILENCE_TOP,
+                        help="gaps reported per agent, 1 to 100000 (default %(default)s)")
     parser.add_argument("--limit", type=int, help="print at most this many rows per query")
     args = parser.parse_args(argv)
     problem = output_problem(args.format, args.query, args.out, args.png)
     if problem:
         parser.error(problem)
     return args
+
+
+def _silence_top(text: str) -> int:
+    """--silence-top: a count max_by accepts (1 to MAX_SILENCE_TOP)."""
+    top = int(text)
+    if not 1 <= top <= MAX_SILENCE_TOP:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_SILENCE_TOP}, not {top}")
+    return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:

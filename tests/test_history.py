@@ -675,3 +675,12 @@ def test_pump_conversations_reach_the_threads_report(spark: SparkSession, db_pat
             rows[("all", None)].replies) == (1, 2, 3)
     # search.slow sleeps 0.5 s: the slowest request-to-reply latency shows it.
     assert rows[("thread", raced.thread)].max_ms >= 500
+
+
+@pytest.mark.parametrize("top", ["0", "100001"])
+def test_history_script_rejects_a_silence_top_max_by_cannot_keep(
+        top: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        job.parse_args(["--export", "x.jsonl", "--silence-top", top])
+    assert exit_.value.code == 2
+    assert f"--silence-top: must be 1 to 100000, not {int(top)}" in capsys.readouterr().err
