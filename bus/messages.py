@@ -310,7 +310,7 @@ def insert_rows(conn: apsw.Connection, rows: Sequence[Row]) -> list[tuple[int, b
     Outside a transaction, up to 64 rows are one statement and so one
     transaction of their own: no BEGIN or COMMIT, so a group commit's leader
     gives the GIL up once, not three times, to threads it must then wait for.
-    Over 64 rows need the caller's transaction to be all or nothing.
+    A batch of over 64 rows is all or nothing only in the caller's transaction.
     """
     results: list[tuple[int, bool]] = []
     for first in range(0, len(rows), ROWS_PER_INSERT):
