@@ -15,6 +15,7 @@ from bus.db import APPLICATION_ID
 from bus.db import check_local_filesystem
 from bus.db import connect
 from bus.db import filesystem_type
+from bus.db import wait_when_busy
 from bus.db import write_transaction
 from bus.errors import BusBusy
 from bus.errors import BusNotFound
@@ -27,10 +28,9 @@ def pragma(conn: apsw.Connection, name: str):
     return conn.execute(f"PRAGMA {name}").get
 
 
-def test_connect_sets_wal_busy_timeout_foreign_keys_and_normal_sync(db_path):
+def test_connect_sets_wal_foreign_keys_and_normal_sync(db_path):
     conn = connect(db_path)
     assert pragma(conn, "journal_mode") == "wal"
-    assert pragma(conn, "busy_timeout") == 5000
     assert pragma(conn, "foreign_keys") == 1
     assert pragma(conn, "synchronous") == 1  # NORMAL
     assert conn.transaction_mode == "IMMEDIATE"
@@ -118,6 +118,37 @@ def test_write_transaction_rolls_back_on_error(bus):
             conn.execute("INSERT INTO meta (key, value) VALUES ('k', 'v')")
             raise RuntimeError("boom")
     assert conn.execute("SELECT count(*) FROM meta WHERE key = 'k'").get == 0
+
+
+def test_a_writer_waits_for_the_lock_in_growing_sleeps_then_gives_up(db_path, bus):
+    """connect() waits with wait_when_busy: 5 ms, then twice as long each time
+    up to 100 ms, until its timeout; then the statement fails as busy."""
+    holder = connect(db_path)
+    holder.execute("BEGIN IMMEDIATE")
+    other = connect(db_path)
+    sleeps = []
+    wait = wait_when_busy(timeout_ms=300)
+
+    def recorded(attempts: int) -> bool:
+        began = time.monotonic()
+        keep_waiting = wait(attempts)
+        sleeps.append((attempts, keep_waiting, time.monotonic() - began))
+        return keep_waiting
+    other.set_busy_handler(recorded)
+    try:
+        with pytest.raises(apsw.BusyError):
+            other.execute("BEGIN IMMEDIATE")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert [attempts for attempts, _, _ in sleeps] == list(range(len(sleeps)))
+    assert [keep for _, keep, _ in sleeps] == [True] * (len(sleeps) - 1) + [False]
+    slept = [seconds for _, keep, seconds in sleeps if keep]
+    assert slept[0] >= 0.005 and slept[1] >= 0.010 and slept[2] >= 0.020
+    assert sum(slept) >= 0.3 - 0.001  # it gave up only once the timeout was spent
+    with write_transaction(other):  # the lock is free again: no wait at all
+        other.execute("INSERT INTO meta (key, value) VALUES ('after', '1')")
+    other.close()
 
 
 def test_write_transaction_turns_a_held_lock_into_bus_busy(db_path, bus):
