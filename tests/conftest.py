@@ -36,6 +36,19 @@ class ManualClock:
         return self.now
 
 
+
+@pytest.fixture(autouse=True)
+def fresh_pump_calls():
+    """The handlers of tests/pump_tools.py record their calls in CALLS: every test
+    starts and ends with none (only where a test module imported them)."""
+    tools = sys.modules.get("tests.pump_tools")
+    if tools is not None:
+        tools.CALLS.clear()
+    yield
+    tools = sys.modules.get("tests.pump_tools")
+    if tools is not None:
+        tools.CALLS.clear()
+
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()

@@ -70,13 +70,6 @@ def write_organism(directory: Path, *names: str, extra: str = "") -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def fresh_calls():
-    pump_tools.CALLS.clear()
-    yield
-    pump_tools.CALLS.clear()
-
-
 def run_pump(bus: Bus, organism: Path, **options) -> Pump:
     pump = Pump(bus, load_organism(organism), oob=False, **options)
     pump.run(until_idle=True)

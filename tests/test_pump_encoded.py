@@ -56,9 +56,7 @@ def pipeline_runs(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
         runs.append(raw)
         return run(pipeline, raw)
     monkeypatch.setattr(commit, "run_pipeline", spy)
-    pump_tools.CALLS.clear()
-    yield runs
-    pump_tools.CALLS.clear()
+    return runs
 
 
 def run_pump(bus: Bus, tmp_path: Path) -> None:

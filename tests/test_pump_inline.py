@@ -61,13 +61,6 @@ def write_organism(directory: Path, listeners: str = ECHO) -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def fresh_calls():
-    pump_tools.CALLS.clear()
-    yield
-    pump_tools.CALLS.clear()
-
-
 class Running:
     """A pump running in a thread until the test ends; `answered` counts settled units."""
 
