@@ -216,12 +216,10 @@ class Bus(TaskClaims):
         """Every batch's rows in one transaction on `conn`."""
         durable = self.durable
         rows = [row for batch in batches for row in batch]
-        if conn.in_transaction or len(rows) > messages.ROWS_PER_INSERT:
-            with write_transaction(conn):
-                written = iter(messages.insert_rows(conn, rows))
-        else:  # one statement: a transaction of its own
-            with translate_errors(conn):
-                written = iter(messages.insert_rows(conn, rows))
+        # Up to 64 rows outside a transaction are one statement: a transaction of its own.
+        one_statement = not conn.in_transaction and len(rows) <= messages.ROWS_PER_INSERT
+        with translate_errors(conn) if one_statement else write_transaction(conn):
+            written = iter(messages.insert_rows(conn, rows))
         results = []
         for batch in batches:
             results.append([PublishResult(seq, row.id, duplicate, durable)
