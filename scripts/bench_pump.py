@@ -15,6 +15,11 @@
   request and its inbox row; the server takes the row and claims the work
   (one commit), then writes the reply and marks the work done (another).
 
+- the floor (scripts/pump_floor.py), under each row: the statements of a
+  request answered inline, alone, in straight-line apsw (no pump, no XML
+  work), with its ratio to the same baseline. A target above the floor's
+  ratio asks more than any pump writing these rows could give.
+
 - --original: the same echo workload through the original in-memory pump,
   xml-pipeline 0.4.0 from PyPI (scripts/bench_original_pump.py, in a venv of
   its own under /tmp, made on first use; skipped with a message when pip
@@ -22,6 +27,7 @@
 
     python scripts/bench_pump.py [--rounds 3] [--scale 1.0] [--original]
     python scripts/bench_pump.py --raw-server DB   # the baseline's server, on its own
+    python scripts/bench_pump.py --floor-server DB # the floor's server, on its own
 """
 
 from __future__ import annotations
