@@ -23,9 +23,9 @@ from bus.errors import OrganismInvalid
 from bus.errors import ValidationFailed
 from bus.pump import Pump
 from bus.pump import client
+from bus.pump import commit
 from bus.pump import threads
 from bus.pump import work
-from bus.pump.commit import Writer
 from bus.pump.envelopes import derived_id
 from bus.pump.organism import INLINE_DEFAULT_TIMEOUT_S
 from bus.pump.organism import load_organism
@@ -134,6 +134,28 @@ def test_an_inline_unit_leaves_the_thread_rows_a_leased_one_does(bus, running):
     assert threads.thread_count(bus.conn, "open") == 1
 
 
+def test_inline_units_of_one_transaction_that_only_answered_leave_each_its_rows(bus, running):
+    """Written together (a statement per table for all of them), each unit still gets
+    its closed thread with the UUID its handler saw, its replies with their derived ids
+    on its client's conversation, and that conversation closed."""
+    pump = running()
+    with write_transaction(bus.conn):
+        sent = [echo(bus, f"t{i}", 1 + i % 2) for i in range(5)]
+    pump.settle(5)
+    seen = {msg.text: ctx.thread for _, msg, ctx in pump_tools.CALLS}
+    for i, one in enumerate(sent):
+        children = bus.conn.execute(
+            "SELECT c.uuid, c.status, c.name FROM threads c JOIN threads p ON p.id = c.parent_id"
+            " WHERE p.uuid = ?", (one.thread,)).fetchall()
+        assert children == [(seen[f"t{i}"], "closed", "echo")]
+        got = client.replies(bus, one)
+        assert [r.message.id for r in got] == [derived_id(one.id, "echo", k)
+                                              for k in range(1 + i % 2)]
+        assert {(r.message.correlation_id, r.to, r.message.in_reply_to) for r in got} == {
+            (one.thread, "console", one.id)}
+    assert threads.thread_count(bus.conn, "open") == 1
+
+
 def test_an_inline_call_to_a_peer_runs_under_the_thread_its_handler_saw(bus, running):
     """A handler that calls a peer leaves its thread open (written with its results),
     and the peer's unit runs on a thread under it."""
@@ -148,17 +170,17 @@ def test_an_inline_call_to_a_peer_runs_under_the_thread_its_handler_saw(bus, run
 
 
 def test_a_reply_the_commit_refuses_fails_alone_among_inline_units(bus, running, monkeypatch):
-    """Inline units of one transaction share a savepoint; when one cannot be written, the
-    others are written again one by one and that one's sender gets a bad-reply."""
-    write_replies = Writer._replies
+    """Inline units of one transaction are written together; when one cannot be written,
+    the others are written again one by one and that one's sender gets a bad-reply."""
+    build_row = commit.envelope_row
 
-    def refused(self, done, caller=None) -> str:
-        if done.input.id == sent[1].id:
+    def refused(payload, **fields):
+        if fields["in_reply_to"] == sent[1].id and payload.tag != "huh":
             raise ValidationFailed("payload", "refused by the commit")
-        return write_replies(self, done, caller)
+        return build_row(payload, **fields)
 
     pump = running()
-    monkeypatch.setattr(Writer, "_replies", refused)
+    monkeypatch.setattr(commit, "envelope_row", refused)
     with write_transaction(bus.conn):
         sent = [echo(bus, f"t{i}") for i in range(3)]
     pump.settle(3)
@@ -235,6 +257,7 @@ def test_every_inline_request_gets_exactly_its_reply_set(tmp_path_factory, reque
             assert len(got) == (count if mode == "ok" else 1), (mode, count, got)
             assert len({r.message.id for r in got}) == len(got)
             assert work.units_for_input(bus.conn, one.seq) == []
+        assert threads.thread_count(bus.conn, "open") == 1  # every conversation ended
 
 
 # --- organism.yaml ---------------------------------------------------------------------

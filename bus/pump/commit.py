@@ -40,7 +40,9 @@ from bus.errors import BusError
 from bus.errors import ThreadNotFound
 from bus.errors import ValidationFailed
 from bus.messages import Message
+from bus.messages import Row
 from bus.messages import insert_row
+from bus.messages import insert_rows
 from bus.pump import threads
 from bus.pump import work
 from bus.pump.envelopes import SYSTEM_SENDER
@@ -108,6 +110,16 @@ def checked_input(unit: Unit, message: Message, listener: Listener,
     if isinstance(result, Huh):
         return Finished(unit, message, huh=result.to_element())
     return result
+
+
+def _only_answers(done: Finished) -> bool:
+    """Whether a unit's handler answered its caller and did nothing else."""
+    return done.huh is None and bool(done.outputs) and not any(
+        output.to is not None or output.final for output in done.outputs)
+
+
+class _NotAClient(BusError):
+    """An inline unit's thread is not under a client's conversation (Writer._answer_clients)."""
 
 
 class EncodedMemory:
@@ -245,8 +257,45 @@ class Writer:
         and their threads (`done.unit.thread`, not written yet); the units and their
         outcomes go to `inlined`. One savepoint for all of them, as in `finish`."""
         handled, self._handled = self._handled, []
-        outcomes = self._finish_all([(done, None, parent) for done, parent in handled])
+        if len(handled) > 1 and all(_only_answers(done) for done, _ in handled) \
+                and self._answer_clients(handled):
+            outcomes = ["replied"] * len(handled)
+        else:
+            outcomes = self._finish_all([(done, None, parent) for done, parent in handled])
         self.inlined += zip([done for done, _ in handled], outcomes)
+
+    def _answer_clients(self, handled: list[tuple[Finished, str]]) -> bool:
+        """Write inline units that only answered their client, all at once: their threads
+        (closed), their replies, their conversations closed; a statement for each, not
+        three per unit. False, with nothing written, when one of them is not that case
+        after all (its conversation is closed or no client's, a reply cannot be written):
+        then `_finish_all` writes each on its own, as for any unit."""
+        calls = [(done.unit.thread, done.unit.listener, parent) for done, parent in handled]
+        try:
+            with write_transaction(self.conn):  # a savepoint
+                callers = threads.answered_children(self.conn, calls, self.now)
+                rows = [self._client_reply(done, parent, callers.get(done.unit.thread), index,
+                                           output.element)
+                        for done, parent in handled for index, output in enumerate(done.outputs)]
+                insert_rows(self.conn, rows)
+                threads.close_all_if_done(self.conn, [parent for _, parent in handled],
+                                          self.now)
+        except BusError:  # ValidationFailed, XmlRejected and _NotAClient among them
+            return False
+        return True
+
+    def _client_reply(self, done: Finished, conversation: str,
+                      caller: tuple[str, int] | None, index: int,
+                      element: etree._Element) -> Row:
+        """The row of an answer to the client whose conversation the unit's thread is
+        under (`caller`: that conversation's name and depth); raises _NotAClient."""
+        if caller is None or caller[1] != CONVERSATION_DEPTH:
+            raise _NotAClient(conversation)
+        message = done.input
+        row = envelope_row(element, id=derived_id(message.id, done.unit.listener, index),
+                           sender=done.unit.listener, thread=conversation, to=caller[0],
+                           organism=self.organism, in_reply_to=message.id)
+        return self.bus.move_large_payload(row)
 
     def _finish_all(self, items: list[tuple[Finished, str | None, str | None]]) -> list[str]:
         """`_finish_alone` each (unit, owner, parent), in one savepoint while none fails."""
@@ -288,8 +337,7 @@ class Writer:
         """Write an inline unit's thread under `parent`: closed at once when the handler
         only answered (then the caller its answers go to), else open."""
         unit = done.unit
-        if done.huh is None and done.outputs and not any(
-                output.to is not None or output.final for output in done.outputs):
+        if _only_answers(done):
             return threads.answered_child(self.conn, parent, unit.thread, unit.listener,
                                           self.now)
         threads.extend_uuid(self.conn, parent, unit.listener, self.now, unit.thread)

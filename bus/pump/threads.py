@@ -110,6 +110,14 @@ _ANSWERED_CHILD_SQL = (
     " WHERE uuid = ?4 AND status = 'open'"
     " RETURNING (SELECT p.name FROM threads p WHERE p.id = threads.parent_id), depth - 1"
 )
+# answered_child for a transaction's inline units at once: calls is a JSON array
+# of [child uuid, name, parent uuid]; a call whose parent is not open writes nothing.
+_ANSWERED_CHILDREN_SQL = (
+    "INSERT INTO threads (uuid, parent_id, name, depth, created_at_ms, status, closed_at_ms)"
+    " SELECT c.value ->> 0, t.id, c.value ->> 1, t.depth + 1, :now, 'closed', :now"
+    " FROM json_each(:calls) c JOIN threads t ON t.uuid = c.value ->> 2 AND t.status = 'open'"
+    " RETURNING uuid, (SELECT p.name FROM threads p WHERE p.id = threads.parent_id), depth - 1"
+)
 # answer_to, and close_if_done of the caller when it is a client's conversation
 # (depth 1), in one statement: a call's thread closes and so does its caller's,
 # unless something else under it is still open. The call's row names the caller.
@@ -138,6 +146,13 @@ _CLOSE_CALLER_SQL = (
 # answer came back.
 _CLOSE_IF_DONE_SQL = (
     "UPDATE threads SET status = 'closed', closed_at_ms = ? WHERE uuid = ? AND status = 'open'"
+    " AND parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM threads c"
+    " WHERE c.parent_id = threads.id AND c.status = 'open')"
+)
+# close_if_done for a JSON array of uuids.
+_CLOSE_ALL_IF_DONE_SQL = (
+    "UPDATE threads SET status = 'closed', closed_at_ms = :now"
+    " WHERE uuid IN (SELECT value FROM json_each(:uuids)) AND status = 'open'"
     " AND parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM threads c"
     " WHERE c.parent_id = threads.id AND c.status = 'open')"
 )
@@ -386,6 +401,20 @@ def answered_child(conn: apsw.Connection, uuid: str, child: str, name: str,
     if row is None:
         _open_row(conn, uuid)  # raises: unknown or closed
     return Caller(uuid, *row)
+
+
+def answered_children(conn: apsw.Connection, calls: Sequence[tuple[str, str, str]],
+                      now: int) -> dict[str, tuple[str, int]]:
+    """`answered_child` for many calls, (child uuid, name, parent uuid) each, in one
+    statement: the (name, depth) of each written child's parent, by child uuid. A call
+    whose parent is not open is missing (nothing written for it)."""
+    rows = conn.execute(_ANSWERED_CHILDREN_SQL, {"calls": orjson.dumps(calls), "now": now})
+    return {child: (name, depth) for child, name, depth in rows}
+
+
+def close_all_if_done(conn: apsw.Connection, uuids: Sequence[str], now: int) -> None:
+    """`close_if_done` for each of `uuids`, in one statement."""
+    conn.execute(_CLOSE_ALL_IF_DONE_SQL, {"uuids": orjson.dumps(uuids), "now": now})
 
 
 def answer_call(conn: apsw.Connection, uuid: str, caller: str, now: int) -> Caller | None:
