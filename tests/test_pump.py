@@ -431,26 +431,54 @@ def test_a_unit_taken_over_before_the_commit_is_lost_and_writes_nothing(bus, tmp
     assert (unit.id, unit.attempts) == (stolen[0], 3)
 
 
-def test_a_unit_that_fails_to_commit_fails_alone_and_is_tried_again(bus, tmp_path, monkeypatch):
-    from bus.pump.commit import Writer
+def test_a_unit_taken_over_among_others_is_lost_alone(bus, tmp_path):
+    """Units that only answered their clients commit together; one another pump took over
+    meanwhile is lost (nothing written for it), the others of its batch are replied."""
     organism = tmp_path / "organism.yaml"
     organism.write_text(f"name: org\nlisteners:\n  - name: calculator\n    {ADD}\n"
                         "    concurrency: 3\n")
     sent = [client.send(bus, "org", f"<add><a>{i}</a><b>1</b></add>".encode(), to="calculator")
             for i in range(3)]
-    replies_of = Writer._replies
-    batches = []
+    batches, stolen = [], []
 
-    def failing(self, done, caller=None) -> str:
-        outcome = replies_of(self, done, caller)  # written, then rolled back
-        if done.input.id == sent[1].id and done.unit.attempts == 1:
+    def steal(finished: list) -> None:
+        batches.append(len(finished))
+        if not stolen and len(finished) > 1:  # another pump claims one of them meanwhile
+            stolen.append(finished[-1].unit.id)
+            bus.conn.execute("UPDATE pump_work SET lease_owner = 'thief', attempts = attempts"
+                             " + 1, lease_until_ms = 0 WHERE id = ?", (stolen[0],))
+        elif len(batches) == 1:
+            time.sleep(0.05)  # the other handlers finish meanwhile: one batch commits them
+
+    pump = run_pump(bus, organism, lease_ms=200, before_commit=steal)
+    assert stolen, f"no batch of several units to steal from: {batches}"
+    assert pump.stats.outcomes == {"lost": 1, "replied": 3}
+    for one in sent:
+        got, = answers(bus, one)  # the lost commit wrote nothing; the retry wrote it once
+        assert got.message.id == derived_id(one.id, "calculator", 0)
+    assert threads.thread_count(bus.conn, "open") == 1
+
+
+def test_a_unit_that_fails_to_commit_fails_alone_and_is_tried_again(bus, tmp_path, monkeypatch):
+    from bus.pump import commit
+    organism = tmp_path / "organism.yaml"
+    organism.write_text(f"name: org\nlisteners:\n  - name: calculator\n    {ADD}\n"
+                        "    concurrency: 3\n")
+    sent = [client.send(bus, "org", f"<add><a>{i}</a><b>1</b></add>".encode(), to="calculator")
+            for i in range(3)]
+    build_row = commit.envelope_row
+    batches, attempt = [], {}
+
+    def failing(payload, **fields):
+        if fields["in_reply_to"] == sent[1].id and attempt.get(sent[1].id) == 1:
             raise BusBusy("locked, in the test")  # a passing failure: tried again
-        return outcome
+        return build_row(payload, **fields)
 
-    monkeypatch.setattr(Writer, "_replies", failing)
+    monkeypatch.setattr(commit, "envelope_row", failing)
 
     def before_commit(finished: list) -> None:
         batches.append({done.input.id for done in finished})
+        attempt.update((done.input.id, done.unit.attempts) for done in finished)
         if len(batches) == 1:
             time.sleep(0.05)  # the other handlers finish meanwhile: one batch commits them
 

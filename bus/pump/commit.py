@@ -119,7 +119,7 @@ def _only_answers(done: Finished) -> bool:
 
 
 class _NotAClient(BusError):
-    """An inline unit's thread is not under a client's conversation (Writer._answer_clients)."""
+    """A unit's thread is not under a client's conversation (Writer._write_client_answers)."""
 
 
 class EncodedMemory:
@@ -245,7 +245,30 @@ class Writer:
         savepoint; when a unit fails in it, the batch is rolled back and
         written again one savepoint per unit, so only that unit fails.
         """
+        if len(batch) > 1 and all(_only_answers(done) and done.unit.kind == "call"
+                                  for done in batch):
+            outcomes = self._answer_clients_held(batch, owner)
+            if outcomes is not None:
+                return outcomes
         return self._finish_all([(done, owner, None) for done in batch])
+
+    def _answer_clients_held(self, batch: list[Finished], owner: str) -> list[str] | None:
+        """`finish` for claimed calls whose handlers only answered their clients, all at
+        once (see `_write_client_answers`): the units still held done, their threads
+        closed, their replies written. None, with nothing written, when one of them is
+        not that case after all."""
+        try:
+            with write_transaction(self.conn):  # a savepoint
+                held = work.finish_all_held(self.conn, [done.unit for done in batch], owner,
+                                            "replied", self.now)
+                mine = [done for done in batch if done.unit.id in held]
+                callers = threads.close_calls(self.conn, [done.unit.thread for done in mine],
+                                              self.now)
+                self._write_client_answers([(done, callers.get(done.unit.thread))
+                                            for done in mine])
+        except BusError:  # ValidationFailed, XmlRejected and _NotAClient among them
+            return None
+        return ["replied" if done.unit.id in held else "lost" for done in batch]
 
     def handled_inline(self, done: Finished, parent: str) -> None:
         """A unit handled in this transaction, its thread to be opened under `parent`:
@@ -265,35 +288,38 @@ class Writer:
         self.inlined += zip([done for done, _ in handled], outcomes)
 
     def _answer_clients(self, handled: list[tuple[Finished, str]]) -> bool:
-        """Write inline units that only answered their client, all at once: their threads
-        (closed), their replies, their conversations closed; a statement for each, not
-        three per unit. False, with nothing written, when one of them is not that case
-        after all (its conversation is closed or no client's, a reply cannot be written):
-        then `_finish_all` writes each on its own, as for any unit."""
+        """Write inline units that only answered their clients, all at once (see
+        `_write_client_answers`), their threads written closed. False, with nothing
+        written, when one of them is not that case after all: then `_finish_all` writes
+        each on its own, as for any unit."""
         calls = [(done.unit.thread, done.unit.listener, parent) for done, parent in handled]
         try:
             with write_transaction(self.conn):  # a savepoint
                 callers = threads.answered_children(self.conn, calls, self.now)
-                rows = [self._client_reply(done, parent, callers.get(done.unit.thread), index,
-                                           output.element)
-                        for done, parent in handled for index, output in enumerate(done.outputs)]
-                insert_rows(self.conn, rows)
-                threads.close_all_if_done(self.conn, [parent for _, parent in handled],
-                                          self.now)
+                self._write_client_answers([(done, callers.get(done.unit.thread))
+                                            for done, _ in handled])
         except BusError:  # ValidationFailed, XmlRejected and _NotAClient among them
             return False
         return True
 
-    def _client_reply(self, done: Finished, conversation: str,
-                      caller: tuple[str, int] | None, index: int,
+    def _write_client_answers(self, answered: list[tuple[Finished, Caller | None]]) -> None:
+        """The replies of units that answered a client's request (the caller of each unit's
+        thread, now closed), then those clients' conversations closed: a statement for
+        all of them where the per-unit path takes two per unit. Raises _NotAClient for a
+        unit whose caller is no open client conversation (a call between listeners)."""
+        rows = [self._client_reply(done, caller, index, output.element)
+                for done, caller in answered for index, output in enumerate(done.outputs)]
+        insert_rows(self.conn, rows)
+        threads.close_all_if_done(self.conn, [caller.uuid for _, caller in answered], self.now)
+
+    def _client_reply(self, done: Finished, caller: Caller | None, index: int,
                       element: etree._Element) -> Row:
-        """The row of an answer to the client whose conversation the unit's thread is
-        under (`caller`: that conversation's name and depth); raises _NotAClient."""
-        if caller is None or caller[1] != CONVERSATION_DEPTH:
-            raise _NotAClient(conversation)
+        """The row of answer `index` of a unit to the client `caller`."""
+        if caller is None or caller.depth != CONVERSATION_DEPTH:
+            raise _NotAClient(done.unit.thread)
         message = done.input
         row = envelope_row(element, id=derived_id(message.id, done.unit.listener, index),
-                           sender=done.unit.listener, thread=conversation, to=caller[0],
+                           sender=done.unit.listener, thread=caller.uuid, to=caller.name,
                            organism=self.organism, in_reply_to=message.id)
         return self.bus.move_large_payload(row)
 

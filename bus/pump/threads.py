@@ -149,6 +149,15 @@ _CLOSE_IF_DONE_SQL = (
     " AND parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM threads c"
     " WHERE c.parent_id = threads.id AND c.status = 'open')"
 )
+# _CLOSE_CALLER_SQL for a JSON array of uuids.
+_CLOSE_CALLS_SQL = (
+    "UPDATE threads SET status = 'closed', closed_at_ms = :now"
+    " WHERE uuid IN (SELECT value FROM json_each(:uuids)) AND status = 'open'"
+    " AND parent_id IS NOT NULL RETURNING uuid,"
+    " (SELECT p.uuid FROM threads p WHERE p.id = threads.parent_id),"
+    " (SELECT p.name FROM threads p WHERE p.id = threads.parent_id),"
+    " (SELECT p.depth FROM threads p WHERE p.id = threads.parent_id)"
+)
 # close_if_done for a JSON array of uuids.
 _CLOSE_ALL_IF_DONE_SQL = (
     "UPDATE threads SET status = 'closed', closed_at_ms = :now"
@@ -404,12 +413,20 @@ def answered_child(conn: apsw.Connection, uuid: str, child: str, name: str,
 
 
 def answered_children(conn: apsw.Connection, calls: Sequence[tuple[str, str, str]],
-                      now: int) -> dict[str, tuple[str, int]]:
+                      now: int) -> dict[str, Caller]:
     """`answered_child` for many calls, (child uuid, name, parent uuid) each, in one
-    statement: the (name, depth) of each written child's parent, by child uuid. A call
-    whose parent is not open is missing (nothing written for it)."""
+    statement: the caller of each child written, by child uuid. A call whose parent is
+    not open is missing (nothing written for it)."""
+    parents = {child: parent for child, _, parent in calls}
     rows = conn.execute(_ANSWERED_CHILDREN_SQL, {"calls": orjson.dumps(calls), "now": now})
-    return {child: (name, depth) for child, name, depth in rows}
+    return {child: Caller(parents[child], name, depth) for child, name, depth in rows}
+
+
+def close_calls(conn: apsw.Connection, uuids: Sequence[str], now: int) -> dict[str, Caller]:
+    """Close the open call threads `uuids` in one statement: the caller of each one
+    closed, by uuid (one that was not open, or a root, is missing)."""
+    rows = conn.execute(_CLOSE_CALLS_SQL, {"uuids": orjson.dumps(uuids), "now": now})
+    return {uuid: Caller(parent, name, depth) for uuid, parent, name, depth in rows}
 
 
 def close_all_if_done(conn: apsw.Connection, uuids: Sequence[str], now: int) -> None:
