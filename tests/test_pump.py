@@ -409,6 +409,24 @@ def test_every_request_gets_exactly_its_reply_set(tmp_path_factory, requests, ba
                                     (unit.id,)).get == "done"
 
 
+def test_a_request_on_a_closed_conversation_is_refused_and_the_pump_goes_on(bus, tmp_path):
+    """Its thread was closed before the pump routed it (by hand, or cleared): no unit
+    runs it, its sender gets a <huh code="thread-closed"> on that thread for the record,
+    and the requests routed with it are answered."""
+    organism = write_organism(tmp_path, "calculator")
+    with write_transaction(bus.conn):
+        closed = client.send(bus, "org", b"<add><a>1</a><b>2</b></add>", to="calculator")
+        sent = client.send(bus, "org", b"<add><a>1</a><b>3</b></add>", to="calculator")
+        threads.close_thread(bus.conn, closed.thread)
+    pump = run_pump(bus, organism)
+    assert pump.stats.outcomes == {"replied": 1}
+    assert [r.payload_xml for r in answers(bus, sent)] == ["<sum><value>4.0</value></sum>"]
+    refused, = answers(bus, closed)
+    assert refused.root_tag == "huh" and 'code="thread-closed"' in refused.payload_xml
+    assert (refused.sender, refused.to) == ("system", "console")
+    assert work.units_for_input(bus.conn, closed.seq) == []
+
+
 # --- the commit: claim check and batches ------------------------------------------------
 
 

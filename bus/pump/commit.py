@@ -37,12 +37,14 @@ from lxml import etree
 
 from bus.db import write_transaction
 from bus.errors import BusError
+from bus.errors import ThreadClosed
 from bus.errors import ThreadNotFound
 from bus.errors import ValidationFailed
 from bus.messages import Message
 from bus.messages import Row
 from bus.messages import insert_row
 from bus.messages import insert_rows
+from bus.messages import new_message_id
 from bus.pump import threads
 from bus.pump import work
 from bus.pump.envelopes import SYSTEM_SENDER
@@ -122,6 +124,10 @@ class _NotAClient(BusError):
     """A unit's thread is not under a client's conversation (Writer._write_client_answers)."""
 
 
+class _NotOpen(BusError):
+    """A thread a call was routed on is not open (Writer.open_calls)."""
+
+
 class EncodedMemory:
     """The envelopes this pump encoded for listeners and committed, by message id, for
     `checked_input`; the oldest are forgotten past `limit` (their units ran by then).
@@ -155,6 +161,9 @@ class Writer:
         # Envelopes routed to listeners, by message id, from an @xmlify payload (for
         # checked_input once the transaction committed); a rolled back unit drops its own.
         self.encoded: list[tuple[str, Encoded]] = []
+        # Calls `route` leaves to `open_calls` while not None: (seq, id, sender, listener,
+        # thread) of each.
+        self.calls: list[tuple[int, str, str, Listener, str]] | None = None
 
     # --- envelopes -------------------------------------------------------------------
 
@@ -201,11 +210,57 @@ class Writer:
         for listener in targets:
             if inline is not None and inline(listener, thread):
                 continue  # written with its thread by finish_inline
-            unit_thread = thread if kind == "answer" else \
-                threads.extend_uuid(self.conn, thread, listener.name, self.now)
-            work.insert_unit(self.conn, self.organism, seq, listener.name, kind,
-                             unit_thread, listener.spec.max_attempts, self.now)
+            if kind == "call" and self.calls is not None:  # written by open_calls
+                self.calls.append((seq, message_id, sender, listener, thread))
+                continue
+            self._open_call(seq, listener, kind, thread)
         return len(targets)
+
+    def _open_call(self, seq: int, listener: Listener, kind: str, thread: str) -> None:
+        """The work unit of an envelope for `listener`: a call runs on a new thread under
+        its sender's `thread`, an answer on the thread it answers."""
+        unit_thread = thread if kind == "answer" else \
+            threads.extend_uuid(self.conn, thread, listener.name, self.now)
+        work.insert_unit(self.conn, self.organism, seq, listener.name, kind, unit_thread,
+                         listener.spec.max_attempts, self.now)
+
+    def finish_routing(self) -> None:
+        """Write what routing left to the end: the leased calls, then the inline units."""
+        self.open_calls()
+        self.finish_inline()
+
+    def open_calls(self) -> None:
+        """Write the calls `route` left (see `calls`): their threads, then their units, a
+        statement each for all of them. When a sender's thread is not open, they are
+        written one by one instead, and that one is refused (`_refuse_closed`)."""
+        calls, self.calls = self.calls or [], None
+        children = [(new_message_id(), listener.name, thread)
+                    for _, _, _, listener, thread in calls]
+        try:
+            with write_transaction(self.conn):  # a savepoint
+                if len(threads.add_children(self.conn, children, self.now)) < len(calls):
+                    raise _NotOpen(len(calls))
+                work.insert_calls(self.conn, self.organism, [
+                    (seq, listener.name, child, listener.spec.max_attempts)
+                    for (seq, _, _, listener, _), (child, _, _) in zip(calls, children)],
+                    self.now)
+        except _NotOpen:
+            for seq, message_id, sender, listener, thread in calls:
+                try:
+                    self._open_call(seq, listener, "call", thread)
+                except (ThreadNotFound, ThreadClosed) as exc:
+                    self._refuse_closed(message_id, sender, listener, thread, exc)
+
+    def _refuse_closed(self, message_id: str, sender: str, listener: Listener, thread: str,
+                       exc: BusError) -> None:
+        """A request sent on a thread that is no longer open (closed by hand, cleared):
+        nothing runs it, and a `<huh>` says why, written on that thread for the record."""
+        log.warning("request %s to %s not run: %s", message_id, listener.name, exc)
+        huh = huh_element("thread-closed", f"the conversation this was sent on ({thread}) is"
+                                           " closed or gone; send the request again, on a new"
+                                           " conversation")
+        self.write(huh, id=derived_id(message_id, SYSTEM_SENDER, f"closed/{listener.name}"),
+                   sender=SYSTEM_SENDER, thread=thread, to=sender, in_reply_to=message_id)
 
     def _no_route(self, message_id: str, sender: str, root_tag: str, to: str | None,
                   thread: str, kind: str, in_reply_to: str | None) -> None:
@@ -295,7 +350,7 @@ class Writer:
         calls = [(done.unit.thread, done.unit.listener, parent) for done, parent in handled]
         try:
             with write_transaction(self.conn):  # a savepoint
-                callers = threads.answered_children(self.conn, calls, self.now)
+                callers = threads.add_children(self.conn, calls, self.now, closed=True)
                 self._write_client_answers([(done, callers.get(done.unit.thread))
                                             for done, _ in handled])
         except BusError:  # ValidationFailed, XmlRejected and _NotAClient among them

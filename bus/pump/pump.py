@@ -443,6 +443,7 @@ class Pump:
                 self.on_unit(done, outcome)
 
     def _route_inbox(self, writer: Writer, limit: int = ROUTE_BATCH) -> int:
+        writer.calls = []  # the leased calls are written together, at the end
         inbound = work.take_inbox(writer.conn, self.name, limit)
         found = work.messages_by_seq(writer.conn, [item.seq for item in inbound],
                                      self.bus.blobs)
@@ -456,7 +457,7 @@ class Pump:
                                   item.to, message.correlation_id,
                                   inline=self._inline.runner(writer, message)):
                 self.stats.count("no-route")  # the client got a <huh> from the pump
-        writer.finish_inline()
+        writer.finish_routing()
         return len(inbound)
 
     def _answer_meta(self, writer: Writer, message: Message, root_tag: str) -> str:

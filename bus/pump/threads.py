@@ -110,11 +110,12 @@ _ANSWERED_CHILD_SQL = (
     " WHERE uuid = ?4 AND status = 'open'"
     " RETURNING (SELECT p.name FROM threads p WHERE p.id = threads.parent_id), depth - 1"
 )
-# answered_child for a transaction's inline units at once: calls is a JSON array
-# of [child uuid, name, parent uuid]; a call whose parent is not open writes nothing.
-_ANSWERED_CHILDREN_SQL = (
+# extend_uuid (or answered_child, :closed_at set) for many calls at once: calls is a
+# JSON array of [child uuid, name, parent uuid]; one whose parent is not open writes nothing.
+_ADD_CHILDREN_SQL = (
     "INSERT INTO threads (uuid, parent_id, name, depth, created_at_ms, status, closed_at_ms)"
-    " SELECT c.value ->> 0, t.id, c.value ->> 1, t.depth + 1, :now, 'closed', :now"
+    " SELECT c.value ->> 0, t.id, c.value ->> 1, t.depth + 1, :now,"
+    " iif(:closed_at IS NULL, 'open', 'closed'), :closed_at"
     " FROM json_each(:calls) c JOIN threads t ON t.uuid = c.value ->> 2 AND t.status = 'open'"
     " RETURNING uuid, (SELECT p.name FROM threads p WHERE p.id = threads.parent_id), depth - 1"
 )
@@ -412,13 +413,14 @@ def answered_child(conn: apsw.Connection, uuid: str, child: str, name: str,
     return Caller(uuid, *row)
 
 
-def answered_children(conn: apsw.Connection, calls: Sequence[tuple[str, str, str]],
-                      now: int) -> dict[str, Caller]:
-    """`answered_child` for many calls, (child uuid, name, parent uuid) each, in one
-    statement: the caller of each child written, by child uuid. A call whose parent is
-    not open is missing (nothing written for it)."""
+def add_children(conn: apsw.Connection, calls: Sequence[tuple[str, str, str]], now: int,
+                 closed: bool = False) -> dict[str, Caller]:
+    """`extend_uuid` for many calls, (child uuid, name, parent uuid) each, in one
+    statement (`answered_child` with `closed`): the caller of each child written, by
+    child uuid. A call whose parent is not open is missing (nothing written for it)."""
     parents = {child: parent for child, _, parent in calls}
-    rows = conn.execute(_ANSWERED_CHILDREN_SQL, {"calls": orjson.dumps(calls), "now": now})
+    rows = conn.execute(_ADD_CHILDREN_SQL, {"calls": orjson.dumps(calls), "now": now,
+                                            "closed_at": now if closed else None})
     return {child: Caller(parents[child], name, depth) for child, name, depth in rows}
 
 

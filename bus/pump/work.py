@@ -32,6 +32,14 @@ _INSERT_UNIT_SQL = (
     " created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (input_seq, listener) DO NOTHING RETURNING id"
 )
+# insert_unit for a JSON array of [input seq, listener, thread, max attempts].
+# (WHERE true: an upsert's SELECT needs a WHERE, or SQLite reads ON as a join's.)
+_INSERT_UNITS_SQL = (
+    "INSERT INTO pump_work (organism, input_seq, listener, kind, thread, max_attempts,"
+    " created_at_ms) SELECT :organism, value ->> 0, value ->> 1, 'call', value ->> 2,"
+    " value ->> 3, :now FROM json_each(:units) WHERE true"
+    " ON CONFLICT (input_seq, listener) DO NOTHING"
+)
 # The oldest claimable units of one listener, read in id order from
 # idx_pump_work_pending, which stops after `limit` of them. (The `+` keeps the
 # planner off idx_pump_work_lease: that range holds every listener's whole
@@ -183,6 +191,14 @@ def insert_unit(conn: apsw.Connection, organism: str, input_seq: int, listener: 
     """Route an input to `listener`; False if that unit exists already (a retried route)."""
     return conn.execute(_INSERT_UNIT_SQL, (organism, input_seq, listener, kind, thread,
                                            max_attempts, now)).get is not None
+
+
+def insert_calls(conn: apsw.Connection, organism: str,
+                 units: Sequence[tuple[int, str, str, int]], now: int) -> None:
+    """`insert_unit` of kind "call" for each (input seq, listener, thread, max attempts),
+    in one statement."""
+    conn.execute(_INSERT_UNITS_SQL, {"organism": organism, "units": orjson.dumps(units),
+                                     "now": now})
 
 
 def claim(conn: apsw.Connection, organism: str, listener: str, owner: str, lease_ms: int,
