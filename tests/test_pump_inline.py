@@ -156,6 +156,24 @@ def test_inline_units_of_one_transaction_that_only_answered_leave_each_its_rows(
     assert threads.thread_count(bus.conn, "open") == 1
 
 
+def test_an_inline_request_on_a_closed_conversation_is_refused_among_others(bus, running):
+    """Its conversation was closed before the pump wrote its results: they are dropped,
+    its sender gets a <huh code="thread-closed">, the others of its transaction are
+    answered."""
+    pump = running()
+    with write_transaction(bus.conn):
+        sent = [echo(bus, f"t{i}") for i in range(3)]
+        threads.close_thread(bus.conn, sent[1].thread)
+    pump.settle(3)
+    assert pump.pump.stats.outcomes == {"replied": 3, "huh": 1}  # the boot request too
+    first, refused, third = (client.replies(bus, one) for one in sent)
+    assert [r.payload_xml for r in first + third] == [
+        "<result><source>0</source><text>t0</text></result>",
+        "<result><source>0</source><text>t2</text></result>"]
+    assert [(r.sender, r.root_tag) for r in refused] == [("system", "huh")]
+    assert 'code="thread-closed"' in refused[0].payload_xml
+
+
 def test_an_inline_call_to_a_peer_runs_under_the_thread_its_handler_saw(bus, running):
     """A handler that calls a peer leaves its thread open (written with its results),
     and the peer's unit runs on a thread under it."""

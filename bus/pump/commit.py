@@ -249,18 +249,20 @@ class Writer:
                 try:
                     self._open_call(seq, listener, "call", thread)
                 except (ThreadNotFound, ThreadClosed) as exc:
-                    self._refuse_closed(message_id, sender, listener, thread, exc)
+                    self._refuse_closed(message_id, sender, listener.name, thread, exc)
 
-    def _refuse_closed(self, message_id: str, sender: str, listener: Listener, thread: str,
-                       exc: BusError) -> None:
-        """A request sent on a thread that is no longer open (closed by hand, cleared):
-        nothing runs it, and a `<huh>` says why, written on that thread for the record."""
-        log.warning("request %s to %s not run: %s", message_id, listener.name, exc)
+    def _refuse_closed(self, message_id: str, sender: str, listener: str, thread: str,
+                       exc: BusError) -> str:
+        """A request whose thread is no longer open (closed by hand, cleared) when its unit
+        would be opened, or its inline results written: nothing of it is written but a
+        `<huh>` that says why, on that thread for the record. "huh"."""
+        log.warning("request %s to %s refused: %s", message_id, listener, exc)
         huh = huh_element("thread-closed", f"the conversation this was sent on ({thread}) is"
                                            " closed or gone; send the request again, on a new"
                                            " conversation")
-        self.write(huh, id=derived_id(message_id, SYSTEM_SENDER, f"closed/{listener.name}"),
+        self.write(huh, id=derived_id(message_id, SYSTEM_SENDER, f"closed/{listener}"),
                    sender=SYSTEM_SENDER, thread=thread, to=sender, in_reply_to=message_id)
+        return "huh"
 
     def _no_route(self, message_id: str, sender: str, root_tag: str, to: str | None,
                   thread: str, kind: str, in_reply_to: str | None) -> None:
@@ -411,7 +413,12 @@ class Writer:
     def _finish_with_thread(self, done: Finished, owner: str | None,
                             parent: str | None) -> str:
         """`_finish`, after writing an inline unit's thread (`parent` not None)."""
-        caller = None if parent is None else self._inline_thread(done, parent)
+        try:
+            caller = None if parent is None else self._inline_thread(done, parent)
+        except (ThreadNotFound, ThreadClosed) as exc:
+            message = done.input
+            return self._refuse_closed(message.id, message.from_agent, done.unit.listener,
+                                       parent, exc)
         return self._finish(done, owner, caller)
 
     def _inline_thread(self, done: Finished, parent: str) -> Caller | None:
