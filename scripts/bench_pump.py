@@ -297,8 +297,7 @@ def raw_round_trips(path: Path, trips: int, in_process: bool) -> list[float]:
 def floor_round_trips(path: Path, trips: int, in_process: bool) -> list[float]:
     """The floor's round trip (scripts/pump_floor.py): the client's commit, then the
     pump's, with the statements alone."""
-    conn = pump_floor.open_floor(path)
-    root_id = conn.execute("SELECT id FROM threads WHERE depth = 0").get
+    conn, root_id = pump_floor.open_floor(path)
     stop = _start_server(path, in_process, "--floor-server", pump_floor.floor_server)
     watcher = ChangeWatcher(conn, path)
     try:

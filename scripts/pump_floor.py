@@ -59,24 +59,30 @@ def connect(path: Path) -> apsw.Connection:
     return conn
 
 
-def open_floor(path: Path) -> apsw.Connection:
-    """A new bus file (the bus's schema and pragmas) with the organism's root thread."""
+def open_floor(path: Path) -> tuple[apsw.Connection, int]:
+    """A new bus file (the bus's schema and pragmas) with the organism's root thread:
+    a connection to it and the root's row id."""
     Bus.open(path).close()
     conn = connect(path)
-    conn.execute(_ROOT_SQL, (new_message_id(), ORGANISM, now_ms())).get
-    return conn
+    return conn, conn.execute(_ROOT_SQL, (new_message_id(), ORGANISM, now_ms())).get
 
 
 def send(conn: apsw.Connection, root_id: int) -> tuple[int, str]:
     """The client's commit; (the request's seq, its conversation)."""
-    conversation, now = new_message_id(), now_ms()
     conn.execute("BEGIN IMMEDIATE")
+    sent = _request(conn, root_id)
+    conn.execute("COMMIT")
+    return sent
+
+
+def _request(conn: apsw.Connection, root_id: int) -> tuple[int, str]:
+    """A request on a new conversation, with its inbox row; (its seq, the conversation)."""
+    conversation, now = new_message_id(), now_ms()
     conn.execute(_CONVERSATION_SQL, (conversation, root_id, CLIENT, now))
     seq = conn.execute(INSERT_MESSAGE_SQL, (new_message_id(), now, CLIENT, f"@{ORGANISM}",
                                             "envelope", conversation, None, _REQUEST,
                                             None)).get
     conn.execute(_INBOX_SQL, (seq, ORGANISM, now))
-    conn.execute("COMMIT")
     return seq, conversation
 
 
@@ -98,16 +104,10 @@ def answer(conn: apsw.Connection, batch: int) -> int:
 
 def floor_replies(path: Path, count: int, batch: int, clock: Callable[[], float]) -> float:
     """Requests answered per second, `batch` per transaction, `count` waiting at the start."""
-    conn = open_floor(path)
-    root_id = conn.execute("SELECT id FROM threads WHERE depth = 0").get
+    conn, root_id = open_floor(path)
     conn.execute("BEGIN IMMEDIATE")
     for _ in range(count):
-        conversation, now = new_message_id(), now_ms()
-        conn.execute(_CONVERSATION_SQL, (conversation, root_id, CLIENT, now))
-        seq = conn.execute(INSERT_MESSAGE_SQL, (new_message_id(), now, CLIENT, f"@{ORGANISM}",
-                                                "envelope", conversation, None, _REQUEST,
-                                                None)).get
-        conn.execute(_INBOX_SQL, (seq, ORGANISM, now))
+        _request(conn, root_id)
     conn.execute("COMMIT")
     start = clock()
     answered = 0

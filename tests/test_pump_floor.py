@@ -83,9 +83,8 @@ def pump_rows(tmp_path: Path) -> Counter:
 
 def floor_rows(tmp_path: Path, batch: int) -> Counter:
     """The rows the floor adds for REQUESTS requests."""
-    conn = pump_floor.open_floor(tmp_path / f"floor-{batch}.db")
+    conn, root_id = pump_floor.open_floor(tmp_path / f"floor-{batch}.db")
     before = written(conn)
-    root_id = conn.execute("SELECT id FROM threads WHERE depth = 0").get
     for _ in range(REQUESTS):
         pump_floor.send(conn, root_id)
     answered = 0
