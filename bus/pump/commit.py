@@ -233,13 +233,15 @@ class Writer:
         """Write the calls `route` left (see `calls`): their threads, then their units, a
         statement each for all of them. When a sender's thread is not open, they are
         written one by one instead, and that one is refused (`_refuse_closed`)."""
-        calls, self.calls = self.calls or [], None
+        calls, self.calls = self.calls, None
+        if not calls:
+            return
         children = [(new_message_id(), listener.name, thread)
                     for _, _, _, listener, thread in calls]
         try:
             with write_transaction(self.conn):  # a savepoint
                 if len(threads.add_children(self.conn, children, self.now)) < len(calls):
-                    raise _NotOpen(len(calls))
+                    raise _NotOpen("a thread a call was routed on is not open")
                 work.insert_calls(self.conn, self.organism, [
                     (seq, listener.name, child, listener.spec.max_attempts)
                     for (seq, _, _, listener, _), (child, _, _) in zip(calls, children)],
