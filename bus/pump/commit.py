@@ -230,12 +230,21 @@ class Writer:
         self.finish_inline()
 
     def open_calls(self) -> None:
-        """Write the calls `route` left (see `calls`): their threads, then their units, a
-        statement each for all of them. When a sender's thread is not open, they are
-        written one by one instead, and that one is refused (`_refuse_closed`)."""
-        calls, self.calls = self.calls, None
-        if not calls:
+        """Write the calls `route` left (see `calls`): together when there are several, else
+        (or when a sender's thread is not open) one by one, refusing a call whose sender's
+        thread is not open (`_refuse_closed`)."""
+        calls, self.calls = self.calls or [], None
+        if len(calls) > 1 and self._open_calls_together(calls):
             return
+        for seq, message_id, sender, listener, thread in calls:
+            try:
+                self._open_call(seq, listener, "call", thread)
+            except (ThreadNotFound, ThreadClosed) as exc:
+                self._refuse_closed(message_id, sender, listener.name, thread, exc)
+
+    def _open_calls_together(self, calls: list[tuple[int, str, str, Listener, str]]) -> bool:
+        """The calls' threads, then their units, a statement each for all of them; False,
+        with nothing written, when a sender's thread is not open."""
         children = [(new_message_id(), listener.name, thread)
                     for _, _, _, listener, thread in calls]
         try:
@@ -247,11 +256,8 @@ class Writer:
                     for (seq, _, _, listener, _), (child, _, _) in zip(calls, children)],
                     self.now)
         except _NotOpen:
-            for seq, message_id, sender, listener, thread in calls:
-                try:
-                    self._open_call(seq, listener, "call", thread)
-                except (ThreadNotFound, ThreadClosed) as exc:
-                    self._refuse_closed(message_id, sender, listener.name, thread, exc)
+            return False
+        return True
 
     def _refuse_closed(self, message_id: str, sender: str, listener: str, thread: str,
                        exc: BusError) -> str:
