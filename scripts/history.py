@@ -85,8 +85,8 @@ READ_SCHEMA = T.StructType([*EXPORT_SCHEMA.fields, T.StructField(CORRUPT_COLUMN,
 # The payload fields the queries read, by the message types they read them
 # from. with_payload_fields pulls each out once, for those types only, into
 # a column `payload_<field>` of its own: get_json_object parses the whole
-# payload text at every call, and 19 lines in 20 (heartbeats, progress...)
-# carry no field any query reads.
+# payload text at every call, and 24 lines in 25 of a generated export
+# (heartbeats, progress...) carry no field any query reads.
 PAYLOAD_FIELDS = {
     "to": ("state_change",),
     **dict.fromkeys(("task", "agent", "last_holder", "previous_holder", "new_holder",
@@ -148,9 +148,9 @@ def read_export(spark: SparkSession, path: str) -> DataFrame:
 
 
 def to_messages(raw: DataFrame) -> DataFrame:
-    """read_export's records (MESSAGES_SCHEMA from all its columns): `from` and `to`
-    renamed as the bus's Message names them, `bad_file` and the lines it marks
-    left out; any other column of `raw` is kept as it is."""
+    """read_export's records, the lines `bad_file` marks left out: MESSAGES_SCHEMA
+    (`from` and `to` renamed as the bus's Message names them). Of a narrower
+    `raw` (compute's cache) the columns it has, renamed the same way."""
     return (raw.where(F.col("seq").isNotNull() & F.col("bad_file").isNull())
             .drop("bad_file")
             .withColumnsRenamed({"from": "from_agent", "to": "to_agent"}))
