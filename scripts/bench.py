@@ -324,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         publishes = publish_rows(workdir, args.rounds, args.scale)
         wakes = wake_rows(workdir, commits=max(100, int(500 * args.scale)))
         channels = channel_rows(workdir, args.rounds, args.scale)
-        spark = history_row(workdir, args.spark_messages) if args.spark_messages else None
+        spark = (history_row(workdir, args.spark_messages, rounds=args.rounds)
+                 if args.spark_messages else None)
         pumps = pump_rows(workdir, args.rounds, args.scale)
         searches = search_rows(workdir, args.rounds, args.scale)
         views = views_rows(workdir, args.rounds, args.scale)

@@ -82,6 +82,22 @@ EXPORT_SCHEMA = T.StructType([
 # What the reader asks for: Spark puts a line that does not parse in the extra column.
 READ_SCHEMA = T.StructType([*EXPORT_SCHEMA.fields, T.StructField(CORRUPT_COLUMN, T.StringType())])
 
+# The payload fields the queries read, by the message types they read them
+# from. with_payload_fields pulls each out once, for those types only, into
+# a column `payload_<field>` of its own: get_json_object parses the whole
+# payload text at every call, and 24 lines in 25 of a generated export
+# (heartbeats, progress...) carry no field any query reads.
+PAYLOAD_FIELDS = {
+    "to": ("state_change",),
+    **dict.fromkeys(("task", "agent", "last_holder", "previous_holder", "new_holder",
+                     "attempt", "reason"), HOLD_ENDING_TYPES),
+}
+# What compute caches of read_export's rows: the columns the overview and the
+# queries read (the payload as its pulled-out fields). The rest (`ts`, `to`,
+# `payload_ref`, the payload text) would be most of the cache and is read by none.
+CACHED_COLUMNS = ("seq", "id", "ts_ms", "from", "type", "correlation_id", "in_reply_to",
+                  "payload", "bad_file")
+
 # What the transforms take: the export with `from`/`to` named as the bus's
 # Message names them (and no SQL keywords as column names).
 MESSAGES_SCHEMA = T.StructType([
@@ -132,11 +148,27 @@ def read_export(spark: SparkSession, path: str) -> DataFrame:
 
 
 def to_messages(raw: DataFrame) -> DataFrame:
-    """Export columns -> MESSAGES_SCHEMA, whatever extra columns a reader added."""
+    """read_export's records, the lines `bad_file` marks left out: MESSAGES_SCHEMA
+    (`from` and `to` renamed as the bus's Message names them). Of a narrower
+    `raw` (compute's cache) the columns it has, renamed the same way."""
     return (raw.where(F.col("seq").isNotNull() & F.col("bad_file").isNull())
-            .select(F.col("seq"), "id", "ts_ms", "ts", F.col("from").alias("from_agent"),
-                    F.col("to").alias("to_agent"), "type", "correlation_id", "in_reply_to",
-                    "payload_ref", "payload"))
+            .drop("bad_file")
+            .withColumnsRenamed({"from": "from_agent", "to": "to_agent"}))
+
+
+def with_payload_fields(frame: DataFrame) -> DataFrame:
+    """`frame` with the payload's PAYLOAD_FIELDS as `payload_<field>` columns
+    (null for the other message types) in place of the payload text.
+
+    The transforms take either: extract's rows (they call this first) or
+    rows that went through it already (compute caches those).
+    """
+    if "payload" not in frame.columns:
+        return frame
+    kind = F.col("type")
+    fields = [F.when(kind.isin(*types), F.get_json_object("payload", f"$.{name}"))
+              .alias(f"payload_{name}") for name, types in PAYLOAD_FIELDS.items()]
+    return frame.select("*", *fields).drop("payload")
 
 
 def _is_directory(spark: SparkSession, path: str) -> bool:
@@ -224,13 +256,10 @@ def volume(messages: DataFrame) -> DataFrame:
 
 
 def state_changes(messages: DataFrame) -> DataFrame:
-    """state_change messages as (worker, task, state, from_state, command, ts_ms, seq)."""
-    return (messages.where(F.col("type") == "state_change")
+    """state_change messages as (worker, task, state, ts_ms, seq)."""
+    return (with_payload_fields(messages).where(F.col("type") == "state_change")
             .select(F.col("from_agent").alias("worker"), F.col("correlation_id").alias("task"),
-                    F.get_json_object("payload", "$.to").alias("state"),
-                    F.get_json_object("payload", "$.from").alias("from_state"),
-                    F.get_json_object("payload", "$.command").alias("command"),
-                    "ts_ms", "seq"))
+                    _field("to").alias("state"), "ts_ms", "seq"))
 
 
 def time_in_state(messages: DataFrame) -> DataFrame:
@@ -288,7 +317,7 @@ def hold_ends(messages: DataFrame) -> DataFrame:
     kind = F.col("type")
     holder = (F.when(kind == "task_released", _field("agent"))
               .when(kind == "task_reclaimed", _field("previous_holder")))
-    return (messages.where(kind.isin(*HOLD_ENDING_TYPES))
+    return (with_payload_fields(messages).where(kind.isin(*HOLD_ENDING_TYPES))
             .select(F.coalesce(_field("task"), F.col("correlation_id")).alias("ended_task"),
                     holder.alias("holder"), F.col("seq").alias("end_seq")))
 
@@ -360,7 +389,7 @@ def dead_tasks(messages: DataFrame) -> DataFrame:
     """Tasks the bus released from a dead holder, whose lease was taken over after it ran
     out (`task_reclaimed`), or that were declared dead; with every agent involved."""
     kind = F.col("type")
-    events = (messages.where(kind.isin("task_released", "task_reclaimed", "task_dead"))
+    events = (with_payload_fields(messages).where(kind.isin(*HOLD_ENDING_TYPES))
               .select(F.coalesce(_field("task"), F.col("correlation_id")).alias("task"),
                       F.array(F.coalesce(_field("agent"), _field("last_holder"),
                                          _field("previous_holder")),
@@ -411,7 +440,8 @@ def _iso(ms_column: str) -> Column:
 
 
 def _field(name: str) -> Column:
-    return F.get_json_object("payload", f"$.{name}")
+    """A payload field as with_payload_fields pulled it out (see PAYLOAD_FIELDS)."""
+    return F.col(f"payload_{name}")
 
 
 @dataclass(frozen=True)
@@ -464,7 +494,8 @@ def compute(spark: SparkSession, export: str, names: Sequence[str], options: Opt
     threads at once): a query's small stages and its driver-side planning
     leave cores idle that another query's tasks then use.
     """
-    raw = read_export(spark, export).persist()  # parsed once: the overview and every query
+    # Parsed once for the overview and every query, and only what they read.
+    raw = with_payload_fields(read_export(spark, export).select(*CACHED_COLUMNS)).persist()
     try:
         seen = overview(spark, raw)
         if strict and seen.malformed:

@@ -64,6 +64,10 @@ def tune_for_one_machine(spark: SparkSession) -> None:
     per stage, run a few at a time here; 128 MB file splits make a 300 MB
     export 3 tasks on 2 cores (one idles for the last third); compressing
     the cached export costs more CPU than the 20% of memory it saves.
+    Adaptive execution re-plans each query after every shuffle, which costs
+    the driver more than it saves on results of a few thousand rows, and
+    its coalescing leaves the largest stage (silence's window) 3 tasks on
+    2 cores.
     """
     context = spark.sparkContext
     if not context.master.startswith("local"):
@@ -73,6 +77,7 @@ def tune_for_one_machine(spark: SparkSession) -> None:
         "spark.sql.shuffle.partitions": str(4 * context.defaultParallelism),
         "spark.sql.files.maxPartitionBytes": "32m",
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        "spark.sql.adaptive.enabled": "false",
     }.items():
         if not given.contains(key):
             spark.conf.set(key, value)

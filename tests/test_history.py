@@ -28,6 +28,7 @@ if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
 import orjson  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
 from pyspark.testing import assertDataFrameEqual  # noqa: E402
 
 import bus.cli  # noqa: E402
@@ -295,6 +296,11 @@ def test_dead_tasks_summarises_releases_and_deaths_per_task(spark: SparkSession)
 # --- extract ------------------------------------------------------------------------
 
 
+# The export's names for msg()'s fields after seq, before the payload.
+ROW_FIELDS = ("id", "ts_ms", "ts", "from", "to", "type", "correlation_id", "in_reply_to",
+              "payload_ref")
+
+
 def export_line(seq: int, payload: Any, ref: str | None = None, **fields: Any) -> bytes:
     """A line as bus/export.py writes it (same key order)."""
     ts_ms = T0 + seq
@@ -423,6 +429,30 @@ def test_end_to_end_real_bus_export_gives_lifecycle_threads_stuck_and_dead_tasks
         ("t9", 0, 0, True, "w9", "task_dead", real_export["dead_reason"], iso(T0 + 200_000)),
     ]))
     messages.unpersist()
+
+
+def test_compute_over_its_narrow_cache_gives_each_query_over_all_of_extract(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """compute caches only the columns the queries read, the payload's fields pulled out
+    for the message types that carry them: every query must give what it gives over all
+    of extract's rows with every field pulled out of every payload."""
+    path = tmp_path / "bus.jsonl"
+    assert gen.main(["--out", str(path), "-n", "3000", "--seed", "4"]) == 0
+    shifted = [(seq + 10_000, *rest) for seq, *rest in HOLD_ENDED_ROWS + LIFECYCLE_ROWS]
+    with path.open("ab") as export:  # the generator writes no task_reclaimed
+        export.writelines(export_line(row[0], None if row[10] is None else orjson.loads(row[10]),
+                                      **dict(zip(ROW_FIELDS, row[1:10]))) for row in shifted)
+        export.write(export_line(20_000, "not an object", type="task_dead"))
+    options = job.Options(stuck_after_seconds=0.0, silence_top=5)
+    _, results = job.compute(spark, str(path), list(job.QUERIES), options)
+    messages = job.extract(spark, str(path))
+    messages = messages.select("*", *[F.get_json_object("payload", f"$.{name}").alias(
+        f"payload_{name}") for name in job.PAYLOAD_FIELDS]).drop("payload")
+    for result in results:
+        full = job.QUERIES[result.name].run(messages, options)
+        assert (result.name, result.rows) == (result.name, [tuple(row) for row in full.collect()])
+    dead = next(result for result in results if result.name == "dead_tasks")
+    assert any(row[dead.columns.index("reclaimed")] for row in dead.rows)  # the added one
 
 
 def test_extract_reads_a_date_partitioned_export_without_a_date_column(
