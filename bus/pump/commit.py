@@ -306,9 +306,11 @@ class Writer:
 
         "lost" when another pump took the unit over (nothing is written), or
         "failed" when writing failed (rolled back; the lease will expire and
-        the unit is tried again, and finally buried). The batch shares one
-        savepoint; when a unit fails in it, the batch is rolled back and
-        written again one savepoint per unit, so only that unit fails.
+        the unit is tried again, and finally buried). Calls that only answered
+        their clients are written together (`_answer_clients_held`); otherwise
+        the batch shares one savepoint, and when a unit fails in it, the batch
+        is rolled back and written again one savepoint per unit, so only that
+        unit fails.
         """
         if len(batch) > 1 and all(_only_answers(done) and done.unit.kind == "call"
                                   for done in batch):
