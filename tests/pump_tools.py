@@ -143,6 +143,16 @@ async def count_up(msg: Sum, ctx: Context) -> Reply:
     return Reply(Add(msg.value, 1), to="calc.add")
 
 
+def counter_listeners(inline: bool = False) -> str:
+    """organism.yaml's listener entries of `counter` and the `calc.add` it calls (inline:
+    a plain `def`, answered in the transaction that routes)."""
+    add = "add_inline\n    inline: true" if inline else "add"
+    return ("  - name: counter\n    root_tag: sum\n    payload: tests.pump_tools:Sum\n"
+            "    handler: tests.pump_tools:count_up\n    peers: [calc.add]\n"
+            "  - name: calc.add\n    root_tag: add\n    payload: tests.pump_tools:Add\n"
+            f"    handler: tests.pump_tools:{add}\n")
+
+
 @xmlify(root="poison")
 @dataclass
 class Poison:

@@ -27,18 +27,7 @@ from bus.xml.pipeline import listener_pipeline
 from bus.xml.pipeline import run
 from tests import pump_tools
 
-COUNTER = """\
-name: org
-listeners:
-  - name: counter
-    root_tag: sum
-    payload: tests.pump_tools:Sum
-    handler: tests.pump_tools:count_up
-    peers: [calc.add]
-  - name: calc.add
-    root_tag: add
-    payload: tests.pump_tools:Add
-    handler: tests.pump_tools:add
+COUNTER = "name: org\nlisteners:\n" + pump_tools.counter_listeners() + """\
   - name: careless
     root_tag: ask
     payload: tests.pump_tools:Ask

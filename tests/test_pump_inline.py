@@ -41,18 +41,7 @@ ECHO = """\
     inline: true
     timeout: 0.2
 """
-COUNTER = """\
-  - name: counter
-    root_tag: sum
-    payload: tests.pump_tools:Sum
-    handler: tests.pump_tools:count_up
-    peers: [calc.add]
-  - name: calc.add
-    root_tag: add
-    payload: tests.pump_tools:Add
-    handler: tests.pump_tools:add_inline
-    inline: true
-"""
+COUNTER = pump_tools.counter_listeners(inline=True)
 
 
 def write_organism(directory: Path, listeners: str = ECHO) -> Path:
