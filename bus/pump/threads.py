@@ -112,6 +112,8 @@ _ANSWERED_CHILD_SQL = (
 )
 # extend_uuid (or answered_child, :closed_at set) for many calls at once: calls is a
 # JSON array of [child uuid, name, parent uuid]; one whose parent is not open writes nothing.
+# (The one-call statements above stay: for a single call this one costs 17 us
+# against 13, the JSON and json_each, on the path of every unit written alone.)
 _ADD_CHILDREN_SQL = (
     "INSERT INTO threads (uuid, parent_id, name, depth, created_at_ms, status, closed_at_ms)"
     " SELECT c.value ->> 0, t.id, c.value ->> 1, t.depth + 1, :now,"
