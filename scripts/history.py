@@ -61,6 +61,7 @@ PART_GLOB = "*.jsonl"  # the exporter's part files; anything else in the directo
 CORRUPT_COLUMN = "_corrupt_record"
 ISO_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"  # the export's `ts` format (session time zone UTC)
 HOUR_FORMAT = "yyyy-MM-dd'T'HH:00'Z'"
+HOUR_MS = 3_600_000
 
 # One export line (bus/export.py). `payload` is any JSON value; typed as a
 # string, Spark's JSON reader keeps objects and arrays as their raw JSON text,
@@ -180,7 +181,24 @@ def _is_directory(spark: SparkSession, path: str) -> bool:
 
 
 def overview(spark: SparkSession, raw: DataFrame) -> Overview:
-    """Totals over read_export's rows, and where the first bad line is.
+    """Totals over read_export's rows, and where the first bad line is."""
+    return survey(spark, raw)[0]
+
+
+@dataclass(frozen=True)
+class Known:
+    """Facts about all the messages that survey's pass finds beside the totals.
+
+    A query given one skips the pass over every message it would otherwise
+    make to find it (a job of its own); None: the query finds it itself.
+    """
+
+    newest_ms: int | None = None  # the newest message's ts_ms
+    beaters: frozenset[str] | None = None  # the agents that send heartbeats
+
+
+def survey(spark: SparkSession, raw: DataFrame) -> tuple[Overview, Known]:
+    """The overview of read_export's rows, and what the queries may take from the same pass.
 
     One aggregate per (sender, bad file): a few rows per agent, summed here.
     A count_distinct of senders beside the other totals would make Spark
@@ -188,15 +206,18 @@ def overview(spark: SparkSession, raw: DataFrame) -> Overview:
     """
     groups = (raw.groupBy(F.col("from").alias("agent"), "bad_file")
               .agg(F.count(F.lit(1)).alias("lines"), F.min("ts_ms").alias("first_ms"),
-                   F.max("ts_ms").alias("last_ms"))
+                   F.max("ts_ms").alias("last_ms"),
+                   F.max(F.col("type") == HEARTBEAT_TYPE).alias("beats"))
               .collect())
     good = [group for group in groups if group.bad_file is None]
     bad = [group for group in groups if group.bad_file is not None]
-    return Overview(sum(group.lines for group in good),
+    seen = Overview(sum(group.lines for group in good),
                     len({group.agent for group in good} - {None}),
                     _extreme(min, [group.first_ms for group in good]),
                     _extreme(max, [group.last_ms for group in good]),
                     sum(group.lines for group in bad), _first_malformed(spark, bad))
+    beaters = frozenset(group.agent for group in good if group.beats and group.agent is not None)
+    return seen, Known(newest_ms=seen.last_ms, beaters=beaters)
 
 
 def _first_malformed(spark: SparkSession, bad: list[Row]) -> str | None:
@@ -246,13 +267,15 @@ class MalformedExport(ValueError):
 
 
 def volume(messages: DataFrame) -> DataFrame:
-    """Messages per hour, sending agent and type."""
-    hour = F.date_trunc("hour", F.timestamp_millis("ts_ms"))
-    return (messages.groupBy(hour.alias("hour"), F.col("from_agent").alias("agent"), "type")
+    """Messages per hour (UTC), sending agent and type."""
+    # UTC hours start at multiples of an hour since the epoch: integer
+    # arithmetic per message, where date_trunc would work through a calendar.
+    hour_ms = F.col("ts_ms") - F.pmod("ts_ms", F.lit(HOUR_MS))
+    return (messages.groupBy(hour_ms.alias("hour"), F.col("from_agent").alias("agent"), "type")
             .agg(F.count(F.lit(1)).alias("messages"))
             .transform(ordered, "hour", "agent", "type")
             # Formatted once per group, not once per message: it is the costly part.
-            .withColumn("hour", F.date_format("hour", HOUR_FORMAT)))
+            .withColumn("hour", F.date_format(F.timestamp_millis("hour"), HOUR_FORMAT)))
 
 
 def state_changes(messages: DataFrame) -> DataFrame:
@@ -286,16 +309,17 @@ def lifecycle(messages: DataFrame) -> DataFrame:
             .transform(ordered, "worker", "state"))
 
 
-def stuck(messages: DataFrame, after_seconds: float = STUCK_AFTER_SECONDS) -> DataFrame:
+def stuck(messages: DataFrame, after_seconds: float = STUCK_AFTER_SECONDS,
+          newest_ms: int | None = None) -> DataFrame:
     """Tasks whose last state is not terminal, older than `after_seconds`, and still held.
 
     A (worker, task) pair no longer counts once the bus has ended that
     worker's hold after its last state change: `task_released` naming it,
     `task_reclaimed` naming it as the previous holder, or `task_dead` for the
     task (whoever held it). Age is measured against the newest message in
-    the data, not the clock, so an old export gives the same answer tomorrow.
+    the data, not the clock, so an old export gives the same answer tomorrow:
+    `newest_ms` when the caller knows it (Known), else found here.
     """
-    newest = messages.agg(F.max("ts_ms").alias("newest_ms"))
     # An aggregate, not a window: it combines before the shuffle and sorts nothing.
     latest = F.max_by(F.struct("state", "ts_ms", "seq"), F.struct("ts_ms", "seq"))
     last = (state_changes(messages).groupBy("worker", "task").agg(latest.alias("last"))
@@ -305,7 +329,11 @@ def stuck(messages: DataFrame, after_seconds: float = STUCK_AFTER_SECONDS) -> Da
     still_held = last.join(ended, (last["task"] == ended["ended_task"])
                            & (ended["holder"].isNull() | (last["worker"] == ended["holder"]))
                            & (ended["end_seq"] > last["seq"]), "left_anti")
-    return (still_held.crossJoin(newest)
+    if newest_ms is None:
+        still_held = still_held.crossJoin(messages.agg(F.max("ts_ms").alias("newest_ms")))
+    else:
+        still_held = still_held.withColumn("newest_ms", F.lit(newest_ms))
+    return (still_held
             .withColumn("stuck_s", (F.col("newest_ms") - F.col("ts_ms")) / 1000.0)
             .where(F.col("stuck_s") > F.lit(after_seconds))
             .select("worker", "task", "state", _iso("ts_ms").alias("since"), "stuck_s")
@@ -352,21 +380,19 @@ def threads(messages: DataFrame) -> DataFrame:
             .drop("total"))
 
 
-def silence(messages: DataFrame, top: int = SILENCE_TOP) -> DataFrame:
+def silence(messages: DataFrame, top: int = SILENCE_TOP,
+            beaters: frozenset[str] | None = None) -> DataFrame:
     """The `top` longest gaps between consecutive messages of each agent.
 
     An agent that sends heartbeat messages is judged by those alone (its
     other messages are not proof of a live loop); any other by all it sends.
+    `beaters` names the agents that send heartbeats when the caller knows
+    them (Known), else they are found here.
     """
     in_order = Window.partitionBy("from_agent").orderBy("ts_ms", "seq")
-    is_beat = F.col("type") == HEARTBEAT_TYPE
-    # Agents are few: a broadcast list of the beating ones is cheaper than a
-    # whole-partition window over every message.
-    beaters = (messages.where(is_beat).select("from_agent").distinct()
-               .withColumn("beats", F.lit(True)))
-    basis = (messages.select("from_agent", "ts_ms", "seq", is_beat.alias("beat"))
-             .join(F.broadcast(beaters), "from_agent", "left")
-             .withColumn("beats", F.coalesce("beats", F.lit(False)))
+    basis = (_with_beats(messages, beaters)
+             .select("from_agent", "ts_ms", "seq", "beats",
+                     (F.col("type") == HEARTBEAT_TYPE).alias("beat"))
              .where(F.col("beat") | ~F.col("beats")))
     gaps = (basis.withColumn("start_ms", F.lag("ts_ms").over(in_order))
             .where(F.col("start_ms").isNotNull())
@@ -383,6 +409,19 @@ def silence(messages: DataFrame, top: int = SILENCE_TOP) -> DataFrame:
                     _iso("gap.start_ms").alias("start"), _iso("gap.ts_ms").alias("end"),
                     F.col("gap.gap_s").alias("gap_s"))
             .transform(ordered, F.desc("gap_s"), "agent", "start"))
+
+
+def _with_beats(messages: DataFrame, beaters: frozenset[str] | None) -> DataFrame:
+    """`messages` with `beats`: does the sender send heartbeats (any, in `messages`)?"""
+    if beaters is not None:
+        return messages.withColumn(
+            "beats", F.coalesce(F.col("from_agent").isin(*sorted(beaters)), F.lit(False)))
+    # Agents are few: a broadcast list of the beating ones is cheaper than a
+    # whole-partition window over every message.
+    beating = (messages.where(F.col("type") == HEARTBEAT_TYPE).select("from_agent").distinct()
+               .withColumn("beats", F.lit(True)))
+    return (messages.join(F.broadcast(beating), "from_agent", "left")
+            .withColumn("beats", F.coalesce("beats", F.lit(False))))
 
 
 def dead_tasks(messages: DataFrame) -> DataFrame:
@@ -452,18 +491,22 @@ class Options:
 
 @dataclass(frozen=True)
 class Query:
-    run: Callable[[DataFrame, Options], DataFrame]
+    transform: Callable[[DataFrame, Options, Known], DataFrame]
     title: str
+
+    def run(self, messages: DataFrame, options: Options, known: Known = Known()) -> DataFrame:
+        return self.transform(messages, options, known)
 
 
 QUERIES: dict[str, Query] = {
-    "volume": Query(lambda m, o: volume(m), "messages per hour, agent and type"),
-    "lifecycle": Query(lambda m, o: lifecycle(m), "time in state per worker (seconds)"),
-    "stuck": Query(lambda m, o: stuck(m, o.stuck_after_seconds),
+    "volume": Query(lambda m, o, k: volume(m), "messages per hour, agent and type"),
+    "lifecycle": Query(lambda m, o, k: lifecycle(m), "time in state per worker (seconds)"),
+    "stuck": Query(lambda m, o, k: stuck(m, o.stuck_after_seconds, k.newest_ms),
                    "tasks stuck in a non-terminal state"),
-    "threads": Query(lambda m, o: threads(m), "request-to-reply latency (ms)"),
-    "silence": Query(lambda m, o: silence(m, o.silence_top), "longest silences per agent"),
-    "dead_tasks": Query(lambda m, o: dead_tasks(m),
+    "threads": Query(lambda m, o, k: threads(m), "request-to-reply latency (ms)"),
+    "silence": Query(lambda m, o, k: silence(m, o.silence_top, k.beaters),
+                     "longest silences per agent"),
+    "dead_tasks": Query(lambda m, o, k: dead_tasks(m),
                         "tasks released, taken over (reclaimed) or declared dead"),
 }
 
@@ -497,14 +540,14 @@ def compute(spark: SparkSession, export: str, names: Sequence[str], options: Opt
     # Parsed once for the overview and every query, and only what they read.
     raw = with_payload_fields(read_export(spark, export).select(*CACHED_COLUMNS)).persist()
     try:
-        seen = overview(spark, raw)
+        seen, known = survey(spark, raw)
         if strict and seen.malformed:
             raise MalformedExport(f"{seen.malformed_note('in the export')}; --strict stops"
                                   " at any (without it they are skipped and counted)")
         messages = to_messages(raw)
         with ThreadPoolExecutor(QUERY_THREADS) as pool:
             return seen, list(pool.map(
-                lambda name: collect(name, QUERIES[name].run(messages, options)), names))
+                lambda name: collect(name, QUERIES[name].run(messages, options, known)), names))
     finally:
         raw.unpersist()
 

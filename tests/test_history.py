@@ -15,6 +15,8 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import datetime
+from datetime import timezone
 from pathlib import Path
 from typing import Any
 from typing import Iterator
@@ -83,6 +85,16 @@ def test_volume_counts_messages_per_hour_agent_and_type(spark: SparkSession) -> 
             ("2026-01-05T08:00Z", "w2", "heartbeat", 1),
             ("2026-01-05T09:00Z", "w1", "heartbeat", 1),
         ]), checkRowOrder=True)
+
+
+def test_volume_hours_are_utc_hours_before_and_after_the_epoch(spark: SparkSession) -> None:
+    """volume finds the hour by arithmetic on ts_ms: it must agree with the calendar's
+    UTC hour on each side of an hour's edge, before 1970 too."""
+    times = [-3_600_001, -3_600_000, -1, 0, 3_599_999, T0 - 1, T0]
+    rows = [msg(seq, ts_ms, "w1", f"t{seq}") for seq, ts_ms in enumerate(times, 1)]
+    hours = {row.type: row.hour for row in job.volume(messages_df(spark, rows)).collect()}
+    assert hours == {f"t{seq}": datetime.fromtimestamp(ts_ms // 1000, timezone.utc)
+                     .strftime("%Y-%m-%dT%H:00Z") for seq, ts_ms in enumerate(times, 1)}
 
 
 def test_time_in_state_ends_at_the_next_change_of_the_same_worker_and_task(

@@ -78,8 +78,13 @@ def silence_by_definition(rows: list[tuple], top: int) -> list[tuple]:
                msg(3, T0 + 4_000, "a", "note")], top=1)
 def test_silence_is_the_longest_gaps_by_definition(
         spark: SparkSession, rows: list[tuple], top: int) -> None:
-    result = job.silence(messages_df(spark, rows), top=top).collect()
-    assert [tuple(row) for row in result] == silence_by_definition(rows, top)
+    """Whether silence finds the beating agents itself or is told them (Known)."""
+    messages = messages_df(spark, rows)
+    beaters = frozenset(row[4] for row in rows if row[6] == "heartbeat")
+    expected = silence_by_definition(rows, top)
+    for given_beaters in (None, beaters):
+        result = job.silence(messages, top=top, beaters=given_beaters).collect()
+        assert [tuple(row) for row in result] == expected, given_beaters
 
 
 @st.composite
@@ -145,18 +150,23 @@ def ends_hold(row: tuple, worker: str, task: str) -> bool:
     msg(7, T0 + 10_000, "x", "note")], after_seconds=3.0)
 def test_stuck_is_the_live_non_terminal_holds_by_definition(
         spark: SparkSession, rows: list[tuple], after_seconds: float) -> None:
-    result = job.stuck(messages_df(spark, rows), after_seconds=after_seconds).collect()
+    """Whether stuck finds the newest message itself or is told its time (Known)."""
+    messages = messages_df(spark, rows)
     expected = stuck_by_definition(rows, after_seconds) if rows else []
-    assert [tuple(row) for row in result] == expected
+    for newest_ms in (None, max((row[2] for row in rows), default=None)):
+        result = job.stuck(messages, after_seconds=after_seconds, newest_ms=newest_ms).collect()
+        assert [tuple(row) for row in result] == expected, newest_ms
 
 
 @EXAMPLES
 @given(rows=sends())
-def test_overview_counts_what_the_export_holds(spark: SparkSession, rows: list[tuple]) -> None:
+def test_survey_counts_what_the_export_holds_and_knows_the_newest_and_the_beaters(spark: SparkSession, rows: list[tuple]) -> None:
     raw = (messages_df(spark, rows).withColumnRenamed("from_agent", "from")
            .withColumn("bad_file", F.lit(None).cast("string")))  # read_export's columns
-    seen = job.overview(spark, raw)
+    seen, known = job.survey(spark, raw)
     times = [row[2] for row in rows]
     assert (seen.messages, seen.agents, seen.first_ms, seen.last_ms, seen.malformed) == (
         len(rows), len({row[4] for row in rows}), min(times, default=None),
         max(times, default=None), 0)
+    assert known == job.Known(newest_ms=max(times, default=None), beaters=frozenset(
+        row[4] for row in rows if row[6] == "heartbeat"))
