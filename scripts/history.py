@@ -46,6 +46,7 @@ from history_report import Result
 from history_report import output_problem
 from history_report import show
 from history_report import write_report
+from history_session import QUERY_THREADS
 from history_session import SparkStartError  # noqa: F401 - callers catch it from here
 from history_session import start_spark
 
@@ -56,7 +57,6 @@ HOLD_ENDING_TYPES = ("task_released", "task_reclaimed", "task_dead")
 STUCK_AFTER_SECONDS = 3600.0
 SILENCE_TOP = 3  # largest gaps reported per agent
 MAX_SILENCE_TOP = 100_000  # the most max_by(..., k) keeps per group
-QUERY_THREADS = 3  # queries in flight at once (see compute)
 PART_GLOB = "*.jsonl"  # the exporter's part files; anything else in the directory is not read
 CORRUPT_COLUMN = "_corrupt_record"
 ISO_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"  # the export's `ts` format (session time zone UTC)

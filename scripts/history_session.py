@@ -6,6 +6,7 @@ this directory first on sys.path.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -20,6 +21,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 APP_NAME = "agentbus-history"
+QUERY_THREADS = 3  # the job's queries in flight at once (history.compute)
 QUIET_LOG_LEVEL = "WARN"  # Spark's INFO lines are for debugging Spark, not for reading history
 
 
@@ -61,7 +63,11 @@ def tune_for_one_machine(spark: SparkSession) -> None:
     """On a local master, SQL settings that suit one small machine (unless set already).
 
     Spark's defaults are for clusters: 200 shuffle partitions are 200 tasks
-    per stage, run a few at a time here; 128 MB file splits make a 300 MB
+    per stage, run a few at a time here. The job runs QUERY_THREADS queries
+    at once, so each query's shuffle gets about cores / QUERY_THREADS of the
+    cores: one partition each (two on 6 cores...), as any more only add
+    tasks (on 2 cores, 8 partitions cost the six queries 3-5 CPU s more
+    than 1, measured in docs/benchmarks.md). 128 MB file splits make a 300 MB
     export 3 tasks on 2 cores (one idles for the last third); compressing
     the cached export costs more CPU than the 20% of memory it saves.
     Adaptive execution re-plans each query after every shuffle, which costs
@@ -74,7 +80,7 @@ def tune_for_one_machine(spark: SparkSession) -> None:
         return
     given = context.getConf()
     for key, value in {
-        "spark.sql.shuffle.partitions": str(4 * context.defaultParallelism),
+        "spark.sql.shuffle.partitions": str(math.ceil(context.defaultParallelism / QUERY_THREADS)),
         "spark.sql.files.maxPartitionBytes": "32m",
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
         "spark.sql.adaptive.enabled": "false",

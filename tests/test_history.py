@@ -726,3 +726,27 @@ def test_history_script_rejects_a_silence_top_max_by_cannot_keep(
         job.parse_args(["--export", "x.jsonl", "--silence-top", top])
     assert exit_.value.code == 2
     assert f"--silence-top: must be 1 to 100000, not {int(top)}" in capsys.readouterr().err
+
+
+TUNED_SESSION = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from history_session import start_spark
+spark = start_spark(quiet=True)
+print(spark.conf.get("spark.sql.shuffle.partitions"), spark.conf.get("spark.sql.adaptive.enabled"))
+spark.stop()
+"""
+
+
+def test_a_local_master_gets_a_shuffle_partition_per_core_a_query_has_and_given_settings_stay(
+        tmp_path: Path) -> None:
+    """On local[4] the job's QUERY_THREADS (3) queries share 4 cores: 2 partitions each.
+    A setting the launch gives (here adaptive execution on) is not overridden."""
+    env = {**os.environ, "SPARK_MASTER": "local[4]", "TMPDIR": str(tmp_path),
+           "PYSPARK_SUBMIT_ARGS": f"--driver-java-options '-Djava.io.tmpdir={tmp_path}"
+                                  f" {QUICK_JVM}' --conf spark.ui.enabled=false"
+                                  " --conf spark.sql.adaptive.enabled=true pyspark-shell"}
+    done = subprocess.run([sys.executable, "-c", TUNED_SESSION, str(REPO_ROOT / "scripts")],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["2", "true"]
