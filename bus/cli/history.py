@@ -94,7 +94,7 @@ def load_job() -> ModuleType:
                                    " runs from a checkout of agentbus")
     if JOB_MODULE in sys.modules:  # loaded once per process, like any import
         return sys.modules[JOB_MODULE]
-    if str(JOB_PATH.parent) not in sys.path:  # the job imports history_report beside it
+    if str(JOB_PATH.parent) not in sys.path:  # the job imports its modules beside it
         sys.path.append(str(JOB_PATH.parent))
     spec = importlib.util.spec_from_file_location(JOB_MODULE, JOB_PATH)
     module = importlib.util.module_from_spec(spec)
