@@ -367,7 +367,7 @@ def collect(name: str, result: DataFrame) -> Result:
     except ImportError:  # no pyarrow: only --out needs it, and says so
         arrow_schema = None
     return Result(name, QUERIES[name].title, result.columns,
-                                 [tuple(row) for row in result.collect()], arrow_schema)
+                  [tuple(row) for row in result.collect()], arrow_schema)
 
 
 def query_names(query: str) -> list[str]:

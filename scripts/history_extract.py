@@ -80,8 +80,6 @@ MESSAGES_SCHEMA = T.StructType([
 ])
 
 
-
-
 def extract(spark: SparkSession, path: str) -> DataFrame:
     """The export at `path` (file or directory, any Hadoop URI) as MESSAGES_SCHEMA rows.
 

@@ -160,7 +160,8 @@ def test_stuck_is_the_live_non_terminal_holds_by_definition(
 
 @EXAMPLES
 @given(rows=sends())
-def test_survey_counts_what_the_export_holds_and_knows_the_newest_and_the_beaters(spark: SparkSession, rows: list[tuple]) -> None:
+def test_survey_counts_what_the_export_holds_and_knows_the_newest_and_the_beaters(
+        spark: SparkSession, rows: list[tuple]) -> None:
     raw = (messages_df(spark, rows).withColumnRenamed("from_agent", "from")
            .withColumn("bad_file", F.lit(None).cast("string")))  # read_export's columns
     seen, known = job.survey(spark, raw)
