@@ -43,10 +43,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# One environment for both: the demo's history report needs pyspark (the
-# `spark` extra), the tests need pytest and hypothesis (`dev`) and test Spark too.
+# One environment for both, with every extra (`all`: the views, the MCP server
+# and Spark; the demo's history report needs Spark, the tests drive them all)
+# and `dev` (pytest, hypothesis, playwright).
 $(INSTALLED): setup.cfg pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
+	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
 	touch $@
 
 clean:

@@ -16,7 +16,8 @@ workers commit to, and the export (demo/bus.jsonl).
    request is answered, a broadcast races two search tools, a chain ends
    in a final answer, and a <huh> teaches a bad caller.
 6. The log is exported to JSONL and the Spark history report runs on it
-   (the pump's conversations show up in its `threads` latency table).
+   (the pump's conversations show up in its `threads` latency table); its
+   files, report.html with the charts among them, land in demo/report/.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "demo"
 DB = DEMO / "bus.db"
 REPO = DEMO / "repo"
+REPORT = DEMO / "report"
 TASKS = ROOT / "scripts" / "demo_tasks.py"
 ORGANISM = ROOT / "examples" / "organism.yaml"
 LEASE_MS = 3000
@@ -61,8 +63,11 @@ def main() -> int:
     pump_section()
     section("6. The log goes to JSONL (tail -f demo/bus.jsonl) and Spark reads it")
     cli("bus", "export")
-    history_report()
-    print(f"\nDone in {time.monotonic() - started:.0f} s. Try next:\n"
+    report = history_report()
+    print(f"\nDone in {time.monotonic() - started:.0f} s.")
+    if report is not None:
+        print(f"The history report: {report.relative_to(ROOT)} (open it in a browser)")
+    print(f"Try next:\n"
           f"  tail -f demo/bus.jsonl                 (and `bus --db demo/bus.db export --follow`)\n"
           f"  .venv/bin/bus --db demo/bus.db tail -n 20\n"
           f"  .venv/bin/worker --db demo/bus.db status\n"
@@ -109,7 +114,7 @@ def review_and_merge() -> None:
 def pump_section() -> None:
     section("5. The message pump: the example organism answers, races, chains and teaches")
     organism = str(ORGANISM.relative_to(ROOT))
-    cli("bus", "organism", "check", organism)
+    cli("bus", "pump", "organism", "check", organism)
     print(f"$ bus pump run {organism} &")
     pump = subprocess.Popen(_argv("bus", ["pump", "run", organism]), env=_env(), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -129,19 +134,16 @@ def pump_section() -> None:
         output, _ = pump.communicate(timeout=60)
     for line in output.splitlines():
         print(f"  [pump] {line}")
-    cli("bus", "threads", "--limit", "8")
+    cli("bus", "pump", "threads", "--limit", "8")
 
 
-def history_report() -> None:
-    try:
-        import pyspark  # noqa: F401 - only checking that the report can run
-    except ImportError:
-        print("  (PySpark is not installed: `make demo` installs it; skipping the report)")
-        return
+def history_report() -> Path | None:
+    """Every query in one Spark session, printed and written to demo/report/."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         print("  (Java is not installed: Spark needs it; skipping the report)")
-        return
-    cli("bus", "history", check=False)  # every query, one Spark session
+        return None
+    cli("bus", "history", "--out", str(REPORT.relative_to(ROOT)))
+    return REPORT / "report.html"
 
 
 # --- plumbing -----------------------------------------------------------------------

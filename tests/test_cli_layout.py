@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -13,6 +14,7 @@ from bus.cli import main
 from bus.cli.layout import MOVED
 from bus.cli.layout import SECTIONS
 from tests.cli_helpers import run
+from tests.conftest import REPO_ROOT
 
 NOTE = re.compile(r"note: `bus (\S+)` is now `bus (\S+ \S+)`; the old name goes in the next release")
 
@@ -110,3 +112,28 @@ def test_cli_old_name_in_a_real_process(db_path):
                          capture_output=True, text=True)
     assert (old.returncode, old.stdout) == (0, "no threads\n")
     assert "`bus threads` is now `bus pump threads`" in old.stderr
+
+
+def bus_commands_the_demo_runs() -> list[tuple[int, str]]:
+    """(line, top-level name) of every `cli("bus", NAME, ...)` and `_argv("bus", [NAME, ...])`
+    in scripts/demo.py."""
+    tree = ast.parse((REPO_ROOT / "scripts" / "demo.py").read_text())
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("cli", "_argv") and len(node.args) >= 2
+                and isinstance(node.args[0], ast.Constant) and node.args[0].value == "bus"):
+            continue
+        name = node.args[1].elts[0] if isinstance(node.args[1], ast.List) else node.args[1]
+        if isinstance(name, ast.Constant):
+            found.append((node.lineno, name.value))
+    return found
+
+
+def test_demo_runs_only_current_command_names():
+    # `make demo` is what a newcomer reads first: it must not teach a name that prints a note.
+    used = bus_commands_the_demo_runs()
+    assert {"export", "history", "pump"} <= {name for _, name in used}  # the walk found them
+    stale = [(line, name) for line, name in used
+             if name not in main.commands or main.commands[name].hidden or name in MOVED]
+    assert stale == []

@@ -6,6 +6,7 @@ import click
 
 from bus.cli.context import BusContext
 from bus.cli.context import pass_bus_context
+from bus.cli.extras import import_extra
 
 
 @click.command()
@@ -18,8 +19,8 @@ def top(obj: BusContext) -> None:
 
     Example: bus top
     """
-    from bus.views.top import run_top  # Textual loads only for the command that draws
-
+    # Textual loads only for the command that draws, and comes with the views extra.
+    run_top = import_extra("bus.views.top", "views", "bus top").run_top
     run_top(obj.db, obj.durability)
 
 
@@ -39,7 +40,10 @@ def serve(obj: BusContext, host: str, port: int, allow_remote: bool) -> None:
 
     Example: bus serve --port 8765   # then open http://127.0.0.1:8765/
     """
-    from bus.views.serve import serve as run_server  # Starlette loads only for this command
+    # Starlette and uvicorn load only for this command; plotly (whose JS the page
+    # loads from the installed package) is checked now, not at the first request.
+    run_server = import_extra("bus.views.serve", "views", "bus serve").serve
+    import_extra("plotly", "views", "bus serve")
 
     def ready(url: str) -> None:
         click.echo(f"serving {obj.db} read-only at {url} (Ctrl-C stops)")

@@ -10,6 +10,7 @@ import orjson
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
+from bus.cli.extras import import_extra
 from bus.cli.output import echo_json
 
 
@@ -40,6 +41,8 @@ def mcp(obj: BusContext, agent: str, list_only: bool, tool: str | None, argument
       bus mcp --agent planner --call publish --args '{"type": "note", "to": "worker-1"}'
     """
     # Imported here: the SDK takes most of a second to load, and no other command needs it.
+    # It comes with the mcp extra: without it, the error names that extra.
+    import_extra("bus.mcpserver", "mcp", "bus mcp")
     from bus.mcpserver import AgentSession
     from bus.mcpserver import build_server
 
