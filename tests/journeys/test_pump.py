@@ -167,6 +167,7 @@ def test_a_request_that_kills_the_pump_becomes_a_listed_dead_letter(journey: Jou
     # Its sender, still waiting, is told once the next pump gives up on it.
     assert journey.buried.returncode == HUH_EXIT, journey.buried.stderr
     assert journey.buried.stdout.startswith("crasher -> console: <huh code=\"dead-letter\"")
+    assert "the listener's handler was tried once and never finished" in journey.buried.stdout
     assert journey.dead.returncode == 0, journey.dead.stderr
     (letter,) = [json.loads(line) for line in journey.dead.stdout.splitlines()]
     assert (letter["listener"], letter["sender"], letter["attempts"], letter["outcome"]) == (
