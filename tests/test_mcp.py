@@ -282,6 +282,26 @@ def test_mcp_worker_tools_drive_the_agents_own_worker(bus: Bus, db_path: Path, r
     assert rows(bus, "SELECT agent_id, status FROM heartbeats") == [("w1", "stopped")]
 
 
+def test_mcp_worker_heartbeat_refuses_stopped_as_worker_heartbeat_does(
+        bus: Bus, db_path: Path, repo: Path):
+    """`stopped` is the beat done, fail and cancel write: a WORKING worker that beat it
+    would show as stopped on every view while it still holds its task."""
+    from workers.lifecycle import Workers
+
+    Workers(bus).spawn("fix-login", "w1", repo)
+    assert run(["mcp", "--agent", "w1", "--call", "worker_start"], db_path).exit_code == 0
+    before = rows(bus, "SELECT status FROM heartbeats WHERE agent_id = 'w1'")
+    stopped = run(["mcp", "--agent", "w1", "--call", "worker_heartbeat", "--args",
+                   '{"status": "stopped"}'], db_path)
+    assert stopped.exit_code == 1
+    assert "status" in stopped.stderr and "'idle', 'working' or 'blocked'" in stopped.stderr
+    assert rows(bus, "SELECT status FROM heartbeats WHERE agent_id = 'w1'") == before
+    blocked = run(["mcp", "--agent", "w1", "--call", "worker_heartbeat", "--args",
+                   '{"status": "blocked"}'], db_path)
+    assert blocked.exit_code == 0, blocked.output
+    assert rows(bus, "SELECT status FROM heartbeats WHERE agent_id = 'w1'") == [("blocked",)]
+
+
 def test_mcp_resources_status_inbox_and_thread(bus: Bus, db_path: Path):
     bus.publish("boss", "hello", to="planner")
     bus.publish("boss", "other", to="someone-else")

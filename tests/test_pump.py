@@ -449,6 +449,27 @@ def test_a_unit_taken_over_before_the_commit_is_lost_and_writes_nothing(bus, tmp
     assert (unit.id, unit.attempts) == (stolen[0], 3)
 
 
+def test_a_dead_letter_says_how_often_its_handler_was_tried(bus, tmp_path):
+    """A unit whose lease ran out on its only attempt is a dead letter tried `once`."""
+    organism = tmp_path / "organism.yaml"
+    organism.write_text(f"name: org\nlisteners:\n  - name: calculator\n    {ADD}\n"
+                        "    max_attempts: 1\n")
+    sent = client.send(bus, "org", b"<add><a>1</a><b>2</b></add>", to="calculator")
+    stalled = []
+
+    def lose_the_lease(finished: list) -> None:  # as if the pump stalled past its lease
+        if not stalled:
+            stalled.append(finished[0].unit.id)
+            bus.conn.execute("UPDATE pump_work SET lease_owner = 'stalled', lease_until_ms = 1"
+                             " WHERE id = ?", (stalled[0],))
+
+    pump = run_pump(bus, organism, before_commit=lose_the_lease)
+    assert pump.stats.outcomes == {"dead": 1, "lost": 1}
+    got, = answers(bus, sent)
+    assert (got.root_tag, got.to) == ("huh", "console")
+    assert "the listener's handler was tried once and never finished" in got.payload_xml
+
+
 def test_a_unit_taken_over_among_others_is_lost_alone(bus, tmp_path):
     """Units that only answered their clients commit together; one another pump took over
     meanwhile is lost (nothing written for it), the others of its batch are replied."""

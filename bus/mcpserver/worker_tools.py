@@ -10,12 +10,16 @@ from typing import Optional
 from pydantic import Field
 
 from bus.heartbeats import STATUSES
+from bus.heartbeats import STOPPED
 from bus.mcpserver.log_tools import LeaseMs
 from bus.mcpserver.log_tools import WAIT_MAX_S
 from bus.mcpserver.session import AgentSession
 from bus.pump import client
 from workers.lifecycle import DEFAULT_LEASE_MS
 
+# `stopped` is the last beat the lifecycle itself writes (done, fail, cancel); a
+# worker that beat it while WORKING would show as stopped to everyone. As `worker heartbeat`.
+WorkerStatus = Literal[tuple(s for s in STATUSES if s != STOPPED)]
 WorkerLease = Annotated[LeaseMs, Field(description=(
     "Lease on your task in milliseconds; worker_heartbeat renews it."))]
 
@@ -52,7 +56,7 @@ class WorkerTools:
         self,
         progress: Annotated[Optional[float], Field(ge=0, le=1, description=(
             "Fraction done, 0 to 1."))] = None,
-        status: Annotated[Literal[STATUSES], Field(description="What you are doing.")] = "working",
+        status: Annotated[WorkerStatus, Field(description="What you are doing.")] = "working",
         lease_ms: WorkerLease = DEFAULT_LEASE_MS,
     ) -> dict[str, Any]:
         """Beat as your worker and renew your task's lease; call it at least every few minutes."""

@@ -84,6 +84,11 @@ ORPHAN_CHECK_MS = 1000
 ENCODED_MAX = 4096  # envelopes the pump remembers having encoded (see checked_input)
 
 
+def _times(n: int) -> str:
+    """`once` or `N times`, for people reading a dead letter's <huh>."""
+    return "once" if n == 1 else f"{n} times"
+
+
 @dataclass
 class PumpStats:
     """What a run did; `outcomes` counts committed units by outcome (replied, huh, ...)."""
@@ -474,7 +479,7 @@ class Pump:
     def _bury(self, writer: Writer) -> None:
         dead = work.bury_exhausted(writer.conn, self.name, writer.now)
         writer.bury(dead, lambda unit: (
-            f"dead-letter:the listener's handler was tried {unit.attempts} times and never "
+            f"dead-letter:the listener's handler was tried {_times(unit.attempts)} and never "
             "finished (the pump died or lost its lease each time); the request was dropped: "
             "send a smaller or different request"))
         self.stats.count("dead", len(dead))
