@@ -22,12 +22,14 @@ from typing import Callable
 from typing import Sequence
 
 from bus.history.units import duration_unit
+from bus.history.units import in_unit
 from bus.history.units import parse_time
 
 PNG_SIZE = (10.0, 4.0)  # inches, at PNG_DPI: 1000 x 400 pixels
 PNG_DPI = 100
 TASK_EVENT_TYPES = ("task_released", "task_reclaimed", "task_dead")
 HOUR = timedelta(hours=1)  # the volume query's bucket
+SMALL_COUNT = 10  # below this many, plotly's count axes tick every whole number
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,18 @@ class Chart:
     y_title: str
     series: dict[str, tuple[list[Any], list[Any]]]
     bucket: timedelta | None = None
+
+    def counts(self) -> bool:
+        """Are the y values counts (whole numbers), so the axis ticks whole numbers only?"""
+        return all(isinstance(y, int) for _, ys in self.series.values() for y in ys)
+
+    def tallest(self) -> float:
+        """The highest stack of bars (0 with no data)."""
+        stacks: dict[Any, float] = defaultdict(float)
+        for xs, ys in self.series.values():
+            for x, y in zip(xs, ys):
+                stacks[x] += y
+        return max(stacks.values(), default=0)
 
     def time_range(self) -> tuple[datetime, datetime] | None:
         """The x axis of a time chart: from half a bucket before the first bucket to
@@ -116,7 +130,7 @@ def _time_in_state(lifecycle: list[dict[str, Any]]) -> Chart:
     states = sorted(seconds, key=lambda state: -seconds[state])
     return Chart("time_in_state", f"Time in each worker state, all workers ({unit})", "bar",
                  "state", f"time ({unit})",
-                 {unit: (states, [round(seconds[s] / size, 2) for s in states])})
+                 {unit: (states, [in_unit(seconds[s], unit, size) for s in states])})
 
 
 # --- plotly (report.html) ---------------------------------------------------------------
@@ -135,7 +149,10 @@ def plotly_figure(chart: Chart) -> Any:
                                     offset=0, width=chart.bucket / timedelta(milliseconds=1),
                                     marker_line={"width": 0.5, "color": "white"}))
     figure.update_layout(title=chart.title, barmode="stack", xaxis_title=chart.x_title,
-                         yaxis_title=chart.y_title, height=420, margin={"t": 60})
+                         yaxis_title=chart.y_title, height=420, margin={"t": 60},
+                         showlegend=chart.kind == "stacked")  # a lone series too: which type
+    if chart.counts() and chart.tallest() < SMALL_COUNT:
+        figure.update_yaxes(dtick=1)  # no 0.2-event ticks under a bar of 1
     span = chart.time_range()
     if span is not None:
         figure.update_xaxes(type="date", range=[_plotly_time(end) for end in span])
@@ -170,14 +187,17 @@ def png_figure(chart: Chart) -> Any:
 
     matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     figure, axes = plt.subplots(figsize=PNG_SIZE, dpi=PNG_DPI)
     if chart.bucket is None:
         _draw_categories(axes, chart)
     else:
         _draw_times(axes, chart)
-    if len(chart.series) > 1:
+    if chart.kind == "stacked":  # a lone series too: which type it is
         axes.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if chart.counts():
+        axes.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_title(chart.title)
     axes.set_xlabel(chart.x_title)
     axes.set_ylabel(chart.y_title)

@@ -30,6 +30,7 @@ from bus.history.charts import charts
 from bus.history.charts import plotly_figure
 from bus.history.charts import write_pngs
 from bus.history.units import duration_unit
+from bus.history.units import in_unit
 from bus.history.units import parse_time
 
 SUMMARY_TOP = 8  # rows per query in the summary: 7 sections of at most 13 lines
@@ -194,7 +195,7 @@ def _lifecycle_by_state(result: Result, top: int) -> Section:
         by_state[record["state"]].append(record)
     totals = {state: sum(r["total_s"] for r in group) for state, group in by_state.items()}
     unit, size = duration_unit(totals.values())
-    rows = [(state, sum(r["visits"] for r in group), round(totals[state] / size, 1),
+    rows = [(state, sum(r["visits"] for r in group), in_unit(totals[state], unit, size),
              max(r["p95_s"] for r in group), max(r["max_s"] for r in group))
             for state, group in by_state.items()]
     rows.sort(key=lambda row: (-totals[row[0]], row[0]))

@@ -17,6 +17,7 @@ from typing import Iterable
 TIME_FORMATS = ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%MZ")
 # (name, seconds): a duration is shown in the largest unit it holds at least twice.
 DURATION_UNITS = (("s", 1.0), ("min", 60.0), ("h", 3600.0))
+DECIMALS = {"s": 3, "min": 1, "h": 1}  # to the millisecond (export times are ms), else a tenth
 
 
 def parse_time(text: str | None) -> datetime | None:
@@ -45,3 +46,8 @@ def duration_unit(seconds: Iterable[float]) -> tuple[str, float]:
         if longest >= 2 * size:
             return name, size
     return DURATION_UNITS[0]
+
+
+def in_unit(seconds: float, unit: str, size: float) -> float:
+    """`seconds` in duration_unit's (unit, size), rounded as that unit is read."""
+    return round(seconds / size, DECIMALS[unit])
