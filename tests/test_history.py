@@ -545,6 +545,11 @@ def test_history_job_path_prints_the_job_file_without_pyspark(
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{Path(job.__file__).resolve()}\n" and done.stderr == ""
     assert not (tmp_path / "none.db").exists()  # it opens no bus
+    done = subprocess.run([sys.executable, "-c", WITHOUT_PYSPARK, "--json", "history",
+                           "--job-path"], env=python_env, capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert (done.returncode, json.loads(done.stdout)) == (
+        0, {"job_path": str(Path(job.__file__).resolve())})
 
 
 def test_history_without_pyspark_names_the_spark_extra(

@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 import click
+import orjson
 
 from bus.cli.context import BusContext
 from bus.cli.context import pass_bus_context
@@ -27,14 +28,6 @@ from bus.history import STUCK_AFTER_SECONDS
 from bus.history import job_path
 from bus.history.report import Output
 from bus.history.report import output_problem
-
-
-def print_job_path(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-    """--job-path: print the job's file and stop (no export, no Spark, no PySpark needed)."""
-    if not value or ctx.resilient_parsing:
-        return
-    click.echo(str(job_path()))
-    ctx.exit(0)
 
 
 @click.command()
@@ -57,13 +50,13 @@ def print_job_path(ctx: click.Context, param: click.Parameter, value: bool) -> N
                                       " than this (before the newest message) is stuck.")
 @click.option("--limit", type=click.IntRange(min=1),
               help="With --full, --json or --csv: at most this many rows per query.")
-@click.option("--job-path", is_flag=True, expose_value=False, is_eager=True,
-              callback=print_job_path,
-              help="Print the path of the job's file (for spark-submit) and exit.")
+@click.option("--job-path", "show_job_path", is_flag=True,
+              help="Print the path of the job's file, for spark-submit, and run nothing"
+                   " (needs neither PySpark nor Java).")
 @pass_bus_context
 def history(obj: BusContext, export_path: str | None, query: str, full: bool, as_json: bool,
             as_csv: bool, out_dir: str | None, png: bool, strict: bool,
-            stuck_after_seconds: float, limit: int | None) -> None:
+            stuck_after_seconds: float, limit: int | None, show_job_path: bool) -> None:
     """Message volume, task lifecycles, reply latency, silences and dead tasks, by Spark.
 
     Prints a summary (totals and the top rows of each query); --full for
@@ -80,6 +73,10 @@ def history(obj: BusContext, export_path: str | None, query: str, full: bool, as
       bus history --out report/ --png     # then open report/report.html
       bus history --job-path              # the file to give spark-submit
     """
+    if show_job_path:  # before anything that needs the extra, the export or the bus
+        path = str(job_path())
+        click.echo(orjson.dumps({"job_path": path}).decode() if as_json or obj.as_json else path)
+        return
     if as_json and as_csv:
         raise click.UsageError("--json and --csv exclude each other")
     fmt = "json" if as_json else "csv" if as_csv else "table"
