@@ -552,6 +552,16 @@ def test_history_job_path_prints_the_job_file_without_pyspark(
         0, {"job_path": str(Path(job.__file__).resolve())})
 
 
+def test_the_bus_command_imports_no_spark_or_chart_library_until_history_runs(
+        python_env: dict[str, str], tmp_path: Path) -> None:
+    heavy = ("pyspark", "py4j", "pyarrow", "matplotlib", "plotly")
+    code = ("import sys; import bus.cli, bus.cli.history, bus.history.report;"
+            f" print(sorted(m for m in sys.modules if m.partition('.')[0] in {heavy!r}))")
+    done = subprocess.run([sys.executable, "-c", code], env=python_env, capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (0, "[]\n"), done.stderr
+
+
 def test_history_without_pyspark_names_the_spark_extra(
         python_env: dict[str, str], tmp_path: Path, real_export: dict[str, Any]) -> None:
     done = subprocess.run([sys.executable, "-c", WITHOUT_PYSPARK, "history", "--export",
