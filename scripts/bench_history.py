@@ -5,7 +5,7 @@ fresh Python process each, one after the other, in each of --rounds rounds:
 
 - the floor: the same Spark start and the same `extract`, then a plain count,
   which is what any query over the export must at least do;
-- the job: `scripts/history.py --query all` (all six queries, as a user runs it).
+- the job: `python -m bus.history.job --query all` (all six queries, as a user runs it).
 
 Both include the JVM's start, so the ratio (floor / job) says how much the
 queries add on top of reading the file, whatever the machine's speed. The
@@ -34,9 +34,10 @@ import orjson
 SCRIPTS = Path(__file__).resolve().parent
 TARGET_SECONDS = 60.0  # the job over 1,000,000 messages on 2 cores
 TARGET_RATIO = 0.5  # floor / job: the job within twice Spark's read-and-count floor
-_FLOOR_CODE = ("import sys; sys.path.insert(0, {scripts!r}); import history;"
-               " spark = history.start_spark(quiet=True);"
-               " print(history.extract(spark, {export!r}).count()); spark.stop()")
+_FLOOR_CODE = ("from bus.history.extract import extract;"
+               " from bus.history.session import start_spark;"
+               " spark = start_spark(quiet=True);"
+               " print(extract(spark, {export!r}).count()); spark.stop()")
 
 
 def history_row(workdir: Path, messages: int, master: str = "local[*]",
@@ -61,15 +62,15 @@ def history_row(workdir: Path, messages: int, master: str = "local[*]",
 
 
 def _floor_seconds(export: Path, messages: int, master: str) -> float:
-    seconds, counted = _timed([sys.executable, "-c", _FLOOR_CODE.format(
-        scripts=str(SCRIPTS), export=str(export))], master)
+    seconds, counted = _timed([sys.executable, "-c", _FLOOR_CODE.format(export=str(export))],
+                              master)
     if int(counted.strip()) != messages:
         raise SystemExit(f"the floor counted {counted.strip()} messages, not {messages}")
     return seconds
 
 
 def _job_seconds(export: Path, master: str) -> float:
-    seconds, _ = _timed([sys.executable, str(SCRIPTS / "history.py"), "--export", str(export),
+    seconds, _ = _timed([sys.executable, "-m", "bus.history.job", "--export", str(export),
                          "--query", "all", "--format", "json"], master)
     return seconds
 

@@ -60,7 +60,7 @@ from bus.pump.organism import load_organism
 from bus.wake import ChangeWatcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pump_floor  # noqa: E402 - beside this file, as history_report is beside history.py
+import pump_floor  # noqa: E402 - beside this file (put on sys.path just above)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"

@@ -1,4 +1,4 @@
-"""What the history tests share: the job module, one small local Spark, row builders.
+"""What the history tests share: the job's modules, one small local Spark, row builders.
 
 Imported by tests/test_history*.py after they have skipped where PySpark or
 Java is missing.
@@ -19,7 +19,7 @@ import pytest
 from pyspark.sql import DataFrame
 from pyspark.sql import SparkSession
 
-from bus.cli import history as history_cli
+from bus.history import extract
 
 from conftest import REPO_ROOT
 
@@ -38,8 +38,6 @@ def load_script(name: str) -> ModuleType:
     spec.loader.exec_module(module)
     return module
 
-
-job = history_cli.load_job()  # the module `bus history` runs, loaded the same way
 
 
 @pytest.fixture(scope="session")
@@ -87,7 +85,7 @@ def change(seq: int, ts_ms: int, worker: str, task: str, before: str | None, aft
 
 
 def messages_df(spark: SparkSession, rows: list[tuple]) -> DataFrame:
-    return spark.createDataFrame(rows, job.MESSAGES_SCHEMA)
+    return spark.createDataFrame(rows, extract.MESSAGES_SCHEMA)
 
 
 def expected(spark: SparkSession, schema: str, rows: list[tuple]) -> DataFrame:

@@ -1,8 +1,9 @@
 """The layout is the architecture: parts, their order, and what may import what.
 
 Parts, lowest first (docs/architecture.md explains each):
-the log (top of `bus/`, with the blob store `blobs/`); the message engine (`bus/channels/`)
-and the XML layer (`bus/xml/`); the `Bus` facade (`bus/api.py`,
+the log (top of `bus/`, with the blob store `blobs/`); the message engine (`bus/channels/`),
+the XML layer (`bus/xml/`) and the history job (`bus/history/`, which reads only the
+log's export files); the `Bus` facade (`bus/api.py`,
 `bus/__init__.py`); the pump (`bus/pump/`) and the worker lifecycle
 (`workers/`); the MCP server (`bus/mcpserver/`), the bus, pump and workers as
 tools for agents; the two CLIs (`bus/cli/`, `workers/cli.py`). A module imports
@@ -25,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("bus", "workers", "blobs")
-RANKS = {"log": 0, "channels": 1, "xml": 1, "facade": 2, "pump": 3,
+RANKS = {"log": 0, "channels": 1, "xml": 1, "history": 1, "facade": 2, "pump": 3,
          "workers": 3, "views": 4, "mcpserver": 5, "cli": 6}
 
 
@@ -75,7 +76,7 @@ def part_of(module: str) -> str:
         return "cli"
     if module in ("bus", "bus.api"):
         return "facade"
-    for part in ("channels", "xml", "pump", "views", "mcpserver"):
+    for part in ("channels", "xml", "history", "pump", "views", "mcpserver"):
         if module == f"bus.{part}" or module.startswith(f"bus.{part}."):
             return part
     top = module.split(".")[0]
@@ -146,6 +147,8 @@ def test_architecture_parts_are_assigned_as_documented():
     assert part_of("blobs.store") == "log"
     assert part_of("bus.mcpserver") == part_of("bus.mcpserver.server") == "mcpserver"
     assert part_of("bus.cli.mcp") == "cli"
+    assert part_of("bus.history") == part_of("bus.history.job") == "history"
+    assert part_of("bus.cli.history") == "cli"
 
 
 def test_architecture_click_only_in_the_cli_modules():
@@ -191,8 +194,8 @@ def test_architecture_wheel_installs_every_package(tmp_path):
     fresh_site = next((fresh / "lib").glob("python*/site-packages"))
     (fresh_site / "zz_test_dependencies.pth").write_text(f"{deps}\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    check = ("import bus, bus.channels, bus.pump, bus.views, bus.xml, bus.mcpserver, workers,"
-             " blobs,"
+    check = ("import bus, bus.channels, bus.history, bus.pump, bus.views, bus.xml, bus.mcpserver,"
+             " workers, blobs,"
              " bus.migrations;"
              "from bus import Bus; print(bus.__file__)")
     shown = subprocess.run([str(python), "-c", check], capture_output=True, text=True,
@@ -208,3 +211,9 @@ def test_architecture_wheel_installs_every_package(tmp_path):
     created = subprocess.run([str(fresh / "bin" / "bus"), "--db", str(tmp_path / "b.db"), "init"],
                              capture_output=True, text=True, cwd=tmp_path, env=env)
     assert created.returncode == 0, created.stderr  # migrations and the XSD are in the wheel
+    # The history job ships too: spark-submit is given the installed file.
+    located = subprocess.run([str(fresh / "bin" / "bus"), "history", "--job-path"],
+                             capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert located.returncode == 0, located.stderr
+    assert located.stdout == f"{fresh_site / 'bus' / 'history' / 'job.py'}\n"
+    assert (fresh_site / "bus" / "history" / "charts.py").is_file()

@@ -1,4 +1,4 @@
-"""The Spark history job (scripts/history.py), its generator and `bus history`.
+"""The Spark history job (bus/history/), its generator and `bus history`.
 
 One SparkSession (local[1]) serves the whole module; each transform runs on
 a small DataFrame built here, against rows worked out by hand. One more JVM
@@ -38,15 +38,19 @@ from bus import Bus  # noqa: E402
 from bus import messages as bus_messages  # noqa: E402
 from bus.cli import history as history_cli  # noqa: E402
 from bus.export import format_line  # noqa: E402
+from bus.history import QUERY_NAMES  # noqa: E402
+from bus.history import extract  # noqa: E402
+from bus.history import job  # noqa: E402
+from bus.history import queries  # noqa: E402
+from bus.history import job_path  # noqa: E402
+from bus.history import report  # noqa: E402
 from workers.machine import TRANSITIONS  # noqa: E402
 
-from conftest import REPO_ROOT  # noqa: E402
 from history_support import QUICK_JVM  # noqa: E402
 from history_support import T0  # noqa: E402
 from history_support import change  # noqa: E402
 from history_support import expected  # noqa: E402
 from history_support import iso  # noqa: E402
-from history_support import job  # noqa: E402
 from history_support import load_script  # noqa: E402
 from history_support import messages_df  # noqa: E402
 from history_support import msg  # noqa: E402
@@ -78,7 +82,7 @@ def test_volume_counts_messages_per_hour_agent_and_type(spark: SparkSession) -> 
     rows = [msg(1, T0, "w1", "heartbeat"), msg(2, T0 + 1_000, "w1", "heartbeat"),
             msg(3, T0 + 2_000, "w2", "heartbeat"), msg(4, T0 + 3_599_999, "w1", "progress"),
             msg(5, T0 + 3_600_000, "w1", "heartbeat")]
-    assertDataFrameEqual(job.volume(messages_df(spark, rows)), expected(
+    assertDataFrameEqual(queries.volume(messages_df(spark, rows)), expected(
         spark, "hour string, agent string, type string, messages long", [
             ("2026-01-05T08:00Z", "w1", "heartbeat", 2),
             ("2026-01-05T08:00Z", "w1", "progress", 1),
@@ -92,14 +96,14 @@ def test_volume_hours_are_utc_hours_before_and_after_the_epoch(spark: SparkSessi
     UTC hour on each side of an hour's edge, before 1970 too."""
     times = [-3_600_001, -3_600_000, -1, 0, 3_599_999, T0 - 1, T0]
     rows = [msg(seq, ts_ms, "w1", f"t{seq}") for seq, ts_ms in enumerate(times, 1)]
-    hours = {row.type: row.hour for row in job.volume(messages_df(spark, rows)).collect()}
+    hours = {row.type: row.hour for row in queries.volume(messages_df(spark, rows)).collect()}
     assert hours == {f"t{seq}": datetime.fromtimestamp(ts_ms // 1000, timezone.utc)
                      .strftime("%Y-%m-%dT%H:00Z") for seq, ts_ms in enumerate(times, 1)}
 
 
 def test_time_in_state_ends_at_the_next_change_of_the_same_worker_and_task(
         spark: SparkSession) -> None:
-    result = job.time_in_state(messages_df(spark, LIFECYCLE_ROWS))
+    result = queries.time_in_state(messages_df(spark, LIFECYCLE_ROWS))
     assertDataFrameEqual(result, expected(
         spark, "worker string, task string, state string, entered_ms long, left_ms long,"
                " seconds double", [
@@ -120,7 +124,7 @@ def test_time_in_state_orders_changes_in_the_same_millisecond_by_seq(
         spark: SparkSession) -> None:
     rows = [change(2, T0, "w1", "t1", "ASSIGNED", "CANCELLED", "cancel"),
             change(1, T0, "w1", "t1", None, "ASSIGNED", "spawn")]
-    assertDataFrameEqual(job.time_in_state(messages_df(spark, rows)), expected(
+    assertDataFrameEqual(queries.time_in_state(messages_df(spark, rows)), expected(
         spark, "worker string, task string, state string, entered_ms long, left_ms long,"
                " seconds double", [
             ("w1", "t1", "ASSIGNED", T0, T0, 0.0),
@@ -129,7 +133,7 @@ def test_time_in_state_orders_changes_in_the_same_millisecond_by_seq(
 
 
 def test_lifecycle_gives_p50_and_p95_per_worker_and_state(spark: SparkSession) -> None:
-    result = job.lifecycle(messages_df(spark, LIFECYCLE_ROWS))
+    result = queries.lifecycle(messages_df(spark, LIFECYCLE_ROWS))
     assertDataFrameEqual(result, expected(
         spark, "worker string, state string, visits long, p50_s double, p95_s double,"
                " max_s double, total_s double", [
@@ -154,7 +158,7 @@ DEAD_TASKS_SCHEMA = ("task string, released long, reclaimed long, dead boolean, 
 
 def test_stuck_lists_non_terminal_last_states_older_than_the_threshold(
         spark: SparkSession) -> None:
-    result = job.stuck(messages_df(spark, STUCK_ROWS), after_seconds=3600)
+    result = queries.stuck(messages_df(spark, STUCK_ROWS), after_seconds=3600)
     assertDataFrameEqual(result, expected(spark, STUCK_SCHEMA, [
         ("w2", "t2", "WORKING", iso(T0 + 25_000), 3975.0),
         ("w1", "t3", "ASSIGNED", iso(T0 + 200_000), 3800.0),
@@ -162,7 +166,7 @@ def test_stuck_lists_non_terminal_last_states_older_than_the_threshold(
 
 
 def test_stuck_threshold_is_a_parameter(spark: SparkSession) -> None:
-    result = job.stuck(messages_df(spark, STUCK_ROWS), after_seconds=2000)
+    result = queries.stuck(messages_df(spark, STUCK_ROWS), after_seconds=2000)
     assertDataFrameEqual(result, expected(spark, STUCK_SCHEMA, [
         ("w2", "t2", "WORKING", iso(T0 + 25_000), 3975.0),
         ("w1", "t3", "ASSIGNED", iso(T0 + 200_000), 3800.0),
@@ -199,7 +203,7 @@ HOLD_ENDED_ROWS = STUCK_ROWS[:-1] + [
 
 def test_stuck_leaves_out_holds_the_bus_released_reclaimed_or_declared_dead(
         spark: SparkSession) -> None:
-    result = job.stuck(messages_df(spark, HOLD_ENDED_ROWS), after_seconds=3600)
+    result = queries.stuck(messages_df(spark, HOLD_ENDED_ROWS), after_seconds=3600)
     assertDataFrameEqual(result, expected(spark, STUCK_SCHEMA, [
         ("w11", "t10", "WORKING", iso(T0 + 50_000), 3950.0),  # released before, not after
         ("w2", "t2", "WORKING", iso(T0 + 25_000), 3975.0),
@@ -222,10 +226,10 @@ def test_lifecycle_and_threads_percentiles_do_not_depend_on_partitioning(
     one = messages_df(spark, rows)
     for partitions in (4, 7):
         spread = one.repartition(partitions)
-        assertDataFrameEqual(job.lifecycle(spread), job.lifecycle(one))
-        assertDataFrameEqual(job.threads(spread), job.threads(one))
+        assertDataFrameEqual(queries.lifecycle(spread), queries.lifecycle(one))
+        assertDataFrameEqual(queries.threads(spread), queries.threads(one))
     ticks = sorted((i * 7_907) % 100_000 + 1 for i in range(120))
-    working = job.lifecycle(one).where("state = 'ASSIGNED'").first()
+    working = queries.lifecycle(one).where("state = 'ASSIGNED'").first()
     # Nearest rank: the 60th and the 114th of 120 sorted values, values of the data.
     assert (working.p50_s, working.p95_s) == (ticks[59] / 1000, ticks[113] / 1000)
 
@@ -247,7 +251,7 @@ def test_threads_gives_reply_latency_per_correlation_id_and_overall(
         msg(12, T0 + 51_000, "w5", "tell", reply_to="z1"),  # the request's correlation_id
         msg(13, T0 + 60_000, "w5", "tell", corr="t1", reply_to="compacted-away"),
     ]
-    result = job.threads(messages_df(spark, rows))
+    result = queries.threads(messages_df(spark, rows))
     assertDataFrameEqual(result, expected(
         spark, "scope string, correlation_id string, replies long, p50_ms long, p95_ms long,"
                " max_ms long", [
@@ -270,7 +274,7 @@ def test_silence_gives_longest_gaps_per_agent_from_heartbeats_when_it_sends_them
         msg(9, T0 + 302_000, "planner", "note"),
         msg(10, T0 + 5_000, "lone", "note"),  # one message: no gap
     ]
-    result = job.silence(messages_df(spark, rows), top=2)
+    result = queries.silence(messages_df(spark, rows), top=2)
     assertDataFrameEqual(result, expected(
         spark, "agent string, basis string, start string, `end` string, gap_s double", [
             ("planner", "any", iso(T0 + 1_000), iso(T0 + 301_000), 300.0),
@@ -295,7 +299,7 @@ def test_dead_tasks_summarises_releases_and_deaths_per_task(spark: SparkSession)
             {"task": "t1", "last_holder": "w3", "attempts": 3, "reason": "lease expired",
              "died_at_ms": T0 + 9_000}, corr="t1"),
     ]
-    result = job.dead_tasks(messages_df(spark, rows))
+    result = queries.dead_tasks(messages_df(spark, rows))
     assertDataFrameEqual(result, expected(
         spark, DEAD_TASKS_SCHEMA, [
             ("t2", 1, 0, False, "w4", "task_released", "agent dead", iso(T0 + 2_000)),
@@ -332,7 +336,7 @@ def test_extract_keeps_payload_as_json_text_and_drops_a_torn_line(
         + export_line(3, [1, "two", 3.5])
         + export_line(4, 42)
         + export_line(5, {"cut": "here"})[:40])  # the exporter is mid-write
-    result = job.extract(spark, str(path))
+    result = extract.extract(spark, str(path))
     assertDataFrameEqual(result, messages_df(spark, [
         (1, "m1", T0 + 1, iso(T0 + 1), "w1", "w2", "state_change", "t1", None, None,
          '{"from":null,"to":"ASSIGNED","nested":{"x":[1,2]}}'),
@@ -400,7 +404,7 @@ def real_export(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.fixture(scope="session", autouse=True)
 def script_run(real_export: dict[str, Any],
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen]:
-    """`python scripts/history.py ...` in a process of its own, for the script test.
+    """`python <the job's file> ...` in a process of its own, as spark-submit runs it.
 
     Started before anything else (autouse, session scope) so that its JVM
     starts while the in-process one does: on a small machine the module runs
@@ -411,7 +415,7 @@ def script_run(real_export: dict[str, Any],
            "TMPDIR": str(scratch),
            "PYSPARK_SUBMIT_ARGS": f"--driver-java-options '-Djava.io.tmpdir={scratch}"
                                   f" {QUICK_JVM}' --conf spark.ui.enabled=false pyspark-shell"}
-    process = subprocess.Popen([sys.executable, str(REPO_ROOT / "scripts" / "history.py"),
+    process = subprocess.Popen([sys.executable, str(job_path()),
                                 "--export", str(real_export["export"]), "--query", "volume",
                                 "--format", "json"], env=env, cwd=scratch, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -423,21 +427,21 @@ def script_run(real_export: dict[str, Any],
 
 def test_end_to_end_real_bus_export_gives_lifecycle_threads_stuck_and_dead_tasks(
         spark: SparkSession, real_export: dict[str, Any]) -> None:
-    messages = job.extract(spark, str(real_export["export"])).persist()
-    assertDataFrameEqual(job.lifecycle(messages), expected(
+    messages = extract.extract(spark, str(real_export["export"])).persist()
+    assertDataFrameEqual(queries.lifecycle(messages), expected(
         spark, "worker string, state string, visits long, p50_s double, p95_s double,"
                " max_s double, total_s double", [
             ("w1", "ASSIGNED", 1, 5.0, 5.0, 5.0, 5.0),
             ("w1", "WORKING", 1, 60.0, 60.0, 60.0, 60.0),
         ]))
-    assertDataFrameEqual(job.stuck(messages, 3600), expected(spark, STUCK_SCHEMA, [
+    assertDataFrameEqual(queries.stuck(messages, 3600), expected(spark, STUCK_SCHEMA, [
         ("w1", "t1", "IN_REVIEW", iso(T0 + 65_000), 3935.0),
         ("w2", "t2", "ASSIGNED", iso(T0 + 65_000), 3935.0),
     ]), checkRowOrder=True)
-    assertDataFrameEqual(job.threads(messages).select("scope", "correlation_id", "p50_ms"),
+    assertDataFrameEqual(queries.threads(messages).select("scope", "correlation_id", "p50_ms"),
                          expected(spark, "scope string, correlation_id string, p50_ms long",
                                   [("thread", "t1", 3_000), ("all", None, 3_000)]))
-    assertDataFrameEqual(job.dead_tasks(messages), expected(spark, DEAD_TASKS_SCHEMA, [
+    assertDataFrameEqual(queries.dead_tasks(messages), expected(spark, DEAD_TASKS_SCHEMA, [
         ("t9", 0, 0, True, "w9", "task_dead", real_export["dead_reason"], iso(T0 + 200_000)),
     ]))
     messages.unpersist()
@@ -455,13 +459,13 @@ def test_compute_over_its_narrow_cache_gives_each_query_over_all_of_extract(
         export.writelines(export_line(row[0], None if row[10] is None else orjson.loads(row[10]),
                                       **dict(zip(ROW_FIELDS, row[1:10]))) for row in shifted)
         export.write(export_line(20_000, "not an object", type="task_dead"))
-    options = job.Options(stuck_after_seconds=0.0, silence_top=5)
-    _, results = job.compute(spark, str(path), list(job.QUERIES), options)
-    messages = job.extract(spark, str(path))
+    options = queries.Options(stuck_after_seconds=0.0, silence_top=5)
+    _, results = job.compute(spark, str(path), list(queries.QUERIES), options)
+    messages = extract.extract(spark, str(path))
     messages = messages.select("*", *[F.get_json_object("payload", f"$.{name}").alias(
-        f"payload_{name}") for name in job.PAYLOAD_FIELDS]).drop("payload")
+        f"payload_{name}") for name in extract.PAYLOAD_FIELDS]).drop("payload")
     for result in results:
-        full = job.QUERIES[result.name].run(messages, options)
+        full = queries.QUERIES[result.name].run(messages, options)
         assert (result.name, result.rows) == (result.name, [tuple(row) for row in full.collect()])
     dead = next(result for result in results if result.name == "dead_tasks")
     assert any(row[dead.columns.index("reclaimed")] for row in dead.rows)  # the added one
@@ -482,8 +486,8 @@ def test_extract_reads_a_date_partitioned_export_without_a_date_column(
     assert parts == ["date=2026-01-05/part-000000000001.jsonl",
                      "date=2026-01-06/part-000000000003.jsonl"]
     assert (tmp_path / "export" / ".export.lock").exists()  # hidden: Spark must skip it
-    result = job.extract(spark, str(tmp_path / "export"))
-    assert result.columns == job.MESSAGES_SCHEMA.fieldNames()
+    result = extract.extract(spark, str(tmp_path / "export"))
+    assert result.columns == extract.MESSAGES_SCHEMA.fieldNames()
     assertDataFrameEqual(result.select("seq", "ts", "payload"), expected(
         spark, "seq long, ts string, payload string", [
             (1, "2026-01-05T23:59:58.000Z", '{"n":1}'), (2, "2026-01-05T23:59:59.999Z", '{"n":2}'),
@@ -496,10 +500,10 @@ def test_run_all_queries_as_json_lines_names_each_query(
     import io
 
     out = io.StringIO()
-    job.run(spark, str(real_export["export"]), job.query_names("all"), job.Output("json"),
+    job.run(spark, str(real_export["export"]), queries.query_names("all"), report.Output("json"),
             out=out)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert {line["query"] for line in lines} == set(job.QUERIES)
+    assert {line["query"] for line in lines} == set(queries.QUERIES)
     assert {"query": "dead_tasks", "task": "t9", "released": 0, "reclaimed": 0, "dead": True,
             "agents": "w9",
             "last_event": "task_dead", "last_reason": real_export["dead_reason"],
@@ -522,7 +526,50 @@ WIRED_CLI = ("from bus.cli import main; from bus.cli.history import COMMANDS;"
 
 
 def test_history_query_names_match_the_job_registry() -> None:
-    assert list(history_cli.QUERY_NAMES) == list(job.QUERIES)
+    assert QUERY_NAMES == tuple(queries.QUERIES)
+    query = next(param for param in history_cli.history.params if param.name == "query")
+    assert list(query.type.choices) == [*QUERY_NAMES, "all"]
+
+
+# `bus` in a subprocess where `import pyspark` fails, as in an install without [spark].
+WITHOUT_PYSPARK = ("import sys; sys.modules['pyspark'] = None; from bus.cli import main;"
+                   " main(prog_name='bus')")
+
+
+def test_history_job_path_prints_the_job_file_without_pyspark(
+        python_env: dict[str, str], tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", WITHOUT_PYSPARK, "--db",
+                           str(tmp_path / "none.db"), "history", "--job-path"],
+                          env=python_env, capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{Path(job.__file__).resolve()}\n" and done.stderr == ""
+    assert not (tmp_path / "none.db").exists()  # it opens no bus
+    done = subprocess.run([sys.executable, "-c", WITHOUT_PYSPARK, "--json", "history",
+                           "--job-path"], env=python_env, capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert (done.returncode, json.loads(done.stdout)) == (
+        0, {"job_path": str(Path(job.__file__).resolve())})
+
+
+def test_the_bus_command_imports_no_spark_or_chart_library_until_history_runs(
+        python_env: dict[str, str], tmp_path: Path) -> None:
+    heavy = ("pyspark", "py4j", "pyarrow", "matplotlib", "plotly")
+    code = ("import sys; import bus.cli, bus.cli.history, bus.history.report;"
+            f" print(sorted(m for m in sys.modules if m.partition('.')[0] in {heavy!r}))")
+    done = subprocess.run([sys.executable, "-c", code], env=python_env, capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (0, "[]\n"), done.stderr
+
+
+def test_history_without_pyspark_names_the_spark_extra(
+        python_env: dict[str, str], tmp_path: Path, real_export: dict[str, Any]) -> None:
+    done = subprocess.run([sys.executable, "-c", WITHOUT_PYSPARK, "history", "--export",
+                           str(real_export["export"])], env=python_env, capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == ("Error: bus history needs pyspark, which the spark extra installs:"
+                           " pip install 'agentbus[spark]'\n")
 
 
 def test_history_full_prints_a_table_from_the_bus_export(
@@ -584,14 +631,6 @@ def test_history_without_java_exits_1_naming_java(
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith("Error: Java was not found")
     assert "Traceback" not in done.stderr and done.stdout == ""
-
-
-def test_history_without_pyspark_exits_1_naming_it(
-        bus_cli: Any, monkeypatch: pytest.MonkeyPatch, real_export: dict[str, Any]) -> None:
-    monkeypatch.setitem(sys.modules, "pyspark", None)  # import pyspark now fails
-    result = CliRunner().invoke(bus_cli, ["history", "--export", str(real_export["export"])])
-    assert result.exit_code == 1
-    assert result.output.startswith("Error: PySpark is not installed")
 
 
 def test_history_when_java_cannot_start_spark_shows_what_java_said(
@@ -711,7 +750,7 @@ def test_pump_conversations_reach_the_threads_report(spark: SparkSession, db_pat
         raced = client.send(opened, "org", b"<search><query>q</query></search>")
         Pump(opened, load_organism(organism), oob=False).run(until_idle=True)
         opened.export_jsonl(tmp_path / "bus.jsonl")
-    report = job.threads(job.extract(spark, str(tmp_path / "bus.jsonl")))
+    report = queries.threads(extract.extract(spark, str(tmp_path / "bus.jsonl")))
     rows = {(row.scope, row.correlation_id): row for row in report.collect()}
     assert (rows[("thread", asked.thread)].replies, rows[("thread", raced.thread)].replies,
             rows[("all", None)].replies) == (1, 2, 3)
@@ -729,9 +768,7 @@ def test_history_script_rejects_a_silence_top_max_by_cannot_keep(
 
 
 TUNED_SESSION = """
-import sys
-sys.path.insert(0, sys.argv[1])
-from history_session import start_spark
+from bus.history.session import start_spark
 spark = start_spark(quiet=True)
 print(spark.conf.get("spark.sql.shuffle.partitions"), spark.conf.get("spark.sql.adaptive.enabled"))
 spark.stop()
@@ -746,7 +783,7 @@ def test_a_local_master_gets_a_shuffle_partition_per_core_a_query_has_and_given_
            "PYSPARK_SUBMIT_ARGS": f"--driver-java-options '-Djava.io.tmpdir={tmp_path}"
                                   f" {QUICK_JVM}' --conf spark.ui.enabled=false"
                                   " --conf spark.sql.adaptive.enabled=true pyspark-shell"}
-    done = subprocess.run([sys.executable, "-c", TUNED_SESSION, str(REPO_ROOT / "scripts")],
+    done = subprocess.run([sys.executable, "-c", TUNED_SESSION],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["2", "true"]

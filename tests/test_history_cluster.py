@@ -1,9 +1,10 @@
 """The history job on a real standalone Spark cluster: a master and a worker on 127.0.0.1.
 
 Both start from the installed pyspark (`spark-class ... Master` / `Worker`,
-as docs/spark.md says), the job goes in with `spark-submit --master
-spark://127.0.0.1:PORT` and its JSON lines must equal local mode's; then
-both processes are stopped. Slow: three JVMs on a small machine.
+as docs/spark.md says), the job's file, found with `bus history
+--job-path`, goes in with `spark-submit --master spark://127.0.0.1:PORT`
+and its JSON lines must equal local mode's; then both processes are
+stopped. Slow: three JVMs on a small machine.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
 
 import io  # noqa: E402
 
+from bus.history import job  # noqa: E402
+from bus.history import queries  # noqa: E402
+from bus.history import report  # noqa: E402
+
 from history_support import QUICK_JVM  # noqa: E402
-from history_support import job  # noqa: E402
 from history_support import load_script  # noqa: E402
 from history_support import spark  # noqa: E402,F401 (the fixture)
-
-from conftest import REPO_ROOT  # noqa: E402
 
 SPARK_HOME = Path(pyspark.__file__).parent
 START_TIMEOUT_S = 120.0
@@ -102,10 +104,16 @@ def cluster(tmp_path: Path) -> Iterator[str]:
 
 @pytest.mark.slow
 def test_spark_submit_to_a_standalone_cluster_gives_local_modes_results(
-        spark: object, cluster: str, tmp_path: Path) -> None:
+        spark: object, cluster: str, tmp_path: Path, bus_command: list[str],
+        python_env: dict[str, str]) -> None:
     export = tmp_path / "history"
     assert load_script("gen_history").main(["--out", str(export), "-n", "3000", "--seed", "8",
                                             "--partition-by", "date"]) == 0
+    found = subprocess.run([*bus_command, "history", "--job-path"], env=python_env,
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    job_file = Path(found.stdout.strip())
+    assert job_file == Path(job.__file__).resolve()
     env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_LOCAL_DIRS": str(tmp_path)}
     env.pop("PYSPARK_SUBMIT_ARGS", None)
@@ -114,14 +122,14 @@ def test_spark_submit_to_a_standalone_cluster_gives_local_modes_results(
          "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m",
          "--conf", "spark.cores.max=1", "--driver-memory", "512m",
          "--driver-java-options", QUICK_JVM,
-         str(REPO_ROOT / "scripts" / "history.py"), "--export", str(export),
+         str(job_file), "--export", str(export),
          "--format", "json", "--stuck-after-seconds", "300"],
         env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     assert " INFO " not in submitted.stderr  # Spark's INFO lines are off by default
     local = io.StringIO()
-    job.run(spark, str(export), job.query_names("all"), job.Output("json"),
-            job.Options(stuck_after_seconds=300), out=local)
+    job.run(spark, str(export), queries.query_names("all"), report.Output("json"),
+            queries.Options(stuck_after_seconds=300), out=local)
     on_cluster = [json.loads(line) for line in submitted.stdout.splitlines()]
     assert on_cluster == [json.loads(line) for line in local.getvalue().splitlines()]
-    assert {row["query"] for row in on_cluster} == set(job.QUERIES)  # each has rows
+    assert {row["query"] for row in on_cluster} == set(queries.QUERIES)  # each has rows

@@ -29,10 +29,12 @@ from hypothesis import strategies as st  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
+from bus.history import extract  # noqa: E402
+from bus.history import queries  # noqa: E402
+
 from history_support import T0  # noqa: E402
 from history_support import change  # noqa: E402
 from history_support import iso  # noqa: E402
-from history_support import job  # noqa: E402
 from history_support import messages_df  # noqa: E402
 from history_support import msg  # noqa: E402
 from history_support import spark  # noqa: E402,F401 (the fixture)
@@ -83,7 +85,7 @@ def test_silence_is_the_longest_gaps_by_definition(
     beaters = frozenset(row[4] for row in rows if row[6] == "heartbeat")
     expected = silence_by_definition(rows, top)
     for given_beaters in (None, beaters):
-        result = job.silence(messages, top=top, beaters=given_beaters).collect()
+        result = queries.silence(messages, top=top, beaters=given_beaters).collect()
         assert [tuple(row) for row in result] == expected, given_beaters
 
 
@@ -123,7 +125,7 @@ def stuck_by_definition(rows: list[tuple], after_seconds: float) -> list[tuple]:
     for (worker, task), (seq, ts_ms, state) in last.items():
         ended = any(ends_hold(row, worker, task) for row in rows if row[0] > seq)
         age = (newest - ts_ms) / 1000.0
-        if state not in job.TERMINAL_STATES and not ended and age > after_seconds:
+        if state not in queries.TERMINAL_STATES and not ended and age > after_seconds:
             found.append((worker, task, state, iso(ts_ms), age))
     return sorted(found, key=lambda row: (-row[4], row[0], row[1]))
 
@@ -131,7 +133,7 @@ def stuck_by_definition(rows: list[tuple], after_seconds: float) -> list[tuple]:
 def ends_hold(row: tuple, worker: str, task: str) -> bool:
     """Is `row` the bus ending `worker`'s hold of `task` (task_dead: whoever holds it)?"""
     type_, payload = row[6], row[10]
-    if type_ not in job.HOLD_ENDING_TYPES or row[7] != task:
+    if type_ not in extract.HOLD_ENDING_TYPES or row[7] != task:
         return False
     holder = json.loads(payload).get({"task_released": "agent",
                                       "task_reclaimed": "previous_holder"}.get(type_, ""))
@@ -154,7 +156,7 @@ def test_stuck_is_the_live_non_terminal_holds_by_definition(
     messages = messages_df(spark, rows)
     expected = stuck_by_definition(rows, after_seconds) if rows else []
     for newest_ms in (None, max((row[2] for row in rows), default=None)):
-        result = job.stuck(messages, after_seconds=after_seconds, newest_ms=newest_ms).collect()
+        result = queries.stuck(messages, after_seconds=after_seconds, newest_ms=newest_ms).collect()
         assert [tuple(row) for row in result] == expected, newest_ms
 
 
@@ -164,10 +166,10 @@ def test_survey_counts_what_the_export_holds_and_knows_the_newest_and_the_beater
         spark: SparkSession, rows: list[tuple]) -> None:
     raw = (messages_df(spark, rows).withColumnRenamed("from_agent", "from")
            .withColumn("bad_file", F.lit(None).cast("string")))  # read_export's columns
-    seen, known = job.survey(spark, raw)
+    seen, known = extract.survey(spark, raw)
     times = [row[2] for row in rows]
     assert (seen.messages, seen.agents, seen.first_ms, seen.last_ms, seen.malformed) == (
         len(rows), len({row[4] for row in rows}), min(times, default=None),
         max(times, default=None), 0)
-    assert known == job.Known(newest_ms=max(times, default=None), beaters=frozenset(
+    assert known == extract.Known(newest_ms=max(times, default=None), beaters=frozenset(
         row[4] for row in rows if row[6] == "heartbeat"))

@@ -2,8 +2,10 @@
 
 One generated export (scripts/gen_history.py, 20,000 messages) goes through
 the job once with --out and --png; the tests read what it wrote: the
-summary's length, the Parquet and CSV files against the queries, report.html
-in headless Chromium with the network off, the PNGs' sizes. The input tests
+summary's length, the Parquet and CSV files against the queries (the
+Parquet time columns as timestamps), report.html in headless Chromium with
+the network off, the PNGs' sizes. The charts' units and time axes are read
+from the figures plotly and matplotlib build. The input tests
 build directories with backup, temporary and hidden files and bad lines.
 Skipped where PySpark or Java is not installed (Chromium: that test alone).
 """
@@ -15,6 +17,8 @@ import os
 import shutil
 import struct
 import subprocess
+from datetime import datetime
+from datetime import timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,25 +28,34 @@ pytest.importorskip("pyspark")
 if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
     pytest.skip("Spark needs Java (no java on PATH, no JAVA_HOME)", allow_module_level=True)
 
+import matplotlib.dates as mdates  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
 import orjson  # noqa: E402
+import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 from lxml import html as lxml_html  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
 from pyspark.testing import assertDataFrameEqual  # noqa: E402
 
 from bus.cli import history as history_cli  # noqa: E402
+from bus.history import charts  # noqa: E402
+from bus.history import extract  # noqa: E402
+from bus.history import job  # noqa: E402
+from bus.history import queries  # noqa: E402
+from bus.history import report  # noqa: E402
+from bus.history import units  # noqa: E402
 
 from history_support import T0  # noqa: E402
 from history_support import iso  # noqa: E402
-from history_support import job  # noqa: E402
 from history_support import load_script  # noqa: E402
 from history_support import spark  # noqa: E402,F401 (the fixture)
 
-import history_report as report  # noqa: E402 (beside the job, which put scripts/ on sys.path)
-
 gen = load_script("gen_history")
 CHARTS = ["volume", "time_in_state", "thread_latency", "takeovers"]
+HOUR_PATTERN = "yyyy-MM-dd'T'HH:mm'Z'"  # volume's hours, as Spark parses them
+ISO_PATTERN = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"  # every other time column
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +71,8 @@ def reported(spark: SparkSession, generated: Path,
     """The job over the generated export: the summary printed, the files under out/."""
     out_dir = tmp_path_factory.mktemp("report") / "out"
     printed = io.StringIO()
-    seen = job.run(spark, str(generated), job.query_names("all"),
-                   job.Output(out_dir=str(out_dir), png=True), out=printed)
+    seen = job.run(spark, str(generated), queries.query_names("all"),
+                   report.Output(out_dir=str(out_dir), png=True), out=printed)
     return {"summary": printed.getvalue(), "out": out_dir, "overview": seen}
 
 
@@ -69,7 +82,7 @@ def test_summary_is_under_100_lines_with_totals_and_every_query(
     assert len(lines) < 100
     headings = [line for line in lines if line.startswith("== ")]
     assert headings[0] == "== totals =="
-    assert [h.split(":")[0][3:] for h in headings[1:]] == list(job.QUERIES)
+    assert [h.split(":")[0][3:] for h in headings[1:]] == list(queries.QUERIES)
     assert "messages  20000" in [" ".join(line.split()).replace(" ", "  ", 1)
                                  for line in lines[:6]]
     assert any(h.startswith("== volume: messages by type") for h in headings)
@@ -88,14 +101,35 @@ def test_summary_threads_section_starts_with_the_overall_row_then_slowest(
 def test_out_writes_parquet_and_csv_per_query_equal_to_the_query(
         spark: SparkSession, reported: dict[str, Any], generated: Path) -> None:
     out_dir = reported["out"]
-    messages = job.extract(spark, str(generated))
-    for name in job.QUERIES:
-        from_parquet = spark.createDataFrame(pq.read_table(out_dir / f"{name}.parquet").to_pylist(),
-                                             job.QUERIES[name].run(messages, job.Options()).schema)
-        assertDataFrameEqual(from_parquet, job.QUERIES[name].run(messages, job.Options()))
-        header = (out_dir / f"{name}.csv").read_text().splitlines()[0]
-        assert header.split(",") == from_parquet.columns
-        assert len((out_dir / f"{name}.csv").read_text().splitlines()) == from_parquet.count() + 1
+    messages = extract.extract(spark, str(generated))
+    for name, query in queries.QUERIES.items():
+        expected = query.run(messages, queries.Options())
+        header = (out_dir / f"{name}.csv").read_text().splitlines()
+        assert header[0].split(",") == expected.columns
+        assert len(header) == expected.count() + 1
+        # The Parquet file holds the time columns as timestamps: the query's ISO text, parsed.
+        expected = expected.withColumns({
+            column: F.to_timestamp(column, HOUR_PATTERN if column == "hour" else ISO_PATTERN)
+            for column in query.times})
+        parquet = pq.read_table(out_dir / f"{name}.parquet")
+        from_parquet = spark.createDataFrame(parquet.to_pylist(), expected.schema)
+        assertDataFrameEqual(from_parquet, expected)
+
+
+def test_parquet_time_columns_are_utc_timestamps_and_the_rest_keep_their_types(
+        reported: dict[str, Any]) -> None:
+    timestamp = pa.timestamp("ms", tz="UTC")
+    times = {name: pq.read_schema(reported["out"] / f"{name}.parquet")
+             for name in queries.QUERIES}
+    assert {name: [field.name for field in schema if field.type == timestamp]
+            for name, schema in times.items()} == {
+        "volume": ["hour"], "lifecycle": [], "stuck": ["since"], "threads": [],
+        "silence": ["start", "end"], "dead_tasks": ["last_at"]}
+    assert not any(pa.types.is_string(schema.field(column).type)
+                   for name, schema in times.items() for column in queries.QUERIES[name].times)
+    assert times["volume"].field("messages").type == pa.int64()
+    first_hour = pq.read_table(reported["out"] / "volume.parquet").column("hour")[0].as_py()
+    assert first_hour == datetime(2026, 1, 5, 8, tzinfo=timezone.utc)  # gen_history's start
 
 
 def test_png_writes_each_chart_as_an_image_of_the_stated_size(reported: dict[str, Any]) -> None:
@@ -103,8 +137,8 @@ def test_png_writes_each_chart_as_an_image_of_the_stated_size(reported: dict[str
         data = (reported["out"] / f"{name}.png").read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
         width, height = struct.unpack(">II", data[16:24])
-        assert (width, height) == (int(report.PNG_SIZE[0] * report.PNG_DPI),
-                                   int(report.PNG_SIZE[1] * report.PNG_DPI))
+        assert (width, height) == (int(charts.PNG_SIZE[0] * charts.PNG_DPI),
+                                   int(charts.PNG_SIZE[1] * charts.PNG_DPI))
 
 
 def chromium() -> str | None:
@@ -134,7 +168,7 @@ def test_report_html_draws_every_chart_offline_in_headless_chromium(
         bars = chart.xpath(".//*[local-name()='g' and contains(@class, 'point')]")
         assert bars, f"chart {name} drew no bar"
     tables = dom.xpath("//table")
-    assert len(tables) == 1 + len(job.QUERIES)  # totals, then each query's summary
+    assert len(tables) == 1 + len(queries.QUERIES)  # totals, then each query's summary
 
 
 # --- input: which files, which lines ----------------------------------------------------
@@ -158,7 +192,7 @@ def test_directory_reads_only_jsonl_part_files(spark: SparkSession, tmp_path: Pa
         (day / stray).write_bytes(part)
     (tmp_path / "export" / ".staging").mkdir()
     (tmp_path / "export" / ".staging" / "part-000000000001.jsonl").write_bytes(part)
-    seen, results = job.compute(spark, str(tmp_path / "export"), ["volume"], job.Options())
+    seen, results = job.compute(spark, str(tmp_path / "export"), ["volume"], queries.Options())
     assert (seen.messages, seen.malformed) == (3, 0)
     assert results[0].rows == [("2026-01-05T08:00Z", "w1", "note", 3)]
 
@@ -167,7 +201,7 @@ def test_a_file_named_explicitly_is_read_whatever_its_name(
         spark: SparkSession, tmp_path: Path) -> None:
     path = tmp_path / "copy.jsonl.bak"
     path.write_bytes(line(1) + line(2))
-    assert job.extract(spark, str(path)).count() == 2
+    assert extract.extract(spark, str(path)).count() == 2
 
 
 def test_malformed_lines_are_counted_and_the_first_located(
@@ -179,14 +213,14 @@ def test_malformed_lines_are_counted_and_the_first_located(
         line(1) + b"\n" + line(2) + b"not json at all\n" + line(3) + b'{"seq": "x"}\n')
     (root / "date=2026-01-06" / "part-000000000004.jsonl").write_bytes(
         line(4) + b"[1, 2]\n" + line(5)[:30])  # an array, then a torn last line
-    seen = job.overview(spark, job.read_export(spark, str(root)))
+    seen = extract.overview(spark, extract.read_export(spark, str(root)))
     first = root / "date=2026-01-05" / "part-000000000001.jsonl"
     assert (seen.messages, seen.malformed) == (4, 4)
     assert seen.first_malformed == f"{first}:4"  # line 2 is blank: skipped, not malformed
     assert seen.malformed_note() == f"4 malformed lines skipped, first at {first}:4"
-    assert job.extract(spark, str(root)).count() == 4
-    with pytest.raises(job.MalformedExport, match="4 malformed lines in the export, first at"):
-        job.compute(spark, str(root), ["volume"], job.Options(), strict=True)
+    assert extract.extract(spark, str(root)).count() == 4
+    with pytest.raises(extract.MalformedExport, match="4 malformed lines in the export, first at"):
+        job.compute(spark, str(root), ["volume"], queries.Options(), strict=True)
 
 
 def test_the_first_malformed_line_is_found_past_the_first_split(
@@ -196,7 +230,7 @@ def test_the_first_malformed_line_is_found_past_the_first_split(
     path.write_bytes(body + b"}{\n" + line(3001))
     spark.conf.set("spark.sql.files.maxPartitionBytes", "65536")  # about 12 splits
     try:
-        seen = job.overview(spark, job.read_export(spark, str(path)))
+        seen = extract.overview(spark, extract.read_export(spark, str(path)))
     finally:
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
     assert (seen.messages, seen.malformed, seen.first_malformed) == (3001, 1, f"{path}:3001")
@@ -261,18 +295,20 @@ def test_history_out_writes_the_report_and_says_where(
     assert result.exit_code == 0, result.output
     assert f"report written to {tmp_path / 'out' / 'report.html'}" in result.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
-        ["report.html"] + [f"{name}.{ext}" for name in job.QUERIES for ext in ("csv", "parquet")])
+        ["report.html"] + [f"{name}.{ext}" for name in queries.QUERIES
+                           for ext in ("csv", "parquet")])
 
 
 # --- the views, on rows built by hand ------------------------------------------------------
 
 
 def result(name: str, columns: str, rows: list[tuple]) -> Any:
-    return report.Result(name, name, columns.split(), rows)
+    times = {"volume": ("hour",)}.get(name, ())
+    return report.Result(name, name, columns.split(), rows, times=times)
 
 
 def test_charts_bucket_thread_latency_and_stack_task_events_per_hour() -> None:
-    made = {chart.name: chart for chart in report.charts([
+    made = {chart.name: chart for chart in charts.charts([
         result("volume", "hour agent type messages", [
             ("2026-01-05T09:00Z", "bus", "task_dead", 1), ("2026-01-05T08:00Z", "w1", "note", 5),
             ("2026-01-05T08:00Z", "bus", "task_released", 2),
@@ -281,9 +317,9 @@ def test_charts_bucket_thread_latency_and_stack_task_events_per_hour() -> None:
             ("thread", "t1", 1, 99, 99, 99), ("thread", "t2", 1, 100, 100, 100),
             ("thread", "t3", 1, 7_200_000, 7_200_000, 7_200_000),
             ("all", None, 3, 100, 7_200_000, 7_200_000)])])}
-    assert made["takeovers"].series == {
-        "task_dead": (["2026-01-05T09:00Z"], [1]),
-        "task_released": (["2026-01-05T08:00Z", "2026-01-05T09:00Z"], [2, 1])}
+    eight, nine = (datetime(2026, 1, 5, hour, tzinfo=timezone.utc) for hour in (8, 9))
+    assert made["takeovers"].series == {"task_dead": ([nine], [1]),
+                                        "task_released": ([eight, nine], [2, 1])}
     labels, counts = made["thread_latency"].series["threads"]
     assert dict(zip(labels, counts)) == {"< 0.1 s": 1, "0.1-1 s": 1, "1-5 s": 0, "5-15 s": 0,
                                          "15-60 s": 0, "1-5 min": 0, "5-15 min": 0,
@@ -305,6 +341,82 @@ def test_summary_cuts_each_query_to_top_rows_and_says_of_how_many() -> None:
         ("== totals ==", [("messages", 9)]),
         ("== volume: messages by type (top 1 of 2) ==", [("heartbeat", 8, 88.9)]),
         ("== lifecycle: time in each state, all workers (top 1 of 2) ==",
-         [("WORKING", 3, 2.0, 7200.0, 7200.0)]),
+         [("WORKING", 3, 2.0, 7200.0, 7200.0)]),  # 7290 s in all: hours
         ("== stuck: stuck ==", [("w1", "t1", "WORKING", "x", 9.0)]),
     ]
+    assert sections[2].columns == ["state", "visits", "total_h", "worst_p95_s", "max_s"]
+
+
+LIFECYCLE = "worker state visits p50_s p95_s max_s total_s"
+
+
+@pytest.mark.parametrize("working_s, unit, shown", [
+    (9.6, "s", 9.6), (0.0425, "s", 0.043), (119.0, "s", 119.0), (150.0, "min", 2.5),
+    (7290.0, "h", 2.0)])
+def test_time_in_state_is_shown_in_the_unit_the_longest_total_fits(
+        working_s: float, unit: str, shown: float) -> None:
+    lifecycle = result("lifecycle", LIFECYCLE, [
+        ("w1", "WORKING", 1, working_s, working_s, working_s, working_s),
+        ("w1", "ASSIGNED", 1, 1.2, 1.2, 1.2, 1.2)])
+    chart, = charts.charts([lifecycle])
+    states, shown_values = chart.series[unit]
+    assert dict(zip(states, shown_values)) == {
+        "WORKING": shown, "ASSIGNED": units.in_unit(1.2, *units.duration_unit([working_s]))}
+    figure = charts.plotly_figure(chart)
+    assert figure.layout.yaxis.title.text == f"time ({unit})"
+    assert figure.layout.title.text == f"Time in each worker state, all workers ({unit})"
+    drawn = charts.png_figure(chart)
+    try:
+        assert drawn.axes[0].get_ylabel() == f"time ({unit})"
+        assert shown in [bar.get_height() for bar in drawn.axes[0].patches]
+    finally:
+        plt.close(drawn)
+    section = report.summary([], [lifecycle])[1]
+    assert section.columns[2] == f"total_{unit}"
+    assert ("WORKING", 1, shown) in [row[:3] for row in section.rows]
+
+
+def test_a_single_hour_is_drawn_a_bucket_wide_on_an_axis_of_two_hours() -> None:
+    """One bucket (12:00) is a bar from 12:00 to 13:00 on an axis from 11:30 to 13:30,
+    in report.html (plotly) and in the PNG (matplotlib)."""
+    made = {chart.name: chart for chart in charts.charts([result(
+        "volume", "hour agent type messages", [("2026-01-05T12:00Z", "bus", "task_dead", 1)])])}
+    takeovers = made["takeovers"]
+    figure = charts.plotly_figure(takeovers)
+    assert figure.layout.xaxis.type == "date"
+    assert figure.layout.xaxis.range == ("2026-01-05 11:30:00", "2026-01-05 13:30:00")
+    bar, = figure.data
+    assert (bar.x, bar.offset, bar.width) == (("2026-01-05 12:00:00",), 0, 3_600_000)
+    assert figure.layout.yaxis.dtick == 1 and figure.layout.showlegend  # 1 event, task_dead
+    drawn = charts.png_figure(takeovers)
+    try:
+        axes = drawn.axes[0]
+        left, right = (mdates.num2date(x) for x in axes.get_xlim())
+        assert (left, right) == (datetime(2026, 1, 5, 11, 30, tzinfo=timezone.utc),
+                                 datetime(2026, 1, 5, 13, 30, tzinfo=timezone.utc))
+        patch, = axes.patches
+        assert mdates.num2date(patch.get_x()) == datetime(2026, 1, 5, 12, tzinfo=timezone.utc)
+        assert patch.get_width() == pytest.approx(1 / 24)  # an hour, in days
+        assert "12:00" in [label.get_text() for label in axes.get_xticklabels()]
+        assert all(tick == int(tick) for tick in axes.get_yticks())  # events come whole
+        assert [text.get_text() for text in axes.get_legend().get_texts()] == ["task_dead"]
+    finally:
+        plt.close(drawn)
+
+
+def test_time_charts_span_from_half_an_hour_before_the_first_to_after_the_last_hour() -> None:
+    volume = result("volume", "hour agent type messages", [
+        ("2026-01-05T08:00Z", "w1", "note", 5), ("2026-01-05T11:00Z", "w1", "note", 1)])
+    chart = next(chart for chart in charts.charts([volume]) if chart.name == "volume")
+    assert chart.time_range() == (datetime(2026, 1, 5, 7, 30, tzinfo=timezone.utc),
+                                  datetime(2026, 1, 5, 12, 30, tzinfo=timezone.utc))
+    assert next(c for c in charts.charts([volume]) if c.name == "takeovers").time_range() is None
+
+
+def test_parse_time_reads_both_formats_of_the_queries_and_refuses_others() -> None:
+    assert units.parse_time("2026-01-05T08:00Z") == datetime(2026, 1, 5, 8, tzinfo=timezone.utc)
+    assert units.parse_time("2026-01-05T08:00:01.250Z") == datetime(
+        2026, 1, 5, 8, 0, 1, 250_000, tzinfo=timezone.utc)
+    assert units.parse_time(None) is None
+    with pytest.raises(ValueError, match="not a time the history queries write: '08:00'"):
+        units.parse_time("08:00")

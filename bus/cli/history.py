@@ -1,13 +1,13 @@
-"""`bus history`: the Spark history queries (scripts/history.py) over the JSONL export.
+"""`bus history`: the Spark history job (bus.history) over the JSONL export.
 
-PySpark and Java are optional: nothing here imports pyspark until the
-command runs, so every other command works without them, and this one says
-what is missing instead of failing with a traceback.
+PySpark and Java are optional (the `[spark]` extra): nothing here imports
+pyspark until the command runs, so every other command works without them,
+`--job-path` too, and this one says what is missing instead of failing with
+a traceback.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import sys
@@ -16,16 +16,18 @@ from types import ModuleType
 from typing import Any
 
 import click
+import orjson
 
 from bus.cli.context import BusContext
 from bus.cli.context import pass_bus_context
-
-# The job lives in scripts/ so that spark-submit can ship it to a cluster as it is.
-JOB_PATH = Path(__file__).resolve().parents[2] / "scripts" / "history.py"
-JOB_MODULE = "agentbus_history_job"
-# The job's QUERIES, known here without importing pyspark (a test keeps them in step).
-QUERY_NAMES = ("volume", "lifecycle", "stuck", "threads", "silence", "dead_tasks")
-STUCK_AFTER_SECONDS = 3600.0
+from bus.cli.extras import ExtraMissing
+from bus.cli.extras import OURS
+from bus.cli.extras import import_extra
+from bus.history import QUERY_NAMES
+from bus.history import STUCK_AFTER_SECONDS
+from bus.history import job_path
+from bus.history.report import Output
+from bus.history.report import output_problem
 
 
 @click.command()
@@ -48,16 +50,20 @@ STUCK_AFTER_SECONDS = 3600.0
                                       " than this (before the newest message) is stuck.")
 @click.option("--limit", type=click.IntRange(min=1),
               help="With --full, --json or --csv: at most this many rows per query.")
+@click.option("--job-path", "show_job_path", is_flag=True,
+              help="Print the path of the job's file, for spark-submit, and run nothing"
+                   " (needs neither PySpark nor Java).")
 @pass_bus_context
 def history(obj: BusContext, export_path: str | None, query: str, full: bool, as_json: bool,
             as_csv: bool, out_dir: str | None, png: bool, strict: bool,
-            stuck_after_seconds: float, limit: int | None) -> None:
+            stuck_after_seconds: float, limit: int | None, show_job_path: bool) -> None:
     """Message volume, task lifecycles, reply latency, silences and dead tasks, by Spark.
 
     Prints a summary (totals and the top rows of each query); --full for
     every row. Runs in this process on local[*] (SPARK_MASTER to change
-    it); needs PySpark and Java 17+. The same job runs on a cluster with
-    `spark-submit scripts/history.py --export PATH` (docs/spark.md).
+    it); needs PySpark and Java 17+ (`pip install 'agentbus[spark]'`). The
+    same job runs on a cluster with `spark-submit "$(bus history
+    --job-path)" --export PATH` (docs/spark.md).
 
     \b
     Example:
@@ -65,17 +71,22 @@ def history(obj: BusContext, export_path: str | None, query: str, full: bool, as
       bus history --query lifecycle --full
       bus history --export history/ --query threads --json
       bus history --out report/ --png     # then open report/report.html
+      bus history --job-path              # the file to give spark-submit
     """
+    if show_job_path:  # before anything that needs the extra, the export or the bus
+        path = str(job_path())
+        click.echo(orjson.dumps({"job_path": path}).decode() if as_json or obj.as_json else path)
+        return
     if as_json and as_csv:
         raise click.UsageError("--json and --csv exclude each other")
-    job = load_job()
     fmt = "json" if as_json else "csv" if as_csv else "table"
-    problem = job.output_problem(fmt, query, out_dir, png)
+    problem = output_problem(fmt, query, out_dir, png)
     if problem:
         raise click.UsageError(problem)
+    job = load_job()
     require_java()
     path = resolve_export(obj, export_path)
-    output = job.Output(fmt, full, limit, out_dir=out_dir, png=png)
+    output = Output(fmt, full, limit, out_dir=out_dir, png=png)
     seen = run_job(job, path, query, output, stuck_after_seconds, strict)
     if seen.malformed:
         click.echo(seen.malformed_note(), err=True)
@@ -84,30 +95,11 @@ def history(obj: BusContext, export_path: str | None, query: str, full: bool, as
 
 
 def load_job() -> ModuleType:
-    """scripts/history.py as a module; a clear error when PySpark is missing."""
-    if importlib.util.find_spec("pyspark") is None:
-        raise click.ClickException(
-            "PySpark is not installed; install it with `pip install 'agentbus[spark]'`"
-            " (`make demo` does)")
-    if not JOB_PATH.is_file():
-        raise click.ClickException(f"the history job {JOB_PATH} is missing; `bus history`"
-                                   " runs from a checkout of agentbus")
-    if JOB_MODULE in sys.modules:  # loaded once per process, like any import
-        return sys.modules[JOB_MODULE]
-    if str(JOB_PATH.parent) not in sys.path:  # the job imports its modules beside it
-        sys.path.append(str(JOB_PATH.parent))
-    spec = importlib.util.spec_from_file_location(JOB_MODULE, JOB_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[JOB_MODULE] = module  # dataclasses look their module up while it loads
+    """bus.history.job, imported now; a missing PySpark names the extra that installs it."""
     try:
-        spec.loader.exec_module(module)
-    except ImportError as exc:  # a broken or partial PySpark
-        del sys.modules[JOB_MODULE]
+        return import_extra("bus.history.job", "spark", "bus history")
+    except ImportError as exc:  # there, but broken or partial (not a missing module)
         raise click.ClickException(f"PySpark cannot be imported: {exc}") from exc
-    except BaseException:
-        del sys.modules[JOB_MODULE]
-        raise
-    return module
 
 
 def require_java() -> None:
@@ -141,23 +133,31 @@ def resolve_export(obj: BusContext, export_path: str | None) -> str:
 def run_job(job: ModuleType, path: str, query: str, output: Any,
             stuck_after_seconds: float, strict: bool) -> Any:
     """Run the job in this process; its Overview of the export."""
-    from pyspark.errors import PySparkException  # only now: pyspark is known to be there
-    from py4j.protocol import Py4JError
+    from py4j.protocol import Py4JError  # only now: pyspark is known to be there
+    from pyspark.errors import PySparkException
+
+    from bus.history.extract import MalformedExport
+    from bus.history.queries import Options
+    from bus.history.queries import query_names
+    from bus.history.session import SparkStartError
+    from bus.history.session import start_spark
 
     try:
-        spark = job.start_spark(quiet=True)
-    except job.SparkStartError as exc:
+        spark = start_spark(quiet=True)
+    except SparkStartError as exc:
         raise click.ClickException(f"Spark could not start Java (it needs Java 17 or newer):"
                                    f"\n{exc}") from exc
-    options = job.Options(stuck_after_seconds=stuck_after_seconds)
+    options = Options(stuck_after_seconds=stuck_after_seconds)
     try:
-        return job.run(spark, path, job.query_names(query), output, options, out=sys.stdout,
+        return job.run(spark, path, query_names(query), output, options, out=sys.stdout,
                        strict=strict)
-    except job.MalformedExport as exc:
+    except MalformedExport as exc:
         raise click.ClickException(str(exc)) from exc
-    except ImportError as exc:  # --out's writers: pyarrow, plotly, matplotlib
-        raise click.ClickException(f"--out needs {exc.name}, which is not installed; install"
-                                   " it with `pip install 'agentbus[spark]'`") from exc
+    except ModuleNotFoundError as exc:  # --out's writers: pyarrow, plotly, matplotlib
+        missing = (exc.name or "").partition(".")[0]
+        if not missing or missing in OURS:
+            raise
+        raise ExtraMissing("bus history --out", missing, "spark") from exc
     except OSError as exc:  # the results are in; only --out could not be written
         raise click.ClickException(f"cannot write the report to --out {output.out_dir}:"
                                    f" {exc.strerror or exc}") from exc

@@ -1,9 +1,8 @@
-"""Extract, for the history job (scripts/history.py): read the export, count what it holds.
+"""Extract, for the history job: read the export, count what it holds.
 
-Beside history.py, like history_report.py and history_session.py. The export
-is read once with an explicit schema (read_export); `survey` totals it in
-the same pass that fills compute's cache, and finds on the way what some
-queries would otherwise make a pass of their own for (Known).
+The export is read once with an explicit schema (read_export); `survey`
+totals it in the same pass that fills compute's cache, and finds on the way
+what some queries would otherwise make a pass of their own for (Known).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from history_report import Overview
+from bus.history.report import Overview
 
 HEARTBEAT_TYPE = "heartbeat"
 # What the bus publishes when a holder's lease ends without a state change.

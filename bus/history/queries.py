@@ -1,75 +1,41 @@
-"""Spark history queries over the agentbus JSONL export.
+"""The history queries: one pure DataFrame -> DataFrame transform each, and their registry.
 
-    spark-submit --master local[*] scripts/history.py --export bus.jsonl --query lifecycle
-    spark-submit --master spark://host:7077 scripts/history.py --export hdfs:///bus/ --query all
-    python scripts/history.py --export .worker-state/bus.jsonl --format json
-
-The job is extract (history_extract.py beside it: read the export with an
-explicit schema, total it), transform (one pure DataFrame -> DataFrame
-function per query, registered in QUERIES) and load (print a table, JSON
-lines or CSV). It imports nothing from the bus, so
-the same file runs on a cluster where agentbus is not installed. The export
-is one JSONL file or a directory of them (`date=YYYY-MM-DD/part-*.jsonl`,
-read recursively).
+Each transform takes the messages (extract's MESSAGES_SCHEMA rows, or the
+narrower rows compute caches) and returns a small aggregate. They are
+DataFrame expressions only, with no Python function for Spark to ship, so
+executors need nothing of agentbus. QUERIES registers them under the
+names `bus history --query` takes (QUERY_NAMES, known without pyspark).
 
 Times in results are ISO 8601 UTC strings like the export's `ts`: the
 transforms format them with the session time zone, which `start_spark` sets
-to UTC (a caller bringing its own session must do the same).
+to UTC (a caller bringing its own session must do the same). Each query
+names its time columns (`Query.times`), which the Parquet files store as
+timestamps and the charts draw on a time axis.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
-from typing import Sequence
-from typing import TextIO
 
 from pyspark.sql import Column
 from pyspark.sql import DataFrame
-from pyspark.sql import SparkSession
 from pyspark.sql import Window
 from pyspark.sql import functions as F
 
-# The report module sits beside this file: spark-submit and `python
-# scripts/history.py` put this directory first on sys.path, `bus history`
-# does the same before loading the job.
-from history_report import Output
-from history_report import Overview
-from history_report import Result
-from history_report import output_problem
-from history_report import show
-from history_report import write_report
-from history_extract import CACHED_COLUMNS
-from history_extract import HEARTBEAT_TYPE
-from history_extract import HOLD_ENDING_TYPES
-from history_extract import Known
-from history_extract import MalformedExport
-from history_extract import read_export
-from history_extract import survey
-from history_extract import to_messages
-from history_extract import with_payload_fields
-# What callers (tests, `bus history`, the bench's floor) take from here too.
-from history_extract import MESSAGES_SCHEMA  # noqa: F401
-from history_extract import PAYLOAD_FIELDS  # noqa: F401
-from history_extract import extract  # noqa: F401
-from history_extract import overview  # noqa: F401
-from history_session import QUERY_THREADS
-from history_session import SparkStartError  # noqa: F401 - callers catch it from here
-from history_session import start_spark
+from bus.history import STUCK_AFTER_SECONDS
+from bus.history.extract import HEARTBEAT_TYPE
+from bus.history.extract import HOLD_ENDING_TYPES
+from bus.history.extract import Known
+from bus.history.extract import with_payload_fields
 
 TERMINAL_STATES = ("COMPLETED", "CANCELLED", "FAILED")  # workers/machine.py TERMINAL
-STUCK_AFTER_SECONDS = 3600.0
 SILENCE_TOP = 3  # largest gaps reported per agent
 MAX_SILENCE_TOP = 100_000  # the most max_by(..., k) keeps per group
 ISO_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"  # the export's `ts` format (session time zone UTC)
 HOUR_FORMAT = "yyyy-MM-dd'T'HH:00'Z'"
 HOUR_MS = 3_600_000
 
-# --- transforms (pure: DataFrame in, DataFrame out) -------------------------------
 
 
 def volume(messages: DataFrame) -> DataFrame:
@@ -299,132 +265,25 @@ class Options:
 class Query:
     transform: Callable[[DataFrame, Options, Known], DataFrame]
     title: str
+    times: tuple[str, ...] = ()  # the result's time columns (ISO text: HOUR_FORMAT or ISO_FORMAT)
 
     def run(self, messages: DataFrame, options: Options, known: Known = Known()) -> DataFrame:
         return self.transform(messages, options, known)
 
 
 QUERIES: dict[str, Query] = {
-    "volume": Query(lambda m, o, k: volume(m), "messages per hour, agent and type"),
+    "volume": Query(lambda m, o, k: volume(m), "messages per hour, agent and type", ("hour",)),
     "lifecycle": Query(lambda m, o, k: lifecycle(m), "time in state per worker (seconds)"),
     "stuck": Query(lambda m, o, k: stuck(m, o.stuck_after_seconds, k.newest_ms),
-                   "tasks stuck in a non-terminal state"),
+                   "tasks stuck in a non-terminal state", ("since",)),
     "threads": Query(lambda m, o, k: threads(m), "request-to-reply latency (ms)"),
     "silence": Query(lambda m, o, k: silence(m, o.silence_top, k.beaters),
-                     "longest silences per agent"),
+                     "longest silences per agent", ("start", "end")),
     "dead_tasks": Query(lambda m, o, k: dead_tasks(m),
-                        "tasks released, taken over (reclaimed) or declared dead"),
+                        "tasks released, taken over (reclaimed) or declared dead", ("last_at",)),
 }
 
 
-# --- the job ----------------------------------------------------------------------
-
-
-def run(spark: SparkSession, export: str, names: Sequence[str],
-        output: Output = Output(), options: Options = Options(), out: TextIO | None = None,
-        strict: bool = False) -> Overview:
-    """Read the export once, run each named query once, show the results.
-
-    Raises MalformedExport when `strict` and a line is not an export record;
-    otherwise such lines are left out and counted in the returned Overview.
-    """
-    seen, results = compute(spark, export, names, options, strict)
-    show(seen, results, output, out or sys.stdout)
-    if output.out_dir:
-        write_report(seen, results, export, Path(output.out_dir), output.png)
-    return seen
-
-
-def compute(spark: SparkSession, export: str, names: Sequence[str], options: Options,
-            strict: bool = False) -> tuple[Overview, list[Result]]:
-    """The overview and each query's rows, in the order of `names`.
-
-    The queries are submitted side by side (Spark runs jobs from several
-    threads at once): a query's small stages and its driver-side planning
-    leave cores idle that another query's tasks then use.
-    """
-    # Parsed once for the overview and every query, and only what they read.
-    raw = with_payload_fields(read_export(spark, export).select(*CACHED_COLUMNS)).persist()
-    try:
-        seen, known = survey(spark, raw)
-        if strict and seen.malformed:
-            raise MalformedExport(f"{seen.malformed_note('in the export')}; --strict stops"
-                                  " at any (without it they are skipped and counted)")
-        messages = to_messages(raw)
-        with ThreadPoolExecutor(QUERY_THREADS) as pool:
-            return seen, list(pool.map(
-                lambda name: collect(name, QUERIES[name].run(messages, options, known)), names))
-    finally:
-        raw.unpersist()
-
-
-def collect(name: str, result: DataFrame) -> Result:
-    """The rows of one query, fetched once (every view works from them)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    try:
-        arrow_schema = to_arrow_schema(result.schema)
-    except ImportError:  # no pyarrow: only --out needs it, and says so
-        arrow_schema = None
-    return Result(name, QUERIES[name].title, result.columns,
-                  [tuple(row) for row in result.collect()], arrow_schema)
-
-
 def query_names(query: str) -> list[str]:
+    """The queries `--query` names: one, or every one for "all"."""
     return list(QUERIES) if query == "all" else [query]
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="History queries over the agentbus export.")
-    parser.add_argument("--export", required=True,
-                        help="export JSONL file or directory (date=YYYY-MM-DD/part-*.jsonl)")
-    parser.add_argument("--query", default="all", choices=[*QUERIES, "all"])
-    parser.add_argument("--format", default="table", choices=["table", "json", "csv"],
-                        help="table: a summary (every row with --full); json, csv: every row")
-    parser.add_argument("--full", action="store_true", help="the table with every row")
-    parser.add_argument("--out", metavar="DIR",
-                        help="write <query>.parquet, <query>.csv and report.html to DIR")
-    parser.add_argument("--png", action="store_true", help="with --out: the charts as PNG too")
-    parser.add_argument("--strict", action="store_true",
-                        help="fail on a line that is not an export record (default: skip, count)")
-    parser.add_argument("--stuck-after-seconds", type=float, default=STUCK_AFTER_SECONDS,
-                        help="a non-terminal state older than this is stuck (default %(default)s)")
-    parser.add_argument("--silence-top", type=_silence_top, default=SILENCE_TOP,
-                        help="gaps reported per agent, 1 to 100000 (default %(default)s)")
-    parser.add_argument("--limit", type=int, help="print at most this many rows per query")
-    args = parser.parse_args(argv)
-    problem = output_problem(args.format, args.query, args.out, args.png)
-    if problem:
-        parser.error(problem)
-    return args
-
-
-def _silence_top(text: str) -> int:
-    """--silence-top: a count max_by accepts (1 to MAX_SILENCE_TOP)."""
-    top = int(text)
-    if not 1 <= top <= MAX_SILENCE_TOP:
-        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_SILENCE_TOP}, not {top}")
-    return top
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    created = SparkSession.getActiveSession() is None
-    spark = start_spark()
-    output = Output(args.format, args.full, args.limit, out_dir=args.out, png=args.png)
-    try:
-        seen = run(spark, args.export, query_names(args.query), output,
-                   Options(args.stuck_after_seconds, args.silence_top), strict=args.strict)
-    except MalformedExport as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if created:  # ours to end; an embedding caller keeps its session
-            spark.stop()
-    if seen.malformed:
-        print(seen.malformed_note(), file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,4 @@
-"""The Spark session of the history job (scripts/history.py): master, log level, tuning.
-
-Beside history.py, like history_report.py: spark-submit and `bus history` put
-this directory first on sys.path.
-"""
+"""The Spark session of the history job: master, log level, tuning."""
 
 from __future__ import annotations
 
@@ -21,7 +17,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 APP_NAME = "agentbus-history"
-QUERY_THREADS = 3  # the job's queries in flight at once (history.compute)
+QUERY_THREADS = 3  # the job's queries in flight at once (job.compute)
 QUIET_LOG_LEVEL = "WARN"  # Spark's INFO lines are for debugging Spark, not for reading history
 
 

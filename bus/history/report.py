@@ -1,13 +1,13 @@
-"""What the history job shows of its results: the summary, tables, files and charts.
+"""What the history job shows of its results: the summary, tables and files.
 
-scripts/history.py computes each query once and hands the collected rows
-here; nothing here runs Spark. The terminal gets a summary (totals and the
-top rows of each query, under 100 lines) or, with --full, every row;
-`--out DIR` gets a Parquet and a CSV file per query and `report.html`, one
-page with the charts (plotly, its JavaScript inline, so the page works
-offline) and the summary tables; `--png` the same charts as images
-(matplotlib). Lives beside history.py, which spark-submit puts first on
-sys.path, so it needs no --py-files.
+The job (bus.history.job) computes each query once and hands the collected
+rows here; nothing here runs Spark or imports pyspark. The terminal gets a
+summary (totals and the top rows of each query, under 100 lines) or, with
+--full, every row; `--out DIR` gets a Parquet and a CSV file per query and
+`report.html`, one page with the charts (bus.history.charts: plotly, its
+JavaScript inline, so the page works offline) and the summary tables;
+`--png` the same charts as images (matplotlib). pyarrow, plotly and
+matplotlib are imported only for --out.
 """
 
 from __future__ import annotations
@@ -25,10 +25,15 @@ from typing import Callable
 from typing import Sequence
 from typing import TextIO
 
+from bus.history.charts import Chart
+from bus.history.charts import charts
+from bus.history.charts import plotly_figure
+from bus.history.charts import write_pngs
+from bus.history.units import duration_unit
+from bus.history.units import in_unit
+from bus.history.units import parse_time
+
 SUMMARY_TOP = 8  # rows per query in the summary: 7 sections of at most 13 lines
-PNG_SIZE = (10.0, 4.0)  # inches, at PNG_DPI: 1000 x 400 pixels
-PNG_DPI = 100
-TASK_EVENT_TYPES = ("task_released", "task_reclaimed", "task_dead")
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class Result:
     columns: list[str]
     rows: list[tuple]
     arrow_schema: Any = None  # pyarrow.Schema, for the Parquet file
+    times: tuple[str, ...] = ()  # the columns that hold ISO time text (queries.Query.times)
 
     def records(self) -> list[dict[str, Any]]:
         return [dict(zip(self.columns, row)) for row in self.rows]
@@ -182,17 +188,19 @@ def _volume_by_type(result: Result, top: int) -> Section:
 
 
 def _lifecycle_by_state(result: Result, top: int) -> Section:
-    """Over all workers: visits, hours in the state, the worst worker's p95 and the longest."""
+    """Over all workers: visits, total time in the state (in the unit that fits the
+    longest total), the worst worker's p95 and the longest visit."""
     by_state: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in result.records():
         by_state[record["state"]].append(record)
-    rows = [(state, sum(r["visits"] for r in group),
-             round(sum(r["total_s"] for r in group) / 3600.0, 1),
+    totals = {state: sum(r["total_s"] for r in group) for state, group in by_state.items()}
+    unit, size = duration_unit(totals.values())
+    rows = [(state, sum(r["visits"] for r in group), in_unit(totals[state], unit, size),
              max(r["p95_s"] for r in group), max(r["max_s"] for r in group))
             for state, group in by_state.items()]
-    rows.sort(key=lambda row: (-row[2], row[0]))
+    rows.sort(key=lambda row: (-totals[row[0]], row[0]))
     return _cut("lifecycle: time in each state, all workers",
-                ["state", "visits", "hours", "worst_p95_s", "max_s"], rows, top)
+                ["state", "visits", f"total_{unit}", "worst_p95_s", "max_s"], rows, top)
 
 
 def _slowest_threads(result: Result, top: int) -> Section:
@@ -276,99 +284,40 @@ def _cell(value: Any) -> str:
 
 
 def write_query_files(results: Sequence[Result], out_dir: Path) -> list[Path]:
-    """`<query>.parquet` and `<query>.csv` for each result; the paths written."""
-    import pyarrow as pa  # only with --out: the terminal report needs none of these
-    import pyarrow.parquet as pq
+    """`<query>.parquet` and `<query>.csv` for each result; the paths written.
+
+    The CSV has the rows as printed (times as ISO text); the Parquet file
+    has the time columns as UTC timestamps, for tools that filter or
+    plot by time.
+    """
+    import pyarrow.parquet as pq  # only with --out: the terminal report needs none of these
 
     written = []
     for result in results:
-        table = pa.Table.from_pylist(result.records(), schema=result.arrow_schema)
-        pq.write_table(table, out_dir / f"{result.name}.parquet")
+        pq.write_table(arrow_table(result), out_dir / f"{result.name}.parquet")
         with open(out_dir / f"{result.name}.csv", "w", encoding="utf-8", newline="") as out:
             write_csv(result.columns, result.rows, out)
         written += [out_dir / f"{result.name}.parquet", out_dir / f"{result.name}.csv"]
     return written
 
 
-# --- charts ---------------------------------------------------------------------------------
+def arrow_table(result: Result) -> Any:
+    """The result as a pyarrow Table, its time columns as timestamp[ms, UTC]."""
+    import pyarrow as pa
+
+    records = result.records()
+    for record in records:
+        for column in result.times:
+            record[column] = parse_time(record[column])
+    schema = result.arrow_schema
+    if schema is not None:
+        for column in result.times:
+            index = schema.get_field_index(column)
+            schema = schema.set(index, schema.field(index).with_type(pa.timestamp("ms", tz="UTC")))
+    return pa.Table.from_pylist(records, schema=schema)
 
 
-@dataclass(frozen=True)
-class Chart:
-    """One chart, drawn the same by plotly (report.html) and matplotlib (--png).
-
-    `series` maps a legend name to (x values, y values); the x values are
-    categories (hours, states, latency buckets), bars stack per category.
-    """
-
-    name: str
-    title: str
-    kind: str  # "stacked" (series share the x axis, sorted) or "bar" (one series, as given)
-    x_title: str
-    y_title: str
-    series: dict[str, tuple[list[Any], list[Any]]]
-
-
-def charts(results: Sequence[Result]) -> list[Chart]:
-    """The charts the results allow: each needs its query to have run."""
-    by_name = {result.name: result for result in results}
-    made = []
-    if "volume" in by_name:
-        volume = by_name["volume"].records()
-        made.append(Chart("volume", "Messages per hour by type", "stacked", "hour (UTC)",
-                          "messages", _per_hour(volume, lambda kind: True)))
-    if "lifecycle" in by_name:
-        made.append(_time_in_state(by_name["lifecycle"].records()))
-    if "threads" in by_name:
-        made.append(_thread_latency(by_name["threads"].records()))
-    if "volume" in by_name:
-        made.append(Chart("takeovers", "Takeovers and dead tasks per hour", "stacked",
-                          "hour (UTC)", "events",
-                          _per_hour(volume, lambda kind: kind in TASK_EVENT_TYPES)))
-    return made
-
-
-def _per_hour(volume: list[dict[str, Any]], keep: Callable[[str], bool]
-              ) -> dict[str, tuple[list[Any], list[Any]]]:
-    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for record in volume:
-        if keep(record["type"]):
-            counts[record["type"]][record["hour"]] += record["messages"]
-    return {kind: (sorted(hours), [hours[h] for h in sorted(hours)])
-            for kind, hours in sorted(counts.items())}
-
-
-# Latency buckets (upper bounds in ms, labels): log-like steps, because a
-# thread's median reply ranges from milliseconds to hours.
-LATENCY_BUCKETS = [(100, "< 0.1 s"), (1_000, "0.1-1 s"), (5_000, "1-5 s"),
-                   (15_000, "5-15 s"), (60_000, "15-60 s"), (300_000, "1-5 min"),
-                   (900_000, "5-15 min"), (3_600_000, "15-60 min"), (None, ">= 1 h")]
-
-
-def _thread_latency(threads: list[dict[str, Any]]) -> Chart:
-    counts = {label: 0 for _, label in LATENCY_BUCKETS}
-    for record in threads:
-        if record["scope"] == "thread":
-            counts[_bucket(record["p50_ms"])] += 1
-    return Chart("thread_latency", "Thread latency: threads by median reply time", "bar",
-                 "median request-to-reply latency", "threads",
-                 {"threads": (list(counts), list(counts.values()))})
-
-
-def _bucket(ms: int) -> str:
-    return next(label for bound, label in LATENCY_BUCKETS if bound is None or ms < bound)
-
-
-def _time_in_state(lifecycle: list[dict[str, Any]]) -> Chart:
-    hours: dict[str, float] = defaultdict(float)
-    for record in lifecycle:
-        hours[record["state"]] += record["total_s"] / 3600.0
-    states = sorted(hours, key=lambda state: -hours[state])
-    return Chart("time_in_state", "Time in each worker state, all workers (hours)", "bar",
-                 "state", "hours", {"hours": (states, [round(hours[s], 2) for s in states])})
-
-
-# --- report.html (plotly) and PNGs (matplotlib) ----------------------------------------------
+# --- report.html -------------------------------------------------------------------------
 
 
 def write_html(path: Path, heading: str, notes: Sequence[str], made: Sequence[Chart],
@@ -377,7 +326,7 @@ def write_html(path: Path, heading: str, notes: Sequence[str], made: Sequence[Ch
     parts = [f"<h1>{html.escape(heading)}</h1>"]
     parts += [f"<p class=note>{html.escape(note)}</p>" for note in notes]
     for index, chart in enumerate(made):
-        parts.append(_plotly_figure(chart).to_html(full_html=False, include_plotlyjs=index == 0,
+        parts.append(plotly_figure(chart).to_html(full_html=False, include_plotlyjs=index == 0,
                                                    div_id=f"chart-{chart.name}"))
     parts += [_html_table(section) for section in sections]
     path.write_text(_PAGE.format(title=html.escape(heading), body="\n".join(parts)),
@@ -408,63 +357,3 @@ def _html_table(section: Section) -> str:
         for row in section.rows)
     return (f"<h2>{html.escape(section.heading().strip('= '))}</h2>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
-
-
-def _plotly_figure(chart: Chart) -> Any:
-    import plotly.graph_objects as go  # only with --out
-
-    figure = go.Figure()
-    for name, (xs, ys) in chart.series.items():
-        figure.add_trace(go.Bar(x=xs, y=ys, name=name))
-    figure.update_layout(title=chart.title, barmode="stack", xaxis_title=chart.x_title,
-                         yaxis_title=chart.y_title, height=420, margin={"t": 60})
-    return figure
-
-
-def write_pngs(made: Sequence[Chart], out_dir: Path) -> list[Path]:
-    """Each chart as `<name>.png`, PNG_SIZE at PNG_DPI."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: files only
-    import matplotlib.pyplot as plt
-
-    written = []
-    for chart in made:
-        figure, axes = plt.subplots(figsize=PNG_SIZE, dpi=PNG_DPI)
-        _draw(axes, chart)
-        axes.set_title(chart.title)
-        axes.set_xlabel(chart.x_title)
-        axes.set_ylabel(chart.y_title)
-        figure.tight_layout()
-        path = out_dir / f"{chart.name}.png"
-        figure.savefig(path, dpi=PNG_DPI)
-        plt.close(figure)
-        written.append(path)
-    return written
-
-
-def _draw(axes: Any, chart: Chart) -> None:
-    """Bars at category positions, stacked; a tick label every few categories."""
-    import matplotlib.pyplot as plt
-
-    categories = _categories(chart)
-    position = {category: index for index, category in enumerate(categories)}
-    heights = [0.0] * len(categories)
-    colors = plt.get_cmap("tab20")  # 20 colours: every message type its own
-    for index, (name, (xs, ys)) in enumerate(chart.series.items()):
-        spots = [position[x] for x in xs]
-        axes.bar(spots, ys, bottom=[heights[spot] for spot in spots], label=name,
-                 color=colors(index % 20))
-        for spot, y in zip(spots, ys):
-            heights[spot] += y
-    step = max(1, len(categories) // 12)
-    axes.set_xticks(range(0, len(categories), step),
-                    [str(category) for category in categories[::step]], rotation=30, ha="right")
-    if len(chart.series) > 1:
-        axes.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-
-
-def _categories(chart: Chart) -> list[Any]:
-    if chart.kind == "stacked":
-        return sorted({x for xs, _ in chart.series.values() for x in xs})
-    return [x for xs, _ in chart.series.values() for x in xs]
