@@ -10,7 +10,9 @@ only, in the repository (the bus is the default `.worker-state/bus.db`):
   SIGKILL mid-task. Spawning w4 for the same task is refused while w3's lease
   holds; once it runs out, w4 takes the task over (its second attempt), is
   rejected once in review, fixes it and is merged. w3 is marked failed.
-- w1, w2 and w4 read their inbox (`bus poll`, `bus ack`); the log is exported.
+- w1, w2 and w4 read their inbox (`bus poll`, `bus ack`). Then the finished
+  workers are cleaned up (`worker cleanup --finished --branches`, refused for
+  the file w3 left uncommitted, then with `--force`) and the log is exported.
 
 Then each test runs one read command on that file and checks what a person
 would look at. Known bugs of issue 29 are marked xfail (strict: they flip
@@ -80,6 +82,8 @@ class Team:
     repo: Path
     scratch: Path
     refusals: list[str] = field(default_factory=list)  # w4's spawns refused while w3's lease held
+    cleanup_refusal: subprocess.CompletedProcess[str] | None = None  # w3 left a file behind
+    cleaned: list[dict[str, Any]] = field(default_factory=list)  # what cleanup --force removed
     exported: dict[str, Any] = field(default_factory=dict)  # what the last step's export said
 
     @property
@@ -209,7 +213,11 @@ def team(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> Team
     merged = approve_and_merge(team, "w4")
     assert merged.returncode == 0, merged.stderr
 
+    team.cleanup_refusal = team.run("worker", "cleanup", "--finished", "--branches")
+    team.cleaned = team.json_lines("worker", "cleanup", "--finished", "--branches", "--force",
+                                   "--json")
     team.exported = team.json("bus", "export", "--json")
+    print(f"w4's spawn was refused {len(refusals)} time(s) while w3's lease held")
     return team
 
 
@@ -264,6 +272,23 @@ def test_the_team_merged_its_work_into_main(team: Team) -> None:
     for worker in ("w1", "w2", "w4"):
         assert git(team.repo, "merge-base", "--is-ancestor", team.worker(worker)["head_commit"],
                    "main", check=False).returncode == 0, worker
+
+
+def test_cleanup_removed_every_worktree_and_branch(team: Team) -> None:
+    refused = team.cleanup_refusal
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.startswith("Error: ") and "worktrees/w3" in refused.stderr
+    assert "primes.txt" in refused.stderr and "--force" in refused.stderr
+    by_worker = {c["worker"]: c for c in team.cleaned}
+    assert {w: c["state"] for w, c in by_worker.items()} == FINAL_STATES
+    assert by_worker["w3"]["worktree"] is not None  # a failed worker keeps its worktree till now
+    assert all(by_worker[w]["worktree"] is None for w in ("w1", "w2", "w4"))  # gone at merge
+    # w3 was killed before it committed: its branch holds nothing main lacks.
+    assert {w: c["branch"] for w, c in by_worker.items()} == {w: f"{w}/{TASKS[w]}"
+                                                              for w in FINAL_STATES}
+    assert all(c["kept_branch"] is None for c in team.cleaned)
+    assert git(team.repo, "branch", "--format=%(refname:short)").stdout.split() == ["main"]
+    assert git(team.repo, "worktree", "list", "--porcelain").stdout.count("worktree ") == 1
 
 
 def test_the_successor_waited_for_the_dead_workers_lease(team: Team) -> None:
