@@ -229,6 +229,8 @@ def resolve_conflict(team: Team, worker: str, worktree: Path) -> None:
     assert f"worker rework {worker}" in refused.stderr  # the error says the way out
     assert team.worker(worker)["state"] == "APPROVED"  # nothing changed
     team.ok("worker", "rework", worker, "--reason", "conflicts with main after w1 merged")
+    back = team.worker(worker)
+    assert back["state"] == "WORKING" and back["liveness"] != "stopped"  # at work again
     assert git(worktree, "merge", "main", check=False).returncode != 0  # the same conflict
     (worktree / "shared.txt").write_text("colour: purple (blue and red)\n")
     git(worktree, "add", "shared.txt")
