@@ -298,7 +298,8 @@ def test_the_successor_waited_for_the_dead_workers_lease(team: Team) -> None:
         assert refusal.startswith("Error: task primes is taken: worker w3 (WORKING)"), refusal
     reclaimed = team.sql("SELECT json_extract(payload, '$.task') AS task,"
                          " json_extract(payload, '$.attempt') AS attempt"
-                         " FROM messages WHERE type = 'task_claim' AND from_agent = 'w4'")
+                         " FROM messages WHERE type = 'task_claim' AND from_agent = 'w4'"
+                         " ORDER BY seq")
     assert reclaimed[0] == {"task": "primes", "attempt": 2}  # the task's second holder
     assert team.sql("SELECT count(*) AS n FROM messages WHERE type = 'task_reclaimed'"
                     ) == [{"n": 1}]
