@@ -336,6 +336,35 @@ def test_fail_and_cancel_leave_a_stopped_beat(ws: Workers, bus: Bus, repo: Path)
     assert types.count("agent_started") == 1 and types.count("agent_stopped") == 1
 
 
+@pytest.mark.parametrize("back", ["reject", "rework"])
+def test_back_to_work_the_stopped_beat_gives_way_to_a_working_one(
+        ws: Workers, bus: Bus, repo: Path, back: str) -> None:
+    w = ws.spawn("t1", "w1", repo)
+    ws.start("w1")
+    ws.heartbeat("w1", progress=0.5)
+    commit_file(w.worktree, "a.txt", "a\n")
+    ws.done("w1")
+    seen = bus.last_seq()
+    ws.reject("w1", "add a test") if back == "reject" else ws.rework("w1")
+    [beat] = bus.liveness()
+    assert (beat.agent, beat.status, beat.task, beat.state) == ("w1", "working", "t1", "alive")
+    assert beat.progress is None  # the new stint has made no progress yet
+    [status] = ws.status("w1")
+    assert (status.worker.state, status.liveness) == ("WORKING", "alive")
+    assert "task_progress" not in [m.type for m in bus.list_messages(after=seen)]
+
+
+def test_back_to_work_leaves_a_forgotten_agent_forgotten(ws: Workers, bus: Bus,
+                                                         repo: Path) -> None:
+    w = ws.spawn("t1", "w1", repo)
+    ws.start("w1")
+    commit_file(w.worktree, "a.txt", "a\n")
+    ws.done("w1")
+    assert bus.forget("w1")
+    ws.rework("w1")
+    assert bus.liveness() == []
+
+
 # --- a SIGKILLed `worker run` and the takeover ----------------------------------------------
 
 

@@ -214,7 +214,7 @@ class Workers:
         """IN_REVIEW -> WORKING with the reviewer's reason; the worker takes its lease again."""
         reason = validate_text(reason, "reason", 2000)
         return self._transition(
-            worker, "reject", note=reason, within=lambda w: self._claim(w, lease_ms),
+            worker, "reject", note=reason, within=lambda w: self._back_to_work(w, lease_ms),
             announce=lambda w: [("review_result", {"approved": False, "reason": reason},
                                  worker, ORCHESTRATOR), *self._resumed(w)])
 
@@ -228,7 +228,7 @@ class Workers:
         """
         reason = validate_text(reason, "reason", 2000, optional=True)
         return self._transition(worker, "rework", note=reason,
-                                within=lambda w: self._claim(w, lease_ms),
+                                within=lambda w: self._back_to_work(w, lease_ms),
                                 announce=self._resumed)
 
     def merge(self, worker: str) -> Worker:
@@ -401,6 +401,15 @@ class Workers:
         self.bus.publish(worker.worker, "task_claim", {
             "worker": worker.worker, "task": worker.task, "attempt": claim.attempts,
             "lease_until_ms": claim.lease_until_ms}, correlation_id=worker.task)
+
+    def _back_to_work(self, worker: Worker, lease_ms: int) -> None:
+        """Reject and rework: the task's lease again, and a `working` beat in place of the
+        `stopped` one `done` left. Otherwise every view would show a WORKING worker as
+        stopped, never as dead however long its agent stays away; this beat decays
+        like any other (a forgotten agent stays forgotten)."""
+        self._claim(worker, lease_ms)
+        if heartbeats.has_beaten(self.bus.conn, worker.worker):
+            heartbeats.beat(self.bus.conn, worker.worker, "working", worker.task, None)
 
     def _refuse_rival(self, task: str, worker: str) -> None:
         """TaskTaken if another worker has `task` in review, or is WORKING on it
