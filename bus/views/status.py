@@ -25,7 +25,7 @@ from bus.claims import list_claims
 from bus.db import connect
 from bus.db import translate_busy
 from bus.errors import SchemaOutdated
-from bus.heartbeats import STATES
+from bus.heartbeats import LIVENESS_STATES
 from bus.heartbeats import Liveness
 from bus.heartbeats import Thresholds
 from bus.heartbeats import liveness
@@ -144,9 +144,11 @@ class Status:
     agents_by_state: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
-        counts = {state: 0 for state in STATES}
+        # Every state liveness reports, `stopped` included (each worker done, fail
+        # or cancel leaves one), so the counts always add up to the agents listed.
+        counts = {state: 0 for state in LIVENESS_STATES}
         for agent in self.agents:
-            counts[agent.state] += 1
+            counts[agent.state] = counts.get(agent.state, 0) + 1
         object.__setattr__(self, "agents_by_state", counts)
 
     def consumer(self, agent: str) -> Consumer | None:
