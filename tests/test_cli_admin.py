@@ -98,6 +98,20 @@ def test_status_missing_file_is_an_error_not_a_traceback(tmp_path: Path) -> None
     assert not (tmp_path / "none.db").exists()
 
 
+@pytest.mark.parametrize("args", [["status", "--json"], ["--json", "status"],
+                                  ["consumers", "--json"], ["consumer", "info", "w1", "--json"]])
+def test_status_readers_with_json_report_a_bad_file_as_json(tmp_path: Path, args) -> None:
+    bad = tmp_path / "bus.db"
+    bad.write_bytes(b"garbage, not a database")
+    result = run(args, bad)
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert json.loads(result.stderr) == {
+        "error": f"{bad} is not a SQLite database (wrong file header); it was left untouched."
+                 " Point --db (or BUS_DB) at an agentbus database or at a new path",
+        "field": None}
+    assert bad.read_bytes() == b"garbage, not a database"
+
+
 # --- consumers ----------------------------------------------------------------
 
 

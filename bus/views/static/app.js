@@ -127,6 +127,22 @@ function renderCharts(snapshot) {
   renderThreads(snapshot.charts.threads);
 }
 
+// What the page shows is no longer current: the server cannot read the bus
+// (it says why, and tries again), or the page cannot reach the server (the
+// browser reconnects by itself). The next snapshot makes it live again.
+function stale(why) {
+  const live = document.getElementById("live");
+  live.textContent = "stale: " + why;
+  live.className = "stale";
+}
+
+function failed(failure) {
+  stale("since " + new Date(failure.since_ms).toISOString() + ", " + failure.error);
+}
+
 const events = new EventSource("/events");
-events.onmessage = (event) => render(JSON.parse(event.data));
-events.onerror = () => { document.getElementById("live").className = "stale"; };
+events.onmessage = (event) => {
+  const data = JSON.parse(event.data);
+  if (data.error !== undefined) { failed(data); } else { render(data); }
+};
+events.onerror = () => stale("the server does not answer; reconnecting");
