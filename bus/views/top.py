@@ -70,6 +70,12 @@ def summary_lines(status: Status, per_s: float) -> str:
     ])
 
 
+def table_cells(status: Status) -> dict[str, list[tuple[str, ...]]]:
+    """Each table's rows as the screen shows them, cell by cell."""
+    return {name: [tuple(str(cell) for cell in row) for row in rows(status)]
+            for name, _columns, rows in TABLES}
+
+
 class TopApp(App[None]):
     """The live view of one bus file."""
 
@@ -126,8 +132,7 @@ class TopApp(App[None]):
     def show(self, status: Status) -> None:
         per_s = self.throughput.add(time.monotonic(), status.log.last_seq)
         self.query_one("#summary", Static).update(summary_lines(status, per_s))
-        for name, _columns, rows in TABLES:
-            cells = [tuple(str(cell) for cell in row) for row in rows(status)]
+        for name, cells in table_cells(status).items():
             if cells != self.shown.get(name):  # redrawing a table costs the writers CPU too
                 self.shown[name] = cells
                 table = self.query_one(f"#{name}", DataTable)
