@@ -95,6 +95,23 @@ def test_top_shows_a_beating_agent_updates_on_publish_and_quits(
 
 
 @needs_tmux
+@pytest.mark.slow
+def test_top_shows_an_agent_that_stops_and_goes_on(terminal: Terminal, db_path: Path) -> None:
+    """`worker done`, `fail` and `cancel` leave a `stopped` beat while top runs."""
+    with Bus.open(db_path) as bus:
+        bus.heartbeat("w1", "working", "t1")
+        terminal.start(f"{bus_in_shell(db_path)} top")
+        terminal.wait_for(lambda s: "agents: 1 alive" in s, "the working agent")
+        bus.heartbeat("w1", "stopped", "t1")
+        screen = terminal.wait_for(lambda s: "agents: 1 stopped" in s, "the agent stopped")
+        assert any(line.split()[:2] == ["w1", "stopped"] for line in screen.splitlines())
+        bus.publish("p", "t")  # still reading: the next commit shows
+        terminal.wait_for(lambda s: "log: 1 messages" in s, "the message after the stop")
+    terminal.keys("q")
+    terminal.wait_for(lambda s: "EXITED-0" in s, "bus top exiting with status 0")
+
+
+@needs_tmux
 def test_top_on_a_missing_file_is_an_error_before_drawing(
         terminal: Terminal, tmp_path: Path) -> None:
     missing = tmp_path / "none.db"
