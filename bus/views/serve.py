@@ -58,7 +58,7 @@ STATIC = Path(__file__).resolve().parent / "static"
 
 def snapshot(conn: apsw.Connection, path: str, durability: str) -> bytes:
     """The status and every chart's series, read in one transaction, as JSON."""
-    with translate_busy(), conn:
+    with translate_busy(conn), conn:  # an error names the file
         status = status_of(conn, path, durability)
         return orjson.dumps({"status": status.to_json_dict(),
                              "charts": chart_data(conn, status)})
@@ -146,13 +146,13 @@ class Broadcaster:
         self._loop.call_soon_threadsafe(self._fail, failure)
 
     def _fail(self, failure: BusError) -> None:
-        """Tell the pages why reading fails; the same failure again (each retry) is news
-        to nobody and keeps its first time."""
-        if self.failure is not None and self.failure["error"] == str(failure):
-            return
-        log.warning("reading %s failed; trying again until it works: %s", self.path, failure)
-        self.failure = {"error": str(failure), "field": getattr(failure, "field", None),
-                        "since_ms": now_ms()}
+        """Tell the pages why reading fails, at each retry (so they know the server is
+        there); the same failure again keeps its first time and is logged once."""
+        if self.failure is None or self.failure["error"] != str(failure):
+            log.warning("reading %s failed; trying again until it works: %s", self.path,
+                        failure)
+            self.failure = {"error": str(failure), "field": getattr(failure, "field", None),
+                            "since_ms": now_ms()}
         self._send(orjson.dumps(self.failure))
 
     def _send(self, payload: bytes) -> None:

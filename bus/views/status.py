@@ -179,7 +179,7 @@ def status_of(conn: apsw.Connection, path: str, durability: str = "normal", *,
               now: int | None = None, thresholds: Thresholds | None = None) -> Status:
     """The status through an open connection (a live view keeps one), in one read snapshot."""
     at = messages.now_ms() if now is None else now
-    with translate_busy(), conn:
+    with translate_busy(conn), conn:  # an error names the file
         schema = schema_status(conn, path)
         if schema.current < schema.latest:
             raise SchemaOutdated(schema.current, schema.latest, path)

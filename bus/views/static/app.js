@@ -140,9 +140,21 @@ function failed(failure) {
   stale("since " + new Date(failure.since_ms).toISOString() + ", " + failure.error);
 }
 
+// The server sends a snapshot (or why it has none) at least every two seconds;
+// a page that hears nothing for much longer is not seeing the bus any more.
+const SILENCE_MS = 10000;
+let silence = null;
+
+function expectNews() {
+  clearTimeout(silence);
+  silence = setTimeout(() => stale("nothing from the server for 10 s"), SILENCE_MS);
+}
+
 const events = new EventSource("/events");
 events.onmessage = (event) => {
+  expectNews();
   const data = JSON.parse(event.data);
   if (data.error !== undefined) { failed(data); } else { render(data); }
 };
 events.onerror = () => stale("the server does not answer; reconnecting");
+expectNews();
