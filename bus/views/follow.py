@@ -83,7 +83,7 @@ def follow(path: str, read: Callable[[apsw.Connection], T], deliver: Callable[[T
     while not stop.is_set():
         try:
             _follow_one_connection(path, read, deliver, stop)
-        except Exception as exc:
+        except Exception as exc:  # whatever it was, the view must say it, not freeze
             failure = read_failure(exc, path)
             if on_error is None:
                 raise failure from exc
