@@ -252,7 +252,8 @@ class Heartbeat:
     def stop(self, last_status: str | None = None) -> None:
         """Stop beating; with `last_status` (`stopped` for a clean end), the thread sends
         one last beat with it first, so views show how the agent ended rather than let
-        its last `working` beat decay to dead."""
+        its last `working` beat decay to dead. A status not in STATUSES raises
+        ValidationFailed, and nothing stops."""
         if last_status is not None:
             self.update(status=last_status)  # validated here, in the caller
             self._last_beat = True
