@@ -32,6 +32,9 @@ log = logging.getLogger("bus.heartbeat")
 STATUSES = ("idle", "working", "blocked", "stopped")
 STOPPED = "stopped"  # the last beat of an agent that finished cleanly (worker done/fail/cancel)
 STATES = ("alive", "warn", "stale", "dead")  # in order of increasing silence
+# Every state `liveness` reports: a state judged by silence, or `stopped`
+# whatever the silence. A view that counts agents by state counts these.
+LIVENESS_STATES = (*STATES, STOPPED)
 _ORDER = (STOPPED, *STATES)  # how `liveness` sorts: stopped agents last
 TASK_MAX = 256
 _BEAT_SQL = (
@@ -222,6 +225,7 @@ class Heartbeat:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._on_beat = on_beat
+        self._last_beat = False  # stop(last_status=...) asked for one beat more
         self.beats = 0
 
     def update(self, **changes: Any) -> None:
@@ -245,7 +249,14 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, last_status: str | None = None) -> None:
+        """Stop beating; with `last_status` (`stopped` for a clean end), the thread sends
+        one last beat with it first, so views show how the agent ended rather than let
+        its last `working` beat decay to dead. A status not in STATUSES raises
+        ValidationFailed, and nothing stops."""
+        if last_status is not None:
+            self.update(status=last_status)  # validated here, in the caller
+            self._last_beat = True
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -264,16 +275,18 @@ class Heartbeat:
                 self._wake.clear()
                 self._beat_once(conn)
                 self._wake.wait(self.interval)
+            if self._last_beat:  # set before the stop flag that ended the loop
+                self._beat_once(conn, last=True)
         finally:
             conn.close()
 
-    def _beat_once(self, conn: apsw.Connection) -> None:
+    def _beat_once(self, conn: apsw.Connection, last: bool = False) -> None:
         with self._lock:
             fields = self._fields
         try:
             beat(conn, *fields)
             self.beats += 1
-            if self._on_beat is not None:
+            if self._on_beat is not None and not last:
                 self._on_beat()
         except (BusError, apsw.Error) as exc:
             log.warning("heartbeat for %s failed, retrying in %.1f s: %s",

@@ -52,6 +52,24 @@ def test_status_text_shows_every_part(seeded: Bus, db_path: Path) -> None:
         "export: never run (bus export)"]
 
 
+def test_status_and_consumers_read_an_agent_that_stopped(seeded: Bus, db_path: Path) -> None:
+    """`worker done`, `fail` and `cancel` leave a `stopped` beat: every reader shows it."""
+    seeded.heartbeat("w2", "stopped", "t2")
+    result = run(["status"], db_path)
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[6:8] == ["agents: 1 alive, 1 stopped", "  agent  state    silent  status   task"]
+    assert re.fullmatch(r"  w2     stopped  \d+\.\d s +stopped  t2", lines[9])
+    out = json.loads(run(["status", "--json"], db_path).stdout)
+    assert out["agents_by_state"] == {"alive": 1, "warn": 0, "stale": 0, "dead": 0,
+                                      "stopped": 1}
+    assert [(a["agent"], a["state"]) for a in out["agents"]] == [("w1", "alive"),
+                                                                  ("w2", "stopped")]
+    assert run(["consumers"], db_path).exit_code == 0
+    assert run(["consumer", "info", "w2"], db_path).stdout.splitlines()[0] == (
+        "consumer w2 (agent)")
+
+
 def test_status_counts_the_exporter_as_a_consumer(bus: Bus, db_path: Path) -> None:
     bus.publish("p", "t")
     bus.export_jsonl()
@@ -78,6 +96,20 @@ def test_status_missing_file_is_an_error_not_a_traceback(tmp_path: Path) -> None
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: no bus database at")
     assert not (tmp_path / "none.db").exists()
+
+
+@pytest.mark.parametrize("args", [["status", "--json"], ["--json", "status"],
+                                  ["consumers", "--json"], ["consumer", "info", "w1", "--json"]])
+def test_status_readers_with_json_report_a_bad_file_as_json(tmp_path: Path, args) -> None:
+    bad = tmp_path / "bus.db"
+    bad.write_bytes(b"garbage, not a database")
+    result = run(args, bad)
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert json.loads(result.stderr) == {
+        "error": f"{bad} is not a SQLite database (wrong file header); it was left untouched."
+                 " Point --db (or BUS_DB) at an agentbus database or at a new path",
+        "field": None}
+    assert bad.read_bytes() == b"garbage, not a database"
 
 
 # --- consumers ----------------------------------------------------------------

@@ -284,6 +284,29 @@ def test_heartbeat_leaving_the_block_stops_the_thread_at_once(db_path, bus, agen
     assert hb.beats == 1
 
 
+def test_heartbeat_stop_with_a_last_status_beats_it_last(db_path, bus, agent):
+    renewals: list[int] = []
+    hb = Heartbeat(db_path, agent, interval=30.0, status="working", task="t-1",
+                   on_beat=lambda: renewals.append(1)).start()
+    wait_until(lambda: hb.beats == 1, "beaten once")
+    hb.stop(last_status="stopped")
+    assert heartbeat_threads(agent) == []
+    assert hb.beats == 2 and len(renewals) == 1  # the last beat renews nothing
+    assert row_of(bus, agent)[2:] == ("stopped", "t-1", None)
+    assert [(a.agent, a.state) for a in bus.liveness()] == [(agent, "stopped")]
+
+
+def test_heartbeat_stop_refuses_a_bad_last_status_and_still_stops(db_path, bus, agent):
+    hb = Heartbeat(db_path, agent, interval=30.0, status="working").start()
+    wait_until(lambda: hb.beats == 1, "beaten once")
+    with pytest.raises(ValidationFailed) as info:
+        hb.stop(last_status="gone")
+    assert info.value.field == "status"
+    hb.stop()
+    assert heartbeat_threads(agent) == []
+    assert row_of(bus, agent)[2] == "working"
+
+
 @pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
 def test_heartbeat_stops_when_the_block_raises(db_path, bus, agent, error):
     started = time.monotonic()

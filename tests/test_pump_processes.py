@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from bus.db import write_transaction
 from bus.pump import client
 from bus.pump import work
 from bus.pump.envelopes import derived_id
+from bus.views.status import read_status
 from tests.children import Children
 from tests.cli_helpers import run
 
@@ -273,3 +277,74 @@ def test_an_inline_request_that_kills_the_pump_becomes_a_dead_letter(
     with Bus.open(db_path) as bus:
         got, = client.replies(bus, bad)
         assert got.root_tag == "huh" and 'code="dead-letter"' in got.payload_xml
+
+
+# --- how a pump ends, as the views see it ------------------------------------------------
+
+PUMP_AGENT = "pump:org"
+
+
+def pump_beat(db_path: Path) -> tuple[str, str] | None:
+    """The pump's (status, liveness state) as `bus status` reads them, or None before it beat."""
+    found = [a for a in read_status(db_path).agents if a.agent == PUMP_AGENT]
+    return (found[0].status, found[0].state) if found else None
+
+
+def wait_for_beat(db_path: Path, expected: tuple[str, str]) -> None:
+    deadline = time.monotonic() + 60
+    with Bus.open(db_path) as bus:
+        while pump_beat(db_path) != expected:
+            assert time.monotonic() < deadline, f"the pump never beat {expected}"
+            bus.wait_for_change(0.5)
+
+
+def bus_pump_run(db_path: Path, organism: Path, env: dict[str, str],
+                 *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "bus.cli", "--db", str(db_path), "pump",
+                             "run", str(organism), "--no-oob", *extra],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_pump_stopped_by_a_signal_beats_stopped_last(db_path, organism, python_env, sig):
+    Bus.open(db_path).close()
+    proc = bus_pump_run(db_path, organism, python_env)
+    try:
+        wait_for_beat(db_path, ("working", "alive"))
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert pump_beat(db_path) == ("stopped", "stopped")
+    # Long after: still stopped, where a last `working` beat would read dead.
+    dead_by_now = read_status(db_path, now=int(time.time() * 1000) + 3_600_000)
+    assert [(a.agent, a.state) for a in dead_by_now.agents] == [(PUMP_AGENT, "stopped")]
+
+
+def test_a_pump_run_until_idle_beats_stopped_last(db_path, organism, python_env):
+    with Bus.open(db_path) as bus:
+        client.send(bus, "org", "<echo><text>hi</text><count>1</count></echo>")
+    proc = bus_pump_run(db_path, organism, python_env, "--until-idle")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out == "pump org: booted; 1 replied\n"
+    assert pump_beat(db_path) == ("stopped", "stopped")
+    shown = run(["status"], db_path)
+    assert shown.exit_code == 0, shown.stderr
+    assert "agents: 1 stopped" in shown.stdout.splitlines()
+
+
+def test_a_killed_pump_keeps_its_working_beat(db_path, organism, python_env):
+    """Only a clean stop says stopped: a pump killed with SIGKILL looks dead in time."""
+    Bus.open(db_path).close()
+    proc = bus_pump_run(db_path, organism, python_env)
+    wait_for_beat(db_path, ("working", "alive"))
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    later = read_status(db_path, now=int(time.time() * 1000) + 3_600_000)
+    assert [(a.agent, a.status, a.state) for a in later.agents] == [
+        (PUMP_AGENT, "working", "dead")]

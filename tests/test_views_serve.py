@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +23,7 @@ from bus.pump.threads import ThreadRegistry
 from bus.views.charts import call_trees
 from bus.views.charts import worker_swimlane
 from bus.views.serve import plotly_js
+from tests.broken_files import break_the_file
 from tests.cli_helpers import run
 from tests.conftest import REPO_ROOT
 
@@ -159,6 +162,49 @@ def test_serve_refuses_a_port_in_use(seeded_db: Path, server: Server) -> None:
     assert result.stderr.startswith(f"Error: port: cannot listen on 127.0.0.1:{port} (")
 
 
+# --- a file that cannot be read while the server runs -----------------------------------
+
+
+def status_response(server: Server) -> tuple[int, dict]:
+    try:
+        return 200, json.loads(server.get("/api/status"))
+    except urllib.error.HTTPError as answer:
+        return answer.code, json.loads(answer.read())
+
+
+def wait_for_status(server: Server, shown, what: str) -> dict:
+    deadline = time.monotonic() + PAGE_TIMEOUT_MS / 1000
+    while True:
+        code, body = status_response(server)
+        if shown(code, body):
+            return body
+        assert time.monotonic() < deadline, f"never saw {what}; last: {code} {body}"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["overwritten", "replaced", "removed"])
+def test_serve_reports_a_file_it_cannot_read_and_recovers(
+        server: Server, seeded_db: Path, tmp_path: Path, how: str) -> None:
+    good = seeded_db.read_bytes()  # the bus is closed: everything is in the main file
+    assert status_response(server)[0] == 200
+    expected = break_the_file(seeded_db, how, tmp_path)
+    failure = wait_for_status(server, lambda code, _body: code == 503, "the failure")
+    assert re.search(expected, failure["error"]) and str(seeded_db) in failure["error"]
+    assert set(failure) == {"error", "field", "since_ms"}
+    with urllib.request.urlopen(server.url + "events", timeout=30) as stream:
+        assert json.loads(stream.readline()[6:])["status"]["log"]["last_seq"] == 10
+        stream.readline()  # the blank line that ends an event
+        streamed = json.loads(stream.readline()[6:])  # a new page learns both
+        assert set(streamed) == set(failure) and re.search(expected, streamed["error"])
+    restored = tmp_path / "restored.db"
+    restored.write_bytes(good)
+    os.replace(restored, seeded_db)
+    body = wait_for_status(server, lambda code, _body: code == 200, "the recovery")
+    assert body["status"]["log"]["last_seq"] == 10
+    assert server.proc.poll() is None
+
+
 def test_serve_a_missing_file(tmp_path: Path) -> None:
     result = run(["serve", "--port", "0"], tmp_path / "none.db")
     assert result.exit_code == 1
@@ -224,3 +270,59 @@ def test_serve_page_in_chromium(server: Server, seeded_db: Path, python_env: dic
     assert elsewhere == []
     if os.environ.get("BUS_DOCS_SCREENSHOT"):
         shutil.copy(tmp_path / "bus-serve.png", REPO_ROOT / "docs" / "bus-serve.png")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it)")
+def test_serve_page_marks_itself_stale_with_the_error_and_recovers(
+        server: Server, seeded_db: Path, tmp_path: Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    good = seeded_db.read_bytes()
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM)
+        page = browser.new_page()
+        page.goto(server.url)
+        page.wait_for_function("document.getElementById('live').className === ''",
+                               timeout=PAGE_TIMEOUT_MS)
+        assert page.text_content("#live").startswith("live, as of ")
+        expected = break_the_file(seeded_db, "overwritten", tmp_path)
+        page.wait_for_function("document.getElementById('live').className === 'stale'",
+                               timeout=PAGE_TIMEOUT_MS)
+        shown = page.text_content("#live")
+        assert shown.startswith("stale: since ") and re.search(expected, shown), shown
+        assert page.text_content("#messages") == "10"  # what was read last stays in view
+        page.reload()  # a page opened meanwhile shows the last status, marked stale
+        page.wait_for_function("document.getElementById('live').className === 'stale'"
+                               " && document.body.dataset.lastSeq === '10'",
+                               timeout=PAGE_TIMEOUT_MS)
+        restored = tmp_path / "restored.db"
+        restored.write_bytes(good)
+        os.replace(restored, seeded_db)
+        page.wait_for_function("document.getElementById('live').className === ''",
+                               timeout=PAGE_TIMEOUT_MS)
+        assert page.text_content("#live").startswith("live, as of ")
+        browser.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it)")
+def test_serve_page_marks_itself_stale_when_the_server_falls_silent(server: Server) -> None:
+    """A server that sends nothing (here: stopped with SIGSTOP) is not mistaken for a
+    quiet bus: the page says it has heard nothing, and is live again once it hears."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM)
+        page = browser.new_page()
+        page.goto(server.url)
+        page.wait_for_function("document.getElementById('live').className === ''",
+                               timeout=PAGE_TIMEOUT_MS)
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            page.wait_for_function("document.getElementById('live').className === 'stale'",
+                                   timeout=PAGE_TIMEOUT_MS)
+            assert page.text_content("#live") == "stale: nothing from the server for 10 s"
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        page.wait_for_function("document.getElementById('live').className === ''",
+                               timeout=PAGE_TIMEOUT_MS)
+        browser.close()

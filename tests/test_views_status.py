@@ -27,7 +27,8 @@ def test_status_of_an_empty_bus(bus: Bus, db_path: Path) -> None:
     assert found.consumers == [] and found.agents == [] and found.channels == []
     assert found.file.schema_version == LATEST_VERSION
     assert found.file.size_bytes == db_path.stat().st_size
-    assert found.agents_by_state == {"alive": 0, "warn": 0, "stale": 0, "dead": 0}
+    assert found.agents_by_state == {"alive": 0, "warn": 0, "stale": 0, "dead": 0,
+                                     "stopped": 0}
     assert (found.export.last_seq, found.export.path) == (0, None)
     assert found.to_json_dict()["pump"] == {"organisms": [], "queued": 0, "in_flight": 0,
                                              "dead": 0}
@@ -53,10 +54,13 @@ def test_status_consumers_pending_lag_and_the_exporter(bus: Bus, db_path: Path) 
 def test_status_agents_by_liveness(bus: Bus, db_path: Path) -> None:
     for agent, silent_s in (("fresh", 1), ("quiet", 40), ("gone", 400)):
         beat(bus.conn, agent, "working", "t1", None, now=NOW - silent_s * 1000)
+    # `worker done`, `fail` and `cancel` leave a stopped beat: stopped however silent.
+    beat(bus.conn, "finished", "stopped", "t2", None, now=NOW - 4_000_000)
     found = read_status(db_path, now=NOW, thresholds=Thresholds())
     assert [(a.agent, a.state) for a in found.agents] == [
-        ("gone", "dead"), ("quiet", "warn"), ("fresh", "alive")]
-    assert found.agents_by_state == {"alive": 1, "warn": 1, "stale": 0, "dead": 1}
+        ("gone", "dead"), ("quiet", "warn"), ("fresh", "alive"), ("finished", "stopped")]
+    assert found.agents_by_state == {"alive": 1, "warn": 1, "stale": 0, "dead": 1,
+                                     "stopped": 1}
 
 
 def test_status_claims_held_expiring_expired_taken_over_dead(bus: Bus, db_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 
 from bus import Bus
 from bus.views.top import Throughput
+from tests.broken_files import break_the_file
 
 TMUX = shutil.which("tmux")
 SCREEN_TIMEOUT_S = 30.0  # how long a condition may take to show on a loaded machine
@@ -33,6 +35,10 @@ class Terminal:
 
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p", "-t", "top").stdout
+
+    def joined(self) -> str:
+        """The screen with wrapped lines joined (a long error is one line again)."""
+        return self.tmux("capture-pane", "-p", "-J", "-t", "top").stdout
 
     def keys(self, *keys: str) -> None:
         self.tmux("send-keys", "-t", "top", *keys)
@@ -89,6 +95,23 @@ def test_top_shows_a_beating_agent_updates_on_publish_and_quits(
 
 
 @needs_tmux
+@pytest.mark.slow
+def test_top_shows_an_agent_that_stops_and_goes_on(terminal: Terminal, db_path: Path) -> None:
+    """`worker done`, `fail` and `cancel` leave a `stopped` beat while top runs."""
+    with Bus.open(db_path) as bus:
+        bus.heartbeat("w1", "working", "t1")
+        terminal.start(f"{bus_in_shell(db_path)} top")
+        terminal.wait_for(lambda s: "agents: 1 alive" in s, "the working agent")
+        bus.heartbeat("w1", "stopped", "t1")
+        screen = terminal.wait_for(lambda s: "agents: 1 stopped" in s, "the agent stopped")
+        assert any(line.split()[:2] == ["w1", "stopped"] for line in screen.splitlines())
+        bus.publish("p", "t")  # still reading: the next commit shows
+        terminal.wait_for(lambda s: "log: 1 messages" in s, "the message after the stop")
+    terminal.keys("q")
+    terminal.wait_for(lambda s: "EXITED-0" in s, "bus top exiting with status 0")
+
+
+@needs_tmux
 def test_top_on_a_missing_file_is_an_error_before_drawing(
         terminal: Terminal, tmp_path: Path) -> None:
     missing = tmp_path / "none.db"
@@ -96,6 +119,23 @@ def test_top_on_a_missing_file_is_an_error_before_drawing(
     screen = terminal.wait_for(lambda s: "EXITED-" in s, "bus top exiting")
     assert "Error: no bus database at" in screen and "EXITED-1" in screen
     assert not missing.exists()
+
+
+@needs_tmux
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["overwritten", "replaced", "removed"])
+def test_top_exits_1_with_the_error_when_the_file_breaks_while_it_runs(
+        terminal: Terminal, db_path: Path, tmp_path: Path, how: str) -> None:
+    with Bus.open(db_path) as bus:
+        bus.publish("p", "t")
+    terminal.start(f"{bus_in_shell(db_path)} top")
+    terminal.wait_for(lambda s: "log: 1 messages" in s, "the first status")
+    expected = break_the_file(db_path, how, tmp_path)
+    terminal.wait_for(lambda s: "EXITED-" in s, "bus top exiting")
+    screen = terminal.joined()
+    assert "EXITED-1" in screen and "Traceback" not in screen, screen
+    [error] = [line for line in screen.splitlines() if line.startswith("Error: ")]
+    assert re.search(expected, error) and str(db_path) in error, error
 
 
 def test_throughput_is_messages_per_second_over_the_window() -> None:

@@ -10,12 +10,14 @@ an import cycle.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from typing import Any
 from typing import Callable
 
 from bus import checkpoints
 from bus.checkpoints import Checkpointer
+from bus.heartbeats import STOPPED
 from bus.heartbeats import Heartbeat
 from bus.pump.oob import OobServer
 from bus.pump.oob import load_public_key
@@ -39,7 +41,7 @@ class Services:
         try:
             return self._open()
         except BaseException:
-            self.__exit__()
+            self.__exit__(*sys.exc_info())
             raise
 
     def _open(self) -> Services:
@@ -78,7 +80,11 @@ class Services:
             if self.oob is not None:
                 self.oob.close()
             if self.heartbeat is not None:
-                self.heartbeat.stop()
+                # A run that ended (stop(): SIGTERM, SIGINT; or idle) beats `stopped`
+                # last, as `worker done` does; one that raised keeps its last beat and
+                # decays to dead, like a killed pump, for an operator to look at.
+                clean = not exc_info or exc_info[0] is None
+                self.heartbeat.stop(last_status=STOPPED if clean else None)
         finally:
             if self.checkpointer is not None:  # on the thread its connection belongs to
                 self.pump._db_pool.submit(self.checkpointer.stop).result()

@@ -4,6 +4,9 @@ One reader thread per server (bus/views/follow.py) holds a read-only
 connection, wakes on commits, and reads the status and the chart series in
 one snapshot; every open page gets it as a server-sent event.
 Pages never make the server read more: a hundred tabs cost one reader.
+When reading fails (the file became corrupt or foreign, or is gone), every
+page is told so and marks what it shows stale, `/api/status` answers 503
+with the error, and the reader tries again until reading works.
 
 Read-only by construction: the connection is opened read-only (and refuses
 writes at prepare time), and the app has only GET routes. Plotly's own
@@ -14,6 +17,7 @@ installed package: the page needs no network.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 from contextlib import asynccontextmanager
@@ -37,11 +41,16 @@ from starlette.staticfiles import StaticFiles
 
 from bus.db import connect
 from bus.db import translate_busy
+from bus.errors import BusError
 from bus.errors import ValidationFailed
+from bus.messages import now_ms
 from bus.views.charts import chart_data
 from bus.views.follow import follow
+from bus.views.follow import read_failure
 from bus.views.status import read_status
 from bus.views.status import status_of
+
+log = logging.getLogger("bus.views")
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 STATIC = Path(__file__).resolve().parent / "static"
@@ -49,19 +58,25 @@ STATIC = Path(__file__).resolve().parent / "static"
 
 def snapshot(conn: apsw.Connection, path: str, durability: str) -> bytes:
     """The status and every chart's series, read in one transaction, as JSON."""
-    with translate_busy(), conn:
+    with translate_busy(conn), conn:  # an error names the file
         status = status_of(conn, path, durability)
         return orjson.dumps({"status": status.to_json_dict(),
                              "charts": chart_data(conn, status)})
 
 
 class Broadcaster:
-    """Reads a snapshot after each commit and hands it to every open event stream."""
+    """Reads a snapshot after each commit and hands it to every open event stream.
+
+    `latest` is the last snapshot read (None before the first); `failure`,
+    while reading fails, is why: `{"error", "field", "since_ms"}`, sent to the
+    pages as an event of its own and cleared by the next snapshot read.
+    """
 
     def __init__(self, path: str, durability: str) -> None:
         self.path = path
         self.durability = durability
-        self.latest = b"{}"
+        self.latest: bytes | None = None
+        self.failure: dict[str, Any] | None = None
         self._streams: set[asyncio.Queue[bytes | None]] = set()
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -70,11 +85,14 @@ class Broadcaster:
     def start(self) -> None:
         """Read the first snapshot, then start the reader thread; call from the event loop."""
         self._loop = asyncio.get_running_loop()
-        conn = connect(self.path, readonly=True)
         try:
-            self.latest = snapshot(conn, self.path, self.durability)
-        finally:
-            conn.close()
+            conn = connect(self.path, readonly=True)
+            try:
+                self.latest = snapshot(conn, self.path, self.durability)
+            finally:
+                conn.close()
+        except Exception as exc:  # the reader thread goes on trying
+            self._fail(read_failure(exc, self.path))
         self._thread = threading.Thread(target=self._follow, name="bus-serve-reader",
                                         daemon=True)
         self._thread.start()
@@ -95,27 +113,49 @@ class Broadcaster:
             _put_latest(stream, None)
 
     async def events(self) -> AsyncIterator[bytes]:
-        """Server-sent events: the latest snapshot now, then one per change."""
+        """Server-sent events: the latest snapshot and any failure now, then one per change."""
         stream: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=1)
         self._streams.add(stream)
         try:
-            payload: bytes | None = self.latest
-            while payload is not None:
+            now = [self.latest] if self.latest is not None else []
+            if self.failure is not None:
+                now.append(orjson.dumps(self.failure))
+            for payload in now:
                 yield b"data: " + payload + b"\n\n"
-                payload = await stream.get()
+            while (payload := await stream.get()) is not None:
+                yield b"data: " + payload + b"\n\n"
         finally:
             self._streams.discard(stream)
 
     def _follow(self) -> None:
         follow(self.path, lambda conn: snapshot(conn, self.path, self.durability),
-               self._publish_soon, self._stop)
+               self._publish_soon, self._stop, on_error=self._fail_soon)
 
     def _publish_soon(self, payload: bytes) -> None:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._publish, payload)
 
     def _publish(self, payload: bytes) -> None:
-        self.latest = payload
+        if self.failure is not None:
+            log.warning("reading %s works again", self.path)
+        self.latest, self.failure = payload, None
+        self._send(payload)
+
+    def _fail_soon(self, failure: BusError) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._fail, failure)
+
+    def _fail(self, failure: BusError) -> None:
+        """Tell the pages why reading fails, at each retry (so they know the server is
+        there); the same failure again keeps its first time and is logged once."""
+        if self.failure is None or self.failure["error"] != str(failure):
+            log.warning("reading %s failed; trying again until it works: %s", self.path,
+                        failure)
+            self.failure = {"error": str(failure), "field": getattr(failure, "field", None),
+                            "since_ms": now_ms()}
+        self._send(orjson.dumps(self.failure))
+
+    def _send(self, payload: bytes) -> None:
         for stream in self._streams:
             _put_latest(stream, payload)
 
@@ -146,6 +186,9 @@ def create_app(path: str, durability: str = "normal") -> Starlette:
         return FileResponse(STATIC / "index.html")
 
     async def status(_request: Request) -> Response:
+        if broadcaster.failure is not None:  # the status cannot be read now: say why
+            return Response(orjson.dumps(broadcaster.failure), status_code=503,
+                            media_type="application/json")
         return Response(broadcaster.latest, media_type="application/json")
 
     async def events(_request: Request) -> Response:

@@ -25,7 +25,7 @@ from bus.claims import list_claims
 from bus.db import connect
 from bus.db import translate_busy
 from bus.errors import SchemaOutdated
-from bus.heartbeats import STATES
+from bus.heartbeats import LIVENESS_STATES
 from bus.heartbeats import Liveness
 from bus.heartbeats import Thresholds
 from bus.heartbeats import liveness
@@ -144,9 +144,11 @@ class Status:
     agents_by_state: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
-        counts = {state: 0 for state in STATES}
+        # Every state liveness reports, `stopped` included (each worker done, fail
+        # or cancel leaves one), so the counts always add up to the agents listed.
+        counts = {state: 0 for state in LIVENESS_STATES}
         for agent in self.agents:
-            counts[agent.state] += 1
+            counts[agent.state] = counts.get(agent.state, 0) + 1
         object.__setattr__(self, "agents_by_state", counts)
 
     def consumer(self, agent: str) -> Consumer | None:
@@ -177,7 +179,7 @@ def status_of(conn: apsw.Connection, path: str, durability: str = "normal", *,
               now: int | None = None, thresholds: Thresholds | None = None) -> Status:
     """The status through an open connection (a live view keeps one), in one read snapshot."""
     at = messages.now_ms() if now is None else now
-    with translate_busy(), conn:
+    with translate_busy(conn), conn:  # an error names the file
         schema = schema_status(conn, path)
         if schema.current < schema.latest:
             raise SchemaOutdated(schema.current, schema.latest, path)

@@ -3,7 +3,9 @@
 A thread reads the status through its own read-only connection after each
 commit (bus/views/follow.py), so the screen changes as soon as an agent
 beats or a message lands, and every few seconds without one, so "silent"
-keeps counting. Textual draws; q or Ctrl-C quits.
+keeps counting. Textual draws; q or Ctrl-C quits. When reading fails (the
+file became corrupt or foreign, or is gone) the view ends and `run_top`
+raises the error, for the command to print it and exit 1.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from textual.widgets import DataTable
 from textual.widgets import Footer
 from textual.widgets import Static
 
+from bus.errors import BusError
 from bus.views import render
 from bus.views.follow import follow
 from bus.views.status import Status
@@ -67,6 +70,12 @@ def summary_lines(status: Status, per_s: float) -> str:
     ])
 
 
+def table_cells(status: Status) -> dict[str, list[tuple[str, ...]]]:
+    """Each table's rows as the screen shows them, cell by cell."""
+    return {name: [tuple(str(cell) for cell in row) for row in rows(status)]
+            for name, _columns, rows in TABLES}
+
+
 class TopApp(App[None]):
     """The live view of one bus file."""
 
@@ -84,6 +93,7 @@ class TopApp(App[None]):
         self.durability = durability
         self.throughput = Throughput()
         self.stopping = threading.Event()
+        self.failure: BusError | None = None  # why reading stopped, for run_top to raise
         self.shown: dict[str, list[tuple[str, ...]]] = {}
 
     def compose(self) -> ComposeResult:
@@ -98,11 +108,22 @@ class TopApp(App[None]):
     def on_mount(self) -> None:
         self.read_live()
 
+    async def action_quit(self) -> None:
+        self.stopping.set()  # first: the reader hands nothing more to an app that is leaving
+        await super().action_quit()
+
     @work(thread=True, exclusive=True)
     def read_live(self) -> None:
-        """Read the status after each commit (see bus/views/follow.py) until quit."""
-        follow(self.path, lambda conn: status_of(conn, self.path, self.durability),
-               self._show_soon, self.stopping)
+        """Read the status after each commit (see bus/views/follow.py) until quit; when
+        reading fails, record why and end the app (a screen frozen on an old status
+        would look like a quiet bus)."""
+        try:
+            follow(self.path, lambda conn: status_of(conn, self.path, self.durability),
+                   self._show_soon, self.stopping)
+        except BusError as exc:  # follow names every failure as a BusError
+            if not self.stopping.is_set():
+                self.failure = exc
+                self.call_from_thread(self.exit, return_code=1)
 
     def _show_soon(self, status: Status) -> None:
         if not self.stopping.is_set():
@@ -111,8 +132,7 @@ class TopApp(App[None]):
     def show(self, status: Status) -> None:
         per_s = self.throughput.add(time.monotonic(), status.log.last_seq)
         self.query_one("#summary", Static).update(summary_lines(status, per_s))
-        for name, _columns, rows in TABLES:
-            cells = [tuple(str(cell) for cell in row) for row in rows(status)]
+        for name, cells in table_cells(status).items():
             if cells != self.shown.get(name):  # redrawing a table costs the writers CPU too
                 self.shown[name] = cells
                 table = self.query_one(f"#{name}", DataTable)
@@ -125,7 +145,9 @@ def run_top(path: str, durability: str = "normal") -> None:
     """Run the terminal view until q or Ctrl-C.
 
     Reads the status once first, so a missing, foreign or outdated file
-    raises its BusError here instead of inside the running view.
+    raises its BusError here instead of inside the running view; one that
+    fails later ends the view, and its BusError is raised once the terminal
+    is restored.
     """
     read_status(path, durability)
     app = TopApp(path, durability)
@@ -133,3 +155,5 @@ def run_top(path: str, durability: str = "normal") -> None:
         app.run()
     finally:
         app.stopping.set()  # the reader thread ends within STOP_CHECK_S
+    if app.failure is not None:
+        raise app.failure

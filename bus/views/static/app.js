@@ -127,6 +127,34 @@ function renderCharts(snapshot) {
   renderThreads(snapshot.charts.threads);
 }
 
+// What the page shows is no longer current: the server cannot read the bus
+// (it says why, and tries again), or the page cannot reach the server (the
+// browser reconnects by itself). The next snapshot makes it live again.
+function stale(why) {
+  const live = document.getElementById("live");
+  live.textContent = "stale: " + why;
+  live.className = "stale";
+}
+
+function failed(failure) {
+  stale("since " + new Date(failure.since_ms).toISOString() + ", " + failure.error);
+}
+
+// The server sends a snapshot (or why it has none) at least every two seconds;
+// a page that hears nothing for much longer is not seeing the bus any more.
+const SILENCE_MS = 10000;
+let silence = null;
+
+function expectNews() {
+  clearTimeout(silence);
+  silence = setTimeout(() => stale("nothing from the server for 10 s"), SILENCE_MS);
+}
+
 const events = new EventSource("/events");
-events.onmessage = (event) => render(JSON.parse(event.data));
-events.onerror = () => { document.getElementById("live").className = "stale"; };
+events.onmessage = (event) => {
+  expectNews();
+  const data = JSON.parse(event.data);
+  if (data.error !== undefined) { failed(data); } else { render(data); }
+};
+events.onerror = () => stale("the server does not answer; reconnecting");
+expectNews();

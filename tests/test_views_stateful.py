@@ -1,0 +1,488 @@
+"""Every view renders every state the bus can reach: a Hypothesis state machine.
+
+The rules are real operations on a real bus file: publish and ack, heartbeats in
+every status (`stopped` too) and forget, claims with renewals, releases, expiries
+and reaping, worker transitions on a real git repository, a channel with
+deliveries, acks and dead letters, a pump run until idle, call threads, the
+export. The clock is injected (`now`) wherever the bus takes one, and stepped by
+a rule. After every step each view renders the status: `bus status` (text and
+--json), `bus consumers`, `bus consumer info`, the tables and summary of `bus top`,
+and the snapshot `bus serve` sends its page. None may raise, and the numbers must
+add up, with each other and with a model of what the rules did.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine
+from hypothesis.stateful import invariant
+from hypothesis.stateful import precondition
+from hypothesis.stateful import rule
+from hypothesis.stateful import run_state_machine_as_test
+
+from bus import Bus
+from bus.channels.engine import Channels
+from bus.db import connect
+from bus.errors import BusError
+from bus.heartbeats import LIVENESS_STATES
+from bus.heartbeats import STATUSES
+from bus.heartbeats import AgentHoldsClaims
+from bus.heartbeats import beat
+from bus.messages import now_ms
+from bus.pump import Pump
+from bus.pump import client
+from bus.pump.organism import parse_organism
+from bus.pump.threads import ThreadRegistry
+from bus.views.render import status_lines
+from bus.views.serve import snapshot
+from bus.views.status import EXPORTER
+from bus.views.status import Status
+from bus.views.status import read_status
+from bus.views.top import TABLES
+from bus.views.top import summary_lines
+from bus.views.top import table_cells
+from tests.cli_helpers import json_lines
+from tests.cli_helpers import run
+from tests.procs_workers import make_repo
+from tests.worker_fixtures import isolate_git
+from workers import machine
+from workers.lifecycle import Workers
+
+AGENTS = ("a1", "a2", "a3")
+TASKS = ("t1", "t2", "t3")
+WORKERS = {"w1": "job1", "w2": "job2"}  # worker -> its task
+WORKER_COMMANDS = ("start", "done", "approve", "reject", "rework", "merge", "cancel", "fail")
+ONWARD = "onward"  # the command that moves a worker on towards COMPLETED
+ONWARD_BY_STATE = {machine.ASSIGNED: "start", machine.WORKING: "done",
+                   machine.IN_REVIEW: "approve", machine.APPROVED: "merge"}
+CHANNEL = "jobs"
+OWNER = "boss"
+MEMBERS = ("a1", "a2")  # a3 is not one: what it sends is refused
+ACK_TIMEOUT_MS = 1000
+MAX_ATTEMPTS = 2
+ORGANISM = """\
+name: org
+listeners:
+  - name: echo
+    root_tag: echo
+    payload: tests.pump_tools:Echo
+    handler: tests.pump_tools:echo
+    max_attempts: 1
+"""
+SECONDS = st.sampled_from([0.5, 2, 31, 70, 101, 301, 3600])
+
+
+class ViewsGame(RuleBasedStateMachine):
+    """Real operations on one bus; after each, every view renders and the counts add up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = Path(tempfile.mkdtemp(prefix="views-game-"))
+        self.path = self.root / "state" / "bus.db"
+        self.bus = Bus.open(self.path)
+        self.now = now_ms()
+        self.channels = Channels(self.bus, clock=lambda: self.now)
+        self.repo: Path | None = None
+        self.ws: Workers | None = None
+        # The model: what the rules did, as the views must show it.
+        self.beats: dict[str, tuple[int, str]] = {}  # agent -> (ts, status)
+        self.claims: dict[str, tuple[str, int]] = {}  # task -> (holder, lease end)
+        self.dead_claims = 0
+        self.cursors: dict[str, int] = {}
+        self.exported: int | None = None
+        self.workers: dict[str, str] = {}  # worker -> state
+        self.stopped_workers: set[str] = set()  # whose last beat says stopped
+        self.channels.create_channel(CHANNEL, "group", OWNER, max_retries=0,
+                                     ack_timeout=ACK_TIMEOUT_MS / 1000)
+        for member in MEMBERS:
+            self.channels.join_channel(CHANNEL, member)
+        self.members = {OWNER, *MEMBERS}
+        self.deliveries: dict[tuple[int, str], tuple[str, int | None]] = {}  # -> (state, deadline)
+        self.pump_ran = False
+        self.closed_threads: set[str] = set()
+        self.open_threads: set[str] = set()
+
+    def teardown(self) -> None:
+        self.bus.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # --- the log ------------------------------------------------------------------------
+
+    @rule(sender=st.sampled_from(AGENTS + (OWNER,)), to=st.sampled_from(AGENTS + (None,)))
+    def publish(self, sender: str, to: str | None) -> None:
+        self.bus.publish(sender, "note", {"n": 1}, to=to)
+
+    @precondition(lambda self: self.bus.last_seq() > 0)
+    @rule(agent=st.sampled_from(AGENTS), back=st.integers(0, 4))
+    def ack(self, agent: str, back: int) -> None:
+        seq = max(1, self.bus.last_seq() - back)
+        self.cursors[agent] = max(self.cursors.get(agent, 0), seq)  # forward only
+        assert self.bus.ack(agent, seq) == self.cursors[agent]
+
+    @rule(agent=st.sampled_from(AGENTS))
+    def delete_cursor(self, agent: str) -> None:
+        try:
+            self.bus.delete_cursor(agent)
+        except BusError:
+            assert agent not in self.cursors
+        else:
+            del self.cursors[agent]
+
+    @rule()
+    def export(self) -> None:
+        self.bus.export_jsonl()
+        self.exported = self.bus.last_seq()
+
+    # --- heartbeats and claims -------------------------------------------------------
+
+    @rule(seconds=SECONDS)
+    def time_passes(self, seconds: float) -> None:
+        self.now += int(seconds * 1000)
+
+    @rule(agent=st.sampled_from(AGENTS), status=st.sampled_from(STATUSES),
+          task=st.sampled_from(TASKS + (None,)),
+          progress=st.sampled_from([None, 0.0, 0.5, 1.0]))
+    def heartbeat(self, agent: str, status: str, task: str | None,
+                  progress: float | None) -> None:
+        beat(self.bus.conn, agent, status, task, progress, now=self.now)
+        self.beats[agent] = (self.now, status)
+
+    @rule(agent=st.sampled_from(AGENTS))
+    def forget(self, agent: str) -> None:
+        holds = any(holder == agent for holder, _ in self.claims.values())
+        try:
+            assert self.bus.forget(agent) == (agent in self.beats)
+        except AgentHoldsClaims:
+            assert holds
+        else:
+            assert not holds
+            self.beats.pop(agent, None)
+
+    @rule(op=st.sampled_from(["claim", "claim", "renew", "release"]),
+          task=st.sampled_from(TASKS), agent=st.sampled_from(AGENTS),
+          lease_s=st.sampled_from([None, 1, 8, 600]))
+    def lease(self, op: str, task: str, agent: str, lease_s: int | None) -> None:
+        lease = None if lease_s is None else lease_s * 1000
+        if op == "claim":
+            result = self.bus.try_claim(task, agent, lease or 60_000,
+                                        max_attempts=MAX_ATTEMPTS, now=self.now)
+            if result.granted:
+                self.claims[task] = (agent, self.now + (lease or 60_000))
+            if result.just_died:
+                self.dead_claims += 1
+                self.claims.pop(task, None)
+        elif op == "renew":
+            if self.bus.renew(task, agent, lease, now=self.now):
+                holder, until = self.claims[task]
+                assert holder == agent and until > self.now
+                own = next(c for c in self.bus.claims() if c.task_id == task)
+                self.claims[task] = (agent, self.now + (lease or own.lease_ms))
+        elif self.bus.release(task, agent):
+            assert self.claims.pop(task)[0] == agent
+
+    @rule()
+    def reap(self) -> None:
+        for reaped in self.bus.reap(now=self.now):
+            if reaped.task_id in self.claims:
+                self.claims[reaped.task_id] = (reaped.agent, self.now)
+
+    # --- workers -----------------------------------------------------------------------
+
+    @rule(worker=st.sampled_from(sorted(WORKERS)),
+          command=st.sampled_from((ONWARD,) * 4 + WORKER_COMMANDS))
+    def worker(self, worker: str, command: str) -> None:
+        """Spawn the workers the first time; then one command, mostly one that moves on
+        (start, done, approve, merge), sometimes any (a refusal is part of the game)."""
+        if self.ws is None:
+            self.repo = make_repo(self.root / "repo")
+            self.ws = Workers(self.bus)
+            for name, task in WORKERS.items():
+                self.ws.spawn(task, name, self.repo)
+                self.workers[name] = machine.ASSIGNED
+            return
+        before = self.workers[worker]
+        command = ONWARD_BY_STATE.get(before, "start") if command == ONWARD else command
+        call = {"start": lambda: self.ws.start(worker),
+                "done": lambda: self.ws.done(worker, "done", allow_empty=True),
+                "approve": lambda: self.ws.approve(worker),
+                "reject": lambda: self.ws.reject(worker, "again"),
+                "rework": lambda: self.ws.rework(worker, "again"),
+                "merge": lambda: self.ws.merge(worker),
+                "cancel": lambda: self.ws.cancel(worker, "stop"),
+                "fail": lambda: self.ws.fail(worker, "broke")}[command]
+        try:
+            call()
+        except BusError:
+            assert (before, command) not in machine.TRANSITIONS or command == "merge"
+            return
+        self.workers[worker] = machine.TRANSITIONS[(before, command)]
+        if command in ("done", "cancel", "fail"):
+            self.stopped_workers.add(worker)
+
+    # --- a channel: deliveries, acks, dead letters ------------------------------------------
+
+    @rule(sender=st.sampled_from(AGENTS + (OWNER,)))
+    def send(self, sender: str) -> None:
+        try:
+            sent = self.channels.send_message(CHANNEL, sender, "text", "do it")
+        except BusError:  # only members send (a3 never joined)
+            assert sender not in self.members
+            return
+        for recipient in self.members - {sender}:  # a group: everyone else
+            self.deliveries[(sent.seq, recipient)] = ("pending", None)
+
+    @rule(agent=st.sampled_from(AGENTS + (OWNER,)))
+    def receive(self, agent: str) -> None:
+        got = self.channels.receive_messages(agent).messages
+        self._tick()  # receive runs the timers first
+        waiting = sorted(seq for (seq, to), (state, _) in self.deliveries.items()
+                         if to == agent and state == "pending")
+        assert sorted(m.seq for m in got) == waiting
+        for seq in waiting:
+            self.deliveries[(seq, agent)] = ("handed", self.now + ACK_TIMEOUT_MS)
+
+    @precondition(lambda self: any(s == "handed" for s, _ in self.deliveries.values()))
+    @rule(pick=st.integers(0, 7), status=st.sampled_from(["completed", "failed", "in_progress"]))
+    def acknowledge(self, pick: int, status: str) -> None:
+        handed = sorted(k for k, (s, _) in self.deliveries.items() if s == "handed")
+        seq, agent = handed[pick % len(handed)]
+        self.channels.acknowledge_message(seq, agent, status)
+        self.deliveries[(seq, agent)] = (("handed", self.now + ACK_TIMEOUT_MS)
+                                         if status == "in_progress" else ("done", None))
+
+    def _tick(self) -> int:
+        """The model's timers: a handed delivery past its deadline dies (no retries)."""
+        due = [k for k, (s, deadline) in self.deliveries.items()
+               if s == "handed" and deadline <= self.now]
+        for key in due:
+            self.deliveries[key] = ("dead", None)
+        return len(due)
+
+    # --- the pump and its threads ------------------------------------------------------------
+
+    @rule(mode=st.sampled_from(["ok", "raise"]))
+    def pump_until_idle(self, mode: str) -> None:
+        client.send(self.bus, "org", f"<echo><text>x</text><count>1</count><mode>{mode}</mode>"
+                                     "</echo>")
+        Pump(self.bus, parse_organism(ORGANISM), oob=False).run(until_idle=True)
+        self.pump_ran = True  # a handler that raises is answered with a <huh>: no dead unit
+
+    @rule(leaf=st.sampled_from(["add", "mul", "div"]), close=st.booleans())
+    def thread(self, leaf: str, close: bool) -> None:
+        registry = ThreadRegistry(self.bus, "org")
+        try:
+            found = registry.get_or_create(["org", "calc", leaf], now=self.now)
+        except BusError:  # several open conversations share the path: told apart by UUID
+            return
+        if close:
+            registry.close(found.uuid, now=self.now)
+            self.open_threads.discard(found.uuid)
+            self.closed_threads.add(found.uuid)
+        else:
+            self.open_threads.add(found.uuid)
+
+    # --- every view, after every step ------------------------------------------------------
+
+    @invariant()
+    def every_view_renders_and_adds_up(self) -> None:
+        status = read_status(self.path, now=self.now)
+        self.check_agents(status)
+        self.check_claims(status)
+        self.check_consumers(status)
+        assert status.workers == dict(Counter(self.workers.values()))
+        self.check_channel(status)
+        assert status.pump.organisms == ["org"] * self.pump_ran
+        # Each run went until idle, and only a pump killed mid-unit leaves a dead one.
+        assert status.pump.queued == status.pump.in_flight == status.pump.dead == 0
+        self.check_text_and_json(status)
+        self.check_top(status)
+        self.check_serve()
+        self.check_cli(status)
+
+    def check_agents(self, status: Status) -> None:
+        assert sum(status.agents_by_state.values()) == len(status.agents)
+        assert set(status.agents_by_state) == set(LIVENESS_STATES)
+        shown = {a.agent: a for a in status.agents}
+        assert len(shown) == len(status.agents)
+        for agent, (ts, beat_status) in self.beats.items():
+            assert (shown[agent].status, shown[agent].state) == (
+                beat_status, expected_state(self.now - ts, beat_status))
+        assert not set(AGENTS) - set(self.beats) & set(shown)  # forgotten, or never beat
+        for worker in self.stopped_workers:  # done, cancel and fail beat `stopped`
+            assert (shown[worker].status, shown[worker].state) == ("stopped", "stopped")
+        assert not set(WORKERS) - self.stopped_workers & set(shown)  # nothing else beats
+        if self.pump_ran:
+            assert shown["pump:org"].state == "stopped"
+
+    def check_claims(self, status: Status) -> None:
+        c = status.claims
+        assert c.held + c.expired == len(c.claims)
+        assert 0 <= c.expiring_soon <= c.held and 0 <= c.taken_over <= len(c.claims)
+        assert c.expired == sum(claim.lease_until_ms <= self.now for claim in c.claims)
+        assert c.dead == self.dead_claims
+        assert {claim.task_id: (claim.agent, claim.lease_until_ms) for claim in c.claims
+                if claim.task_id in TASKS} == self.claims
+
+    def check_consumers(self, status: Status) -> None:
+        last = status.log.last_seq
+        assert last == self.bus.last_seq()
+        for consumer in status.consumers:
+            assert 0 <= consumer.pending <= consumer.lag == last - consumer.cursor
+        agents = {c.agent: c.cursor for c in status.consumers if c.kind == "agent"}
+        assert agents == self.cursors
+        exporters = [c for c in status.consumers if c.kind == "exporter"]
+        assert [c.agent for c in exporters] == [EXPORTER] * (self.exported is not None)
+        if self.exported is not None:
+            assert status.export.last_seq == exporters[0].cursor == self.exported
+            assert status.export.lag == last - self.exported
+
+    def check_channel(self, status: Status) -> None:
+        [channel] = status.channels
+        states = Counter(state for state, _ in self.deliveries.values())
+        assert (channel.name, channel.open_deliveries, channel.awaiting_ack,
+                channel.dead_letters) == (CHANNEL, states["pending"] + states["handed"],
+                                          states["handed"], states["dead"])
+
+    def check_text_and_json(self, status: Status) -> None:
+        lines = status_lines(status)
+        agents_line = next(line for line in lines if line.startswith("agents: "))
+        for state, n in status.agents_by_state.items():
+            assert (f"{n} {state}" in agents_line) == (n > 0)
+        shown = json.loads(orjson.dumps(status.to_json_dict()))
+        assert shown["agents_by_state"] == status.agents_by_state
+        assert len(shown["agents"]) == len(status.agents)
+
+    def check_top(self, status: Status) -> None:
+        summary = summary_lines(status, 0.0)
+        assert f"last seq {status.log.last_seq}" in summary
+        cells = table_cells(status)
+        assert list(cells) == [name for name, _columns, _rows in TABLES]
+        assert [len(cells[name]) for name in cells] == [
+            len(status.agents), len(status.consumers), len(status.claims.claims),
+            len(status.channels)]
+        for name, columns, _rows in TABLES:
+            assert all(len(row) == len(columns) for row in cells[name])
+
+    def check_serve(self) -> None:
+        conn = connect(self.path, readonly=True)
+        try:
+            sent = orjson.loads(snapshot(conn, str(self.path), "normal"))
+        finally:
+            conn.close()
+        shown, charts = sent["status"], sent["charts"]
+        assert set(charts["lag"]) == {c["agent"] for c in shown["consumers"]}
+        assert sum(n["held"] for n in charts["claims"].values()) == len(shown["claims"]["claims"])
+        trees = charts["threads"]
+        assert set(trees["parents"]) <= set(trees["ids"]) | {""}
+        labels = dict(zip(trees["ids"], trees["labels"]))
+        assert all(labels[uuid].endswith("(closed)") for uuid in self.closed_threads)
+        assert all(not labels[uuid].endswith("(closed)") for uuid in self.open_threads)
+        assert {s["worker"] for s in charts["swimlane"]} == set(self.workers)
+
+    def check_cli(self, status: Status) -> None:
+        text = run(["status"], self.path)
+        assert text.exit_code == 0, text.stderr
+        as_json = run(["status", "--json"], self.path)
+        assert as_json.exit_code == 0, as_json.stderr
+        assert json.loads(as_json.stdout)["log"] == json.loads(
+            orjson.dumps(status.to_json_dict()))["log"]
+        listed = run(["consumers", "--json"], self.path)
+        assert listed.exit_code == 0, listed.stderr
+        assert [c["agent"] for c in json_lines(listed.stdout)] == [
+            c.agent for c in status.consumers]
+        assert run(["consumers"], self.path).exit_code == 0
+        for consumer in status.consumers:
+            one = run(["consumer", "info", consumer.agent], self.path)
+            assert one.exit_code == 0, one.stderr
+            assert one.stdout.startswith(f"consumer {consumer.agent} ({consumer.kind})\n")
+
+
+def expected_state(age_ms: int, beat_status: str) -> str:
+    """Liveness with the default thresholds (30 s warn, 100 s stale, 5 min dead)."""
+    if beat_status == "stopped":
+        return "stopped"
+    age_ms = max(0, age_ms)
+    return ("dead" if age_ms >= 300_000 else "stale" if age_ms >= 100_000
+            else "warn" if age_ms >= 30_000 else "alive")
+
+
+@pytest.fixture(autouse=True)
+def hermetic_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    isolate_git(tmp_path, monkeypatch)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the examples' directories, under tmp_path
+    tempfile.tempdir = None
+    yield
+    tempfile.tempdir = None
+
+
+def test_views_stateful_every_view_renders_every_reachable_state() -> None:
+    run_state_machine_as_test(ViewsGame, settings=settings(max_examples=25,
+                                                           stateful_step_count=40))
+
+
+# The states a random run may miss, reached on purpose, each checked by every view:
+# a worker through to COMPLETED and one cancelled, a claim taken over and one dead,
+# agents alive, warn, stale, dead and stopped, dead letters, a pump that stopped.
+TOUR = [
+    ("worker", {"worker": "w1", "command": ONWARD}),  # spawns both
+    *[("worker", {"worker": "w1", "command": ONWARD})] * 4,  # start, done, approve, merge
+    ("worker", {"worker": "w2", "command": ONWARD}),
+    ("worker", {"worker": "w2", "command": "cancel"}),
+    ("heartbeat", {"agent": "a1", "status": "working", "task": "t1", "progress": 0.5}),
+    ("heartbeat", {"agent": "a2", "status": "blocked", "task": None, "progress": None}),
+    ("lease", {"op": "claim", "task": "t1", "agent": "a1", "lease_s": 1}),
+    ("lease", {"op": "claim", "task": "t2", "agent": "a2", "lease_s": 600}),
+    ("publish", {"sender": OWNER, "to": "a1"}),
+    ("publish", {"sender": OWNER, "to": None}),
+    ("ack", {"agent": "a1", "back": 1}),
+    ("send", {"sender": OWNER}),
+    ("receive", {"agent": "a1"}),
+    ("time_passes", {"seconds": 31}),  # a1, a2 warn; t1 expired; a1's delivery overdue
+    ("receive", {"agent": "a1"}),  # the timers run: a dead letter
+    ("receive", {"agent": "a2"}),
+    ("acknowledge", {"pick": 0, "status": "in_progress"}),
+    ("lease", {"op": "claim", "task": "t1", "agent": "a3", "lease_s": 1}),  # taken over
+    ("heartbeat", {"agent": "a3", "status": "stopped", "task": "t1", "progress": None}),
+    ("time_passes", {"seconds": 70}),  # a1, a2 stale
+    ("lease", {"op": "claim", "task": "t1", "agent": "a1", "lease_s": 8}),  # out of attempts
+    ("time_passes", {"seconds": 301}),  # a1, a2 dead
+    ("reap", {}),
+    ("heartbeat", {"agent": "a1", "status": "idle", "task": None, "progress": None}),
+    ("forget", {"agent": "a2"}),  # refused: it holds t2
+    ("lease", {"op": "release", "task": "t2", "agent": "a2", "lease_s": None}),
+    ("forget", {"agent": "a2"}),
+    ("export", {}),
+    ("pump_until_idle", {"mode": "ok"}),
+    ("pump_until_idle", {"mode": "raise"}),
+    ("thread", {"leaf": "add", "close": False}),
+    ("thread", {"leaf": "mul", "close": True}),
+    ("delete_cursor", {"agent": "a1"}),
+]
+
+
+def test_views_render_a_tour_of_the_hard_to_reach_states() -> None:
+    game = ViewsGame()
+    try:
+        game.every_view_renders_and_adds_up()
+        for rule_name, arguments in TOUR:
+            getattr(game, rule_name)(**arguments)
+            game.every_view_renders_and_adds_up()
+        status = read_status(game.path, now=game.now)
+        assert game.workers == {"w1": machine.COMPLETED, "w2": machine.CANCELLED}
+        assert status.claims.dead == 1 and status.channels[0].dead_letters == 1
+        assert {a.agent: a.state for a in status.agents} == {
+            "a1": "alive", "a3": "stopped", "w1": "stopped", "w2": "stopped",
+            "pump:org": "stopped"}
+        assert status.agents_by_state == {"alive": 1, "warn": 0, "stale": 0, "dead": 0,
+                                          "stopped": 4}
+    finally:
+        game.teardown()
