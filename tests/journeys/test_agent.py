@@ -140,8 +140,6 @@ def test_worker_done_hands_the_agents_commit_in_for_review(journey: Journey) -> 
         AGENT, "IN_REVIEW", head, "stopped")
 
 
-@pytest.mark.xfail(reason="issue 29: `bus status` dies on `KeyError: 'stopped'` once a worker"
-                          " is done", strict=True)
 def test_bus_status_shows_the_agent_done_and_in_review(journey: Journey, installed) -> None:
     shown = installed.run("bus", "status", "--json", cwd=journey.repo)
     assert shown.returncode == 0, shown.stderr

@@ -194,8 +194,6 @@ def test_the_running_pump_is_alive_in_status(journey: Journey) -> None:
     assert (agent["state"], agent["status"]) == ("alive", "working")
 
 
-@pytest.mark.xfail(reason="issue 29: a pump stopped by SIGTERM keeps its last `working` beat"
-                          " (and `bus status` then dies on `KeyError: 'stopped'`)", strict=True)
 def test_status_shows_the_stopped_pump_stopped(journey: Journey, installed) -> None:
     shown = installed.run("bus", "status", "--json", cwd=journey.scratch)
     assert shown.returncode == 0, shown.stderr

@@ -48,9 +48,6 @@ READERS = ("w1", "w2", "w4")  # the workers that read their inbox, so have a cur
 CHROMIUM = shutil.which("chromium")
 TMUX = shutil.which("tmux")
 
-STOPPED_BUG = "issue 29: views crash with KeyError 'stopped' once a worker is done/failed"
-HISTORY_BUG = ("issue 29: bus history fails from a wheel install (the job lives in scripts/,"
-               " [all] does not bring PySpark yet); time in WORKING shows 0 h (item 7)")
 WORKER_JSON_BUG = ("issue 29: `worker --json status` is refused (only `worker status --json`),"
                    " and worker's errors are text whatever --json says")
 
@@ -330,7 +327,6 @@ def test_worker_takes_json_anywhere_and_its_errors_follow(team: Team) -> None:
 # --- bus status, consumers, consumer info ----------------------------------------------
 
 
-@pytest.mark.xfail(reason=STOPPED_BUG, strict=True)
 def test_status_shows_the_four_workers_in_their_final_states(team: Team) -> None:
     screen = team.ok("bus", "status")
     assert "workers: 3 COMPLETED, 1 FAILED" in screen.splitlines()
@@ -338,7 +334,6 @@ def test_status_shows_the_four_workers_in_their_final_states(team: Team) -> None
     assert screen.splitlines()[1].startswith(f"log: {message_count(team)} messages")
 
 
-@pytest.mark.xfail(reason=STOPPED_BUG, strict=True)
 def test_status_json_counts_the_workers_and_agents(team: Team) -> None:
     found = team.json("bus", "status", "--json")
     assert found["workers"] == {"COMPLETED": 3, "FAILED": 1}
@@ -349,7 +344,6 @@ def test_status_json_counts_the_workers_and_agents(team: Team) -> None:
     assert found["export"]["lag"] == 0
 
 
-@pytest.mark.xfail(reason=STOPPED_BUG, strict=True)
 def test_consumers_lists_each_reader_and_the_exporter(team: Team) -> None:
     lines = team.ok("bus", "consumers").splitlines()
     assert lines[0].split()[:3] == ["consumer", "kind", "cursor"]
@@ -360,7 +354,6 @@ def test_consumers_lists_each_reader_and_the_exporter(team: Team) -> None:
     assert all(found[w]["cursor"] > 0 and found[w]["pending"] > 0 for w in READERS)
 
 
-@pytest.mark.xfail(reason=STOPPED_BUG, strict=True)
 def test_consumer_info_shows_one_reader(team: Team) -> None:
     acked = team.sql("SELECT last_acked_seq AS seq FROM cursors WHERE agent_id = 'w1'")[0]["seq"]
     found = team.json("bus", "consumer", "info", "w1", "--json")
@@ -443,7 +436,6 @@ CHART_BARS_JS = """(div) => (div.data || []).map((t) => Array.from(t.x || []).ma
     (x, i) => [String(x), Number((t.y || [])[i])]))"""
 
 
-@pytest.mark.xfail(reason=HISTORY_BUG, strict=True)
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it)")
 def test_history_report_draws_every_chart_offline(team: Team) -> None:
     sync_api = pytest.importorskip("playwright.sync_api")
@@ -480,7 +472,6 @@ def test_history_report_draws_every_chart_offline(team: Team) -> None:
 # --- bus top in tmux ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(reason=STOPPED_BUG, strict=True)
 @pytest.mark.skipif(TMUX is None, reason="tmux is not installed (make test installs it)")
 def test_top_shows_each_workers_final_state(team: Team) -> None:
     tmux = [TMUX, "-L", f"team-{os.getpid()}", "-f", "/dev/null"]
@@ -509,7 +500,6 @@ def test_top_shows_each_workers_final_state(team: Team) -> None:
 # --- bus serve in Chromium ------------------------------------------------------------------
 
 
-@pytest.mark.xfail(reason=STOPPED_BUG, strict=True)
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it)")
 def test_serve_page_shows_the_workers_and_no_error(team: Team, tmp_path: Path) -> None:
     sync_api = pytest.importorskip("playwright.sync_api")
