@@ -299,6 +299,7 @@ class ViewsGame(RuleBasedStateMachine):
         self.check_claims(status)
         self.check_consumers(status)
         assert status.workers == dict(Counter(self.workers.values()))
+        assert {w.worker: w.state for w in status.worker_list} == self.workers
         self.check_channel(status)
         assert status.pump.organisms == ["org"] * self.pump_ran
         # Each run went until idle, and only a pump killed mid-unit leaves a dead one.
@@ -368,7 +369,7 @@ class ViewsGame(RuleBasedStateMachine):
         assert list(cells) == [name for name, _columns, _rows in TABLES]
         assert [len(cells[name]) for name in cells] == [
             len(status.agents), len(status.consumers), len(status.claims.claims),
-            len(status.channels)]
+            len(status.worker_list), len(status.channels)]
         for name, columns, _rows in TABLES:
             assert all(len(row) == len(columns) for row in cells[name])
 

@@ -14,6 +14,7 @@ from bus.errors import BusNotFound
 from bus.errors import SchemaOutdated
 from bus.heartbeats import Thresholds
 from bus.heartbeats import beat
+from bus.views.render import status_lines
 from bus.views.status import EXPORTER
 from bus.views.status import read_status
 from tests.conftest import LATEST_VERSION
@@ -96,6 +97,12 @@ def test_status_workers_channels_and_pump(bus: Bus, db_path: Path) -> None:
     bus.conn.execute("INSERT INTO pump_organisms VALUES ('org', 1, 'boot')")
     found = read_status(db_path, now=NOW)
     assert found.workers == {"FAILED": 1, "WORKING": 2}
+    assert [(w.worker, w.state) for w in found.worker_list] == [
+        ("w1", "WORKING"), ("w2", "WORKING"), ("w3", "FAILED")]
+    screen = status_lines(found)
+    table = screen.index("workers: 1 FAILED, 2 WORKING")
+    assert screen[table + 1].split() == ["worker", "task", "state", "branch", "changed"]
+    assert screen[table + 4].split()[:4] == ["w3", "t", "FAILED", "b"]
     [jobs] = found.channels
     assert (jobs.name, jobs.type, jobs.state, jobs.open_deliveries, jobs.awaiting_ack,
             jobs.dead_letters) == ("jobs", "group", "active", 2, 1, 0)

@@ -16,6 +16,7 @@ from bus.views.status import Status
 CONSUMER_COLUMNS = ["consumer", "kind", "cursor", "pending", "lag", "last ack"]
 AGENT_COLUMNS = ["agent", "state", "silent", "status", "task"]
 CLAIM_COLUMNS = ["task", "holder", "lease left", "attempt"]
+WORKER_COLUMNS = ["worker", "task", "state", "branch", "changed"]
 CHANNEL_COLUMNS = ["channel", "type", "state", "open", "awaiting ack", "dead letters"]
 
 
@@ -31,7 +32,8 @@ def status_lines(status: Status) -> list[str]:
     lines += _section("agents", counts(status.agents_by_state) or "none has sent a heartbeat",
                       AGENT_COLUMNS, agent_rows(status))
     lines += _section("claims", claims_summary(status), CLAIM_COLUMNS, claim_rows(status))
-    lines.append(f"workers: {counts(status.workers) or 'none'}")
+    lines += _section("workers", counts(status.workers) or "none", WORKER_COLUMNS,
+                      worker_rows(status))
     lines += _section("channels", str(len(status.channels)) if status.channels else "none",
                       CHANNEL_COLUMNS, channel_rows(status))
     lines.append(f"pump: {pump_summary(status)}")
@@ -58,6 +60,11 @@ def agent_rows(status: Status) -> list[tuple[Any, ...]]:
 def claim_rows(status: Status) -> list[tuple[Any, ...]]:
     return [(c.task_id, c.agent, seconds((c.lease_until_ms - status.now_ms) / 1000),
              f"{c.attempts}/{c.max_attempts}") for c in status.claims.claims]
+
+
+def worker_rows(status: Status) -> list[tuple[Any, ...]]:
+    return [(w.worker, w.task, w.state, w.branch,
+             f"{seconds((status.now_ms - w.updated_ms) / 1000)} ago") for w in status.worker_list]
 
 
 def channel_rows(status: Status) -> list[tuple[Any, ...]]:

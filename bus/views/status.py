@@ -38,6 +38,8 @@ _CURSORS_SQL = "SELECT agent_id, last_acked_seq, updated_at_ms FROM cursors ORDE
 _EXPORT_SQL = "SELECT last_seq, path FROM export_state WHERE id = 1"
 _DEAD_CLAIMS_SQL = "SELECT count(*) FROM dead_claims"
 _WORKERS_SQL = "SELECT state, count(*) FROM workers GROUP BY state ORDER BY state"
+_WORKER_LIST_SQL = ("SELECT worker_id, task_id, state, branch, updated_at_ms FROM workers"
+                    " ORDER BY worker_id")
 # Open deliveries are kept on the channel row; the ones awaiting an ack have a
 # deadline (a partial index covers them); dead letters are counted per channel.
 _CHANNELS_SQL = (
@@ -103,6 +105,17 @@ class ClaimsInfo:
 
 
 @dataclass(frozen=True)
+class WorkerInfo:
+    """One worker of the lifecycle (`worker status` has the rest: worktree, commits)."""
+
+    worker: str
+    task: str
+    state: str
+    branch: str
+    updated_ms: int
+
+
+@dataclass(frozen=True)
 class ChannelInfo:
     name: str
     type: str
@@ -137,7 +150,8 @@ class Status:
     consumers: list[Consumer]
     agents: list[Liveness]
     claims: ClaimsInfo
-    workers: dict[str, int]
+    workers: dict[str, int]  # how many in each state
+    worker_list: list[WorkerInfo]
     channels: list[ChannelInfo]
     pump: PumpInfo
     export: ExportInfo
@@ -190,6 +204,7 @@ def status_of(conn: apsw.Connection, path: str, durability: str = "normal", *,
             consumers=_consumers(conn, log.last_seq, export, at),
             agents=liveness(conn, at, thresholds or Thresholds()),
             claims=_claims(conn, at), workers=dict(conn.execute(_WORKERS_SQL).fetchall()),
+            worker_list=[WorkerInfo(*row) for row in conn.execute(_WORKER_LIST_SQL)],
             channels=[ChannelInfo(*row) for row in conn.execute(_CHANNELS_SQL)],
             pump=_pump(conn, at), export=export)
 

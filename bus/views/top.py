@@ -33,6 +33,7 @@ TABLES = (
     ("agents", render.AGENT_COLUMNS, render.agent_rows),
     ("consumers", render.CONSUMER_COLUMNS, render.consumer_rows),
     ("claims", render.CLAIM_COLUMNS, render.claim_rows),
+    ("workers", render.WORKER_COLUMNS, render.worker_rows),
     ("channels", render.CHANNEL_COLUMNS, render.channel_rows),
 )
 

@@ -329,7 +329,10 @@ def test_worker_takes_json_anywhere_and_its_errors_follow(team: Team) -> None:
 
 def test_status_shows_the_four_workers_in_their_final_states(team: Team) -> None:
     screen = team.ok("bus", "status")
-    assert "workers: 3 COMPLETED, 1 FAILED" in screen.splitlines()
+    lines = screen.splitlines()
+    table = lines.index("workers: 3 COMPLETED, 1 FAILED")
+    shown = {line.split()[0]: line.split()[1:3] for line in lines[table + 2:table + 6]}
+    assert shown == {w: [TASKS[w], state] for w, state in FINAL_STATES.items()}
     assert_each_agent_stopped(screen)  # finished, not dead
     assert screen.splitlines()[1].startswith(f"log: {message_count(team)} messages")
 
@@ -337,6 +340,7 @@ def test_status_shows_the_four_workers_in_their_final_states(team: Team) -> None
 def test_status_json_counts_the_workers_and_agents(team: Team) -> None:
     found = team.json("bus", "status", "--json")
     assert found["workers"] == {"COMPLETED": 3, "FAILED": 1}
+    assert {w["worker"]: w["state"] for w in found["worker_list"]} == FINAL_STATES
     assert {a["agent"]: a["status"] for a in found["agents"]} == dict.fromkeys(FINAL_STATES,
                                                                                 "stopped")
     assert found["log"]["messages"] == message_count(team)
