@@ -187,7 +187,8 @@ def test_cli_cleanup_says_what_it_removed(db_path: Path, bus: Bus, repo: Path) -
     result = runner.invoke(worker_main, ["--db", str(db_path), "cleanup", "--finished",
                                          "--branches"])
     assert (result.exit_code, result.stdout) == (
-        0, f"w1 (FAILED): removed worktree {w.worktree}; deleted merged branch w1/t1\n")
+        0, f"w1 (FAILED): removed worktree {w.worktree};"
+           " deleted branch w1/t1 (already in its base)\n")
     again = runner.invoke(worker_main, ["--db", str(db_path), "cleanup", "--finished"])
     assert again.stdout == "w1 (FAILED): no worktree left\n"
 

@@ -296,7 +296,7 @@ def status(obj: WorkerContext, worker: str | None, as_json: bool) -> None:
 def _cleaned_line(item: Cleaned) -> str:
     done = [f"removed worktree {_shown(item.worktree)}" if item.worktree else "no worktree left"]
     if item.branch:
-        done.append(f"deleted merged branch {item.branch}")
+        done.append(f"deleted branch {item.branch} (already in its base)")
     if item.kept_branch:
         done.append(f"kept branch {item.kept_branch} (not merged)")
     return f"{item.worker} ({item.state}): {'; '.join(done)}"
