@@ -82,8 +82,8 @@ def spawn(obj: WorkerContext, task: str, worker_id: str | None, repo: str | None
 
     Example: worker spawn --task fix-login --worker w1 --base main
     """
+    root = git.repo_root(repo or ".")  # before the bus: outside a repository no file is made
     workers = obj.workers(create=True)
-    root = git.repo_root(repo or ".")
     excluding = workers.unignored_state_dir(root)  # spawn writes it, once it succeeded
     w = workers.spawn(task, worker_id, repo, base)
     exclude = str(git.exclude_path(root)) if excluding else None
