@@ -389,6 +389,12 @@ class Bus(TaskClaims):
         """Record that `agent` is alive; return the beat's time (epoch ms).
 
         `status` is idle, working or blocked; `progress` a fraction from 0 to 1.
+        The beat replaces the agent's task and progress: None clears them, and
+        `bus.heartbeats.KEEP` keeps what the last beat said (a kept progress is
+        cleared when the task changes), as `bus heartbeat` does without --task:
+
+            bus.heartbeat("worker-1", "working", task=KEEP, progress=KEEP)
+
         For beats that go on while the agent blocks, use `Heartbeat`.
         """
         fields = heartbeats.validate_beat(agent, status, task, progress)

@@ -26,6 +26,7 @@ import orjson
 import pytest
 
 from bus import Bus
+from bus.heartbeats import KEEP
 from bus.messages import now_ms
 from tests.cli_helpers import iso
 from tests.cli_helpers import json_lines
@@ -143,8 +144,41 @@ def test_heartbeat_again_replaces_the_agents_row(bus: Bus, db_path: Path) -> Non
     assert result.exit_code == 0
     assert bus.conn.execute("SELECT count(*) FROM heartbeats").get == 1
     ts, status, task, progress = heartbeat_row(bus, "w1")
-    assert (status, task, progress) == ("blocked", None, None)
+    assert (status, task, progress) == ("blocked", "t1", None)
     assert result.stdout == f"heartbeat for w1 at {iso(ts)} (blocked)\n"
+
+
+def test_heartbeat_without_task_keeps_the_task_and_progress(bus: Bus, db_path: Path) -> None:
+    run(["heartbeat", "--agent", "w1", "--status", "working", "--task", "t1", "--progress",
+         "0.5"], db_path)
+    result = run(["heartbeat", "--agent", "w1", "--status", "working", "--json"], db_path)
+    assert heartbeat_row(bus, "w1")[1:] == ("working", "t1", 0.5)
+    assert json.loads(result.stdout)["task"] == "t1"
+    assert json.loads(result.stdout)["progress"] == 0.5
+    run(["heartbeat", "--agent", "w1", "--status", "working", "--progress", "0.75"], db_path)
+    assert heartbeat_row(bus, "w1")[1:] == ("working", "t1", 0.75)
+
+
+def test_heartbeat_with_an_empty_task_clears_task_and_progress(bus: Bus, db_path: Path) -> None:
+    run(["heartbeat", "--agent", "w1", "--task", "t1", "--progress", "0.5"], db_path)
+    assert run(["heartbeat", "--agent", "w1", "--task", ""], db_path).exit_code == 0
+    assert heartbeat_row(bus, "w1")[1:] == ("idle", None, None)
+
+
+def test_heartbeat_with_a_new_task_starts_its_progress_afresh(bus: Bus, db_path: Path) -> None:
+    run(["heartbeat", "--agent", "w1", "--task", "t1", "--progress", "0.5"], db_path)
+    run(["heartbeat", "--agent", "w1", "--task", "t1"], db_path)
+    assert heartbeat_row(bus, "w1")[2:] == ("t1", 0.5)
+    run(["heartbeat", "--agent", "w1", "--task", "t2"], db_path)
+    assert heartbeat_row(bus, "w1")[2:] == ("t2", None)
+
+
+def test_heartbeat_python_api_none_clears_and_keep_keeps(bus: Bus) -> None:
+    bus.heartbeat("w1", "working", "t1", 0.5)
+    bus.heartbeat("w1", "working", KEEP, KEEP)
+    assert heartbeat_row(bus, "w1")[2:] == ("t1", 0.5)
+    bus.heartbeat("w1", "working")
+    assert heartbeat_row(bus, "w1")[2:] == (None, None)
 
 
 def test_heartbeat_unknown_status_is_usage_error(bus: Bus, db_path: Path) -> None:

@@ -714,3 +714,13 @@ def test_cli_spawned_worker_id_is_generated(db: Path, repo: Path) -> None:
     assert w["branch"] == f"{w['worker']}/t1"
     with Bus.open(db) as bus:
         assert [s.worker.worker for s in Workers(bus).status()] == [w["worker"]]
+
+
+def test_worker_heartbeat_without_progress_keeps_the_progress(db: Path, repo: Path) -> None:
+    ok(["spawn", "--task", "t1", "--worker", "w1", "--repo", str(repo)], db)
+    ok(["start", "w1"], db)
+    ok(["heartbeat", "w1", "--progress", "0.5"], db)
+    ok(["heartbeat", "w1"], db)
+    with Bus.open(db) as bus:
+        (beat,) = [b for b in bus.liveness() if b.agent == "w1"]
+    assert (beat.task, beat.progress) == ("t1", 0.5)
