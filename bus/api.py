@@ -461,12 +461,27 @@ class Bus(TaskClaims):
             recorded = self.conn.execute("SELECT path FROM export_state WHERE id = 1").get
         return Path(recorded) if recorded else Path(self.path).absolute().parent / "bus.jsonl"
 
+    def export_partition_by(self) -> str | None:
+        """How the export at `export_path()` is partitioned: "date" or None (one file).
+
+        A partitioned export is a directory and a single one a file, from its
+        first run on (JsonlExporter refuses the other), so the path says it.
+        """
+        return "date" if self.export_path().is_dir() else None
+
     def exporter(self, path: str | os.PathLike[str] | None = None,
                  partition_by: str | None = None) -> JsonlExporter:
-        """A JsonlExporter for `path` (default: `export_path()`), not yet opened."""
+        """A JsonlExporter for `path`, not yet opened.
+
+        Without `path` it continues the export where it went before
+        (`export_path()`), partitioned as it was (`export_partition_by()`)
+        unless `partition_by` says.
+        """
         refuse_write(self.conn)  # it records its position in the bus: say so before any file
-        return JsonlExporter(self.conn, path if path is not None else self.export_path(),
-                             partition_by)
+        if path is None:
+            path = self.export_path()
+            partition_by = partition_by or self.export_partition_by()
+        return JsonlExporter(self.conn, path, partition_by)
 
     def export_jsonl(self, path: str | os.PathLike[str] | None = None,
                      partition_by: str | None = None) -> int:
