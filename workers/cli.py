@@ -24,6 +24,7 @@ from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
 from bus.cli.context import BusGroup
 from bus.cli.context import json_option
+from bus.cli.layout import add_db_after_command
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
 from bus.heartbeats import STATUSES
@@ -52,9 +53,11 @@ pass_workers = click.make_pass_decorator(WorkerContext)
               type=click.Path(dir_okay=False), help="Bus database file (env: BUS_DB).")
 @click.option("--durability", envvar="BUS_DURABILITY", default="normal", show_default=True,
               type=click.Choice(["normal", "full"]), help="As for `bus`.")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON output and JSON errors, as if --json followed the command.")
 @click.version_option(__version__, "--version", prog_name="worker")
 @click.pass_context
-def main(ctx: click.Context, db: str, durability: str) -> None:
+def main(ctx: click.Context, db: str, durability: str, as_json: bool) -> None:
     """Worker lifecycle: each worker on its own git branch and worktree.
 
     \b
@@ -66,7 +69,7 @@ def main(ctx: click.Context, db: str, durability: str) -> None:
       worker approve w1
       worker merge w1
     """
-    ctx.obj = WorkerContext(ctx, db, durability)
+    ctx.obj = WorkerContext(ctx, db, durability, as_json=as_json)
 
 
 @main.command()
@@ -314,6 +317,8 @@ def _report(w: Worker, as_json: bool, text: str | None = None) -> None:
     else:
         click.echo(text or f"{w.worker} is {w.state} ({w.task} on {w.branch})")
 
+
+add_db_after_command(main)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -36,12 +36,18 @@ class JsonError(click.ClickException):
 
 
 class BusGroup(click.Group):
-    """Turns library errors into `Error: ...` with exit 1 (75 when busy), or into a
-    JSON error object on stderr when the command line asked for --json.
+    """The root group of `bus` and `worker`.
 
+    Turns library errors into `Error: ...` with exit 1 (75 when busy), or into a
+    JSON error object on stderr when --json is anywhere on the command line.
     SQLite and OS failures of the environment that reach this far (a full
     disk, a corrupt or read-only file) get their named error too: no traceback.
     """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        options = args[:args.index("--")] if "--" in args else args
+        ctx.meta[JSON_ERRORS] = "--json" in options
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

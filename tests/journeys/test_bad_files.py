@@ -42,6 +42,8 @@ NAMED = {
 }
 # `bus history` reads the export, not the bus: with neither there it names the export.
 NAMED_BY_COMMAND = {("missing", "bus history"): "no export at"}
+# Commands that need an optional module: where the venv lacks it, they say which extra.
+NEEDS_EXTRA = {"bus history": ("pyspark", "spark")}
 PARALLEL = max(2, min(8, os.cpu_count() or 2))
 
 
@@ -64,12 +66,19 @@ def error_problem(result: subprocess.CompletedProcess[str], db: Path | None,
     return None
 
 
-def check_bad_kind(installed: Installed, root: Path, kind: str, command: str) -> str | None:
+def has_module(installed: Installed, module: str) -> bool:
+    return installed.run("python", "-c", f"import {module}").returncode == 0
+
+
+def check_bad_kind(installed: Installed, root: Path, kind: str, command: str,
+                   missing_extras: dict[str, str]) -> str | None:
     directory = root / kind / command.replace(" ", "-")
     db = bad_files.make_kind(kind, directory / "bus")
     before = bad_files.snapshot(db.parent)
     result = run_installed(installed, command, db, directory / "scratch")
-    if (kind, command) in NAMED_BY_COMMAND:
+    if command in missing_extras:  # the command cannot start: it names the extra to install
+        problem = error_problem(result, None, missing_extras[command])
+    elif (kind, command) in NAMED_BY_COMMAND:
         problem = error_problem(result, None, NAMED_BY_COMMAND[kind, command])
     else:
         problem = error_problem(result, db, NAMED[kind])
@@ -81,8 +90,12 @@ def check_bad_kind(installed: Installed, root: Path, kind: str, command: str) ->
 def test_every_installed_command_on_every_bad_file(installed: Installed, tmp_path: Path) -> None:
     cases = [(kind, command) for kind in BAD_KINDS for command in bad_files.command_names()
              if command not in NO_BUS and not (kind == "missing" and command in CREATES)]
+    missing_extras = {command: f"pip install 'agentbus[{extra}]'"
+                      for command, (module, extra) in NEEDS_EXTRA.items()
+                      if not has_module(installed, module)}
     with ThreadPoolExecutor(PARALLEL) as pool:
-        found = pool.map(lambda case: check_bad_kind(installed, tmp_path, *case), cases)
+        found = pool.map(lambda case: check_bad_kind(installed, tmp_path, *case, missing_extras),
+                         cases)
         failures = [f for f in found if f is not None]
     assert failures == [], "\n".join(failures)
 
