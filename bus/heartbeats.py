@@ -18,6 +18,7 @@ from typing import Callable
 import apsw
 
 from bus.db import connect
+from bus.db import refuse_write
 from bus.db import write_transaction
 from bus.errors import BusError
 from bus.errors import ValidationFailed
@@ -265,6 +266,11 @@ class Heartbeat:
         if self._thread is not None:
             raise BusError("this Heartbeat is already started")
         conn = connect(self.db_path, create=False)  # fail here, in the caller, not in the thread
+        try:
+            refuse_write(conn)  # a read-only bus takes no beats: say so now, not in a log
+        except BaseException:
+            conn.close()
+            raise
         self._thread = threading.Thread(target=self._run, args=(conn,), daemon=True,
                                         name=f"heartbeat-{self._fields[0]}")
         self._thread.start()
