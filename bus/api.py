@@ -566,13 +566,13 @@ def _check_cursor_move(conn: apsw.Connection, agent: str, target: int, force: bo
     if not cursors.exists(conn, agent):
         if not (create or heartbeats.has_beaten(conn, agent)):
             raise UnknownConsumer(agent, cursors.known(conn),
-                                  "pass create=True (--create) to start a new consumer")
+                                  "pass create=True to start a new consumer")
         return
     current = cursors.position(conn, agent)
     if target < current and not force:
         raise ValidationFailed("seq", f"{target} is behind {agent}'s cursor at {current}, which"
                                       " would hand it those messages again; pass force=True"
-                                      " (--force) to replay them")
+                                      " to replay them")
 
 
 def _validate_grace(grace_seconds: object) -> None:

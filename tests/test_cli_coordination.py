@@ -28,8 +28,10 @@ import pytest
 from bus import Bus
 from bus.heartbeats import KEEP
 from bus.messages import now_ms
+from tests.cli_helpers import bad_value
 from tests.cli_helpers import iso
 from tests.cli_helpers import json_lines
+from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 
 DAY_MS = 86_400_000
@@ -191,13 +193,13 @@ def test_heartbeat_unknown_status_is_usage_error(bus: Bus, db_path: Path) -> Non
 
 @pytest.mark.parametrize("value, shown", [("50", "50.0"), ("-0.1", "-0.1"), ("1.5", "1.5"),
                                           ("nan", "nan")])
-def test_heartbeat_progress_outside_0_1_exits_1(bus: Bus, db_path: Path, value: str,
+def test_heartbeat_progress_outside_0_1_exits_2(bus: Bus, db_path: Path, value: str,
                                                 shown: str) -> None:
     result = run(["heartbeat", "--agent", "w1", "--progress", value], db_path)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stdout == ""
-    assert result.stderr == (f"Error: progress: is a fraction from 0 to 1, got {shown}"
-                             f" (50% is 0.5)\n")
+    assert last_error(result.stderr) == bad_value(
+        "--progress", f"is a fraction from 0 to 1, got {shown} (50% is 0.5)")
     assert bus.liveness() == []
 
 
@@ -208,9 +210,9 @@ def test_heartbeat_bad_arguments(bus: Bus, db_path: Path) -> None:
     assert missing_agent.exit_code == 2
     assert "Missing option '--agent'" in missing_agent.stderr
     bad_agent = run(["heartbeat", "--agent", "w 1"], db_path)
-    assert bad_agent.exit_code == 1
-    assert bad_agent.stderr == ("Error: agent: contains ' '; allowed are letters, digits"
-                                " and . _ : -\n")
+    assert bad_agent.exit_code == 2
+    assert last_error(bad_agent.stderr) == bad_value(
+        "--agent", "contains ' '; allowed are letters, digits and . _ : -")
     assert bus.liveness() == []
 
 
@@ -440,12 +442,12 @@ def test_claim_bad_numbers_are_usage_errors(bus: Bus, db_path: Path, options) ->
     assert bus.claims() == []
 
 
-def test_claim_lease_longer_than_a_week_exits_1(bus: Bus, db_path: Path) -> None:
+def test_claim_lease_longer_than_a_week_exits_2(bus: Bus, db_path: Path) -> None:
     result = run(["claim", "--task", "t1", "--agent", "w1", "--lease-ms",
                   str(7 * DAY_MS + 1)], db_path)
-    assert result.exit_code == 1
-    assert result.stderr == (f"Error: lease_ms: is {7 * DAY_MS + 1}; the longest lease is"
-                             f" {7 * DAY_MS} (7 days)\n")
+    assert result.exit_code == 2
+    assert last_error(result.stderr) == bad_value(
+        "--lease-ms", f"is {7 * DAY_MS + 1}; the longest lease is {7 * DAY_MS} (7 days)")
     assert bus.claims() == []
 
 

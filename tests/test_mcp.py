@@ -27,6 +27,8 @@ from bus.mcpserver.channel_tools import ChannelTools
 from bus.mcpserver.log_tools import LogTools
 from bus.mcpserver.resources import Resources
 from bus.mcpserver.worker_tools import WorkerTools
+from tests.cli_helpers import bad_value
+from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "organism.yaml"
@@ -343,8 +345,9 @@ def test_cli_mcp_list_prints_tools_and_resources(bus: Bus, db_path: Path):
 
 def test_cli_mcp_bad_agent_or_missing_bus_is_an_error(bus: Bus, db_path: Path, tmp_path: Path):
     bad = run(["mcp", "--agent", "not ok!"], db_path)
-    assert (bad.exit_code, bad.stderr) == (
-        1, "Error: agent: contains ' '; allowed are letters, digits and . _ : -\n")
+    assert bad.exit_code == 2
+    assert last_error(bad.stderr) == bad_value(
+        "--agent", "contains ' '; allowed are letters, digits and . _ : -")
     missing = run(["mcp", "--agent", "planner"], tmp_path / "none.db")
     assert missing.exit_code == 1 and missing.stderr.startswith("Error: no bus database at ")
 

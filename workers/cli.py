@@ -24,6 +24,7 @@ from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
 from bus.cli.context import BusGroup
 from bus.cli.context import json_option
+from bus.cli.flags import pass_context_of
 from bus.cli.layout import add_db_after_command
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
@@ -45,7 +46,7 @@ class WorkerContext(BusContext):
         return Workers(self.open(create=create))
 
 
-pass_workers = click.make_pass_decorator(WorkerContext)
+pass_workers = pass_context_of(WorkerContext)
 
 
 @click.group(cls=BusGroup, context_settings={"help_option_names": ["-h", "--help"]})
