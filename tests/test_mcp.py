@@ -128,6 +128,21 @@ def test_mcp_log_tools_act_as_the_agent(bus: Bus, db_path: Path):
     assert rows(bus, "SELECT count(*) FROM task_claims") == [(0,)]
 
 
+def test_mcp_heartbeat_without_task_keeps_it_and_empty_task_clears_it(bus: Bus, db_path: Path):
+    async def scenario():
+        async with connected(db_path, "planner") as client:
+            await call(client, "heartbeat", status="working", task="t1", progress=0.5)
+            await call(client, "heartbeat", status="blocked")
+            kept = rows(bus, "SELECT status, current_task, progress FROM heartbeats")
+            await call(client, "heartbeat", status="idle", task="")
+            return kept
+
+    kept = asyncio.run(scenario())
+    assert kept == [("blocked", "t1", 0.5)]
+    assert rows(bus, "SELECT status, current_task, progress FROM heartbeats") == [
+        ("idle", None, None)]
+
+
 def test_mcp_invalid_arguments_are_tool_errors_that_change_nothing(bus: Bus, db_path: Path):
     bus.publish("boss", "hello", to="planner")
     before = snapshot(bus)
