@@ -114,9 +114,10 @@ def check_before_open(path: Path) -> bool:
     newer, garbage, truncated or damaged) before anything is created. A
     verdict is trusted only if the file did not change during the read (a
     writer that came and went meanwhile): otherwise the real open judges.
-    With a -wal file there, it returns False and the real connection checks.
+    With a -wal (or a rollback -journal) file there, it returns False and the
+    real connection checks.
     """
-    if Path(f"{path}-wal").exists():
+    if _being_written(path):
         return False
     before = _file_state(path)
     try:
@@ -131,7 +132,7 @@ def check_before_open(path: Path) -> bool:
         conn.close()
     if problem is None:
         return True
-    if _file_state(path) != before or Path(f"{path}-wal").exists():
+    if _file_state(path) != before or _being_written(path):
         return False
     if isinstance(problem, DatabaseCorrupt):
         integrity.mark_corrupt(str(path.absolute()), problem.detail)
@@ -147,6 +148,11 @@ def _problem_before_open(conn: apsw.Connection, path: Path) -> BusError | None:
     except apsw.CorruptError as exc:
         return DatabaseCorrupt(str(path), str(exc))
     return None if problem is None else DatabaseCorrupt(str(path), problem)
+
+
+def _being_written(path: Path) -> bool:
+    """Whether a writer may be at work: a -wal file, or a rollback -journal mid-transaction."""
+    return Path(f"{path}-wal").exists() or Path(f"{path}-journal").exists()
 
 
 def _file_state(path: Path) -> tuple[int, int, int]:
