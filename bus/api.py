@@ -389,6 +389,12 @@ class Bus(TaskClaims):
         """Record that `agent` is alive; return the beat's time (epoch ms).
 
         `status` is idle, working or blocked; `progress` a fraction from 0 to 1.
+        The beat replaces the agent's task and progress: None clears them, and
+        `bus.heartbeats.KEEP` keeps what the last beat said (a kept progress is
+        cleared when the task changes), as `bus heartbeat` does without --task:
+
+            bus.heartbeat("worker-1", "working", task=KEEP, progress=KEEP)
+
         For beats that go on while the agent blocks, use `Heartbeat`.
         """
         fields = heartbeats.validate_beat(agent, status, task, progress)
@@ -455,12 +461,27 @@ class Bus(TaskClaims):
             recorded = self.conn.execute("SELECT path FROM export_state WHERE id = 1").get
         return Path(recorded) if recorded else Path(self.path).absolute().parent / "bus.jsonl"
 
+    def export_partition_by(self) -> str | None:
+        """How the export at `export_path()` is partitioned: "date" or None (one file).
+
+        A partitioned export is a directory and a single one a file, from its
+        first run on (JsonlExporter refuses the other), so the path says it.
+        """
+        return "date" if self.export_path().is_dir() else None
+
     def exporter(self, path: str | os.PathLike[str] | None = None,
                  partition_by: str | None = None) -> JsonlExporter:
-        """A JsonlExporter for `path` (default: `export_path()`), not yet opened."""
+        """A JsonlExporter for `path`, not yet opened.
+
+        Without `path` it continues the export where it went before
+        (`export_path()`), partitioned as it was (`export_partition_by()`)
+        unless `partition_by` says.
+        """
         refuse_write(self.conn)  # it records its position in the bus: say so before any file
-        return JsonlExporter(self.conn, path if path is not None else self.export_path(),
-                             partition_by)
+        if path is None:
+            path = self.export_path()
+            partition_by = partition_by or self.export_partition_by()
+        return JsonlExporter(self.conn, path, partition_by)
 
     def export_jsonl(self, path: str | os.PathLike[str] | None = None,
                      partition_by: str | None = None) -> int:
@@ -545,13 +566,13 @@ def _check_cursor_move(conn: apsw.Connection, agent: str, target: int, force: bo
     if not cursors.exists(conn, agent):
         if not (create or heartbeats.has_beaten(conn, agent)):
             raise UnknownConsumer(agent, cursors.known(conn),
-                                  "pass create=True (--create) to start a new consumer")
+                                  "pass create=True to start a new consumer")
         return
     current = cursors.position(conn, agent)
     if target < current and not force:
         raise ValidationFailed("seq", f"{target} is behind {agent}'s cursor at {current}, which"
                                       " would hand it those messages again; pass force=True"
-                                      " (--force) to replay them")
+                                      " to replay them")
 
 
 def _validate_grace(grace_seconds: object) -> None:

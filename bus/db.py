@@ -10,6 +10,7 @@ taking the write lock up front lets the busy handler do its job instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import urllib.parse
@@ -26,10 +27,12 @@ from bus.errors import BusReadOnly
 from bus.errors import DatabaseCorrupt
 from bus.errors import DiskFull
 from bus.errors import NotABusDatabase
+from bus.errors import SchemaTooNew
 from bus.errors import UnsupportedFilesystem
 from bus.errors import ValidationFailed
 from bus.files import os_error
 from bus.files import translate_os_errors
+from bus.migration_files import supported_version
 
 APPLICATION_ID = 0x61627573  # "abus": marks a SQLite file as an agentbus database
 BUSY_TIMEOUT_MS = 5000
@@ -80,6 +83,7 @@ def connect(
     if (readonly or not create) and not _has_content(path):
         raise BusNotFound(str(path))
     check_file_header(path)
+    checked = _has_content(path) and check_before_open(path)
     readonly = readonly or not _prepare_writable(path)
     with translate_errors(path=str(path)):
         conn = _open_read_only(path) if readonly else apsw.Connection(str(path), flags=_READ_WRITE)
@@ -90,11 +94,74 @@ def connect(
                 connection_read_only(conn)
             else:
                 connection_apply_pragmas(conn, synchronous)
-                integrity.connection_check_at_open(conn, path)
+                integrity.refuse_if_marked(conn.filename)
+                if not checked:
+                    integrity.connection_check_at_open(conn, path)
         except BaseException:
             conn.close()
             raise
     return conn
+
+
+def check_before_open(path: Path) -> bool:
+    """Judge an existing file before SQLite opens it for real; True when it was checked whole.
+
+    A read-only connection to a WAL file creates its -wal and -shm files and
+    cannot remove them when it closes, so a file refused after such an open
+    would be left with two new files beside it. While no -wal file exists
+    nobody is writing, so the file is read `immutable` (no locks, no files
+    made: https://sqlite.org/uri.html#uriimmutable) and refused (foreign,
+    newer, garbage, truncated or damaged) before anything is created. A
+    verdict is trusted only if the file did not change during the read (a
+    writer that came and went meanwhile): otherwise the real open judges.
+    With a -wal (or a rollback -journal) file there, it returns False and the
+    real connection checks.
+    """
+    if _being_written(path):
+        return False
+    before = _file_state(path)
+    try:
+        conn = apsw.Connection(_immutable_uri(path), flags=_READ_IMMUTABLE)
+    except apsw.Error:
+        return False  # the real open says what is wrong
+    try:
+        problem = _problem_before_open(conn, path)
+    except apsw.Error:
+        return False  # an I/O error, say: the real open reports it with its name
+    finally:
+        conn.close()
+    if problem is None:
+        return True
+    if _file_state(path) != before or _being_written(path):
+        return False
+    if isinstance(problem, DatabaseCorrupt):
+        integrity.mark_corrupt(str(path.absolute()), problem.detail)
+    raise problem
+
+
+def _problem_before_open(conn: apsw.Connection, path: Path) -> BusError | None:
+    try:
+        connection_check_identity(conn, path, mark=False)
+        problem = integrity.problem_at_open(conn, path)
+    except (NotABusDatabase, SchemaTooNew) as exc:
+        return exc
+    except apsw.CorruptError as exc:
+        return DatabaseCorrupt(str(path), str(exc))
+    return None if problem is None else DatabaseCorrupt(str(path), problem)
+
+
+def _being_written(path: Path) -> bool:
+    """Whether a writer may be at work: a -wal file, or a rollback -journal mid-transaction."""
+    return Path(f"{path}-wal").exists() or Path(f"{path}-journal").exists()
+
+
+def _file_state(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _immutable_uri(path: Path) -> str:
+    return f"file:{urllib.parse.quote(str(path.absolute()))}?immutable=1"
 
 
 def _prepare_writable(path: Path) -> bool:
@@ -151,14 +218,16 @@ def _open_read_only(path: Path) -> apsw.Connection:
         return conn
     except (apsw.ReadOnlyError, apsw.CantOpenError):
         conn.close()
+    except apsw.NotADBError as exc:
+        conn.close()
+        raise NotABusDatabase(str(path), f"not a readable SQLite database ({exc})") from None
     except BaseException:
         conn.close()
         raise
     if Path(f"{path}-wal").exists():
         raise BusReadOnly(str(path), "a writer is using the file and this user cannot open its"
                                      " -shm file to read beside it")
-    uri = f"file:{urllib.parse.quote(str(path.absolute()))}?immutable=1"
-    return apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+    return apsw.Connection(_immutable_uri(path), flags=_READ_IMMUTABLE)
 
 
 def synchronous_for(durability: str) -> str:
@@ -266,14 +335,21 @@ def _authorize_reads(action: int, arg1: str | None, arg2: str | None,
     return apsw.SQLITE_DENY
 
 
-def connection_check_identity(conn: apsw.Connection, path: Path) -> None:
-    """Refuse a SQLite file that another application owns, before changing it."""
+def connection_check_identity(conn: apsw.Connection, path: Path, *, mark: bool = True) -> None:
+    """Refuse a SQLite file that another application owns, or that a newer agentbus
+    migrated (SchemaTooNew), before changing it.
+
+    With `mark` false a CorruptError is raised as is (the caller decides
+    whether the file is to be marked corrupt).
+    """
     try:
-        with translate_errors(conn):
-            app_id, _version, object_count = conn.execute(_IDENTITY_SQL).fetchone()
+        with translate_errors(conn) if mark else _NO_TRANSLATION:
+            app_id, version, object_count = conn.execute(_IDENTITY_SQL).fetchone()
     except apsw.NotADBError as exc:  # (a CorruptError is DatabaseCorrupt by now)
         raise NotABusDatabase(str(path), f"not a readable SQLite database ({exc})") from None
     if app_id == APPLICATION_ID:
+        if version > supported_version():
+            raise SchemaTooNew(version, supported_version(), str(path))
         return
     if app_id != 0:
         raise NotABusDatabase(
@@ -470,5 +546,7 @@ def _has_content(path: Path) -> bool:
         raise NotABusDatabase(str(path), "under a path that is a file, not a directory") from None
 
 
+_NO_TRANSLATION = contextlib.nullcontext()
+_READ_IMMUTABLE = apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI
 _READ_WRITE = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
 _PROBE_SQL = "SELECT count(*) FROM sqlite_schema"

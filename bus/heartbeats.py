@@ -18,6 +18,7 @@ from typing import Callable
 import apsw
 
 from bus.db import connect
+from bus.db import refuse_write
 from bus.db import write_transaction
 from bus.errors import BusError
 from bus.errors import ValidationFailed
@@ -37,6 +38,19 @@ STATES = ("alive", "warn", "stale", "dead")  # in order of increasing silence
 LIVENESS_STATES = (*STATES, STOPPED)
 _ORDER = (STOPPED, *STATES)  # how `liveness` sorts: stopped agents last
 TASK_MAX = 256
+
+
+class _Keep:
+    """The type of KEEP: a beat's task or progress left as the agent's last beat had it."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+# Pass as `task` or `progress` of a beat to keep the agent's current value
+# (None clears it). A kept progress belongs to a task: a beat that changes the
+# task and keeps the progress clears it.
+KEEP: Any = _Keep()
 _BEAT_SQL = (
     "INSERT INTO heartbeats (agent_id, ts_ms, status, current_task, progress)"
     " VALUES (?, ?, ?, ?, ?)"
@@ -44,7 +58,7 @@ _BEAT_SQL = (
     " current_task = excluded.current_task, progress = excluded.progress"
 )
 _LIST_SQL = "SELECT agent_id, ts_ms, status, current_task, progress FROM heartbeats"
-_LAST_SQL = "SELECT status, progress FROM heartbeats WHERE agent_id = ?"
+_LAST_SQL = "SELECT status, current_task, progress FROM heartbeats WHERE agent_id = ?"
 _FORGET_SQL = "DELETE FROM heartbeats WHERE agent_id = ? RETURNING agent_id"
 _HAS_BEATEN_SQL = "SELECT 1 FROM heartbeats WHERE agent_id = ?"
 
@@ -128,8 +142,9 @@ def validate_beat(agent: object, status: object, task: object,
     agent = validate_agent_id(agent)
     if status not in STATUSES:
         raise ValidationFailed("status", f"{status!r} is not one of: {', '.join(STATUSES)}")
-    task = validate_text(task, "task", TASK_MAX, optional=True)
-    if progress is not None:
+    if task is not KEEP:
+        task = validate_text(task, "task", TASK_MAX, optional=True)
+    if progress is not None and progress is not KEEP:
         if isinstance(progress, bool) or not isinstance(progress, (int, float)) \
                 or not math.isfinite(progress) or not 0 <= progress <= 1:
             raise ValidationFailed(
@@ -149,6 +164,7 @@ def beat(conn: apsw.Connection, agent: str, status: str, task: str | None,
     with write_transaction(conn):
         ts = now_ms() if now is None else now
         last = conn.execute(_LAST_SQL, (agent,)).fetchone()
+        task, progress = _kept(last, task, progress)
         conn.execute(_BEAT_SQL, (agent, ts, status, task, progress))
         for type_, payload in _changes(last, status, task, progress):
             row = prepare_row(agent, type_, payload, correlation_id=task)
@@ -156,10 +172,20 @@ def beat(conn: apsw.Connection, agent: str, status: str, task: str | None,
     return ts
 
 
+def _kept(last: tuple | None, task: Any, progress: Any) -> tuple[str | None, float | None]:
+    """A beat's task and progress with KEEP replaced by the last beat's values."""
+    _status, last_task, last_progress = last if last is not None else (None, None, None)
+    if task is KEEP:
+        task = last_task
+    if progress is KEEP:
+        progress = last_progress if task == last_task else None
+    return task, progress
+
+
 def _changes(last: tuple | None, status: str, task: str | None,
              progress: float | None) -> list[tuple[str, dict[str, Any]]]:
     """The announcements a beat owes: what changed since the agent's previous beat."""
-    last_status, last_progress = last if last is not None else (None, None)
+    last_status, _task, last_progress = last if last is not None else (None, None, None)
     found = []
     if progress is not None and progress != last_progress:
         found.append(("task_progress", {"task": task, "progress": progress}))
@@ -244,6 +270,11 @@ class Heartbeat:
         if self._thread is not None:
             raise BusError("this Heartbeat is already started")
         conn = connect(self.db_path, create=False)  # fail here, in the caller, not in the thread
+        try:
+            refuse_write(conn)  # a read-only bus takes no beats: say so now, not in a log
+        except BaseException:
+            conn.close()
+            raise
         self._thread = threading.Thread(target=self._run, args=(conn,), daemon=True,
                                         name=f"heartbeat-{self._fields[0]}")
         self._thread.start()

@@ -63,14 +63,26 @@ def connection_check_at_open(conn: apsw.Connection, path: Path) -> None:
     """The cheap checks before a writable connection is handed out; raise DatabaseCorrupt."""
     name = conn.filename
     refuse_if_marked(name)
+    problem = problem_at_open(conn, path)
+    if problem is not None:
+        _refuse(name, problem)
+
+
+def problem_at_open(conn: apsw.Connection, path: Path) -> str | None:
+    """What the cheap checks at open find wrong (None when nothing); marks nothing.
+
+    The file must be a whole number of pages, and quick_check must pass on
+    files up to QUICK_CHECK_AT_OPEN_MAX bytes.
+    """
     size = path.stat().st_size
     page_size = conn.execute(_PAGE_SIZE_SQL).get
     if size % page_size:
-        _refuse(name, f"the file is {size} bytes, not a whole number of {page_size}-byte pages")
+        return f"the file is {size} bytes, not a whole number of {page_size}-byte pages"
     if size <= QUICK_CHECK_AT_OPEN_MAX:
         problems = connection_problems(conn, full=False, limit=1)
         if problems:
-            _refuse(name, problems[0])
+            return problems[0]
+    return None
 
 
 def connection_problems(conn: apsw.Connection, full: bool,

@@ -9,39 +9,24 @@ the file with plain SQL.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import apsw
 
+from bus import migration_files
 from bus.db import APPLICATION_ID
 from bus.db import write_transaction
 from bus.errors import SchemaTooNew
+from bus.migration_files import Migration
+from bus.migration_files import migrations_in
 
-_HERE = Path(__file__).resolve().parent
-# Installed from a wheel the files sit in bus/migrations; in a checkout
-# (editable install) they are in the top-level migrations/ directory.
-MIGRATIONS_DIR = next(
-    (d for d in (_HERE / "migrations", _HERE.parent / "migrations") if d.is_dir()),
-    _HERE.parent / "migrations",
-)
-_MIGRATION_NAME = re.compile(r"(\d{4})_(\w+)\.sql")
+MIGRATIONS_DIR = migration_files.MIGRATIONS_DIR  # tests point it at other files
 _VERSION_SQL = "PRAGMA user_version"
 _META_VERSION_SQL = (
     "INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
     " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
-
-
-@dataclass(frozen=True)
-class Migration:
-    version: int
-    name: str
-    path: Path
-
-    def sql(self) -> str:
-        return self.path.read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -53,17 +38,7 @@ class SchemaStatus:
 
 def available_migrations(directory: Path | None = None) -> tuple[Migration, ...]:
     """The migration files in version order; numbering must run 1, 2, 3, ..."""
-    directory = directory or MIGRATIONS_DIR
-    found = []
-    for path in directory.glob("*.sql"):
-        match = _MIGRATION_NAME.fullmatch(path.name)
-        if match:
-            found.append(Migration(int(match.group(1)), match.group(2), path))
-    found.sort(key=lambda m: m.version)
-    versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migrations in {directory} are not numbered 1..n: {versions}")
-    return tuple(found)
+    return migrations_in(directory or MIGRATIONS_DIR)
 
 
 def current_version(conn: apsw.Connection) -> int:

@@ -31,3 +31,13 @@ def iso(ts_ms: int) -> str:
     moment = datetime.fromtimestamp(ts_ms // 1000, tz=timezone.utc) + timedelta(
         milliseconds=ts_ms % 1000)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def bad_value(flag: str, reason: str) -> str:
+    """The error a refused option value ends stderr with (exit 2, after the usage lines)."""
+    return f"Error: Invalid value for '{flag}': {reason}\n"
+
+
+def last_error(stderr: str) -> str:
+    """stderr from its last `Error: ` on (a usage error prints the usage lines first)."""
+    return stderr[stderr.rindex("Error: "):]

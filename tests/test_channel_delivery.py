@@ -6,12 +6,14 @@ call receive or tick: no sleeping, and the same results after a reopen.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import orjson
 import pytest
 
 from bus import Bus
+from bus import schema
 from bus.channels.engine import Channels
 from bus.channels.engine import StoreLimits
 from bus.errors import StoreFull
@@ -297,6 +299,42 @@ def test_replay_delivers_a_dead_letter_again(ch: Channels, clock: ManualClock) -
     assert (got.seq, got.retry_count, got.status) == (seq, 0, "delivered")
     ch.acknowledge_message(got, "worker", "completed")
     assert ch.query_messages().messages[0].status == "acknowledged"
+
+
+def test_dead_letter_ids_are_never_reused(ch: Channels, clock: ManualClock) -> None:
+    """Replaying or discarding the newest dead letter does not free its id for the next."""
+    make_pair(ch, ack_timeout=0.5, max_retries=0)
+    first = bury_one(ch, clock, "first")
+    ch.replay_dead_letter(first)
+    received_at(ch, clock, clock.now - T0)
+    clock.now += 500
+    assert ch.tick().dead_lettered == 1  # the replayed delivery, dead again
+    [again] = ch.dead_letters()
+    ch.discard_dead_letter(again.id)
+    third = bury_one(ch, clock, "third")
+    assert (first, again.id, third) == (1, 2, 3)
+    assert [(d.id, d.message.content) for d in ch.dead_letters()] == [(3, "third")]
+
+
+def test_migration_11_keeps_dead_letters_and_their_ids_are_not_reused_after(
+        db_path: Path, tmp_path: Path, clock: ManualClock, monkeypatch) -> None:
+    """A bus made before migration 11 keeps its dead letters; afterwards ids are not reused."""
+    old = tmp_path / "migrations-v10"
+    old.mkdir()
+    for migration in schema.available_migrations()[:10]:
+        shutil.copy(migration.path, old / migration.path.name)
+    monkeypatch.setattr(schema, "MIGRATIONS_DIR", old)
+    with Bus.open(db_path) as bus:
+        ch = Channels(bus, clock=clock)
+        make_pair(ch, ack_timeout=0.5, max_retries=0)
+        assert [bury_one(ch, clock, "a"), bury_one(ch, clock, "b")] == [1, 2]
+    monkeypatch.undo()
+    with Bus.open(db_path) as bus:
+        assert bus.schema_version() == 11
+        ch = Channels(bus, clock=clock)
+        assert [(d.id, d.message.content) for d in ch.dead_letters()] == [(1, "a"), (2, "b")]
+        ch.discard_dead_letter(2)
+        assert bury_one(ch, clock, "c") == 3
 
 
 def test_replay_refuses_a_closed_channel_or_a_departed_recipient(ch: Channels,

@@ -25,8 +25,10 @@ from bus.db import APPLICATION_ID
 from bus.db import connect
 from tests.conftest import LATEST_VERSION
 from tests.conftest import MIGRATION_NAMES
+from tests.cli_helpers import bad_value
 from tests.cli_helpers import iso
 from tests.cli_helpers import json_lines
+from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 
 MESSAGE_KEYS = ["seq", "id", "ts_ms", "ts", "from", "to", "type", "correlation_id",
@@ -416,11 +418,11 @@ def test_publish_missing_payload_file_is_usage_error(bus: Bus, db_path: Path,
     ("x" * 129, "is 129 characters long; the limit is 128"),
     ("caf\u00e9", "contains '\u00e9'; allowed are letters, digits and . _ : -"),
 ])
-def test_publish_invalid_from_agent_exits_1(bus: Bus, db_path: Path, agent, reason) -> None:
+def test_publish_invalid_from_agent_exits_2(bus: Bus, db_path: Path, agent, reason) -> None:
     result = run(["publish", "--from", agent, "--type", "t"], db_path)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stdout == ""
-    assert result.stderr == f"Error: from_agent: {reason}\n"
+    assert last_error(result.stderr) == bad_value("--from", reason)
     assert bus.message_count() == 0
 
 
@@ -436,33 +438,34 @@ def test_publish_accepts_longest_agent_id(bus: Bus, db_path: Path) -> None:
     ("", "must not be empty"),
     ("w" * 129, "is 129 characters long; the limit is 128"),
 ])
-def test_publish_invalid_to_exits_1(bus: Bus, db_path: Path, to, reason) -> None:
+def test_publish_invalid_to_exits_2(bus: Bus, db_path: Path, to, reason) -> None:
     result = run(["publish", "--from", "a", "--to", to, "--type", "t"], db_path)
-    assert result.exit_code == 1
-    assert result.stderr == f"Error: to: {reason}\n"
+    assert result.exit_code == 2
+    assert last_error(result.stderr) == bad_value("--to", reason)
     assert bus.message_count() == 0
 
 
 @pytest.mark.parametrize("bad_id", ["xyz", "", "12345678-1234-1234-1234-12345678901g"])
-def test_publish_invalid_id_exits_1(bus: Bus, db_path: Path, bad_id) -> None:
+def test_publish_invalid_id_exits_2(bus: Bus, db_path: Path, bad_id) -> None:
     result = run(["publish", "--from", "a", "--type", "t", "--id", bad_id], db_path)
-    assert result.exit_code == 1
-    assert result.stderr == (f"Error: id: {bad_id!r} is not a UUID string like "
-                             "'00000000-0000-0000-0000-000000000000'\n")
+    assert result.exit_code == 2
+    assert last_error(result.stderr) == bad_value(
+        "--id", f"{bad_id!r} is not a UUID string like '00000000-0000-0000-0000-000000000000'")
     assert bus.message_count() == 0
 
 
-@pytest.mark.parametrize("options,reason", [
-    (["--type", ""], "type: must not be empty"),
-    (["--type", "t" * 129], "type: is 129 characters long; the limit is 128"),
-    (["--type", "t", "--correlation-id", ""], "correlation_id: must not be empty"),
-    (["--type", "t", "--in-reply-to", "r" * 257],
-     "in_reply_to: is 257 characters long; the limit is 256"),
+@pytest.mark.parametrize("options,flag,reason", [
+    (["--type", ""], "--type", "must not be empty"),
+    (["--type", "t" * 129], "--type", "is 129 characters long; the limit is 128"),
+    (["--type", "t", "--correlation-id", ""], "--correlation-id", "must not be empty"),
+    (["--type", "t", "--in-reply-to", "r" * 257], "--in-reply-to",
+     "is 257 characters long; the limit is 256"),
 ])
-def test_publish_invalid_text_fields_exit_1(bus: Bus, db_path: Path, options, reason) -> None:
+def test_publish_invalid_text_fields_exit_2(bus: Bus, db_path: Path, options, flag,
+                                            reason) -> None:
     result = run(["publish", "--from", "a", *options], db_path)
-    assert result.exit_code == 1
-    assert result.stderr == f"Error: {reason}\n"
+    assert result.exit_code == 2
+    assert last_error(result.stderr) == bad_value(flag, reason)
     assert bus.message_count() == 0
 
 
@@ -581,10 +584,11 @@ def test_poll_missing_agent_is_usage_error(bus: Bus, db_path: Path) -> None:
     assert "Missing option '--agent'" in result.stderr
 
 
-def test_poll_invalid_agent_exits_1(bus: Bus, db_path: Path) -> None:
+def test_poll_invalid_agent_exits_2(bus: Bus, db_path: Path) -> None:
     result = run(["poll", "--agent", "w 1"], db_path)
-    assert result.exit_code == 1
-    assert result.stderr == "Error: agent: contains ' '; allowed are letters, digits and . _ : -\n"
+    assert result.exit_code == 2
+    assert last_error(result.stderr) == bad_value(
+        "--agent", "contains ' '; allowed are letters, digits and . _ : -")
 
 
 def test_poll_nothing_waiting_says_so_on_stderr(bus: Bus, db_path: Path) -> None:
@@ -678,29 +682,31 @@ def test_ack_older_seq_keeps_position(bus: Bus, db_path: Path) -> None:
     assert bus.cursor("w1") == 3
 
 
-def test_ack_beyond_last_seq_exits_1(bus: Bus, db_path: Path) -> None:
+def test_ack_beyond_last_seq_exits_2(bus: Bus, db_path: Path) -> None:
     bus.publish("a", "one", to="w1")
     bus.publish("a", "two", to="w1")
     result = run(["ack", "--agent", "w1", "--seq", "9"], db_path)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stdout == ""
-    assert result.stderr == "Error: seq: no message has seq 9; the last seq is 2\n"
+    assert last_error(result.stderr) == bad_value("--seq",
+                                                  "no message has seq 9; the last seq is 2")
     assert bus.cursor("w1") == 0
     assert bus.list_cursors() == []
 
 
-def test_ack_on_empty_bus_exits_1(bus: Bus, db_path: Path) -> None:
+def test_ack_on_empty_bus_exits_2(bus: Bus, db_path: Path) -> None:
     result = run(["ack", "--agent", "w1", "--seq", "1"], db_path)
-    assert result.exit_code == 1
-    assert result.stderr == "Error: seq: no message has seq 1; the last seq is 0\n"
+    assert result.exit_code == 2
+    assert last_error(result.stderr) == bad_value("--seq",
+                                                  "no message has seq 1; the last seq is 0")
 
 
 @pytest.mark.parametrize("seq", ["0", "-1"])
-def test_ack_non_positive_seq_exits_1(bus: Bus, db_path: Path, seq: str) -> None:
+def test_ack_non_positive_seq_exits_2(bus: Bus, db_path: Path, seq: str) -> None:
     bus.publish("a", "one", to="w1")
     result = run(["ack", "--agent", "w1", "--seq", seq], db_path)
-    assert result.exit_code == 1
-    assert result.stderr == f"Error: seq: must be an integer >= 1, got {seq}\n"
+    assert result.exit_code == 2
+    assert last_error(result.stderr) == bad_value("--seq", f"must be an integer >= 1, got {seq}")
     assert bus.cursor("w1") == 0
 
 
@@ -716,11 +722,11 @@ def test_ack_bad_arguments_are_usage_errors(bus: Bus, db_path: Path, args, expec
     assert expected in result.stderr
 
 
-def test_ack_invalid_agent_exits_1(bus: Bus, db_path: Path) -> None:
+def test_ack_invalid_agent_exits_2(bus: Bus, db_path: Path) -> None:
     bus.publish("a", "one")
     result = run(["ack", "--agent", "", "--seq", "1"], db_path)
-    assert result.exit_code == 1
-    assert result.stderr == "Error: agent: must not be empty\n"
+    assert result.exit_code == 2
+    assert last_error(result.stderr) == bad_value("--agent", "must not be empty")
 
 
 def test_ack_then_poll_returns_only_newer(bus: Bus, db_path: Path) -> None:

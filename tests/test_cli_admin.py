@@ -13,7 +13,9 @@ import pytest
 
 from bus import Bus
 from bus.views.tables import NO_PURPOSE
+from tests.cli_helpers import bad_value
 from tests.cli_helpers import json_lines
+from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 from tests.conftest import LATEST_VERSION
 from tests.conftest import REPO_ROOT
@@ -142,9 +144,9 @@ def test_consumer_info(seeded: Bus, db_path: Path) -> None:
 
 def test_consumer_info_unknown_agent(seeded: Bus, db_path: Path) -> None:
     result = run(["consumer", "info", "w9"], db_path)
-    assert result.exit_code == 1
-    assert result.stderr == ("Error: agent: no consumer 'w9' (known: w1, w2); "
-                             "see `bus consumers`\n")
+    assert result.exit_code == 2
+    assert last_error(result.stderr) == bad_value(
+        "AGENT", "no consumer 'w9' (known: w1, w2); see `bus consumers`")
 
 
 # --- cursor set / delete --------------------------------------------------------
@@ -164,9 +166,9 @@ def test_cursor_set_forward_and_latest(seeded: Bus, db_path: Path) -> None:
 
 def test_cursor_set_refuses_an_unknown_agent_unless_create(seeded: Bus, db_path: Path) -> None:
     result = run(["cursor", "set", "w1typo", "2"], db_path)
-    assert result.exit_code == 1
-    assert result.stderr.startswith("Error: agent: no consumer 'w1typo' (known: w1, w2);")
-    assert "--create" in result.stderr
+    assert result.exit_code == 2
+    assert last_error(result.stderr) == bad_value(
+        "AGENT", "no consumer 'w1typo' (known: w1, w2); pass --create to start a new consumer")
     assert _cursors(seeded) == {"w1": 1, "w2": 3}
     assert run(["cursor", "set", "w3", "2", "--create"], db_path).exit_code == 0
     assert _cursors(seeded)["w3"] == 2
@@ -180,8 +182,10 @@ def test_cursor_set_accepts_an_agent_that_beats(seeded: Bus, db_path: Path) -> N
 
 def test_cursor_set_never_moves_backwards_without_force(seeded: Bus, db_path: Path) -> None:
     result = run(["cursor", "set", "w2", "1"], db_path)
-    assert result.exit_code == 1
-    assert "is behind w2's cursor at 3" in result.stderr and "--force" in result.stderr
+    assert result.exit_code == 2
+    assert last_error(result.stderr) == bad_value(
+        "[SEQ]", "1 is behind w2's cursor at 3, which would hand it those messages again;"
+                 " pass --force to replay them")
     assert _cursors(seeded)["w2"] == 3
     assert run(["cursor", "set", "w2", "1", "--force"], db_path).exit_code == 0
     assert _cursors(seeded)["w2"] == 1
@@ -189,7 +193,8 @@ def test_cursor_set_never_moves_backwards_without_force(seeded: Bus, db_path: Pa
 
 
 @pytest.mark.parametrize("args, code, message", [
-    (["cursor", "set", "w1", "9"], 1, "Error: seq: is 9; the last seq is 3\n"),
+    (["cursor", "set", "w1", "9"], 2,
+     "Error: Invalid value for '[SEQ]': is 9; the last seq is 3\n"),
     (["cursor", "set", "w1"], 2, "give SEQ or --latest"),
     (["cursor", "set", "w1", "2", "--latest"], 2, "give SEQ or --latest"),
     (["cursor", "set", "w1", "--", "-1"], 2, "-1 is not in the range x>=0"),
@@ -207,8 +212,9 @@ def test_cursor_delete(seeded: Bus, db_path: Path) -> None:
         "deleted w1's cursor (it was at seq 1)\n")
     assert _cursors(seeded) == {"w2": 3}
     again = run(["cursor", "delete", "w1"], db_path)
-    assert again.exit_code == 1
-    assert again.stderr.startswith("Error: agent: no consumer 'w1' (known: w2)")
+    assert again.exit_code == 2
+    assert last_error(again.stderr).startswith(
+        "Error: Invalid value for 'AGENT': no consumer 'w1' (known: w2)")
 
 
 # --- poll --from-latest ----------------------------------------------------------
@@ -286,5 +292,6 @@ def test_schema_of_one_table_and_of_all(bus: Bus, db_path: Path) -> None:
 
 def test_schema_unknown_table(bus: Bus, db_path: Path) -> None:
     result = run(["schema", "mesages"], db_path)
-    assert result.exit_code == 1
-    assert result.stderr.startswith("Error: table: no table 'mesages'; the tables are: ")
+    assert result.exit_code == 2
+    assert last_error(result.stderr).startswith(
+        "Error: Invalid value for '[TABLE]': no table 'mesages'; the tables are: ")

@@ -11,6 +11,7 @@ workflows run end to end; the threaded conversation also runs as real
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -22,8 +23,10 @@ from bus import Bus
 import bus.api
 from bus.channels.engine import Channels
 from bus.channels.engine import StoreLimits
+from tests.cli_helpers import bad_value
 from tests.cli_helpers import iso
 from tests.cli_helpers import json_lines
+from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 
 UUID_RE = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
@@ -44,9 +47,15 @@ def ok_json(args: list[str], db: Path, *, input: str | None = None) -> dict:
 
 
 def assert_error(args: list[str], db: Path, message: str, *, input: str | None = None) -> None:
-    """The command fails with exit 1 and exactly `Error: <message>` on stderr."""
+    """The command fails with exit 1 and exactly `Error: <message>` on stderr; a message
+    `--flag: reason` (or `ARGUMENT: reason`) is a refused value: exit 2 after the usage."""
     result = run(args, db, input=input)
-    assert (result.exit_code, result.stdout, result.stderr) == (1, "", f"Error: {message}\n")
+    flag, _, reason = message.partition(": ")
+    if re.fullmatch(r"--[a-z-]+|[A-Z_]+", flag):
+        assert (result.exit_code, result.stdout) == (2, ""), result.stderr
+        assert last_error(result.stderr) == bad_value(flag, reason)
+    else:
+        assert (result.exit_code, result.stdout, result.stderr) == (1, "", f"Error: {message}\n")
 
 
 def assert_usage_error(args: list[str], db: Path, fragment: str) -> None:
@@ -268,15 +277,15 @@ def test_channel_create_json_carries_every_setting(db: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--type", "bogus"], "type: 'bogus' is not one of direct, group, broadcast, pubsub"),
+    (["--type", "bogus"], "--type: 'bogus' is not one of direct, group, broadcast, pubsub"),
     (["--type", "group", "--delivery-mode", "twice"],
-     "delivery_mode: 'twice' is not one of at_most_once, at_least_once, exactly_once"),
+     "--delivery-mode: 'twice' is not one of at_most_once, at_least_once, exactly_once"),
     (["--type", "group", "--ack-timeout", "0"],
-     "ack_timeout: must be seconds between 0.001 and 604800, got 0.0"),
-    (["--type", "group", "--max-retries", "-1"], "max_retries: must be an integer >= 0, got -1"),
+     "--ack-timeout: must be seconds between 0.001 and 604800, got 0.0"),
+    (["--type", "group", "--max-retries", "-1"], "--max-retries: must be an integer >= 0, got -1"),
     (["--type", "group", "--max-message-size", "0"],
-     "max_message_size: must be an integer >= 1, got 0"),
-    (["--type", "group", "--max-pending", "0"], "max_pending: must be an integer >= 1, got 0"),
+     "--max-message-size: must be an integer >= 1, got 0"),
+    (["--type", "group", "--max-pending", "0"], "--max-pending: must be an integer >= 1, got 0"),
 ], ids=["type", "delivery-mode", "ack-timeout", "max-retries", "max-message-size", "max-pending"])
 def test_channel_create_bad_setting_is_error(db: Path, args: list[str], message: str) -> None:
     assert_error(["channel", "create", "c", "--owner", "o", *args], db, message)
@@ -285,7 +294,7 @@ def test_channel_create_bad_setting_is_error(db: Path, args: list[str], message:
 
 def test_channel_create_taken_name_is_error(direct: Path) -> None:
     assert_error(["channel", "create", "pe", "--type", "group", "--owner", "x"], direct,
-                 "name: a channel named 'pe' exists already; pick another name or use the"
+                 "NAME: a channel named 'pe' exists already; pick another name or use the"
                  " existing channel")
 
 
@@ -307,18 +316,18 @@ def test_channel_join_leave_human_and_json(group: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["join", "nope", "--agent", "a"], "channel: no channel named 'nope'; create it with"
+    (["join", "nope", "--agent", "a"], "NAME: no channel named 'nope'; create it with"
      " `bus channel create` or list them with `bus channel list`"),
     (["join", "talk", "--agent", "a", "--role", "boss"],
-     "role: 'boss' is not one of member, observer"),
+     "--role: 'boss' is not one of member, observer"),
     (["join", "talk", "--agent", "a", "--role", "owner"],
-     "role: a channel has one owner, set when it is created; join as member or observer"),
+     "--role: a channel has one owner, set when it is created; join as member or observer"),
     (["join", "talk", "--agent", "bad agent"],
-     "agent: contains ' '; allowed are letters, digits and . _ : -"),
+     "--agent: contains ' '; allowed are letters, digits and . _ : -"),
     (["leave", "talk", "--agent", "lead"],
-     "agent: lead owns channel 'talk' and cannot leave it; close the channel instead"),
+     "--agent: lead owns channel 'talk' and cannot leave it; close the channel instead"),
     (["subscribe", "talk", "--agent", "a", "--pattern", "x.#"],
-     "channel: channel 'talk' is a group channel; topic subscriptions need a pubsub channel"),
+     "NAME: channel 'talk' is a group channel; topic subscriptions need a pubsub channel"),
 ], ids=["unknown-channel", "bad-role", "owner-role", "bad-agent", "owner-leaves", "not-pubsub"])
 def test_channel_membership_errors(group: Path, args: list[str], message: str) -> None:
     assert_error(["channel", *args], group, message)
@@ -326,7 +335,7 @@ def test_channel_membership_errors(group: Path, args: list[str], message: str) -
 
 def test_channel_direct_takes_two_participants(direct: Path) -> None:
     assert_error(["channel", "join", "pe", "--agent", "third"], direct,
-                 "channel: direct channel 'pe' has its two participants already;"
+                 "NAME: direct channel 'pe' has its two participants already;"
                  " use a group channel for more")
 
 
@@ -393,7 +402,7 @@ def test_channel_show_json_has_participants_and_subscriptions(ci: Path) -> None:
 
 
 def test_channel_show_unknown_is_error(db: Path) -> None:
-    assert_error(["channel", "show", "nope"], db, "channel: no channel named 'nope'; create it"
+    assert_error(["channel", "show", "nope"], db, "NAME: no channel named 'nope'; create it"
                  " with `bus channel create` or list them with `bus channel list`")
 
 
@@ -402,7 +411,7 @@ def test_channel_pause_holds_sends_and_deliveries_until_resume(direct: Path) -> 
     ok(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "text", "--content", "a"], db)
     assert ok(["channel", "pause", "pe"], db).stdout == "channel pe is paused\n"
     assert_error(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "text", "--content",
-                  "b"], db, "channel: channel 'pe' is paused; it accepts messages only while"
+                  "b"], db, "--channel: channel 'pe' is paused; it accepts messages only while"
                             " active (bus channel resume pe)")
     assert ok(["channel", "receive", "--agent", "executor"], db).stdout == ""
     assert ok_json(["channel", "resume", "pe"], db) == {"channel": "pe", "state": "active"}
@@ -415,7 +424,7 @@ def test_channel_drain_delivers_but_refuses_new_sends(direct: Path) -> None:
     ok(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "text", "--content", "a"], db)
     assert ok(["channel", "drain", "pe"], db).stdout == "channel pe is draining\n"
     assert_error(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "text", "--content",
-                  "b"], db, "channel: channel 'pe' is draining; it accepts messages only while"
+                  "b"], db, "--channel: channel 'pe' is draining; it accepts messages only while"
                             " active (bus channel resume pe)")
     assert len(ok(["channel", "receive", "--agent", "executor"], db).stdout.splitlines()) == 1
 
@@ -426,14 +435,14 @@ def test_channel_close_is_final(direct: Path) -> None:
     assert_error(["channel", "resume", "pe"], db, "state: channel 'pe' is closed; a closed"
                  " channel cannot be reopened, create a new one")
     assert_error(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "text", "--content",
-                  "b"], db, "channel: channel 'pe' is closed; it accepts messages only while"
+                  "b"], db, "--channel: channel 'pe' is closed; it accepts messages only while"
                             " active")
-    assert_error(["channel", "join", "pe", "--agent", "x"], db, "channel: channel 'pe' is closed")
+    assert_error(["channel", "join", "pe", "--agent", "x"], db, "NAME: channel 'pe' is closed")
 
 
 def test_channel_state_of_unknown_channel_is_error(db: Path) -> None:
     for command in ("pause", "resume", "drain", "close"):
-        assert_error(["channel", command, "nope"], db, "channel: no channel named 'nope'; create"
+        assert_error(["channel", command, "nope"], db, "NAME: no channel named 'nope'; create"
                      " it with `bus channel create` or list them with `bus channel list`")
 
 
@@ -523,27 +532,27 @@ def test_send_query_timeout_expires_unanswered_query(group: Path) -> None:
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--channel", "nope", "--from", "planner", "--type", "text", "--content", "x"],
-     "channel: no channel named 'nope'; create it with `bus channel create` or list them with"
+     "--channel: no channel named 'nope'; create it with `bus channel create` or list them with"
      " `bus channel list`"),
     (["--channel", "pe", "--from", "stranger", "--type", "text", "--content", "x"],
-     "sender: stranger is not a participant of channel 'pe'; join it first"),
+     "--from: stranger is not a participant of channel 'pe'; join it first"),
     (["--channel", "pe", "--from", "planner", "--type", "memo", "--content", "x"],
-     "type: 'memo' is not one of text, command, query, response, acknowledgment, notification,"
+     "--type: 'memo' is not one of text, command, query, response, acknowledgment, notification,"
      " event"),
     (["--channel", "pe", "--from", "planner", "--type", "text", "--content", ""],
-     "content: must not be empty"),
+     "--content: must not be empty"),
     (["--channel", "pe", "--from", "planner", "--type", "text", "--content", "x",
       "--priority", "5"],
-     "priority: must be an integer 0-4 (0 lowest, 2 normal, 4 highest), got 5"),
+     "--priority: must be an integer 0-4 (0 lowest, 2 normal, 4 highest), got 5"),
     (["--channel", "pe", "--from", "planner", "--type", "response", "--content", "x"],
-     "correlation_id: a response needs the correlation_id of the query it answers"),
+     "--correlation-id: a response needs the correlation_id of the query it answers"),
     (["--channel", "pe", "--from", "planner", "--type", "response", "--correlation-id", "c9",
       "--content", "x"],
-     "correlation_id: no query with correlation_id 'c9' on channel 'pe'; every response must"
+     "--correlation-id: no query with correlation_id 'c9' on channel 'pe'; every response must"
      " answer one"),
     (["--channel", "pe", "--from", "planner", "--type", "acknowledgment", "--correlation-id",
       "c9", "--content", "x"],
-     "correlation_id: no command with correlation_id 'c9' on channel 'pe'; every acknowledgment"
+     "--correlation-id: no command with correlation_id 'c9' on channel 'pe'; every acknowledgment"
      " must answer one"),
 ], ids=["unknown-channel", "non-participant", "bad-type", "empty", "bad-priority",
         "response-without-correlation", "response-without-query", "ack-without-command"])
@@ -558,13 +567,13 @@ def test_send_oversized_content_is_error(db: Path) -> None:
     ok(["channel", "join", "small", "--agent", "b"], db)
     assert_error(["channel", "send", "--channel", "small", "--from", "a", "--type", "text", "--content",
                   "x" * 20], db,
-                 "content: Message content exceeds channel max_message_size (10 bytes)")
+                 "--content: Message content exceeds channel max_message_size (10 bytes)")
 
 
 def test_send_pubsub_without_topic_is_error(ci: Path) -> None:
     assert_error(["channel", "send", "--channel", "ci", "--from", "ci-agent", "--type", "event",
                   "--content", "x"], ci,
-                 "topic: channel 'ci' is pubsub: a message needs a topic like"
+                 "--topic: channel 'ci' is pubsub: a message needs a topic like"
                  " build.frontend.success")
 
 
@@ -572,7 +581,7 @@ def test_send_broadcast_only_from_owner(db: Path) -> None:
     ok(["channel", "create", "news", "--type", "broadcast", "--owner", "anchor"], db)
     ok(["channel", "join", "news", "--agent", "viewer"], db)
     assert_error(["channel", "send", "--channel", "news", "--from", "viewer", "--type", "text", "--content",
-                  "x"], db, "sender: only the owner (anchor) sends on broadcast channel 'news'")
+                  "x"], db, "--from: only the owner (anchor) sends on broadcast channel 'news'")
     ok(["channel", "send", "--channel", "news", "--from", "anchor", "--type", "text", "--content", "x"], db)
     assert len(ok(["channel", "receive", "--agent", "viewer"], db).stdout.splitlines()) == 1
 
@@ -580,7 +589,7 @@ def test_send_broadcast_only_from_owner(db: Path) -> None:
 def test_send_observer_cannot_send(group: Path) -> None:
     ok(["channel", "join", "talk", "--agent", "bot", "--role", "observer"], group)
     assert_error(["channel", "send", "--channel", "talk", "--from", "bot", "--type", "text", "--content",
-                  "x"], group, "sender: bot observes channel 'talk' and cannot send; join it as"
+                  "x"], group, "--from: bot observes channel 'talk' and cannot send; join it as"
                                " a member")
 
 
@@ -655,18 +664,18 @@ def test_receive_priority_ordering_channel_gives_urgent_first(db: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--channel", "nope"], "channel: no channel named 'nope'; create it with"
+    (["--channel", "nope"], "--channel: no channel named 'nope'; create it with"
      " `bus channel create` or list them with `bus channel list`"),
-    (["--type", "memo"], "filter.types: 'memo' is not one of text, command, query, response,"
+    (["--type", "memo"], "--type: 'memo' is not one of text, command, query, response,"
      " acknowledgment, notification, event"),
-    (["--status", "lost"], "filter.status: 'lost' is not one of sent, delivered, acknowledged,"
+    (["--status", "lost"], "--status: 'lost' is not one of sent, delivered, acknowledged,"
      " failed, dead_letter, expired"),
-    (["--sort-by", "size"], "filter.sort_by: 'size' is not one of created_at, priority, sender,"
+    (["--sort-by", "size"], "--sort-by: 'size' is not one of created_at, priority, sender,"
      " type, topic"),
-    (["--sort-order", "up"], "filter.sort_order: 'up' is not asc or desc"),
-    (["--limit", "0"], "filter.limit: must be 1-10000, got 0"),
-    (["--offset", "-1"], "filter.offset: must be >= 0, got -1"),
-    (["--content-pattern", "("], "filter.content_pattern: is not a valid regular expression:"
+    (["--sort-order", "up"], "--sort-order: 'up' is not asc or desc"),
+    (["--limit", "0"], "--limit: must be 1-10000, got 0"),
+    (["--offset", "-1"], "--offset: must be >= 0, got -1"),
+    (["--content-pattern", "("], "--content-pattern: is not a valid regular expression:"
      " missing ), unterminated subpattern at position 0"),
 ], ids=["unknown-channel", "type", "status", "sort-by", "sort-order", "limit", "offset", "regex"])
 def test_receive_and_query_filter_errors(group: Path, args: list[str], message: str) -> None:
@@ -689,17 +698,17 @@ def test_acknowledge_errors(direct: Path) -> None:
     db = direct
     ok(["channel", "send", "--channel", "pe", "--from", "planner", "--type", "command", "--content", "x"], db)
     ack = ["channel", "acknowledge", "--agent", "executor", "--seq", "1", "--status"]
-    assert_error([*ack, "completed"], db, "message: message 1 has not been received by executor"
+    assert_error([*ack, "completed"], db, "--seq: message 1 has not been received by executor"
                  " yet; receive it before acknowledging it")
     assert_error(["channel", "acknowledge", "--agent", "executor", "--seq", "9", "--status", "completed"],
-                 db, "message: message 9 has no delivery to executor; ack only messages you"
+                 db, "--seq: message 9 has no delivery to executor; ack only messages you"
                      " received")
     ok(["channel", "receive", "--agent", "executor"], db)
     assert_error([*ack, "done"], db,
-                 "status: 'done' is not one of received, in_progress, completed, failed")
+                 "--status: 'done' is not one of received, in_progress, completed, failed")
     assert ok([*ack, "failed", "--note", "disk full"], db).stdout == (
         "executor acknowledged seq 1: failed\n")
-    assert_error([*ack, "completed"], db, "status: message 1 to executor is already failed;"
+    assert_error([*ack, "completed"], db, "--status: message 1 to executor is already failed;"
                  " a final status cannot change")
     assert ok(["channel", "deliveries", "--seq", "1", "--json"], db).stdout.count('"note":"disk full"') == 1
     assert_usage_error(["channel", "acknowledge", "--agent", "executor", "--seq", "one", "--status",
@@ -710,7 +719,7 @@ def test_deliveries_of_message_without_recipients(db: Path) -> None:
     ok(["channel", "create", "solo", "--type", "group", "--owner", "a"], db)
     ok(["channel", "send", "--channel", "solo", "--from", "a", "--type", "text", "--content", "x"], db)
     assert ok(["channel", "deliveries", "--seq", "1"], db).stdout == "message 1 has no deliveries\n"
-    assert_error(["channel", "deliveries", "--seq", "0"], db, "message: must be an integer >= 1, got 0")
+    assert_error(["channel", "deliveries", "--seq", "0"], db, "--seq: must be an integer >= 1, got 0")
 
 
 # --- bus channel query / thread ---------------------------------------------------------------
@@ -750,7 +759,7 @@ def test_thread_unknown_correlation_id_prints_nothing(db: Path) -> None:
     result = ok(["channel", "thread", "nope"], db)
     assert (result.stdout, result.stderr) == ("", "no messages with correlation id nope\n")
     assert ok(["channel", "thread", "nope", "--json"], db).stdout == ""
-    assert_error(["channel", "thread", ""], db, "correlation_id: must be a non-empty string")
+    assert_error(["channel", "thread", ""], db, "CORRELATION_ID: must be a non-empty string")
 
 
 # --- bus dlq --------------------------------------------------------------------
@@ -810,7 +819,7 @@ def test_dlq_replay_json_and_discard(db: Path, dead: dict) -> None:
     assert ok_json(["dlq", "discard", "1"], db) == {"id": 1, "discarded": True}
     assert ok(["dlq", "list", "--json"], db).stdout == ""
     assert_error(["dlq", "replay", "1"], db,
-                 "id: no dead letter with id 1; list them with `bus dlq list`")
+                 "ID: no dead letter with id 1; list them with `bus dlq list`")
 
 
 def test_dlq_replay_refused_on_paused_channel(db: Path, dead: dict) -> None:
@@ -829,12 +838,12 @@ def test_dlq_purge_older_than(db: Path, dead: dict) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["show", "7"], "id: no dead letter with id 7; list them with `bus dlq list`"),
-    (["replay", "7"], "id: no dead letter with id 7; list them with `bus dlq list`"),
-    (["discard", "7"], "id: no dead letter with id 7; list them with `bus dlq list`"),
-    (["show", "0"], "id: must be an integer >= 1, got 0"),
-    (["list", "--limit", "0"], "limit: must be an integer >= 1, got 0"),
-    (["purge", "--older-than", "-1"], "older_than: must be seconds >= 0, got -1.0"),
+    (["show", "7"], "ID: no dead letter with id 7; list them with `bus dlq list`"),
+    (["replay", "7"], "ID: no dead letter with id 7; list them with `bus dlq list`"),
+    (["discard", "7"], "ID: no dead letter with id 7; list them with `bus dlq list`"),
+    (["show", "0"], "ID: must be an integer >= 1, got 0"),
+    (["list", "--limit", "0"], "--limit: must be an integer >= 1, got 0"),
+    (["purge", "--older-than", "-1"], "--older-than: must be seconds >= 0, got -1.0"),
 ], ids=["show", "replay", "discard", "zero-id", "limit", "purge-negative"])
 def test_dlq_errors(db: Path, args: list[str], message: str) -> None:
     assert_error(["dlq", *args], db, message)

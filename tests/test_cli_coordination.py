@@ -26,9 +26,12 @@ import orjson
 import pytest
 
 from bus import Bus
+from bus.heartbeats import KEEP
 from bus.messages import now_ms
+from tests.cli_helpers import bad_value
 from tests.cli_helpers import iso
 from tests.cli_helpers import json_lines
+from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 
 DAY_MS = 86_400_000
@@ -143,8 +146,41 @@ def test_heartbeat_again_replaces_the_agents_row(bus: Bus, db_path: Path) -> Non
     assert result.exit_code == 0
     assert bus.conn.execute("SELECT count(*) FROM heartbeats").get == 1
     ts, status, task, progress = heartbeat_row(bus, "w1")
-    assert (status, task, progress) == ("blocked", None, None)
+    assert (status, task, progress) == ("blocked", "t1", None)
     assert result.stdout == f"heartbeat for w1 at {iso(ts)} (blocked)\n"
+
+
+def test_heartbeat_without_task_keeps_the_task_and_progress(bus: Bus, db_path: Path) -> None:
+    run(["heartbeat", "--agent", "w1", "--status", "working", "--task", "t1", "--progress",
+         "0.5"], db_path)
+    result = run(["heartbeat", "--agent", "w1", "--status", "working", "--json"], db_path)
+    assert heartbeat_row(bus, "w1")[1:] == ("working", "t1", 0.5)
+    assert json.loads(result.stdout)["task"] == "t1"
+    assert json.loads(result.stdout)["progress"] == 0.5
+    run(["heartbeat", "--agent", "w1", "--status", "working", "--progress", "0.75"], db_path)
+    assert heartbeat_row(bus, "w1")[1:] == ("working", "t1", 0.75)
+
+
+def test_heartbeat_with_an_empty_task_clears_task_and_progress(bus: Bus, db_path: Path) -> None:
+    run(["heartbeat", "--agent", "w1", "--task", "t1", "--progress", "0.5"], db_path)
+    assert run(["heartbeat", "--agent", "w1", "--task", ""], db_path).exit_code == 0
+    assert heartbeat_row(bus, "w1")[1:] == ("idle", None, None)
+
+
+def test_heartbeat_with_a_new_task_starts_its_progress_afresh(bus: Bus, db_path: Path) -> None:
+    run(["heartbeat", "--agent", "w1", "--task", "t1", "--progress", "0.5"], db_path)
+    run(["heartbeat", "--agent", "w1", "--task", "t1"], db_path)
+    assert heartbeat_row(bus, "w1")[2:] == ("t1", 0.5)
+    run(["heartbeat", "--agent", "w1", "--task", "t2"], db_path)
+    assert heartbeat_row(bus, "w1")[2:] == ("t2", None)
+
+
+def test_heartbeat_python_api_none_clears_and_keep_keeps(bus: Bus) -> None:
+    bus.heartbeat("w1", "working", "t1", 0.5)
+    bus.heartbeat("w1", "working", KEEP, KEEP)
+    assert heartbeat_row(bus, "w1")[2:] == ("t1", 0.5)
+    bus.heartbeat("w1", "working")
+    assert heartbeat_row(bus, "w1")[2:] == (None, None)
 
 
 def test_heartbeat_unknown_status_is_usage_error(bus: Bus, db_path: Path) -> None:
@@ -157,13 +193,13 @@ def test_heartbeat_unknown_status_is_usage_error(bus: Bus, db_path: Path) -> Non
 
 @pytest.mark.parametrize("value, shown", [("50", "50.0"), ("-0.1", "-0.1"), ("1.5", "1.5"),
                                           ("nan", "nan")])
-def test_heartbeat_progress_outside_0_1_exits_1(bus: Bus, db_path: Path, value: str,
+def test_heartbeat_progress_outside_0_1_exits_2(bus: Bus, db_path: Path, value: str,
                                                 shown: str) -> None:
     result = run(["heartbeat", "--agent", "w1", "--progress", value], db_path)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stdout == ""
-    assert result.stderr == (f"Error: progress: is a fraction from 0 to 1, got {shown}"
-                             f" (50% is 0.5)\n")
+    assert last_error(result.stderr) == bad_value(
+        "--progress", f"is a fraction from 0 to 1, got {shown} (50% is 0.5)")
     assert bus.liveness() == []
 
 
@@ -174,9 +210,9 @@ def test_heartbeat_bad_arguments(bus: Bus, db_path: Path) -> None:
     assert missing_agent.exit_code == 2
     assert "Missing option '--agent'" in missing_agent.stderr
     bad_agent = run(["heartbeat", "--agent", "w 1"], db_path)
-    assert bad_agent.exit_code == 1
-    assert bad_agent.stderr == ("Error: agent: contains ' '; allowed are letters, digits"
-                                " and . _ : -\n")
+    assert bad_agent.exit_code == 2
+    assert last_error(bad_agent.stderr) == bad_value(
+        "--agent", "contains ' '; allowed are letters, digits and . _ : -")
     assert bus.liveness() == []
 
 
@@ -406,12 +442,12 @@ def test_claim_bad_numbers_are_usage_errors(bus: Bus, db_path: Path, options) ->
     assert bus.claims() == []
 
 
-def test_claim_lease_longer_than_a_week_exits_1(bus: Bus, db_path: Path) -> None:
+def test_claim_lease_longer_than_a_week_exits_2(bus: Bus, db_path: Path) -> None:
     result = run(["claim", "--task", "t1", "--agent", "w1", "--lease-ms",
                   str(7 * DAY_MS + 1)], db_path)
-    assert result.exit_code == 1
-    assert result.stderr == (f"Error: lease_ms: is {7 * DAY_MS + 1}; the longest lease is"
-                             f" {7 * DAY_MS} (7 days)\n")
+    assert result.exit_code == 2
+    assert last_error(result.stderr) == bad_value(
+        "--lease-ms", f"is {7 * DAY_MS + 1}; the longest lease is {7 * DAY_MS} (7 days)")
     assert bus.claims() == []
 
 

@@ -58,14 +58,24 @@ def test_json_before_a_nested_command(bus: Bus, db_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, error, field, code", [
-    (["--json", "publish", "--from", "", "--type", "t"], "from_agent: must not be empty",
-     "from_agent", 1),
+    (["--json", "publish", "--from", "", "--type", "t"],
+     "Invalid value for '--from': must not be empty", "--from", 2),
     (["ack", "--agent", "w", "--seq", "9", "--json"],
-     "seq: no message has seq 9; the last seq is 0", "seq", 1),
+     "Invalid value for '--seq': no message has seq 9; the last seq is 0", "--seq", 2),
     (["poll", "--agent", "w", "--limit", "0", "--json"],
-     "Invalid value for '--limit': 0 is not in the range 1<=x<=10000.", "limit", 2),
+     "Invalid value for '--limit': 0 is not in the range 1<=x<=10000.", "--limit", 2),
     (["--json", "cursor", "delete", "w"],
-     "agent: no consumer 'w' (known: none yet); see `bus consumers`", "agent", 1),
+     "Invalid value for 'AGENT': no consumer 'w' (known: none yet); see `bus consumers`",
+     "AGENT", 2),
+    (["--json", "channel", "send", "--channel", "c", "--from", "o", "--type", "bogus",
+      "--content", "x"],
+     "Invalid value for '--type': 'bogus' is not one of text, command, query, response,"
+     " acknowledgment, notification, event", "--type", 2),
+    (["--json", "channel", "send", "--from", "o", "--type", "text", "--content", "x"],
+     "Missing option '--channel'.", "--channel", 2),
+    (["--json", "cursor", "set", "nobody", "--latest"],
+     "Invalid value for 'AGENT': no consumer 'nobody' (known: none yet); pass --create to"
+     " start a new consumer", "AGENT", 2),
 ])
 def test_errors_as_json_on_stderr(bus: Bus, db_path: Path, args, error, field, code) -> None:
     result = run(args, db_path)
@@ -76,8 +86,9 @@ def test_errors_as_json_on_stderr(bus: Bus, db_path: Path, args, error, field, c
 
 def test_errors_without_json_stay_text(bus: Bus, db_path: Path) -> None:
     result = run(["ack", "--agent", "w", "--seq", "9"], db_path)
-    assert (result.exit_code, result.stderr) == (
-        1, "Error: seq: no message has seq 9; the last seq is 0\n")
+    assert (result.exit_code, result.stderr) == (2, (
+        "Usage: main ack [OPTIONS]\nTry 'main ack --help' for help.\n\n"
+        "Error: Invalid value for '--seq': no message has seq 9; the last seq is 0\n"))
 
 
 def test_json_error_for_a_missing_file(tmp_path: Path) -> None:

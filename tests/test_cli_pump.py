@@ -16,6 +16,8 @@ from bus import Bus
 from bus.cli import main
 from bus.pump import oob
 from bus.pump import threads
+from tests.cli_helpers import bad_value
+from tests.cli_helpers import last_error
 from tests.test_organism import GOOD
 from tests.test_organism import TOOLS
 
@@ -271,9 +273,9 @@ def test_pump_send_refuses_bad_xml_and_envelopes(db_path: Path):
     assert bad.exit_code == 1 and "not well-formed" in bad.stderr
     forged = run(["pump", "send", str(EXAMPLE), '<m:message xmlns:m="urn:agentbus:envelope:1"/>'],
                  db_path)
-    assert forged.exit_code == 1
-    assert forged.stderr == ("Error: xml: is an envelope; send the payload only: the pump "
-                             "stamps <from> and <thread> itself\n")
+    assert forged.exit_code == 2
+    assert last_error(forged.stderr) == bad_value(
+        "XML", "is an envelope; send the payload only: the pump stamps <from> and <thread> itself")
 
 
 @pytest.mark.parametrize("name", ["doctype_utf16.xml", "entity_utf16.xml", "entity_utf32.xml"])
@@ -346,10 +348,11 @@ def test_pump_send_wait_exits_3_on_a_huh_through_a_real_pump(db_path: Path, bus_
     assert line.startswith("calculator -> console: <huh ") and 'code="payload-invalid"' in line
 
 
-def test_pump_send_as_a_reserved_id_exits_1(db_path: Path):
+def test_pump_send_as_a_reserved_id_exits_2(db_path: Path):
     result = run(["pump", "send", str(EXAMPLE), "<boot/>", "--from", "system"], db_path)
-    assert result.exit_code == 1
-    assert result.stderr.startswith("Error: client: 'system' is reserved")
+    assert result.exit_code == 2
+    assert last_error(result.stderr).startswith(
+        "Error: Invalid value for '--from': 'system' is reserved")
 
 
 def test_pump_run_verbose_prints_each_unit_and_counts_what_clients_saw(

@@ -141,3 +141,27 @@ def test_export_cli_partition_by_date(bus: Bus, db_path: Path, tmp_path: Path) -
     assert len(list(out.rglob("part-*.jsonl"))) == 2
     bad = CliRunner().invoke(main, ["--db", str(db_path), "export", "--partition-by", "hour"])
     assert bad.exit_code == 2
+
+
+def test_export_cli_remembers_the_partitioning_with_the_path(bus: Bus, db_path: Path,
+                                                             tmp_path: Path) -> None:
+    publish_over_days(bus, 2, per_day=10)
+    out = tmp_path / "history"
+    first = CliRunner().invoke(main, ["--db", str(db_path), "export", "--out", str(out),
+                                      "--partition-by", "date", "--json"])
+    assert orjson.loads(first.stdout) == {"path": str(out), "exported": 2}
+    publish_over_days(bus, 2, per_day=10)
+    again = CliRunner().invoke(main, ["--db", str(db_path), "export", "--json"])
+    assert again.exit_code == 0, again.output
+    assert orjson.loads(again.stdout) == {"path": str(out), "exported": 2}
+    assert bus.export_partition_by() == "date"
+    lines = [orjson.loads(line)["seq"] for part in sorted(out.rglob("part-*.jsonl"))
+             for line in part.read_bytes().splitlines()]
+    assert sorted(lines) == [1, 2, 3, 4]
+
+
+def test_export_remembers_a_single_file_too(bus: Bus, tmp_path: Path) -> None:
+    bus.publish("a", "t")
+    bus.export_jsonl(tmp_path / "one.jsonl")
+    bus.publish("a", "t")
+    assert (bus.export_partition_by(), bus.export_jsonl()) == (None, 1)

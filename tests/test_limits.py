@@ -11,6 +11,7 @@ from bus import Bus
 from bus import ValidationFailed
 from bus.api import MAX_PAYLOAD_BYTES
 from bus.errors import UnknownChannel
+from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 
 LIMIT = 10_000
@@ -51,18 +52,20 @@ def test_default_limit_is_16_mib(db_path: Path) -> None:
         Bus.open(db_path, max_payload_bytes=0)
 
 
-def test_cli_publish_over_the_limit_exits_1(db_path: Path, tmp_path: Path) -> None:
+def test_cli_publish_over_the_limit_exits_2(db_path: Path, tmp_path: Path) -> None:
     run(["init"], db_path)
     big = tmp_path / "big.json"
     big.write_text('{"text": "' + "x" * LIMIT + '"}')
     result = run(["--max-payload-bytes", str(LIMIT), "publish", "--from", "a", "--type", "t",
                   "--payload-file", str(big)], db_path)
-    assert result.exit_code == 1
-    assert result.output.startswith(f"Error: payload: is {LIMIT + 11} bytes of JSON; the limit"
-                                    f" is {LIMIT} bytes")
+    assert result.exit_code == 2
+    assert last_error(result.stderr).startswith(
+        f"Error: Invalid value for '--payload-file': is {LIMIT + 11} bytes of JSON; the limit"
+        f" is {LIMIT} bytes")
     env = run(["publish", "--from", "a", "--type", "t", "--payload", "-"], db_path,
               input=big.read_text(), env={"BUS_MAX_PAYLOAD_BYTES": str(LIMIT)})
-    assert env.exit_code == 1 and "the limit is 10000 bytes" in env.output
+    assert env.exit_code == 2 and "the limit is 10000 bytes" in env.output
+    assert "Invalid value for '--payload'" in env.stderr
     assert json.loads(run(["status", "--json"], db_path).stdout)["log"]["last_seq"] == 0
     assert blob_files(db_path) == []
 
@@ -74,8 +77,9 @@ def test_cli_refuses_input_far_over_the_limit_before_reading_it_all(db_path: Pat
     huge.write_text('{"text": "' + "x" * (3 * LIMIT) + '"}')
     result = run(["--max-payload-bytes", str(LIMIT), "publish", "--from", "a", "--type", "t",
                   "--payload-file", str(huge)], db_path)
-    assert result.exit_code == 1
-    assert result.output.startswith(f"Error: payload: is over {2 * LIMIT} bytes as given")
+    assert result.exit_code == 2
+    assert last_error(result.stderr).startswith(
+        f"Error: Invalid value for '--payload-file': is over {2 * LIMIT} bytes as given")
 
 
 # --- channel sends that are refused leave no blob ----------------------------------------

@@ -27,6 +27,8 @@ from bus.mcpserver.channel_tools import ChannelTools
 from bus.mcpserver.log_tools import LogTools
 from bus.mcpserver.resources import Resources
 from bus.mcpserver.worker_tools import WorkerTools
+from tests.cli_helpers import bad_value
+from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "organism.yaml"
@@ -124,6 +126,21 @@ def test_mcp_log_tools_act_as_the_agent(bus: Bus, db_path: Path):
     assert rows(bus, "SELECT agent_id, status, current_task, progress, ts_ms FROM heartbeats") == [
         ("planner", "working", "t1", 0.5, beat["ts_ms"])]
     assert rows(bus, "SELECT count(*) FROM task_claims") == [(0,)]
+
+
+def test_mcp_heartbeat_without_task_keeps_it_and_empty_task_clears_it(bus: Bus, db_path: Path):
+    async def scenario():
+        async with connected(db_path, "planner") as client:
+            await call(client, "heartbeat", status="working", task="t1", progress=0.5)
+            await call(client, "heartbeat", status="blocked")
+            kept = rows(bus, "SELECT status, current_task, progress FROM heartbeats")
+            await call(client, "heartbeat", status="idle", task="")
+            return kept
+
+    kept = asyncio.run(scenario())
+    assert kept == [("blocked", "t1", 0.5)]
+    assert rows(bus, "SELECT status, current_task, progress FROM heartbeats") == [
+        ("idle", None, None)]
 
 
 def test_mcp_invalid_arguments_are_tool_errors_that_change_nothing(bus: Bus, db_path: Path):
@@ -363,8 +380,9 @@ def test_cli_mcp_list_prints_tools_and_resources(bus: Bus, db_path: Path):
 
 def test_cli_mcp_bad_agent_or_missing_bus_is_an_error(bus: Bus, db_path: Path, tmp_path: Path):
     bad = run(["mcp", "--agent", "not ok!"], db_path)
-    assert (bad.exit_code, bad.stderr) == (
-        1, "Error: agent: contains ' '; allowed are letters, digits and . _ : -\n")
+    assert bad.exit_code == 2
+    assert last_error(bad.stderr) == bad_value(
+        "--agent", "contains ' '; allowed are letters, digits and . _ : -")
     missing = run(["mcp", "--agent", "planner"], tmp_path / "none.db")
     assert missing.exit_code == 1 and missing.stderr.startswith("Error: no bus database at ")
 

@@ -18,6 +18,7 @@ from bus.cli import main
 from bus.errors import SearchDisabled
 from bus.errors import ValidationFailed
 from bus.messages import now_ms
+from tests.cli_helpers import last_error
 
 # Words the unicode61 tokenizer keeps whole: letters only, and not FTS5's operators.
 WORDS = st.text("abcdefghijklmnopqrstuvwxyzéøß", min_size=3, max_size=12).filter(
@@ -150,7 +151,8 @@ def test_cli_search_enables_then_finds(bus: Bus, db_path: Path) -> None:
 def test_cli_search_bad_input(bus: Bus, db_path: Path) -> None:
     assert run(["search", "--enable"], db_path).stdout == "search enabled: 0 messages indexed\n"
     bad = run(["search", '"open'], db_path)
-    assert bad.exit_code == 1 and bad.stderr.startswith("Error: query: unterminated string")
+    assert bad.exit_code == 2
+    assert last_error(bad.stderr).startswith("Error: Invalid value for '[QUERY]': unterminated")
     since = run(["search", "x", "--since", "yesterday"], db_path)
     assert since.exit_code == 2 and "neither epoch milliseconds nor an ISO 8601" in since.stderr
     assert run(["search"], db_path).exit_code == 2

@@ -24,6 +24,8 @@ from bus.views.charts import call_trees
 from bus.views.charts import worker_swimlane
 from bus.views.serve import plotly_js
 from tests.broken_files import break_the_file
+from tests.cli_helpers import bad_value
+from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 from tests.conftest import REPO_ROOT
 
@@ -149,17 +151,18 @@ def test_serve_stops_on_ctrl_c(server: Server) -> None:
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.1", "::"])
 def test_serve_refuses_a_remote_host_without_the_flag(seeded_db: Path, host: str) -> None:
     result = run(["serve", "--host", host], seeded_db)
-    assert result.exit_code == 1
-    assert result.stderr == (
-        f"Error: host: {host} would show the bus to anyone who can reach this machine (the page"
-        " has no login); use 127.0.0.1, or pass allow_remote (--allow-remote) to mean it\n")
+    assert result.exit_code == 2
+    assert last_error(result.stderr) == bad_value(
+        "--host", f"{host} would show the bus to anyone who can reach this machine (the page"
+        " has no login); use 127.0.0.1, or pass --allow-remote to mean it")
 
 
 def test_serve_refuses_a_port_in_use(seeded_db: Path, server: Server) -> None:
     port = server.url.rstrip("/").rsplit(":", 1)[1]
     result = run(["serve", "--port", port], seeded_db)
-    assert result.exit_code == 1
-    assert result.stderr.startswith(f"Error: port: cannot listen on 127.0.0.1:{port} (")
+    assert result.exit_code == 2
+    assert last_error(result.stderr).startswith(
+        f"Error: Invalid value for '--port': cannot listen on 127.0.0.1:{port} (")
 
 
 # --- a file that cannot be read while the server runs -----------------------------------

@@ -714,3 +714,34 @@ def test_cli_spawned_worker_id_is_generated(db: Path, repo: Path) -> None:
     assert w["branch"] == f"{w['worker']}/t1"
     with Bus.open(db) as bus:
         assert [s.worker.worker for s in Workers(bus).status()] == [w["worker"]]
+
+
+def test_worker_heartbeat_without_progress_keeps_the_progress(db: Path, repo: Path) -> None:
+    ok(["spawn", "--task", "t1", "--worker", "w1", "--repo", str(repo)], db)
+    ok(["start", "w1"], db)
+    ok(["heartbeat", "w1", "--progress", "0.5"], db)
+    ok(["heartbeat", "w1"], db)
+    with Bus.open(db) as bus:
+        (beat,) = [b for b in bus.liveness() if b.agent == "w1"]
+    assert (beat.task, beat.progress) == ("t1", 0.5)
+
+
+@pytest.mark.parametrize("args", [["--json", "status"], ["status", "--json"]])
+def test_worker_json_before_or_after_the_command(db: Path, repo: Path, args) -> None:
+    ok(["spawn", "--task", "t1", "--worker", "w1", "--repo", str(repo)], db)
+    (listed,) = [json.loads(line) for line in ok(args, db).splitlines()]
+    assert (listed["worker"], listed["state"]) == ("w1", "ASSIGNED")
+
+
+def test_worker_db_after_the_command(db: Path, repo: Path) -> None:
+    ok(["spawn", "--task", "t1", "--worker", "w1", "--repo", str(repo)], db)
+    result = run(["status", "--db", str(db)])  # without --db before: only the one after names it
+    assert result.exit_code == 0 and result.stdout.startswith("worker  task")
+    assert "w1" in result.stdout
+
+
+@pytest.mark.parametrize("args", [["--json", "start", "nobody"], ["start", "nobody", "--json"]])
+def test_worker_errors_as_json_with_json_anywhere(db: Path, repo: Path, args) -> None:
+    ok(["spawn", "--task", "t1", "--worker", "w1", "--repo", str(repo)], db)
+    assert json.loads(error(args, db)) == {
+        "error": "no worker 'nobody'; `worker status` lists them", "field": None}

@@ -24,6 +24,8 @@ from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
 from bus.cli.context import BusGroup
 from bus.cli.context import json_option
+from bus.cli.flags import pass_context_of
+from bus.cli.layout import add_db_after_command
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
 from bus.heartbeats import STATUSES
@@ -44,7 +46,7 @@ class WorkerContext(BusContext):
         return Workers(self.open(create=create))
 
 
-pass_workers = click.make_pass_decorator(WorkerContext)
+pass_workers = pass_context_of(WorkerContext)
 
 
 @click.group(cls=BusGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,9 +54,11 @@ pass_workers = click.make_pass_decorator(WorkerContext)
               type=click.Path(dir_okay=False), help="Bus database file (env: BUS_DB).")
 @click.option("--durability", envvar="BUS_DURABILITY", default="normal", show_default=True,
               type=click.Choice(["normal", "full"]), help="As for `bus`.")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON output and JSON errors, as if --json followed the command.")
 @click.version_option(__version__, "--version", prog_name="worker")
 @click.pass_context
-def main(ctx: click.Context, db: str, durability: str) -> None:
+def main(ctx: click.Context, db: str, durability: str, as_json: bool) -> None:
     """Worker lifecycle: each worker on its own git branch and worktree.
 
     \b
@@ -66,7 +70,7 @@ def main(ctx: click.Context, db: str, durability: str) -> None:
       worker approve w1
       worker merge w1
     """
-    ctx.obj = WorkerContext(ctx, db, durability)
+    ctx.obj = WorkerContext(ctx, db, durability, as_json=as_json)
 
 
 @main.command()
@@ -82,8 +86,8 @@ def spawn(obj: WorkerContext, task: str, worker_id: str | None, repo: str | None
 
     Example: worker spawn --task fix-login --worker w1 --base main
     """
+    root = git.repo_root(repo or ".")  # before the bus: outside a repository no file is made
     workers = obj.workers(create=True)
-    root = git.repo_root(repo or ".")
     excluding = workers.unignored_state_dir(root)  # spawn writes it, once it succeeded
     w = workers.spawn(task, worker_id, repo, base)
     exclude = str(git.exclude_path(root)) if excluding else None
@@ -314,6 +318,8 @@ def _report(w: Worker, as_json: bool, text: str | None = None) -> None:
     else:
         click.echo(text or f"{w.worker} is {w.state} ({w.task} on {w.branch})")
 
+
+add_db_after_command(main)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -28,6 +28,7 @@ from bus.claims import Claim
 from bus.claims import ClaimResult
 from bus.db import write_transaction
 from bus.errors import BusError
+from bus.heartbeats import KEEP
 from bus.heartbeats import STOPPED
 from bus.heartbeats import Heartbeat
 from bus.messages import now_ms
@@ -298,9 +299,12 @@ class Workers:
 
     def heartbeat(self, worker: str, status: str = "working", progress: float | None = None,
                   lease_ms: int = DEFAULT_LEASE_MS) -> Worker:
-        """One beat, and for a WORKING worker a lease renewal (or re-claim once expired)."""
+        """One beat, and for a WORKING worker a lease renewal (or re-claim once expired).
+
+        `progress` None keeps the progress the worker's last beat reported.
+        """
         current = self._expect(worker, "heartbeat")
-        self.bus.heartbeat(worker, status, current.task, progress)
+        self.bus.heartbeat(worker, status, current.task, KEEP if progress is None else progress)
         if current.state == WORKING:
             self._keep_lease(current, lease_ms)
         return current

@@ -9,6 +9,8 @@ import orjson
 
 from bus.api import MAX_PAYLOAD_BYTES
 from bus.api import Bus
+from bus.cli.flags import pass_context_of
+from bus.cli.flags import typed_name
 from bus.db import ENVIRONMENT_ERRORS
 from bus.db import environment_error
 from bus.errors import BusBusy
@@ -36,12 +38,18 @@ class JsonError(click.ClickException):
 
 
 class BusGroup(click.Group):
-    """Turns library errors into `Error: ...` with exit 1 (75 when busy), or into a
-    JSON error object on stderr when the command line asked for --json.
+    """The root group of `bus` and `worker`.
 
+    Turns library errors into `Error: ...` with exit 1 (75 when busy), or into a
+    JSON error object on stderr when --json is anywhere on the command line.
     SQLite and OS failures of the environment that reach this far (a full
     disk, a corrupt or read-only file) get their named error too: no traceback.
     """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        options = args[:args.index("--")] if "--" in args else args
+        ctx.meta[JSON_ERRORS] = "--json" in options
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -99,17 +107,19 @@ def _db_anywhere(ctx: click.Context, _param: click.Parameter, value: str | None)
 
 
 def _field_of(exc: BaseException) -> str | None:
-    """The field a library error or a bad parameter names, if any."""
+    """The flag a bad parameter names as typed (--from), else a library error's field."""
+    if isinstance(exc, click.BadParameter):
+        if exc.param is not None:
+            return typed_name(exc.param)
+        if isinstance(exc.param_hint, str):
+            return exc.param_hint
     cause = exc.__cause__
     if cause is not None and getattr(cause, "field", None):
         return str(getattr(cause, "field"))
-    if isinstance(exc, click.BadParameter):
-        return exc.param_hint if isinstance(exc.param_hint, str) else (
-            exc.param.name if exc.param is not None else None)
     return None
 
 
-pass_bus_context = click.make_pass_decorator(BusContext)
+pass_bus_context = pass_context_of(BusContext)
 json_option = click.option("--json", "as_json", is_flag=True, callback=json_anywhere,
                            help="Print JSON; streams print one object per line.")
 DB_OPTION_NAME = "db_after_command"

@@ -12,6 +12,7 @@ from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
 from bus.cli.output import echo_rows
+from bus.heartbeats import KEEP
 from bus.heartbeats import STATUSES
 from bus.heartbeats import Thresholds
 from bus.messages import iso_utc
@@ -44,20 +45,27 @@ def threshold_options(*names: str):
 @click.command()
 @agent_option
 @click.option("--status", default="idle", show_default=True, type=click.Choice(STATUSES))
-@click.option("--task", help="What the agent is working on.")
-@click.option("--progress", type=float, help="Fraction done, from 0 to 1.")
+@click.option("--task", help="What the agent is working on (default: as its last beat;"
+                            " '' clears it and the progress).")
+@click.option("--progress", type=float,
+              help="Fraction done, from 0 to 1 (default: as its last beat, for the same task).")
 @json_option
 @pass_bus_context
 def heartbeat(obj: BusContext, agent: str, status: str, task: str | None,
               progress: float | None, as_json: bool) -> None:
     """Record one heartbeat for an agent (for agents driven from the shell).
 
+    Without --task the agent keeps its task and progress; --task '' clears both.
+
     Example: bus heartbeat --agent worker-1 --status working --task t1 --progress 0.5
     """
-    ts = obj.open().heartbeat(agent, status, task, progress)
+    bus = obj.open()
+    ts = bus.heartbeat(agent, status, KEEP if task is None else (task or None),
+                       KEEP if progress is None else progress)
     if as_json:
-        echo_json({"agent": agent, "ts_ms": ts, "status": status, "task": task,
-                   "progress": progress})
+        beat = next(b for b in bus.liveness() if b.agent == agent)
+        echo_json({"agent": agent, "ts_ms": ts, "status": status, "task": beat.task,
+                   "progress": beat.progress})
     else:
         click.echo(f"heartbeat for {agent} at {iso_utc(ts)} ({status})")
 

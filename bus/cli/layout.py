@@ -14,7 +14,6 @@ from typing import Any
 import click
 
 from bus.cli.context import DB_OPTION_NAME
-from bus.cli.context import JSON_ERRORS
 from bus.cli.context import BusGroup
 from bus.cli.context import db_option
 
@@ -105,13 +104,7 @@ def add_db_after_command(root: click.Group) -> None:
 
 
 class SectionedGroup(BusGroup):
-    """The root `bus` group: `--help` lists its commands by part; it notes
-    whether --json is anywhere on the command line, to show errors as JSON."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        options = args[:args.index("--")] if "--" in args else args
-        ctx.meta[JSON_ERRORS] = "--json" in options
-        return super().parse_args(ctx, args)
+    """The root `bus` group: `--help` lists its commands by part."""
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         format_sections(self, ctx, formatter)

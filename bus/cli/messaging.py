@@ -322,7 +322,8 @@ def _follow(bus: Bus, after: int, as_json: bool) -> None:
                    " went before, else bus.jsonl beside the db).")
 @click.option("-f", "--follow", is_flag=True, help="Keep exporting as messages arrive, until Ctrl-C.")
 @click.option("--partition-by", type=click.Choice(["date"]),
-              help="Write date=YYYY-MM-DD/part-*.jsonl under the --out directory (for Spark).")
+              help="Write date=YYYY-MM-DD/part-*.jsonl under the --out directory (for Spark);"
+                   " without --out, as the export went before.")
 @json_option
 @pass_bus_context
 def export(obj: BusContext, out: str | None, follow: bool, partition_by: str | None,

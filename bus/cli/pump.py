@@ -112,7 +112,8 @@ def pump_run(obj: BusContext, organism_file: str, until_idle: bool, lease_ms: in
     """
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    running = Pump(obj.open(create=True), organisms.load_organism(organism_file),
+    organism = organisms.load_organism(organism_file)  # before the bus: a typo creates no file
+    running = Pump(obj.open(create=True), organism,
                    lease_ms=lease_ms, max_in_flight=max_in_flight, commit_batch=batch,
                    oob=not no_oob, on_unit=_unit_printer(as_json) if verbose else None)
     # Signal handlers only set the pump's stop flag; only the main thread may install them.

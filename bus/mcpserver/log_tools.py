@@ -12,6 +12,7 @@ from pydantic import Field
 from bus.api import LEASE_MS_MAX
 from bus.api import POLL_LIMIT_MAX
 from bus.api import TASK_ID_MAX
+from bus.heartbeats import KEEP
 from bus.heartbeats import STATUSES
 from bus.search import LIMIT_MAX as SEARCH_LIMIT_MAX
 from bus.mcpserver.session import AgentSession
@@ -76,12 +77,16 @@ class LogTools:
         self,
         status: Annotated[Literal[STATUSES], Field(
             description="What you are doing.")] = "idle",
-        task: Annotated[Optional[str], Field(description="The task you work on, if any.")] = None,
+        task: Annotated[Optional[str], Field(description=(
+            "The task you work on; left out, your last beat's task stays; \"\" clears it"
+            " and the progress."))] = None,
         progress: Annotated[Optional[float], Field(ge=0, le=1, description=(
-            "Fraction done, 0 to 1."))] = None,
+            "Fraction done, 0 to 1; left out, your last beat's stays (for the same task)."
+        ))] = None,
     ) -> dict[str, Any]:
         """Tell the bus you are alive. Beat at least every 30 s, or others see you as silent."""
-        at = self.bus.heartbeat(self.agent, status, task, progress)
+        at = self.bus.heartbeat(self.agent, status, KEEP if task is None else (task or None),
+                                KEEP if progress is None else progress)
         return {"agent": self.agent, "ts_ms": at}
 
     def liveness(self) -> dict[str, Any]:

@@ -224,8 +224,7 @@ def check_host(host: str, allow_remote: bool) -> None:
     if host not in LOOPBACK and not allow_remote:
         raise ValidationFailed(
             "host", f"{host} would show the bus to anyone who can reach this machine (the page"
-                    " has no login); use 127.0.0.1, or pass allow_remote (--allow-remote)"
-                    " to mean it")
+                    " has no login); use 127.0.0.1, or pass allow_remote=True to mean it")
 
 
 def listen(host: str, port: int) -> socket.socket:

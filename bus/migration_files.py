@@ -1,0 +1,53 @@
+"""The schema versions this code knows: the migrations/NNNN_name.sql files.
+
+Apart from the runner (bus/schema.py) so that opening a file (bus/db.py) can
+refuse a schema newer than the code before it changes anything, without the
+runner and the connection importing each other.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+# Installed from a wheel the files sit in bus/migrations; in a checkout
+# (editable install) they are in the top-level migrations/ directory.
+MIGRATIONS_DIR = next(
+    (d for d in (_HERE / "migrations", _HERE.parent / "migrations") if d.is_dir()),
+    _HERE.parent / "migrations",
+)
+_MIGRATION_NAME = re.compile(r"(\d{4})_(\w+)\.sql")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    path: Path
+
+    def sql(self) -> str:
+        return self.path.read_text(encoding="utf-8")
+
+
+def migrations_in(directory: Path) -> tuple[Migration, ...]:
+    """The migration files of `directory` in version order; numbering must run 1, 2, 3, ..."""
+    found = []
+    for path in directory.glob("*.sql"):
+        match = _MIGRATION_NAME.fullmatch(path.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), path))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migrations in {directory} are not numbered 1..n: {versions}")
+    return tuple(found)
+
+
+@functools.cache
+def supported_version() -> int:
+    """The newest schema version this code can read and write (the last migration's)."""
+    found = migrations_in(MIGRATIONS_DIR)
+    return found[-1].version if found else 0
