@@ -15,8 +15,7 @@ only, in the repository (the bus is the default `.worker-state/bus.db`):
   the file w3 left uncommitted, then with `--force`) and the log is exported.
 
 Then each test runs one read command on that file and checks what a person
-would look at. Known bugs of issue 29 are marked xfail (strict: they flip
-when the fix lands).
+would look at.
 """
 
 from __future__ import annotations
@@ -48,8 +47,6 @@ READERS = ("w1", "w2", "w4")  # the workers that read their inbox, so have a cur
 CHROMIUM = shutil.which("chromium")
 TMUX = shutil.which("tmux")
 
-WORKER_JSON_BUG = ("issue 29: `worker --json status` is refused (only `worker status --json`),"
-                   " and worker's errors are text whatever --json says")
 
 
 def wait_until(condition: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
@@ -314,7 +311,6 @@ def test_worker_status_shows_each_final_state(team: Team) -> None:
     assert all(w["heartbeat_age_s"] is not None for w in found)  # each one beat
 
 
-@pytest.mark.xfail(reason=WORKER_JSON_BUG, strict=True)
 def test_worker_takes_json_anywhere_and_its_errors_follow(team: Team) -> None:
     found = team.json_lines("worker", "--json", "status")
     assert {w["worker"]: w["state"] for w in found} == FINAL_STATES
