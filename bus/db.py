@@ -63,8 +63,13 @@ def connect(
     *,
     create: bool = True,
     readonly: bool = False,
+    check: bool = False,
 ) -> apsw.Connection:
     """Open the bus database at `path` with the bus's pragmas applied.
+
+    A writable connection is checked for damage at open (bus/integrity.py);
+    a read-only one only with `check` (a one-off reader such as `bus
+    status`: a live view that opens every few seconds does not ask).
 
     A file this process cannot write (another user's, a read-only mount) is
     opened read-only: reads work and every write raises `BusReadOnly`
@@ -92,6 +97,8 @@ def connect(
             connection_check_identity(conn, path)
             if readonly:
                 connection_read_only(conn)
+                if check and not checked:
+                    integrity.connection_check_at_open(conn, path)
             else:
                 connection_apply_pragmas(conn, synchronous)
                 integrity.refuse_if_marked(conn.filename)

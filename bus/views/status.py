@@ -179,11 +179,10 @@ def read_status(path: str | os.PathLike[str], durability: str = "normal", *,
     Raises BusNotFound when there is no file, SchemaOutdated when it needs
     `bus migrate` first, NotABusDatabase for a foreign file.
     """
-    conn = connect(path, readonly=True)
+    # A one-off status checks the file as a writer's open does: counts read
+    # from indexes alone would report a damaged file as healthy.
+    conn = connect(path, readonly=True, check=True)
     try:
-        # A one-off status checks the file as a writer's open does: counts read
-        # from indexes alone would report a damaged file as healthy.
-        integrity.connection_check_at_open(conn, Path(path))
         return status_of(conn, os.fspath(path), durability, now=now, thresholds=thresholds)
     finally:
         conn.close()

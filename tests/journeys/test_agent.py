@@ -151,5 +151,7 @@ def test_bus_status_shows_the_agent_done_and_in_review(journey: Journey, install
     text = installed.run("bus", "status", cwd=journey.repo)
     assert text.returncode == 0, text.stderr
     assert "workers: 1 IN_REVIEW" in text.stdout
-    (line,) = [line for line in text.stdout.splitlines() if line.split()[:1] == [AGENT]]
-    assert "stopped" in line.split()
+    agent_row, worker_row = [line.split() for line in text.stdout.splitlines()
+                             if line.split()[:1] == [AGENT]]
+    assert agent_row[1:2] == ["stopped"]  # the agents table: its last beat
+    assert worker_row[1:3] == [TASK, "IN_REVIEW"]  # the workers table: its lifecycle

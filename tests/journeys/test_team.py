@@ -363,7 +363,10 @@ def test_consumer_info_shows_one_reader(team: Team) -> None:
     assert text[0] == "consumer w1 (agent)"
     assert text[1] == f"cursor: {acked} (last seq {message_count(team)})"
     unknown = team.run("bus", "consumer", "info", "w9")
-    assert unknown.returncode == 1 and unknown.stderr.startswith("Error: ")
+    assert unknown.returncode == 2  # a value the bus does not know is a usage error
+    assert unknown.stderr.splitlines()[-1] == (
+        "Error: Invalid value for 'AGENT': no consumer 'w9' (known: w1, w2, w4, (export));"
+        " see `bus consumers`")
 
 
 # --- the log: tail, sql, search, export ---------------------------------------------------
