@@ -16,7 +16,7 @@
       - name: researcher               # the model behind the listener of that name
         type: llm
         model: claude-sonnet-4
-        visible_tools: [calc.add]      # a subset of that listener's peers
+        visible_tools: [calc.add]      # what it sees and may call: some of its peers
     meta:
       allow_list_capabilities: admin   # admin, all or none
       allow_schema_requests: admin

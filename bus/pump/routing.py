@@ -46,7 +46,12 @@ class Listener:
     spec: ListenerSpec
     pipeline: Pipeline
     handler: Callable[..., Any]
-    tools: tuple[Tool, ...] = ()  # what its handler's context shows (visible_tools)
+    # Its agent entry, as its handler's context shows it: the tools it may see and call
+    # (visible_tools; all its peers without an agent entry), model and system_prompt.
+    tools: tuple[Tool, ...] = ()
+    visible: tuple[str, ...] | None = None  # the agent's visible_tools; None: no agent
+    model: str | None = None
+    system_prompt: str | None = None
 
     @property
     def name(self) -> str:
@@ -107,16 +112,23 @@ def build_listener(spec: ListenerSpec, organism: Organism, path: str) -> Listene
 def build_routes(organism: Organism) -> Routes:
     built = {spec.name: build_listener(spec, organism, f"listeners[{i}]")
              for i, spec in enumerate(organism.listeners)}
-    return Routes({name: replace(listener, tools=_visible_tools(organism, listener, built))
+    return Routes({name: _with_agent(organism, listener, built)
                    for name, listener in built.items()})
 
 
-def _visible_tools(organism: Organism, listener: Listener,
-                   built: Mapping[str, Listener]) -> tuple[Tool, ...]:
-    """An agent's `visible_tools` (none if it lists none); a listener without an agent
-    entry sees all its peers."""
+def _with_agent(organism: Organism, listener: Listener,
+                built: Mapping[str, Listener]) -> Listener:
+    """`listener` with its agent entry: the agent's `visible_tools` (none if it lists
+    none), model and system prompt; a listener without an agent entry sees all its peers."""
     agent = next((a for a in organism.agents if a.name == listener.name), None)
-    names = listener.spec.peers if agent is None else agent.visible_tools
+    if agent is None:
+        return replace(listener, tools=_tools(listener.spec.peers, built))
+    return replace(listener, tools=_tools(agent.visible_tools, built),
+                   visible=agent.visible_tools, model=agent.model,
+                   system_prompt=agent.system_prompt)
+
+
+def _tools(names: tuple[str, ...], built: Mapping[str, Listener]) -> tuple[Tool, ...]:
     return tuple(Tool(**meta.tool_of(built[name])) for name in names)
 
 
