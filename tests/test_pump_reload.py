@@ -196,20 +196,30 @@ def test_a_handler_edited_on_disk_and_hot_reloaded_answers_with_the_new_code(
     assert answer(bus, "<add><a>5</a><b>2</b></add>") == "<sum><value>107.0</value></sum>"
 
 
-@pytest.mark.parametrize("broken, error", [
+FAILED_AGAIN = ("importing 'reload_calc' again failed: {}",
+                "the pump goes on with the code it had: fix the module and send hot-reload again")
+
+
+@pytest.mark.parametrize("broken, error, fix", [
     (ADD_100.replace("def add(msg: Add, ctx: Context)", "def add(msg: Add, ctx: Context"),
-     "SyntaxError: "),
-    (ADD_100 + "\nraise RuntimeError('half-written')\n", "RuntimeError: half-written")])
+     FAILED_AGAIN[0].format("SyntaxError: "), FAILED_AGAIN[1]),
+    (ADD_100 + "\nraise RuntimeError('half-written')\n",
+     FAILED_AGAIN[0].format("RuntimeError: half-written"), FAILED_AGAIN[1]),
+    (ADD_100 + "\nimport sys\nsys.exit(3)\n", FAILED_AGAIN[0].format("SystemExit: 3"),
+     FAILED_AGAIN[1]),
+    (None, "the source of 'reload_calc' cannot be read again ([Errno 2]",
+     "the pump goes on with the code it had: put the file back and send hot-reload again")])
 def test_a_module_that_fails_to_import_again_leaves_the_old_code_running(
-        bus, organism, pump_process, broken, error):
+        bus, organism, pump_process, broken, error, fix):
     control = pump_process
-    organism.write_calc(broken)
+    if broken is None:
+        (organism.directory / "reload_calc.py").unlink()
+    else:
+        organism.write_calc(broken)
     refused = control("hot-reload")
     assert (refused["ok"], refused["error"]) == (False, "failed")
-    assert refused["message"].startswith(
-        f"{organism.path}: listeners[0].handler: importing 'reload_calc' again failed: {error}")
-    assert refused["message"].endswith("the pump goes on with the code it had: fix the module "
-                                       "and send hot-reload again")
+    assert refused["message"].startswith(f"{organism.path}: listeners[0].handler: {error}")
+    assert refused["message"].endswith(fix)
     assert answer(bus, "<add><a>5</a><b>2</b></add>") == "<sum><value>7.0</value></sum>"
 
     organism.write_calc(ADD_100)

@@ -59,7 +59,7 @@ def reimported(references: Mapping[str, str], source: str,
     replaced: dict[str, tuple[ModuleType, str | None]] = {}
     try:
         for name, field in references.items():
-            fresh = _changed_source(name)
+            fresh = _changed_source(name, source, field)
             if fresh is not None:
                 replaced[name] = (sys.modules[name], _digests.get(name))
                 _import_again(name, fresh, directory, source, field)
@@ -71,16 +71,18 @@ def reimported(references: Mapping[str, str], source: str,
         raise
 
 
-def _changed_source(name: str) -> tuple[Path, bytes] | None:
+def _changed_source(name: str, source: str, field: str) -> tuple[Path, bytes] | None:
     """The path and bytes of module `name`'s source if it changed since it was imported."""
     module = sys.modules.get(name)
-    if module is None or name not in _digests or _digests[name] is None:
+    path = _source_path(module) if module is not None else None
+    if path is None or _digests.get(name) is None:
         return None  # not imported yet (the routes import it), or not from a source file
-    path = _source_path(module)
     try:
         code = path.read_bytes()
-    except OSError:
-        code = b""  # gone or unreadable: importing it again says so
+    except OSError as exc:
+        raise OrganismInvalid(source, field, (
+            f"the source of {name!r} cannot be read again ({exc}); the pump goes on with "
+            "the code it had: put the file back and send hot-reload again")) from None
     if hashlib.sha256(code).hexdigest() == _digests[name]:
         return None
     return path, code
@@ -99,7 +101,9 @@ def _import_again(name: str, found: tuple[Path, bytes], directory: Path, source:
         _install(name, module)
         with _importable_from(directory):
             exec(compile(code, str(path), "exec", dont_inherit=True), module.__dict__)
-    except Exception as exc:  # the module's own code failed: report it, keep the old one
+    # The module's own code failed (SystemExit too: it would end the OOB server's
+    # thread): report it, keep the old one.
+    except (Exception, SystemExit) as exc:
         _install(name, old)
         raise OrganismInvalid(source, field, (
             f"importing {name!r} again failed: {type(exc).__name__}: {exc}; the pump goes "
