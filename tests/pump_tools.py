@@ -236,3 +236,10 @@ def add_inline(msg: Add, ctx: Context) -> Reply:
     """`add` as a plain function, for inline listeners."""
     record(ctx.listener, msg, ctx)
     return Reply(Sum(msg.a + msg.b))
+
+
+def introduce(msg: Echo, ctx: Context) -> Reply:
+    """Answers with its agent as organism.yaml describes it: model and system prompt
+    (a plain `def`, so it runs inline too)."""
+    record(ctx.listener, msg, ctx)
+    return Reply(Result(ctx.model or "no model", ctx.system_prompt or "no prompt"))

@@ -599,6 +599,75 @@ def test_a_listener_without_an_agent_sees_all_its_peers(bus, tmp_path):
     assert [tool.name for tool in ctx.tools] == ["calc.add"]
 
 
+COUNTER_SEEING_ECHO = """\
+name: org
+listeners:
+  - name: counter
+    root_tag: sum
+    payload: tests.pump_tools:Sum
+    handler: tests.pump_tools:count_up
+    peers: [calc.add, echo]
+  - name: calc.add
+    root_tag: add
+    payload: tests.pump_tools:Add
+    handler: tests.pump_tools:add
+  - name: echo
+    root_tag: echo
+    payload: tests.pump_tools:Echo
+    handler: tests.pump_tools:echo
+agents:
+  - name: counter
+    type: llm
+    visible_tools: [echo]
+"""
+
+
+def test_a_call_to_a_tool_its_agent_cannot_see_is_refused_with_a_huh_naming_it(bus, tmp_path):
+    """calc.add is among counter's peers, but its agent sees only echo: visible_tools
+    restrict what it may call, not only what its context lists (seed 000)."""
+    organism = tmp_path / "organism.yaml"
+    organism.write_text(COUNTER_SEEING_ECHO)
+    sent = client.send(bus, "org", b"<sum><value>1</value></sum>")
+    run_pump(bus, organism)
+    got, = answers(bus, sent)
+    assert (got.sender, got.to, got.root_tag) == ("counter", "console", "huh")
+    assert 'code="peer-denied"' in got.payload_xml
+    assert ("reply 0 calls 'calc.add', a tool this listener's agent cannot see (its "
+            "visible_tools: echo); add calc.add to the agent's visible_tools in organism.yaml"
+            ) in got.payload_xml
+    assert [name for name, _, _ in pump_tools.CALLS] == ["counter"]  # calc.add never ran
+
+
+INTRODUCER = """\
+name: org
+listeners:
+  - name: researcher
+    root_tag: echo
+    payload: tests.pump_tools:Echo
+    handler: tests.pump_tools:introduce
+  - name: plain
+    root_tag: echo
+    payload: tests.pump_tools:Echo
+    handler: tests.pump_tools:introduce
+agents:
+  - name: researcher
+    type: llm
+    model: claude-sonnet-4
+    system_prompt: "You are a research assistant..."
+"""
+
+
+def test_a_handler_reads_its_agent_s_model_and_system_prompt_from_its_context(bus, tmp_path):
+    organism = tmp_path / "organism.yaml"
+    organism.write_text(INTRODUCER)
+    sent = client.send(bus, "org", b"<echo><text>who are you?</text></echo>")
+    run_pump(bus, organism)
+    assert sorted((got.sender, got.payload_xml) for got in answers(bus, sent)) == [
+        ("plain", "<result><source>no model</source><text>no prompt</text></result>"),
+        ("researcher", "<result><source>claude-sonnet-4</source>"
+                       "<text>You are a research assistant...</text></result>")]
+
+
 def test_meta_requests_are_answered_by_the_pump_when_allowed(bus, tmp_path):
     organism = write_organism(tmp_path, "calculator", extra=(
         "meta:\n  allow_list_capabilities: all\n  allow_schema_requests: admin\n"))

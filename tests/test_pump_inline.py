@@ -176,6 +176,32 @@ def test_an_inline_call_to_a_peer_runs_under_the_thread_its_handler_saw(bus, run
     assert parent == (caller.thread, "echo") and caller.listener == "echo"
 
 
+def test_an_inline_call_to_a_tool_its_agent_cannot_see_is_refused(bus, running):
+    """The inline path checks calls against the agent's visible_tools too."""
+    pump = running(ECHO + "    peers: [calc.add]\n  - name: calc.add\n    root_tag: add\n"
+                          "    payload: tests.pump_tools:Add\n    handler: tests.pump_tools:add\n"
+                          "agents:\n  - name: echo\n    type: llm\n")
+    sent = echo(bus, "peer", mode="peer")
+    pump.settle(1)
+    got, = client.replies(bus, sent)
+    assert (got.sender, got.root_tag) == ("echo", "huh")
+    assert "reply 0 calls 'calc.add', a tool this listener's agent cannot see (its " \
+           "visible_tools: none)" in got.payload_xml
+    # calc.add answered the fixture's first request, and was not called again
+    assert [name for name, _, _ in pump_tools.CALLS] == ["calc.add", "echo"]
+
+
+def test_an_inline_handler_reads_its_agent_s_model_and_system_prompt(bus, running):
+    pump = running(ECHO.replace("echo_inline", "introduce") + COUNTER + (
+        "agents:\n  - name: echo\n    type: llm\n    model: local-7b\n"
+        "    system_prompt: Be brief.\n"))
+    sent = echo(bus, "who?")
+    pump.settle(1)
+    assert [r.payload_xml for r in client.replies(bus, sent)] == [
+        "<result><source>local-7b</source><text>Be brief.</text></result>"]
+    assert work.units_for_input(bus.conn, sent.seq) == []  # it ran inline
+
+
 def test_a_reply_the_commit_refuses_fails_alone_among_inline_units(bus, running, monkeypatch):
     """Inline units of one transaction are written together; when one cannot be written,
     the others are written again one by one and that one's sender gets a bad-reply."""

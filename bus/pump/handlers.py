@@ -13,7 +13,8 @@ agent sees its error and can correct itself.
 A plain `def` handler runs in a thread of the pump's pool. Handlers never see
 or build envelopes: the pump stamps `<from>` (the listener's name) and
 `<thread>`, so a handler cannot forge either. `Reply.to` names a peer to call
-(it must be in the listener's `peers`); without it the reply answers the
+(it must be in the listener's `peers`, and in its agent's `visible_tools` when
+organism.yaml has an agent entry for it); without it the reply answers the
 caller. A `FinalAnswer` payload ends the conversation: it goes straight to
 the client that started it.
 """
@@ -65,8 +66,9 @@ class Context:
     `thread` is an opaque UUID (the call chain stays with the pump), `from_`
     the sender the pump stamped, `attempt` counts from 1 (more after a crashed
     pump), `deadline` is on the `time.monotonic()` clock. `tools` are the
-    peers its agent may see (organism.yaml's `visible_tools`; without an
-    agent entry, all its peers).
+    peers its agent may see and call (organism.yaml's `visible_tools`; without
+    an agent entry, all its peers). `model` and `system_prompt` are its
+    agent's (None without an agent entry, or when the entry gives none).
     """
 
     thread: str
@@ -76,6 +78,8 @@ class Context:
     attempt: int
     deadline: float
     tools: tuple[Tool, ...] = ()
+    model: str | None = None
+    system_prompt: str | None = None
 
     def remaining(self) -> float:
         """Seconds left before the pump gives up on this call."""
@@ -189,19 +193,36 @@ def replies_of(result: object) -> list[Reply]:
     return list(items)
 
 
-def outputs_of(replies: list[Reply], peers: tuple[str, ...]) -> list[Output]:
-    """Payload elements of `replies`, peers checked; HandlerFailed names the problem."""
+def outputs_of(replies: list[Reply], peers: tuple[str, ...],
+               visible: tuple[str, ...] | None = None) -> list[Output]:
+    """Payload elements of `replies`, calls checked; HandlerFailed names the problem.
+
+    A call (`Reply.to`) must go to one of `peers`, and, when the listener has an
+    agent entry, to one of its `visible` tools: an agent calls only what it sees.
+    """
+    may_call = peers if visible is None else visible
     outputs = []
     for index, reply in enumerate(replies):
-        if reply.to is not None and reply.to not in peers:
-            raise HandlerFailed("peer-denied", f"reply {index} is addressed to {reply.to!r}, "
-                                               "which this listener may not call; add it to "
-                                               "the listener's peers in organism.yaml")
+        if reply.to is not None and reply.to not in may_call:
+            raise _call_denied(index, reply.to, peers, visible)
         cls = type(reply.payload)
         outputs.append(Output(_element(reply.payload, index), reply.to,
                               isinstance(reply.payload, FinalAnswer),
                               cls if is_xmlified(cls) else None))
     return outputs
+
+
+def _call_denied(index: int, to: str, peers: tuple[str, ...],
+                 visible: tuple[str, ...] | None) -> HandlerFailed:
+    if to in peers:  # so visible is not None: the agent may not see it
+        return HandlerFailed("peer-denied", (
+            f"reply {index} calls {to!r}, a tool this listener's agent cannot see (its "
+            f"visible_tools: {', '.join(visible or ()) or 'none'}); add {to} to the agent's "
+            "visible_tools in organism.yaml"))
+    also = "" if visible is None else " and to its agent's visible_tools"
+    return HandlerFailed("peer-denied", f"reply {index} is addressed to {to!r}, which this "
+                                        f"listener may not call; add it to the listener's "
+                                        f"peers{also} in organism.yaml")
 
 
 def _element(payload: Any, index: int) -> etree._Element:

@@ -85,10 +85,11 @@ class InlineRunner:
             return checked
         spec = listener.spec
         ctx = Context(unit.thread, checked.sender, spec.name, message.id, unit.attempts,
-                      time.monotonic() + spec.timeout_s, listener.tools)
+                      time.monotonic() + spec.timeout_s, listener.tools, listener.model,
+                      listener.system_prompt)
         try:
             outputs = outputs_of(call_inline(listener.handler, checked.payload, ctx,
-                                             spec.timeout_s), spec.peers)
+                                             spec.timeout_s), spec.peers, listener.visible)
         except HandlerFailed as exc:
             if exc.code == "timeout":
                 self._demote(listener)

@@ -16,7 +16,7 @@
       - name: researcher               # the model behind the listener of that name
         type: llm
         model: claude-sonnet-4
-        visible_tools: [calc.add]      # a subset of that listener's peers
+        visible_tools: [calc.add]      # what it sees and may call: some of its peers
     meta:
       allow_list_capabilities: admin   # admin, all or none
       allow_schema_requests: admin
@@ -42,22 +42,19 @@ INLINE_TIMEOUT_MAX_S: every other write of the pump waits for it.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import re
-import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from typing import Iterator
 from typing import Mapping
 
 import yaml
 
 from bus.errors import OrganismInvalid
+from bus.pump import modules
 
 NAME_MAX = 128
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
@@ -361,8 +358,7 @@ def resolve_payload(spec: ListenerSpec, organism: Organism, path: str = "listene
 def _resolve(reference: str, organism: Organism, field: str) -> Any:
     module_name, _, attributes = reference.partition(":")
     try:
-        with _importable_from(organism.base_dir):
-            target = importlib.import_module(module_name)
+        target = modules.import_from(module_name, organism.base_dir)
     except ModuleNotFoundError as exc:
         raise OrganismInvalid(organism.source, field, (
             f"module {module_name!r} not found ({exc}); put it beside the organism file "
@@ -376,16 +372,6 @@ def _resolve(reference: str, organism: Organism, field: str) -> Any:
                 f"{module_name} has no attribute {attributes!r}; fix the name after ':'"))
         target = getattr(target, attribute)
     return target
-
-
-@contextmanager
-def _importable_from(directory: Path) -> Iterator[None]:
-    entry = str(directory)
-    sys.path.insert(0, entry)
-    try:
-        yield
-    finally:
-        sys.path.remove(entry)
 
 
 # --- YAML ---------------------------------------------------------------------------------

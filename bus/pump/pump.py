@@ -590,11 +590,12 @@ class Pump:
             return checked
         spec = listener.spec
         ctx = Context(unit.thread, checked.sender, spec.name, message.id, unit.attempts,
-                      self._loop.time() + spec.timeout_s, listener.tools)
+                      self._loop.time() + spec.timeout_s, listener.tools, listener.model,
+                      listener.system_prompt)
         try:
             replies = await call_handler(listener.handler, checked.payload, ctx,
                                          spec.timeout_s, self._handler_pool)
-            outputs = outputs_of(replies, spec.peers)
+            outputs = outputs_of(replies, spec.peers, listener.visible)
         except HandlerFailed as exc:
             return Finished(unit, message, huh=huh_element(exc.code, exc.reason, "handler"))
         return Finished(unit, message, tuple(outputs))

@@ -23,6 +23,7 @@ from typing import Mapping
 
 from bus.errors import OrganismInvalid
 from bus.pump import meta
+from bus.pump import modules
 from bus.pump.handlers import Tool
 from bus.pump.oob import OobRequest
 from bus.pump.organism import LIST_CAPABILITIES
@@ -46,7 +47,12 @@ class Listener:
     spec: ListenerSpec
     pipeline: Pipeline
     handler: Callable[..., Any]
-    tools: tuple[Tool, ...] = ()  # what its handler's context shows (visible_tools)
+    # Its agent entry, as its handler's context shows it: the tools it may see and call
+    # (visible_tools; all its peers without an agent entry), model and system_prompt.
+    tools: tuple[Tool, ...] = ()
+    visible: tuple[str, ...] | None = None  # the agent's visible_tools; None: no agent
+    model: str | None = None
+    system_prompt: str | None = None
 
     @property
     def name(self) -> str:
@@ -107,16 +113,23 @@ def build_listener(spec: ListenerSpec, organism: Organism, path: str) -> Listene
 def build_routes(organism: Organism) -> Routes:
     built = {spec.name: build_listener(spec, organism, f"listeners[{i}]")
              for i, spec in enumerate(organism.listeners)}
-    return Routes({name: replace(listener, tools=_visible_tools(organism, listener, built))
+    return Routes({name: _with_agent(organism, listener, built)
                    for name, listener in built.items()})
 
 
-def _visible_tools(organism: Organism, listener: Listener,
-                   built: Mapping[str, Listener]) -> tuple[Tool, ...]:
-    """An agent's `visible_tools` (none if it lists none); a listener without an agent
-    entry sees all its peers."""
+def _with_agent(organism: Organism, listener: Listener,
+                built: Mapping[str, Listener]) -> Listener:
+    """`listener` with its agent entry: the agent's `visible_tools` (none if it lists
+    none), model and system prompt; a listener without an agent entry sees all its peers."""
     agent = next((a for a in organism.agents if a.name == listener.name), None)
-    names = listener.spec.peers if agent is None else agent.visible_tools
+    if agent is None:
+        return replace(listener, tools=_tools(listener.spec.peers, built))
+    return replace(listener, tools=_tools(agent.visible_tools, built),
+                   visible=agent.visible_tools, model=agent.model,
+                   system_prompt=agent.system_prompt)
+
+
+def _tools(names: tuple[str, ...], built: Mapping[str, Listener]) -> tuple[Tool, ...]:
     return tuple(Tool(**meta.tool_of(built[name])) for name in names)
 
 
@@ -138,13 +151,21 @@ class RoutingTable:
                 organism = self.organism.without_listener(request.args["name"])
             elif request.command in META_ROOT_TAGS:
                 return self._meta(request)
-            else:  # hot-reload: organism.yaml again, from the file the pump started with
-                organism = self._reload()
+            else:  # hot-reload: organism.yaml and the code it names, again
+                return self._hot_reload()
             routes = build_routes(organism)  # raises before anything changes
             self.organism, self.routes = organism, routes
-        return {"listeners": list(routes.listeners),
-                "routes": {tag: [item.name for item in found]
-                           for tag, found in routes.by_tag.items()}}
+        return _routes_result(routes)
+
+    def _hot_reload(self) -> dict[str, Any]:
+        """organism.yaml again, from the file the pump started with, and the modules it
+        names whose source changed; on any error, the routes and modules stay as they were."""
+        organism = self._reload()
+        with modules.reimported(_code_references(organism), organism.source,
+                                organism.base_dir) as reimported:
+            routes = build_routes(organism)
+        self.organism, self.routes = organism, routes
+        return dict(_routes_result(routes), reimported=reimported)
 
     def _meta(self, request: OobRequest) -> dict[str, Any]:
         """A signed meta request: allowed to admin (that is what a signature proves) or all."""
@@ -154,10 +175,29 @@ class RoutingTable:
         return meta.schema(self.routes.listeners, request.args["listener"])
 
     def _reload(self) -> Organism:
-        """organism.yaml re-read; its handler modules are not re-imported (see the README)."""
+        """organism.yaml re-read, for the organism the pump runs."""
         organism = load_organism(self.organism.source)
         if organism.name != self.organism.name:
             raise OrganismInvalid(organism.source, "name", (
                 f"is {organism.name!r}, but the pump runs organism {self.organism.name!r}; "
                 "an organism cannot be renamed while it runs: restart the pump instead"))
         return organism
+
+
+def _routes_result(routes: Routes) -> dict[str, Any]:
+    """What an OOB client learns of the routes a command left."""
+    return {"listeners": list(routes.listeners),
+            "routes": {tag: [item.name for item in found]
+                       for tag, found in routes.by_tag.items()}}
+
+
+def _code_references(organism: Organism) -> dict[str, str]:
+    """The modules `organism` names, each with the first key naming it (a handler key if
+    any: that is the code people edit). Payload modules come first, so a handler module
+    that imports its payload classes binds the new ones."""
+    payloads: dict[str, str] = {}
+    handlers: dict[str, str] = {}
+    for i, spec in enumerate(organism.listeners):
+        payloads.setdefault(spec.payload.partition(":")[0], f"listeners[{i}].payload")
+        handlers.setdefault(spec.handler.partition(":")[0], f"listeners[{i}].handler")
+    return {name: handlers.get(name) or payloads[name] for name in {**payloads, **handlers}}

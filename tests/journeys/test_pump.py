@@ -4,7 +4,9 @@ They write an organism.yaml and a handler module in a directory of their
 own, put it on the pump's PYTHONPATH, run `bus pump run`, and talk to it with
 `bus pump send --wait`: a good request is answered, a bad one gets a `<huh>`,
 a request whose handler kills the pump becomes a dead letter that `bus pump
-dead` lists, and a SIGTERM stops the pump cleanly, which `bus status` shows.
+dead` lists, a handler they edit is answering with its new code after a signed
+`bus pump oob send hot-reload`, and a SIGTERM stops the pump cleanly, which
+`bus status` shows.
 
 The journey runs once (a module fixture, acting only through the installed
 commands); each test checks one thing a person would look at.
@@ -35,6 +37,8 @@ listeners:
     payload: journey_tools:Crash
     handler: journey_tools:crash
     max_attempts: 1
+oob:                          # `bus pump oob keygen` writes the key pair there
+  authorized_keys: [.worker-state/oob_ed25519.pub]
 """
 
 HANDLERS = '''\
@@ -96,6 +100,8 @@ class Journey:
     buried: subprocess.CompletedProcess[str]
     dead: subprocess.CompletedProcess[str]
     status_running: subprocess.CompletedProcess[str]
+    reloaded: subprocess.CompletedProcess[str]
+    reanswered: subprocess.CompletedProcess[str]
     stopped_pump: subprocess.CompletedProcess[str]
 
 
@@ -123,6 +129,7 @@ def journey(installed, tmp_path_factory: pytest.TempPathFactory) -> Journey:
 
     try:
         assert run("bus", "init").returncode == 0
+        assert run("bus", "pump", "oob", "keygen").returncode == 0
         checked = run("bus", "pump", "organism", "check", "organism.yaml")
         assert checked.returncode == 0, checked.stderr
         # A short lease, so the unit the crash leaves behind expires soon after it.
@@ -139,10 +146,17 @@ def journey(installed, tmp_path_factory: pytest.TempPathFactory) -> Journey:
         buried = finish(crash)
         dead = run("bus", "pump", "dead", "organism.yaml", "--json")
         status_running = run("bus", "status", "--json")
+        # They change their handler, and the running pump takes the new code.
+        (scratch / "journey_tools.py").write_text(
+            HANDLERS.replace("Sum(msg.a + msg.b)", "Sum(msg.a + msg.b + 100)"))
+        reloaded = run("bus", "pump", "oob", "send", "hot-reload", "--key",
+                       ".worker-state/oob_ed25519", "--json")
+        reanswered = run("bus", "pump", "send", "organism.yaml", "<add><a>1.5</a><b>2</b></add>",
+                         "--to", "calculator", "--wait", "--timeout", str(WAIT_S))
         second.send_signal(signal.SIGTERM)
         stopped_pump = finish(second)
         return Journey(scratch, answered, refused, crashed_pump, buried, dead, status_running,
-                       stopped_pump)
+                       reloaded, reanswered, stopped_pump)
     finally:
         for process in started:  # only if a step above failed
             if process.poll() is None:
@@ -176,10 +190,19 @@ def test_a_request_that_kills_the_pump_becomes_a_listed_dead_letter(journey: Jou
     assert (pump["organisms"], pump["dead"]) == (["journey"], 1)
 
 
+def test_a_handler_edited_on_disk_answers_with_its_new_code_after_a_hot_reload(
+        journey: Journey) -> None:
+    assert journey.reloaded.returncode == 0, journey.reloaded.stderr
+    assert json.loads(journey.reloaded.stdout)["result"]["reimported"] == ["journey_tools"]
+    assert journey.reanswered.returncode == 0, journey.reanswered.stderr
+    assert journey.reanswered.stdout.strip() == (
+        "calculator -> console: <sum><value>103.5</value></sum>")
+
+
 def test_sigterm_stops_the_pump_cleanly(journey: Journey) -> None:
     stopped = journey.stopped_pump
     assert stopped.returncode == 0, stopped.stderr
-    assert stopped.stdout.strip() == "pump journey: resumed; 1 dead"
+    assert stopped.stdout.strip() == "pump journey: resumed; 1 dead, 1 replied"
     assert "Traceback" not in stopped.stderr
 
 
