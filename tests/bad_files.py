@@ -119,6 +119,20 @@ KINDS = {"corrupt": corrupt, "foreign": foreign, "newer": newer, "truncated": tr
          "read-only": read_only_bus}
 
 
+BAD_KINDS = ["corrupt", "foreign", "newer", "truncated", "header-then-garbage", "missing"]
+# What the error says about each kind (the fix follows it).
+NAMED = {
+    "corrupt": "is corrupt (",
+    "foreign": "is a SQLite database with tables that agentbus did not create",
+    "newer": "has schema version 999, but this agentbus supports up to version",
+    "truncated": "is corrupt (",
+    "header-then-garbage": "is not a readable SQLite database",
+    "missing": "no bus database at",
+}
+# `bus history` reads the export, not the bus: without either it names the export.
+NAMED_BY_COMMAND = {("missing", "bus history"): "no export at"}
+
+
 def make_kind(kind: str, directory: Path) -> Path:
     """The bus file of `kind` in `directory` (read-only is made so by `read_only_directory`)."""
     directory.mkdir(parents=True, exist_ok=True)

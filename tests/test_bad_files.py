@@ -21,26 +21,16 @@ from click.testing import CliRunner
 from bus import Bus
 from bus.cli import main as bus_main
 from tests import bad_files
+from tests.bad_files import BAD_KINDS
 from tests.bad_files import CREATES
+from tests.bad_files import NAMED
+from tests.bad_files import NAMED_BY_COMMAND
 from tests.bad_files import NO_BUS
 from tests.bad_files import NOTHING_TO_WRITE
 from tests.bad_files import READ_ONLY_ERRORS
 from tests.bad_files import READS
 from tests.bad_files import RUN_ON
 from workers.cli import main as worker_main
-
-BAD_KINDS = ["corrupt", "foreign", "newer", "truncated", "header-then-garbage", "missing"]
-# What the error says about each kind (the fix follows it).
-# `bus history` reads the export, not the bus: without either it names the export.
-NAMED_BY_COMMAND = {("missing", "bus history"): "no export at"}
-NAMED = {
-    "corrupt": "is corrupt (",
-    "foreign": "is a SQLite database with tables that agentbus did not create",
-    "newer": "has schema version 999, but this agentbus supports up to version",
-    "truncated": "is corrupt (",
-    "header-then-garbage": "is not a readable SQLite database",
-    "missing": "no bus database at",
-}
 
 
 def invoke(command: str, db: Path, scratch: Path):

@@ -21,7 +21,10 @@ from pathlib import Path
 import pytest
 
 from tests import bad_files
+from tests.bad_files import BAD_KINDS
 from tests.bad_files import CREATES
+from tests.bad_files import NAMED
+from tests.bad_files import NAMED_BY_COMMAND
 from tests.bad_files import NO_BUS
 from tests.bad_files import NOTHING_TO_WRITE
 from tests.bad_files import READ_ONLY_ERRORS
@@ -31,17 +34,6 @@ from tests.journeys.conftest import Installed
 
 pytestmark = pytest.mark.slow
 
-BAD_KINDS = ["corrupt", "foreign", "newer", "truncated", "header-then-garbage", "missing"]
-NAMED = {
-    "corrupt": "is corrupt (",
-    "foreign": "is a SQLite database with tables that agentbus did not create",
-    "newer": "has schema version 999, but this agentbus supports up to version",
-    "truncated": "is corrupt (",
-    "header-then-garbage": "is not a readable SQLite database",
-    "missing": "no bus database at",
-}
-# `bus history` reads the export, not the bus: with neither there it names the export.
-NAMED_BY_COMMAND = {("missing", "bus history"): "no export at"}
 # Commands that need an optional module: where the venv lacks it, they say which extra.
 NEEDS_EXTRA = {"bus history": ("pyspark", "spark")}
 PARALLEL = max(2, min(8, os.cpu_count() or 2))
