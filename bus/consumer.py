@@ -135,7 +135,8 @@ class Consumer:
         self.max_retry_delay = max(self.retry_delay, _seconds(max_retry_delay, "max_retry_delay"))
         self.idle_wait = _seconds(idle_wait, "idle_wait")
         self._stopping = False
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_r, self._wake_w = os.pipe()  # not inherited by children (PEP 446)
+        os.set_blocking(self._wake_w, False)  # stop() must never block, in a signal handler least
         self._close_pipe = weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
 
     # --- stopping ---------------------------------------------------------
