@@ -192,6 +192,29 @@ def test_consumer_stop_from_another_thread_ends_its_wait_on_the_commit_signal(bu
     consumer.stop()  # after close: nothing to wake, no error
 
 
+def test_consumer_stop_ends_the_back_off_after_a_failure(bus):
+    [seq] = publish(bus, "worker-1", 1)
+    failed = threading.Event()
+
+    def handle(message: Message) -> None:
+        failed.set()
+        raise Boom(message.seq)
+
+    consumer = Consumer(bus, "worker-1", handle, retry_delay=3600)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(consumer.run()), daemon=True)
+    thread.start()
+    assert failed.wait(SHORT_TIMEOUT), "the handler never ran"
+
+    consumer.stop()
+
+    thread.join(SHORT_TIMEOUT)  # an hour's back-off: only the stop can end it in time
+    assert not thread.is_alive(), "stop() did not end the back-off"
+    assert (results[0].failures, results[0].last_failed.seq) == (1, seq)
+    assert bus.cursor("worker-1") == 0
+    consumer.close()
+
+
 @pytest.mark.parametrize("field, kwargs", [
     ("limit", {"limit": 0}),
     ("retry_delay", {"retry_delay": -1}),
