@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from bus.api import Bus
+from bus.consumer import Consumer
+from bus.consumer import LoopStats
+from bus.consumer import process_loop
 from bus.cursors import Cursor
 from bus.errors import BusBusy
 from bus.errors import BusClosed
@@ -18,7 +21,7 @@ from bus.messages import PublishResult
 __version__ = "0.1.0"
 
 __all__ = [
-    "Bus", "BusBusy", "BusClosed", "BusError", "BusNotFound", "Cursor", "Message",
-    "NotABusDatabase", "PublishResult", "SchemaTooNew", "UnsupportedFilesystem",
-    "ValidationFailed", "__version__",
+    "Bus", "BusBusy", "BusClosed", "BusError", "BusNotFound", "Consumer", "Cursor",
+    "LoopStats", "Message", "NotABusDatabase", "PublishResult", "SchemaTooNew",
+    "UnsupportedFilesystem", "ValidationFailed", "__version__", "process_loop",
 ]

@@ -6,6 +6,9 @@
             handle(message)
             bus.ack("worker-1", message.seq)
 
+(`from bus import process_loop`, bus/consumer.py, is that loop written once:
+the acks, a handler's failure, the wait for the next message.)
+
 A Bus may be shared between threads: each thread gets its own SQLite
 connection (SQLite connections must not be shared), opened on first use.
 """
@@ -361,12 +364,8 @@ class Bus(TaskClaims):
         Returns True when something changed (the first call on a thread
         returns True at once), False on timeout. Uses inotify where Linux
         has it, polling `PRAGMA data_version` every millisecond otherwise.
-        A typical consumer loop:
-
-            while True:
-                for message in bus.poll(agent):
-                    handle(message); bus.ack(agent, message.seq)
-                bus.wait_for_change(timeout=30)
+        `process_loop` (bus/consumer.py) is the consumer loop built on it:
+        poll, handle, ack after each success, wait here when nothing is waiting.
 
         `interrupt`: a readable fd (a pipe's read end) whose data ends the wait
         early (False); the caller drains it (the pump wakes its database
