@@ -101,6 +101,7 @@ class ViewsGame(RuleBasedStateMachine):
         self.exported: int | None = None
         self.workers: dict[str, str] = {}  # worker -> state
         self.stopped_workers: set[str] = set()  # whose last beat says stopped
+        self.reworking: set[str] = set()  # sent back to WORKING after done: they beat working
         self.channels.create_channel(CHANNEL, "group", OWNER, max_retries=0,
                                      ack_timeout=ACK_TIMEOUT_MS / 1000)
         for member in MEMBERS:
@@ -227,6 +228,10 @@ class ViewsGame(RuleBasedStateMachine):
         self.workers[worker] = machine.TRANSITIONS[(before, command)]
         if command in ("done", "cancel", "fail"):
             self.stopped_workers.add(worker)
+            self.reworking.discard(worker)
+        elif command in ("reject", "rework"):
+            self.stopped_workers.discard(worker)
+            self.reworking.add(worker)
 
     # --- a channel: deliveries, acks, dead letters ------------------------------------------
 
@@ -320,7 +325,9 @@ class ViewsGame(RuleBasedStateMachine):
         assert not set(AGENTS) - set(self.beats) & set(shown)  # forgotten, or never beat
         for worker in self.stopped_workers:  # done, cancel and fail beat `stopped`
             assert (shown[worker].status, shown[worker].state) == ("stopped", "stopped")
-        assert not set(WORKERS) - self.stopped_workers & set(shown)  # nothing else beats
+        for worker in self.reworking:  # reject and rework replace the stopped beat
+            assert shown[worker].status == "working"
+        assert not set(WORKERS) - self.stopped_workers - self.reworking & set(shown)
         if self.pump_ran:
             assert shown["pump:org"].state == "stopped"
 
