@@ -71,9 +71,13 @@ def test_retry_schedule_is_one_three_seven_seconds_of_backoff_then_dead_letter(
         "worker", 3, T0 + 9000, sent.seq)
     assert dead.last_error == "not acknowledged within 0.5 s"
     assert dead.message.status == "dead_letter" and dead.message.content == "do it"
-    [notice] = [m for m in bus.last_messages(5) if m.type == "_system.message.deadletter"]
-    assert notice.payload == {"dead_letter": dead.id, "seq": sent.seq, "recipient": "worker",
-                              "retry_count": 3, "last_error": "not acknowledged within 0.5 s"}
+    # The notice is a message on the bus's own pubsub channel, topic _system.message.deadletter.
+    [notice] = ch.query_messages({"channel": "_system"}).messages
+    assert (notice.sender, notice.type, notice.topic) == (
+        "bus", "notification", "_system.message.deadletter")
+    assert notice.content == {"dead_letter": dead.id, "seq": sent.seq, "channel": "work",
+                              "recipient": "worker", "retry_count": 3,
+                              "last_error": "not acknowledged within 0.5 s"}
     assert received_at(ch, clock, 60_000) == []
 
 
@@ -176,12 +180,13 @@ def test_an_acknowledgment_message_completes_the_command_for_its_sender(
                              correlation_id="job-1")
     [delivery] = ch.deliveries(command)
     assert (delivery.status, delivery.note) == ("completed", f"answered by message {answer.id}")
+    assert ch.get_channel("work").open_deliveries == 1  # the answer, waiting for boss
+    assert [m.content for m in ch.receive_messages("boss")] == ["deployed"]
+    ch.acknowledge_message(answer.seq, "boss", "completed")
     clock.now = T0 + 600_000
     assert ch.tick().redelivered == 0
     assert received_at(ch, clock, 600_000) == []
-    assert [m.content for m in ch.receive_messages("boss")] == ["deployed"]
     assert ch.query_messages({"types": ["command"]}).messages[0].status == "acknowledged"
-    assert ch.get_channel("work").open_deliveries == 1  # the answer, waiting for boss
 
 
 def test_a_response_completes_the_query_for_the_agent_that_answered(
@@ -192,10 +197,13 @@ def test_a_response_completes_the_query_for_the_agent_that_answered(
     query = ch.send_query("g", "asker", "what is the port?")
     [got] = ch.receive_messages("expert")
     ch.send_response("g", "expert", got.correlation_id, "8080")
+    statuses = {d.recipient: d.status for d in ch.deliveries(query)}
+    assert statuses == {"expert": "completed", "other": "pending"}  # still waits for other
     clock.now = T0 + 600_000
     assert [m.type for m in ch.receive_messages("expert")] == []  # not asked again
     statuses = {d.recipient: d.status for d in ch.deliveries(query)}
-    assert statuses == {"expert": "completed", "other": "pending"}  # still waits for other
+    # other never received: its timer ran from the send, through its retries.
+    assert statuses == {"expert": "completed", "other": "dead_letter"}
 
 
 def test_an_answer_leaves_a_delivery_already_final_alone(ch: Channels, clock: ManualClock) -> None:
@@ -298,7 +306,7 @@ def test_replay_delivers_a_dead_letter_again(ch: Channels, clock: ManualClock) -
     [got] = received_at(ch, clock, clock.now - T0)
     assert (got.seq, got.retry_count, got.status) == (seq, 0, "delivered")
     ch.acknowledge_message(got, "worker", "completed")
-    assert ch.query_messages().messages[0].status == "acknowledged"
+    assert ch.query_messages({"channel": "work"}).messages[0].status == "acknowledged"
 
 
 def test_dead_letter_ids_are_never_reused(ch: Channels, clock: ManualClock) -> None:
@@ -395,9 +403,13 @@ def test_leaving_cancels_unfinished_deliveries_and_frees_the_store(ch: Channels,
         assert statuses["other"] == ("pending", None)
     with pytest.raises(ValidationFailed, match="was cancelled when worker left the channel"):
         ch.acknowledge_message(got, "worker", "completed")
-    clock.now = T0 + 60_000
-    assert ch.tick().to_json_dict() == {"redelivered": 0, "dead_lettered": 0,
+    clock.now = T0 + 60_000  # other never received: its two run their retries out; worker's stay
+    assert ch.tick().to_json_dict() == {"redelivered": 6, "dead_lettered": 2,
                                         "expired_queries": 0}
+    assert [d.recipient for d in ch.dead_letters()] == ["other", "other"]
+    for message in (handed, waiting):
+        statuses = {d.recipient: d.status for d in ch.deliveries(message)}
+        assert statuses == {"worker": "cancelled", "other": "dead_letter"}
 
 
 def test_closing_a_channel_dead_letters_what_waits_and_frees_the_store(
@@ -417,3 +429,180 @@ def test_closing_a_channel_dead_letters_what_waits_and_frees_the_store(
     assert letters == {handed.seq: "channel closed", waiting.seq: "channel closed"}
     assert {m.status for m in ch.query_messages({"channel": "work"})} == {"dead_letter"}
     ch.send_message("other", "a", "text", "now it fits")
+
+
+# --- the ack timer starts at send (seed 004, stage 5) --------------------------------
+
+
+def delivery_of(ch: Channels, message) -> tuple:
+    [d] = ch.deliveries(message)
+    return d.status, d.attempts, d.retry_count
+
+
+def test_a_command_to_a_recipient_that_never_receives_retries_with_backoff_then_dead_letters(
+        ch: Channels, clock: ManualClock) -> None:
+    make_pair(ch, ack_timeout=0.5, retry_backoff_ms=1000, max_retries=3)
+    sent = ch.send_message("work", "boss", "command", "do it")
+    # Nobody calls receive. Attempt n times out 500 ms after it became
+    # visible; retry n is visible 1000 * 2^(n-1) ms after that: the same
+    # schedule as for a recipient that receives each attempt at once.
+    for deadline, retries in ((500, 1), (2000, 2), (4500, 3)):
+        clock.now = T0 + deadline - 1
+        assert ch.tick().redelivered == 0
+        clock.now = T0 + deadline
+        assert ch.tick().redelivered == 1
+        assert delivery_of(ch, sent) == ("pending", 0, retries)
+    clock.now = T0 + 8999
+    assert ch.tick().dead_lettered == 0
+    clock.now = T0 + 9000
+    assert ch.tick().dead_lettered == 1
+    [dead] = ch.dead_letters()
+    assert (dead.recipient, dead.retry_count, dead.last_error, dead.dead_lettered_at_ms) == (
+        "worker", 3, "not acknowledged within 0.5 s", T0 + 9000)
+    assert delivery_of(ch, sent) == ("dead_letter", 0, 3)
+    assert dead.message.status == "dead_letter"
+    assert received_at(ch, clock, 60_000) == []
+
+
+def test_one_late_tick_runs_the_whole_schedule_of_an_offline_recipient(
+        ch: Channels, clock: ManualClock) -> None:
+    make_pair(ch, ack_timeout=0.5, retry_backoff_ms=1000, max_retries=3)
+    first = ch.send_message("work", "boss", "command", "one")
+    clock.now = T0 + 8999  # nobody ran tick since the send
+    assert ch.tick().to_json_dict() == {"redelivered": 3, "dead_lettered": 0,
+                                        "expired_queries": 0}
+    assert delivery_of(ch, first) == ("pending", 0, 3)
+    [got] = received_at(ch, clock, 8999)  # retry 3, visible since 8500
+    assert got.retry_count == 3
+    ch.acknowledge_message(got, "worker", "completed")
+
+    second = ch.send_message("work", "boss", "command", "two")
+    clock.now = T0 + 8999 + 9000
+    assert ch.tick().to_json_dict() == {"redelivered": 3, "dead_lettered": 1,
+                                        "expired_queries": 0}
+    assert delivery_of(ch, second) == ("dead_letter", 0, 3)
+
+
+def test_a_late_receiver_gets_a_message_until_it_is_dead_lettered(
+        ch: Channels, clock: ManualClock) -> None:
+    make_pair(ch, ack_timeout=0.5, retry_backoff_ms=1000, max_retries=3)
+    sent = ch.send_message("work", "boss", "command", "do it")
+    assert received_at(ch, clock, 1000) == []  # timed out at 500, retry 1 waits until 1500
+    [got] = received_at(ch, clock, 1500)
+    assert (got.seq, got.attempt, got.retry_count) == (sent.seq, 1, 1)
+    # Handing it out restarts the timer: the receiver has a whole ack_timeout.
+    clock.now = T0 + 1999
+    assert ch.tick().redelivered == 0
+    ch.acknowledge_message(got, "worker", "completed")
+    clock.now = T0 + 600_000
+    assert ch.tick().to_json_dict() == {"redelivered": 0, "dead_lettered": 0,
+                                        "expired_queries": 0}
+    assert delivery_of(ch, sent) == ("completed", 1, 1)
+
+
+def test_a_paused_channel_holds_the_timers_of_what_waits(ch: Channels,
+                                                         clock: ManualClock) -> None:
+    make_pair(ch, ack_timeout=0.5, max_retries=0)
+    sent = ch.send_message("work", "boss", "command", "do it")
+    clock.now = T0 + 100
+    ch.set_channel_state("work", "paused")
+    clock.now = T0 + 60_000
+    assert ch.tick().dead_lettered == 0  # nothing is handed out while paused
+    ch.set_channel_state("work", "active")  # the timer runs again from the resume
+    clock.now = T0 + 60_499
+    assert ch.tick().dead_lettered == 0
+    clock.now = T0 + 60_500
+    assert ch.tick().dead_lettered == 1
+    assert delivery_of(ch, sent) == ("dead_letter", 0, 0)
+
+
+def test_a_retry_while_paused_waits_for_the_resume(ch: Channels, clock: ManualClock) -> None:
+    make_pair(ch, ack_timeout=0.5, retry_backoff_ms=0, max_retries=1)
+    sent = ch.send_message("work", "boss", "command", "do it")
+    received_at(ch, clock, 0)
+    ch.set_channel_state("work", "paused")
+    clock.now = T0 + 500  # the handed-out one times out: retry 1 waits, with no timer
+    assert ch.tick().redelivered == 1
+    clock.now = T0 + 60_000
+    assert ch.tick().dead_lettered == 0
+    ch.set_channel_state("work", "draining")  # delivers again: the timer runs from now
+    clock.now = T0 + 60_500
+    assert ch.tick().dead_lettered == 1
+    assert delivery_of(ch, sent) == ("dead_letter", 1, 1)
+
+
+def test_max_pending_and_at_most_once_start_no_timer_at_send(ch: Channels,
+                                                             clock: ManualClock) -> None:
+    make_pair(ch, ack_timeout=0.5, max_retries=0, max_pending=1)
+    ch.create_channel("news", "direct", "boss", delivery_mode="at_most_once")
+    ch.join_channel("news", "worker")
+    queued = ch.send_message("work", "boss", "command", "one")
+    ch.send_message("news", "boss", "text", "fyi")
+    clock.now = T0 + 60_000
+    assert ch.tick().dead_lettered == 0  # max_pending: the timer starts when handed out
+    assert sorted(m.content for m in ch.receive_messages("worker")) == ["fyi", "one"]
+    clock.now = T0 + 60_500
+    assert ch.tick().dead_lettered == 1
+    assert delivery_of(ch, queued) == ("dead_letter", 1, 0)
+
+
+def test_a_replayed_dead_letter_times_out_again_unreceived(ch: Channels,
+                                                           clock: ManualClock) -> None:
+    make_pair(ch, ack_timeout=0.5, max_retries=0)
+    sent = ch.send_message("work", "boss", "command", "do it")
+    clock.now = T0 + 500
+    assert ch.tick().dead_lettered == 1
+    clock.now = T0 + 1000
+    ch.replay_dead_letter(ch.dead_letters()[0].id)
+    clock.now = T0 + 1500
+    assert ch.tick().dead_lettered == 1
+    assert delivery_of(ch, sent) == ("dead_letter", 0, 0)
+
+
+# --- the dead-letter notice is a message on _system.message.deadletter --------------
+
+
+def test_a_pubsub_subscriber_to_the_deadletter_topic_receives_the_notice(
+        ch: Channels, clock: ManualClock) -> None:
+    # _system does not exist yet: subscribing creates it.
+    assert ch.subscribe("_system", "ops", "_system.message.deadletter") is True
+    ch.subscribe("_system", "auditor", "_system.#")
+    ch.subscribe("_system", "capacity-watch", "_system.store.*")
+    make_pair(ch, ack_timeout=0.5, max_retries=0)
+    sent = ch.send_message("work", "boss", "command", "do it")
+    clock.now = T0 + 500
+    assert ch.tick().dead_lettered == 1
+    [dead] = ch.dead_letters()
+    for agent in ("ops", "auditor"):
+        [notice] = ch.receive_messages(agent)
+        assert (notice.channel, notice.sender, notice.type, notice.topic) == (
+            "_system", "bus", "notification", "_system.message.deadletter")
+        assert notice.content == {"dead_letter": dead.id, "seq": sent.seq, "channel": "work",
+                                  "recipient": "worker", "retry_count": 0,
+                                  "last_error": "not acknowledged within 0.5 s"}
+    assert list(ch.receive_messages("capacity-watch")) == []
+    # A notice handed out is done (at_most_once): never retried, never a dead letter itself.
+    clock.now = T0 + 600_000
+    assert ch.tick().to_json_dict() == {"redelivered": 0, "dead_lettered": 0,
+                                        "expired_queries": 0}
+    assert len(ch.dead_letters()) == 1
+
+
+def test_the_system_channel_belongs_to_the_bus(ch: Channels, clock: ManualClock) -> None:
+    with pytest.raises(ValidationFailed, match="_system is the bus's own channel") as refused:
+        ch.create_channel("_system", "group", "mallory")
+    assert refused.value.field == "name"
+    ch.subscribe("_system", "ops", "_system.#")
+    system = ch.get_channel("_system")
+    assert (system.type, system.owner, system.config.delivery_mode) == (
+        "pubsub", "bus", "at_most_once")
+    assert [(p.agent, p.role) for p in ch.participants("_system")] == [
+        ("bus", "owner"), ("ops", "observer")]
+    with pytest.raises(ValidationFailed, match="ops observes channel '_system'"):
+        ch.send_message("_system", "ops", "notification", "forged",
+                        topic="_system.message.deadletter")
+    assert ch.subscribe("_system", "ops", "_system.#") is False
+    with pytest.raises(ValidationFailed, match="_system takes observers only") as refused:
+        ch.join_channel("_system", "mallory")
+    assert refused.value.field == "role"
+    ch.join_channel("_system", "mallory", "observer")

@@ -554,3 +554,73 @@ def test_compact_keeps_channel_messages_with_unfinished_deliveries(ch: Channels,
     report = bus.compact(0, now=ch.clock() + 1)
     assert report.messages == 1
     assert [m.content for m in ch.query_messages()] == ["waiting"]
+
+
+# --- fan-out to many recipients (seed 004, "Broadcast Fan-out") --------------------------
+
+
+def join_many(ch: Channels, channel: str, agents: list[str]) -> None:
+    with ch.batch():
+        for agent in agents:
+            ch.join_channel(channel, agent)
+
+
+def statements_of(bus: Bus, action) -> list[str]:
+    """The SQL statements `action` runs on the bus's connection (an apsw exec tracer)."""
+    seen: list[str] = []
+
+    def trace(_cursor, sql: str, _bindings) -> bool:
+        seen.append(sql)
+        return True
+
+    bus.conn.exec_trace = trace
+    try:
+        action()
+    finally:
+        bus.conn.exec_trace = None
+    return seen
+
+
+def test_fan_out_to_5000_recipients_is_batched_and_each_gets_it_once(ch: Channels,
+                                                                    bus: Bus) -> None:
+    agents = [f"agent-{n:04d}" for n in range(5000)]
+    ch.create_channel("all-hands", "broadcast", "boss")
+    join_many(ch, "all-hands", agents)
+    sent: list = []
+    statements = statements_of(bus, lambda: sent.append(
+        ch.send_message("all-hands", "boss", "notification", "standup in 5")))
+    inserts = [sql for sql in statements if sql.startswith("INSERT INTO deliveries")]
+    assert len(inserts) == 5  # batches of 1,000 recipients, not 5,000 statements
+    assert len(statements) < 30
+    seq = sent[0].seq
+    assert bus.conn.execute(
+        "SELECT count(*), count(DISTINCT recipient), min(status), max(status) FROM deliveries"
+        " WHERE seq = ?", (seq,)).fetchone() == (5000, 5000, "pending", "pending")
+    assert [r for (r,) in bus.conn.execute(
+        "SELECT recipient FROM deliveries WHERE seq = ? ORDER BY recipient", (seq,))] == agents
+    assert ch.get_channel("all-hands").open_deliveries == 5000
+    for agent in ("agent-0000", "agent-2500", "agent-4999"):
+        assert [m.seq for m in ch.receive_messages(agent)] == [seq]
+        assert list(ch.receive_messages(agent)) == []
+
+
+def test_batched_fan_out_keeps_exactly_once_duplicates_per_recipient(ch: Channels,
+                                                                    bus: Bus) -> None:
+    first = [f"old-{n:04d}" for n in range(1500)]
+    later = [f"new-{n:04d}" for n in range(1000)]
+    ch.create_channel("all-hands", "broadcast", "boss", delivery_mode="exactly_once")
+    join_many(ch, "all-hands", first)
+    ch.send_message("all-hands", "boss", "command", "v1", correlation_id="deploy-42")
+    join_many(ch, "all-hands", later)
+    again: list = []
+    statements = statements_of(bus, lambda: again.append(
+        ch.send_message("all-hands", "boss", "command", "v1 again", correlation_id="deploy-42")))
+    # Three batches: the 1,000 new recipients, then the old ones, all duplicates.
+    assert len([sql for sql in statements if sql.startswith("INSERT INTO deliveries")]) == 3
+    statuses = dict(bus.conn.execute(
+        "SELECT status, count(*) FROM deliveries WHERE seq = ? GROUP BY status", (again[0].seq,)))
+    assert statuses == {"duplicate": 1500, "pending": 1000}  # the new ones had not had it
+    assert bus.conn.execute("SELECT count(*) FROM dedup WHERE correlation_id = 'deploy-42'"
+                            ).get == 2500
+    assert [m.content for m in ch.receive_messages("old-0000")] == ["v1"]
+    assert [m.content for m in ch.receive_messages("new-0999")] == ["v1 again"]

@@ -28,6 +28,7 @@ from tests.cli_helpers import iso
 from tests.cli_helpers import json_lines
 from tests.cli_helpers import last_error
 from tests.cli_helpers import run
+from conftest import ManualClock
 
 UUID_RE = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 TIMEOUT_S = 30.0  # overall limit of loops that wait for a deadline to pass
@@ -63,6 +64,17 @@ def assert_usage_error(args: list[str], db: Path, fragment: str) -> None:
     assert result.exit_code == 2, (result.stdout, result.stderr)
     assert result.stdout == ""
     assert fragment in result.stderr
+
+
+@pytest.fixture
+def cli_clock(monkeypatch, clock: ManualClock) -> ManualClock:
+    """The CLI's channel engine on an injected clock the test steps (no sleeping).
+
+    Ack timers start at send, so with real time a slow machine could let a
+    50 ms timer run out between two commands of a test.
+    """
+    monkeypatch.setattr(bus.api, "Channels", lambda b: Channels(b, clock=clock))
+    return clock
 
 
 def tick_until(db: Path, key: str, count: int = 1) -> dict:
@@ -453,14 +465,19 @@ def test_channel_tick_with_nothing_due(db: Path) -> None:
                                                 "expired_queries": 0}
 
 
-def test_channel_tick_redelivers_unacknowledged_message(db: Path) -> None:
+def test_channel_tick_redelivers_unacknowledged_message(db: Path,
+                                                    cli_clock: ManualClock) -> None:
     ok(["channel", "create", "j", "--type", "direct", "--owner", "boss", "--ack-timeout", "0.05",
         "--max-retries", "1", "--retry-backoff-ms", "0"], db)
     ok(["channel", "join", "j", "--agent", "w"], db)
     sent = ok_json(["channel", "send", "--channel", "j", "--from", "boss", "--type", "command",
                     "--content", "go"], db)
     ok(["channel", "receive", "--agent", "w"], db)
-    assert tick_until(db, "redelivered")["dead_lettered"] == 0
+    cli_clock.now += 49
+    assert ok_json(["channel", "tick"], db)["redelivered"] == 0
+    cli_clock.now += 1
+    assert ok_json(["channel", "tick"], db) == {"redelivered": 1, "dead_lettered": 0,
+                                                "expired_queries": 0}
     again = ok(["channel", "receive", "--agent", "w"], db)
     assert again.stdout == line(sent, "attempt=2") + "\n"
 
@@ -766,7 +783,7 @@ def test_thread_unknown_correlation_id_prints_nothing(db: Path) -> None:
 
 
 @pytest.fixture
-def dead(db: Path) -> dict:
+def dead(db: Path, cli_clock: ManualClock) -> dict:
     """A command on channel `jobs` (ack timeout 50 ms, no retries) received, never acked,
     and dead-lettered by `bus channel tick`; returns its send --json."""
     ok(["channel", "create", "jobs", "--type", "direct", "--owner", "boss", "--ack-timeout",
@@ -775,7 +792,8 @@ def dead(db: Path) -> dict:
     sent = ok_json(["channel", "send", "--channel", "jobs", "--from", "boss", "--type", "command",
                     "--content", "do it"], db)
     assert len(ok(["channel", "receive", "--agent", "w"], db).stdout.splitlines()) == 1
-    report = tick_until(db, "dead_lettered")
+    cli_clock.now += 50
+    report = ok_json(["channel", "tick"], db)
     assert report == {"redelivered": 0, "dead_lettered": 1, "expired_queries": 0}
     return sent
 
@@ -802,8 +820,8 @@ def test_dlq_dead_letter_listed_shown_replayed_and_received_again(db: Path, dead
     assert ok_json(["dlq", "show", "1"], db) == letter
     assert [m["seq"] for m in json_lines(
         ok(["channel", "query", "--status", "dead_letter", "--json"], db).stdout)] == [1]
-    notice = bus.last_messages(1)[0]
-    assert (notice.type, notice.payload["dead_letter"], notice.payload["seq"]) == (
+    [notice] = json_lines(ok(["channel", "query", "--channel", "_system", "--json"], db).stdout)
+    assert (notice["topic"], notice["content"]["dead_letter"], notice["content"]["seq"]) == (
         "_system.message.deadletter", 1, 1)
 
     assert ok(["dlq", "replay", "1"], db).stdout == (
@@ -812,7 +830,28 @@ def test_dlq_dead_letter_listed_shown_replayed_and_received_again(db: Path, dead
     again = ok(["channel", "receive", "--agent", "w"], db)
     assert again.stdout == line(dead, "attempt=2") + "\n"
     ok(["channel", "acknowledge", "--agent", "w", "--seq", "1", "--status", "completed"], db)
-    assert json_lines(ok(["channel", "query", "--json"], db).stdout)[0]["status"] == "acknowledged"
+    [message] = json_lines(ok(["channel", "query", "--channel", "jobs", "--json"], db).stdout)
+    assert message["status"] == "acknowledged"
+
+
+def test_a_subscriber_to_the_deadletter_topic_receives_the_notice(db: Path,
+                                                                   cli_clock: ManualClock) -> None:
+    assert ok(["channel", "subscribe", "_system", "--agent", "ops", "--pattern",
+               "_system.message.deadletter"], db).stdout == (
+        "ops subscribed to _system.message.deadletter on _system\n")
+    ok(["channel", "create", "jobs", "--type", "direct", "--owner", "boss", "--ack-timeout",
+        "0.05", "--max-retries", "0"], db)
+    ok(["channel", "join", "jobs", "--agent", "w"], db)
+    sent = ok_json(["channel", "send", "--channel", "jobs", "--from", "boss", "--type", "command",
+                    "--content", "do it"], db)
+    cli_clock.now += 50  # w never received it: its timer ran from the send
+    assert ok_json(["channel", "tick"], db)["dead_lettered"] == 1
+    [notice] = json_lines(ok(["channel", "receive", "--agent", "ops", "--json"], db).stdout)
+    assert (notice["channel"], notice["sender"], notice["type"], notice["topic"]) == (
+        "_system", "bus", "notification", "_system.message.deadletter")
+    assert notice["content"] == {"dead_letter": 1, "seq": sent["seq"], "channel": "jobs",
+                                 "recipient": "w", "retry_count": 0,
+                                 "last_error": "not acknowledged within 0.05 s"}
 
 
 def test_dlq_replay_json_and_discard(db: Path, dead: dict) -> None:
@@ -830,9 +869,10 @@ def test_dlq_replay_refused_on_paused_channel(db: Path, dead: dict) -> None:
     assert ok_json(["dlq", "replay", "1"], db) == {"id": 1, "seq": 1, "recipient": "w"}
 
 
-def test_dlq_purge_older_than(db: Path, dead: dict) -> None:
+def test_dlq_purge_older_than(db: Path, dead: dict, cli_clock: ManualClock) -> None:
     assert ok(["dlq", "purge", "--older-than", "3600"], db).stdout == (
         "purged 0 dead letter(s) older than 3600 s\n")
+    cli_clock.now += 1
     assert ok_json(["dlq", "purge", "--older-than", "0"], db) == {"purged": 1, "older_than": 0.0}
     assert ok(["dlq", "list"], db).stdout == "no dead letters\n"
 

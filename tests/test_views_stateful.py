@@ -243,7 +243,8 @@ class ViewsGame(RuleBasedStateMachine):
             assert sender not in self.members
             return
         for recipient in self.members - {sender}:  # a group: everyone else
-            self.deliveries[(sent.seq, recipient)] = ("pending", None)
+            # The ack timer starts at send: unreceived, it dies all the same.
+            self.deliveries[(sent.seq, recipient)] = ("pending", self.now + ACK_TIMEOUT_MS)
 
     @rule(agent=st.sampled_from(AGENTS + (OWNER,)))
     def receive(self, agent: str) -> None:
@@ -265,9 +266,10 @@ class ViewsGame(RuleBasedStateMachine):
                                          if status == "in_progress" else ("done", None))
 
     def _tick(self) -> int:
-        """The model's timers: a handed delivery past its deadline dies (no retries)."""
+        """The model's timers: a delivery, handed out or not, past its deadline dies
+        (no retries)."""
         due = [k for k, (s, deadline) in self.deliveries.items()
-               if s == "handed" and deadline <= self.now]
+               if s in ("pending", "handed") and deadline <= self.now]
         for key in due:
             self.deliveries[key] = ("dead", None)
         return len(due)
@@ -354,8 +356,10 @@ class ViewsGame(RuleBasedStateMachine):
             assert status.export.lag == last - self.exported
 
     def check_channel(self, status: Status) -> None:
-        [channel] = status.channels
         states = Counter(state for state, _ in self.deliveries.values())
+        # The first dead letter's notice creates the bus's own channel, _system.
+        assert [c.name for c in status.channels] == ["_system"] * bool(states["dead"]) + [CHANNEL]
+        channel = status.channels[-1]
         assert (channel.name, channel.open_deliveries, channel.awaiting_ack,
                 channel.dead_letters) == (CHANNEL, states["pending"] + states["handed"],
                                           states["handed"], states["dead"])
@@ -454,8 +458,11 @@ TOUR = [
     ("ack", {"agent": "a1", "back": 1}),
     ("send", {"sender": OWNER}),
     ("receive", {"agent": "a1"}),
+    ("receive", {"agent": "a2"}),  # a2's timer runs from the send: it answers in time
+    ("acknowledge", {"pick": 1, "status": "completed"}),
     ("time_passes", {"seconds": 31}),  # a1, a2 warn; t1 expired; a1's delivery overdue
     ("receive", {"agent": "a1"}),  # the timers run: a dead letter
+    ("send", {"sender": OWNER}),
     ("receive", {"agent": "a2"}),
     ("acknowledge", {"pick": 0, "status": "in_progress"}),
     ("lease", {"op": "claim", "task": "t1", "agent": "a3", "lease_s": 1}),  # taken over
@@ -486,7 +493,7 @@ def test_views_render_a_tour_of_the_hard_to_reach_states() -> None:
             game.every_view_renders_and_adds_up()
         status = read_status(game.path, now=game.now)
         assert game.workers == {"w1": machine.COMPLETED, "w2": machine.CANCELLED}
-        assert status.claims.dead == 1 and status.channels[0].dead_letters == 1
+        assert status.claims.dead == 1 and status.channels[-1].dead_letters == 1
         assert {a.agent: a.state for a in status.agents} == {
             "a1": "alive", "a3": "stopped", "w1": "stopped", "w2": "stopped",
             "pump:org": "stopped"}

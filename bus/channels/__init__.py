@@ -8,8 +8,9 @@
 The modules, lowest first: `topics` (wildcard matching), `store` (channels,
 participants, subscriptions and their SQL), `queries` (filters and the
 `ChannelMessage` a receiver gets), `sending` (validate, route, persist),
-`delivery` (receive, acknowledge, retries on a clock), `deadletters`, and
-`engine`, the `Channels` facade with the seed's method names. The engine
+`system` (the bus's own `_system` channel of notices), `delivery`
+(receive, acknowledge, retries on a clock), `deadletters`, and `engine`,
+the `Channels` facade with the seed's method names. The engine
 stores its messages in the log's `messages` table (addressed to `#channel`)
 and knows nothing of the pump or the CLI.
 """

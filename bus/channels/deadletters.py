@@ -15,6 +15,8 @@ from typing import Callable
 
 import apsw
 
+from bus.channels import sending
+from bus.channels import store
 from bus.channels.queries import FROM_SQL
 from bus.channels.queries import MESSAGE_COLUMNS
 from bus.channels.queries import ChannelMessage
@@ -36,8 +38,9 @@ _REPLAY_CHECK_SQL = (
     " AND p.agent = dl.recipient) FROM dead_letters dl JOIN channels c ON c.id = dl.channel_id"
     " WHERE dl.id = ?"
 )
+# A replay re-enters the send pipeline: the ack timer starts again from now.
 _REVIVE_SQL = (
-    "UPDATE deliveries SET status = 'pending', retry_count = 0, deadline_ms = NULL,"
+    "UPDATE deliveries SET status = 'pending', retry_count = 0, deadline_ms = ?,"
     " visible_at_ms = ? WHERE seq = ? AND recipient = ?"
 )
 _REOPEN_MESSAGE_SQL = "UPDATE channel_messages SET status = 'delivered' WHERE seq = ?"
@@ -92,7 +95,8 @@ def replay(conn: apsw.Connection, dead_id: int, now_ms: int) -> tuple[int, str]:
     if not still_member:
         raise ValidationFailed("recipient", f"{recipient} has left channel {name!r}; it cannot"
                                             " receive the replay (discard the dead letter)")
-    conn.execute(_REVIVE_SQL, (now_ms, seq, recipient))
+    deadline = sending.send_deadline(store.get_channel(conn, name), now_ms)
+    conn.execute(_REVIVE_SQL, (deadline, now_ms, seq, recipient))
     conn.execute(_REOPEN_MESSAGE_SQL, (seq,))
     add_open_deliveries(conn, channel_id, 1)
     conn.execute(_DELETE_SQL, (dead_id,))

@@ -4,10 +4,16 @@ Every timer is a stored deadline, evaluated by `tick(conn, now_ms)`, which
 receive runs first and `bus channel tick` runs on demand, so nothing is
 lost across restarts and tests step an injected clock:
 
-- a delivery handed out on an at_least_once or exactly_once channel has
-  `deadline_ms` = delivery time + ack_timeout. Past it, unacknowledged, it
-  goes back to pending, visible again `retry_backoff_ms * 2^(retry - 1)`
-  after the deadline; after max_retries retries it becomes a dead letter;
+- on an at_least_once or exactly_once channel the ack timer starts at
+  send (seed 004, stage 5): a delivery is created with `deadline_ms` = send
+  time + ack_timeout, whether or not its recipient ever calls receive.
+  Handing it out restarts the timer (the receiver gets a whole ack_timeout
+  to answer). Past the deadline, unacknowledged, it goes back to pending,
+  visible again `retry_backoff_ms * 2^(retry - 1)` after the deadline, with
+  a new deadline ack_timeout after that; after max_retries retries it
+  becomes a dead letter, announced on the `_system` channel (see
+  `bus.channels.system`). A channel with max_pending starts the timer at
+  receive instead, and a paused channel holds its waiting deliveries' timers;
 - `received` and `in_progress` acks push the deadline on by ack_timeout
   (the receiver is alive and working), `completed` and `failed` end it;
 - a query's timeout marks it expired when no response came;
@@ -25,6 +31,7 @@ import apsw
 import orjson
 
 from bus import messages
+from bus.channels import system
 from bus.channels.queries import FROM_SQL
 from bus.channels.queries import MESSAGE_COLUMNS
 from bus.channels.queries import ChannelMessage
@@ -34,6 +41,7 @@ from bus.channels.queries import filter_sql
 from bus.channels.queries import order_sql
 from bus.channels.queries import row_to_message
 from bus.channels.store import DELIVERING_STATES
+from bus.channels.store import Channel
 from bus.channels.store import add_open_deliveries
 from bus.errors import ValidationFailed
 
@@ -43,8 +51,6 @@ FINAL_STATUSES = frozenset({"completed", "failed"})
 OPEN_STATUSES = frozenset({"pending", "delivered", "received", "in_progress"})
 NOTE_MAX = 65536
 TICK_BATCH = 1000
-DEADLETTER_TYPE = "_system.message.deadletter"  # the notification's message type
-SYSTEM_AGENT = "bus"
 
 _DELIVERING = orjson.dumps(sorted(DELIVERING_STATES)).decode()
 _RECEIVE_FROM_SQL = FROM_SQL + " JOIN deliveries d ON d.seq = cm.seq"
@@ -98,16 +104,30 @@ _OUTCOMES_SQL = (
 _SET_MESSAGE_STATUS_SQL = "UPDATE channel_messages SET status = ? WHERE seq = ?"
 _EXPIRED_SQL = (
     "SELECT d.seq, d.recipient, d.channel_id, d.retry_count, d.deadline_ms, c.max_retries,"
-    " c.retry_backoff_ms, c.ack_timeout_ms FROM deliveries d JOIN channels c ON c.id = d.channel_id"
+    " c.retry_backoff_ms, c.ack_timeout_ms,"
+    # ChannelConfig.timer_at_send (at_most_once has no deadlines), and not while paused
+    " c.max_pending IS NULL AND c.state != 'paused'"
+    " FROM deliveries d JOIN channels c ON c.id = d.channel_id"
     " WHERE d.deadline_ms <= ? ORDER BY d.deadline_ms LIMIT ?"
 )
 _RETRY_SQL = (
-    "UPDATE deliveries SET status = 'pending', retry_count = retry_count + 1, deadline_ms = NULL,"
+    "UPDATE deliveries SET status = 'pending', retry_count = ?, deadline_ms = ?,"
     " visible_at_ms = ?, last_error = ? WHERE seq = ? AND recipient = ?"
 )
+# Pausing a channel stops the timers of what waits on it; resuming starts them again,
+# from the resume (or from a retry's visibility, if later).
+_HOLD_TIMERS_SQL = (
+    "UPDATE deliveries SET deadline_ms = NULL WHERE channel_id = ? AND deadline_ms IS NOT NULL"
+    " AND status = 'pending'"
+)
+_RESTART_TIMERS_SQL = (
+    "UPDATE deliveries SET deadline_ms = max(visible_at_ms, :now) + :timeout"
+    " WHERE seq IN (SELECT seq FROM channel_messages WHERE channel_id = :channel)"
+    " AND channel_id = :channel AND status = 'pending' AND deadline_ms IS NULL"
+)
 _BURY_SQL = (
-    "UPDATE deliveries SET status = 'dead_letter', deadline_ms = NULL, last_error = ?"
-    " WHERE seq = ? AND recipient = ?"
+    "UPDATE deliveries SET status = 'dead_letter', deadline_ms = NULL, last_error = ?,"
+    " retry_count = ? WHERE seq = ? AND recipient = ?"
 )
 _INSERT_DEAD_LETTER_SQL = (
     "INSERT INTO dead_letters (seq, recipient, channel_id, retry_count, last_error,"
@@ -125,6 +145,7 @@ _OPEN_ON_CHANNEL_SQL = (
     " JOIN deliveries d ON d.seq = cm.seq WHERE cm.channel_id = ?"
     " AND (d.status = 'pending' OR d.deadline_ms IS NOT NULL) ORDER BY d.seq, d.recipient"
 )
+_CHANNEL_NAME_SQL = "SELECT name FROM channels WHERE id = ?"
 CLOSED_ERROR = "channel closed"
 
 
@@ -340,21 +361,49 @@ def tick(conn: apsw.Connection, now_ms: int) -> TickReport:
     report = TickReport()
     while True:
         expired = conn.execute(_EXPIRED_SQL, (now_ms, TICK_BATCH)).fetchall()
-        for seq, recipient, channel_id, retries, deadline, max_retries, backoff, timeout in expired:
-            error = f"not acknowledged within {timeout / 1000:g} s"
-            if retries < max_retries:
-                visible = deadline + backoff * 2 ** retries  # retry n waits backoff * 2^(n-1)
-                conn.execute(_RETRY_SQL, (visible, error, seq, recipient))
-                report.redelivered += 1
-            else:
-                bury(conn, seq, recipient, channel_id, retries, error, now_ms)
-                report.dead_lettered += 1
+        for row in expired:
+            _time_out(conn, row, now_ms, report)
         if len(expired) < TICK_BATCH:
             break
     conn.execute(_EXPIRE_QUERIES_SQL, (now_ms,))
     report.expired_queries = conn.changes()
     conn.execute(_PURGE_DEDUP_SQL, (now_ms,))
     return report
+
+
+def _time_out(conn: apsw.Connection, row: tuple[Any, ...], now_ms: int,
+              report: TickReport) -> None:
+    """Retry one delivery whose ack deadline passed, or bury it after max_retries.
+
+    Each retry restarts the timer from its visibility (when the timer starts
+    at send), so a recipient that never receives runs through the schedule
+    too. A late tick replays the schedule the stored deadline set: every
+    retry whose own deadline has passed as well, then the one still running.
+    """
+    seq, recipient, channel_id, retries, deadline, max_retries, backoff, timeout, from_send = row
+    error = f"not acknowledged within {timeout / 1000:g} s"
+    while retries < max_retries:
+        visible = deadline + backoff * 2 ** retries  # retry n waits backoff * 2^(n-1)
+        retries += 1
+        report.redelivered += 1
+        deadline = visible + timeout if from_send else None
+        if deadline is None or deadline > now_ms:
+            conn.execute(_RETRY_SQL, (retries, deadline, visible, error, seq, recipient))
+            return
+    bury(conn, seq, recipient, channel_id, retries, error, now_ms)
+    report.dead_lettered += 1
+
+
+def hold_timers(conn: apsw.Connection, channel_id: int) -> None:
+    """A paused channel hands nothing out, so what waits on it does not time out."""
+    conn.execute(_HOLD_TIMERS_SQL, (channel_id,))
+
+
+def restart_timers(conn: apsw.Connection, channel: Channel, now_ms: int) -> None:
+    """A channel delivers again: its waiting deliveries' ack timers run from now."""
+    if channel.config.timer_at_send:
+        conn.execute(_RESTART_TIMERS_SQL, {"now": now_ms, "timeout": channel.config.ack_timeout_ms,
+                                           "channel": channel.id})
 
 
 def settle_closed(conn: apsw.Connection, channel_id: int, now_ms: int) -> int:
@@ -372,13 +421,13 @@ def settle_closed(conn: apsw.Connection, channel_id: int, now_ms: int) -> int:
 def bury(conn: apsw.Connection, seq: int, recipient: str, channel_id: int, retries: int,
          error: str, now_ms: int) -> int:
     """Make the delivery a dead letter and announce it; return the dead letter's id."""
-    conn.execute(_BURY_SQL, (error, seq, recipient))
+    conn.execute(_BURY_SQL, (error, retries, seq, recipient))
     dead_id = conn.execute(_INSERT_DEAD_LETTER_SQL, (seq, recipient, channel_id, retries, error,
                                                      now_ms)).get
     add_open_deliveries(conn, channel_id, -1)
     _settle_message(conn, seq)
-    notice = messages.prepare_row(SYSTEM_AGENT, DEADLETTER_TYPE, {
-        "dead_letter": dead_id, "seq": seq, "recipient": recipient, "retry_count": retries,
-        "last_error": error})
-    messages.insert_row(conn, notice, now_ms)
+    system.announce(conn, system.DEADLETTER_TOPIC, {
+        "dead_letter": dead_id, "seq": seq, "channel": conn.execute(_CHANNEL_NAME_SQL,
+                                                                    (channel_id,)).get,
+        "recipient": recipient, "retry_count": retries, "last_error": error}, now_ms)
     return dead_id

@@ -32,6 +32,7 @@ from bus.channels import deadletters
 from bus.channels import delivery
 from bus.channels import sending
 from bus.channels import store
+from bus.channels import system
 from bus.channels.deadletters import DeadLetter
 from bus.channels.delivery import TickReport
 from bus.channels.queries import FROM_SQL
@@ -182,6 +183,7 @@ class Channels:
     def create_channel(self, name: str, type: str, owner: str, **config: Any) -> Channel:
         """Create a channel owned (and joined) by `owner`; settings as in ChannelConfig."""
         validate_name(name, "name")
+        system.refuse_name(name)
         validate_choice(type, "type", CHANNEL_TYPES)
         validate_agent_id(owner, "owner")
         settings = ChannelConfig.build(**config)
@@ -209,6 +211,7 @@ class Channels:
         validate_agent_id(agent)
         if role != "owner":  # add_participant explains why an owner cannot join
             validate_choice(role, "role", JOIN_ROLES)
+        system.refuse_member(channel, role)
         self._write_on(channel, lambda conn, c: store.add_participant(conn, c, agent, role,
                                                                        self.clock()))
 
@@ -218,8 +221,16 @@ class Channels:
         return self._write_on(channel, lambda conn, c: store.remove_participant(conn, c, agent))
 
     def subscribe(self, channel: str, agent: str, topic_pattern: str) -> bool:
-        """Subscribe `agent` (joining it as a member if needed); False if it already was."""
+        """Subscribe `agent` (joining it as a member if needed); False if it already was.
+
+        The bus's own `_system` channel (dead-letter notices on
+        `_system.message.deadletter`) is created on demand, and joined as an observer.
+        """
         validate_agent_id(agent)
+        if channel == system.SYSTEM_CHANNEL:
+            conn = self.conn
+            with write_transaction(conn):
+                return system.subscribe(conn, agent, topic_pattern, self.clock())
         return self._write_on(channel, lambda conn, c: store.add_subscription(
             conn, c, agent, topic_pattern, self.clock()))
 
@@ -237,6 +248,10 @@ class Channels:
         store.set_state(conn, channel, state)
         if state == "closed":  # closing settles what waits: dead letters, "channel closed"
             delivery.settle_closed(conn, channel.id, self.clock())
+        elif state == "paused":  # nothing is handed out, so nothing waiting times out
+            delivery.hold_timers(conn, channel.id)
+        elif channel.state == "paused":
+            delivery.restart_timers(conn, channel, self.clock())
 
     def _write_on(self, name: str, action: Callable[[apsw.Connection, Channel], Any]) -> Any:
         validate_name(name)
@@ -478,7 +493,7 @@ def _warn_capacity(conn: apsw.Connection, size: int, limits: StoreLimits, now: i
     if warned_at is not None and now - int(warned_at) < CAPACITY_WARNING_EVERY_MS:
         return
     conn.execute(_SET_WARNED_AT_SQL, (str(now),))
-    notice = messages.prepare_row(delivery.SYSTEM_AGENT, CAPACITY_WARNING_TYPE, {
+    notice = messages.prepare_row(system.SYSTEM_AGENT, CAPACITY_WARNING_TYPE, {
         "file_bytes": size, "max_file_bytes": limits.max_file_bytes,
         "refused_above": limits.max_file_bytes - limits.reserve_bytes,
         "fix": "run `bus compact` or purge dead letters"})

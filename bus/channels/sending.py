@@ -16,6 +16,7 @@ from typing import Any
 from typing import Callable
 
 import apsw
+import orjson
 
 from bus import messages
 from bus.channels.queries import MESSAGE_TYPES
@@ -45,14 +46,31 @@ _CLEAR_QUERY_DEADLINE_SQL = (
     "UPDATE channel_messages SET expires_at_ms = NULL WHERE seq = ? AND expires_at_ms IS NOT NULL"
 )
 _INSERT_DELIVERY_SQL = (
-    "INSERT INTO deliveries (seq, recipient, channel_id, status, visible_at_ms)"
-    " VALUES (?, ?, ?, ?, ?)"
+    "INSERT INTO deliveries (seq, recipient, channel_id, status, visible_at_ms, deadline_ms)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
 )
 _DEDUP_HIT_SQL = (
     "SELECT 1 FROM dedup WHERE correlation_id = ? AND recipient = ? AND expires_at_ms > ?"
 )
 _DEDUP_UPSERT_SQL = (
     "INSERT INTO dedup (correlation_id, recipient, seq, expires_at_ms) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT DO UPDATE SET seq = excluded.seq, expires_at_ms = excluded.expires_at_ms"
+)
+# A large fan-out: one statement per batch of recipients (a JSON array), not one per recipient.
+FANOUT_BATCH = 1000
+_INSERT_DELIVERIES_SQL = (
+    "INSERT INTO deliveries (seq, recipient, channel_id, status, visible_at_ms, deadline_ms)"
+    " SELECT ?, value, ?, ?, ?, ? FROM json_each(?)"
+)
+_DEDUP_HITS_SQL = (
+    "SELECT recipient FROM dedup WHERE correlation_id = ? AND expires_at_ms > ?"
+    " AND recipient IN (SELECT value FROM json_each(?))"
+)
+# `WHERE true`: an upsert's SELECT needs a WHERE, or its ON is parsed as a join's
+# (https://sqlite.org/lang_upsert.html, "Parsing Ambiguity").
+_DEDUP_UPSERT_MANY_SQL = (
+    "INSERT INTO dedup (correlation_id, recipient, seq, expires_at_ms)"
+    " SELECT ?, value, ?, ? FROM json_each(?) WHERE true"
     " ON CONFLICT DO UPDATE SET seq = excluded.seq, expires_at_ms = excluded.expires_at_ms"
 )
 
@@ -189,9 +207,16 @@ def insert(conn: apsw.Connection, channel: Channel, out: Outgoing, targets: list
 
 def _insert_deliveries(conn: apsw.Connection, channel: Channel, seq: int,
                        correlation_id: str | None, targets: list[str], now_ms: int) -> int:
-    """One delivery per recipient; exactly_once marks a repeat of a correlation id duplicate."""
+    """One delivery per recipient; exactly_once marks a repeat of a correlation id duplicate.
+
+    The ack timer starts here, at send (seed 004, stage 5), so a recipient
+    that never receives is retried and dead-lettered all the same.
+    """
+    if len(targets) > FANOUT_BATCH:
+        return _insert_delivery_batches(conn, channel, seq, correlation_id, targets, now_ms)
     exactly_once = channel.config.delivery_mode == "exactly_once"
     expires = now_ms + 2 * channel.config.ack_timeout_ms
+    deadline = send_deadline(channel, now_ms)
     fresh = 0
     for recipient in targets:
         status = "pending"
@@ -200,9 +225,53 @@ def _insert_deliveries(conn: apsw.Connection, channel: Channel, seq: int,
                 status = "duplicate"
             else:
                 conn.execute(_DEDUP_UPSERT_SQL, (correlation_id, recipient, seq, expires))
-        conn.execute(_INSERT_DELIVERY_SQL, (seq, recipient, channel.id, status, now_ms))
+        conn.execute(_INSERT_DELIVERY_SQL, (seq, recipient, channel.id, status, now_ms,
+                                            deadline if status == "pending" else None))
         fresh += status == "pending"
     return fresh
+
+
+def _insert_delivery_batches(conn: apsw.Connection, channel: Channel, seq: int,
+                             correlation_id: str | None, targets: list[str], now_ms: int) -> int:
+    """The deliveries of a large fan-out, FANOUT_BATCH recipients per statement (seed 004,
+    "Broadcast Fan-out"): the same rows as one INSERT per recipient, in a few statements.
+
+    All batches are in the send's one transaction: a message and its
+    deliveries are committed together or not at all.
+    """
+    exactly_once = channel.config.delivery_mode == "exactly_once"
+    expires = now_ms + 2 * channel.config.ack_timeout_ms
+    deadline = send_deadline(channel, now_ms)
+    fresh = 0
+    for start in range(0, len(targets), FANOUT_BATCH):
+        batch = targets[start:start + FANOUT_BATCH]
+        duplicates: list[str] = []
+        if exactly_once:
+            hits = {r for (r,) in conn.execute(_DEDUP_HITS_SQL, (correlation_id, now_ms,
+                                                                 _json_list(batch)))}
+            duplicates = [r for r in batch if r in hits]
+            batch = [r for r in batch if r not in hits]
+            if batch:
+                conn.execute(_DEDUP_UPSERT_MANY_SQL, (correlation_id, seq, expires,
+                                                      _json_list(batch)))
+        if batch:
+            conn.execute(_INSERT_DELIVERIES_SQL, (seq, channel.id, "pending", now_ms, deadline,
+                                                  _json_list(batch)))
+        if duplicates:
+            conn.execute(_INSERT_DELIVERIES_SQL, (seq, channel.id, "duplicate", now_ms, None,
+                                                  _json_list(duplicates)))
+        fresh += len(batch)
+    return fresh
+
+
+def _json_list(values: list[str]) -> str:
+    return orjson.dumps(values).decode()
+
+
+def send_deadline(channel: Channel, now_ms: int) -> int | None:
+    """When a delivery sent now is retried unless acknowledged; None: no timer yet."""
+    config = channel.config
+    return now_ms + config.ack_timeout_ms if config.timer_at_send else None
 
 
 def close_query_deadline(conn: apsw.Connection, query_seq: int) -> None:

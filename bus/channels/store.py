@@ -127,6 +127,15 @@ class ChannelConfig:
     def ack_timeout_ms(self) -> int:
         return max(1, round(self.ack_timeout * 1000))
 
+    @property
+    def timer_at_send(self) -> bool:
+        """Whether a delivery's ack timer starts at send (seed 004, stage 5).
+
+        at_most_once has no timer. A channel with max_pending hands out only
+        so many at a time, so its timer starts when `receive` hands one out.
+        """
+        return self.delivery_mode != "at_most_once" and self.max_pending is None
+
 
 def _positive_int(value: object, field: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:

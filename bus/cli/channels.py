@@ -60,7 +60,8 @@ for _command in channel_messages.COMMANDS:
 @click.option("--max-message-size", type=int, help="Largest content in bytes [1048576].")
 @click.option("--delivery-mode", metavar=choices(DELIVERY_MODES),
               help="Acks and retries [at_least_once].")
-@click.option("--ack-timeout", type=float, help="Seconds a receiver has to acknowledge [30].")
+@click.option("--ack-timeout", type=float,
+              help="Seconds to acknowledge, from the send and again from each receive [30].")
 @click.option("--max-retries", type=int, help="Redeliveries before a dead letter [3].")
 @click.option("--retry-backoff-ms", type=int, help="First retry's wait, doubled each time [1000].")
 @click.option("--max-pending", type=int, help="Unacknowledged deliveries per receiver before"
@@ -133,6 +134,9 @@ def channel_leave(obj: BusContext, name: str, agent: str, as_json: bool) -> None
 @pass_bus_context
 def channel_subscribe(obj: BusContext, name: str, agent: str, pattern: str, as_json: bool) -> None:
     """Subscribe an agent to a topic pattern on a pubsub channel (joining it if needed).
+
+    The bus's own channel `_system` carries dead-letter notices (topic
+    _system.message.deadletter); subscribing creates it if needed.
 
     Example: bus channel subscribe ci-events --agent monitor-agent --pattern 'deploy.#'
     """

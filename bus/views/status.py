@@ -44,7 +44,8 @@ _WORKER_LIST_SQL = ("SELECT worker_id, task_id, state, branch, updated_at_ms FRO
 # deadline (a partial index covers them); dead letters are counted per channel.
 _CHANNELS_SQL = (
     "SELECT name, type, state, open_deliveries,"
-    " (SELECT count(*) FROM deliveries d WHERE d.channel_id = c.id AND d.deadline_ms IS NOT NULL),"
+    " (SELECT count(*) FROM deliveries d WHERE d.channel_id = c.id AND d.deadline_ms IS NOT NULL"
+    " AND d.status != 'pending'),"
     " (SELECT count(*) FROM dead_letters l WHERE l.channel_id = c.id)"
     " FROM channels c ORDER BY name"
 )
