@@ -2,11 +2,15 @@
 the calling handler, whatever its root tag, and the chain is pruned as it bubbles, so no
 thread is left open once a request is done.
 
-Organisms as in tests/test_pump.py (handlers in tests/pump_tools.py).
+Organisms as in tests/test_pump.py (handlers in tests/pump_tools.py), plus the example
+organism of examples/ through the seed-001 flow console -> greeter -> calculator ->
+greeter -> console.
 """
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 
 from lxml import etree
 
@@ -21,6 +25,8 @@ from tests import pump_tools
 from tests.test_pump import answers
 from tests.test_pump import run_pump
 from tests.test_pump import write_organism
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def open_calls(bus: Bus) -> list[tuple[str, ...]]:
@@ -140,3 +146,48 @@ def test_a_broadcast_caller_stays_open_until_its_last_callee_is_done(bus):
         threads.close_thread(conn, slow.uuid)
         threads.close_done_chain(conn, caller.uuid, 2)
     assert open_calls(bus) == []
+
+
+# --- the example organism -------------------------------------------------------------------
+
+
+def example_organism(tmp_path: Path) -> Path:
+    """examples/ copied (its handler module is imported from the organism's directory)."""
+    shutil.copytree(EXAMPLES, tmp_path / "examples")
+    return tmp_path / "examples" / "organism.yaml"
+
+
+def test_the_example_runs_the_seed_001_flow_greeter_calculator_greeter_console(bus, tmp_path):
+    organism = example_organism(tmp_path)
+    sent = client.send(bus, "example", b"<greeting><name>Ada</name></greeting>")
+    run_pump(bus, organism)
+    got, = answers(bus, sent)
+    assert (got.sender, got.to, got.payload_xml) == (
+        "greeter", "console", "<hello><text>hello, Ada! your name has 3 letters</text></hello>")
+    paths = [thread.path for thread in threads.list_threads(bus.conn, "closed", 100)]
+    assert ("example", "console", "greeter", "calculator") in paths
+    assert open_calls(bus) == []
+
+
+def test_no_thread_is_left_open_after_a_hundred_requests_of_each_kind(bus, tmp_path):
+    organism = example_organism(tmp_path)
+    text = organism.read_text()  # search.slow sleeps 0.5 s: side by side, not one by one
+    organism.write_text(text.replace("handler: example_tools:search_slow\n",
+                                     "handler: example_tools:search_slow\n    concurrency: 100\n"))
+    kinds = {
+        "<greeting><name>Ada</name></greeting>": ("greeter", "hello"),
+        "<greeting><name>Ada</name><loud>true</loud></greeting>": ("shouter", "final-answer"),
+        "<add><a>1.5</a><b>2</b></add>": ("calculator", "sum"),
+        "<search><query>q</query></search>": ("search.fast search.slow", "search-result"),
+    }
+    sent = {xml: [client.send(bus, "example", xml.encode()) for _ in range(100)]
+            for xml in kinds}
+    pump = Pump(bus, load_organism(organism), oob=False, max_in_flight=200)
+    pump.run(until_idle=True)
+    for xml, (sender, root_tag) in kinds.items():
+        for request in sent[xml]:
+            got = answers(bus, request)
+            assert sorted((item.sender, item.root_tag) for item in got) == \
+                [(name, root_tag) for name in sender.split()]
+    assert open_calls(bus) == []
+    assert threads.thread_count(bus.conn, "open") == 1  # the organism's root
