@@ -18,7 +18,11 @@ from bus import Bus
 from bus.pump import client
 from bus.pump import threads
 from bus.db import write_transaction
+from bus.messages import now_ms
+from bus.pump import work
 from bus.pump.commit import EncodedMemory
+from bus.pump.envelopes import derived_id
+from bus.pump.envelopes import envelope_xml
 from bus.pump.organism import load_organism
 from bus.pump.pump import Pump
 from tests import pump_tools
@@ -191,3 +195,29 @@ def test_no_thread_is_left_open_after_a_hundred_requests_of_each_kind(bus, tmp_p
                 [(name, root_tag) for name in sender.split()]
     assert open_calls(bus) == []
     assert threads.thread_count(bus.conn, "open") == 1  # the organism's root
+
+
+def test_a_call_on_a_thread_pruned_meanwhile_is_refused_not_retried(bus, tmp_path):
+    """The counter's thread closes (its chain ended elsewhere) while calc.add's answer waits
+    for it: the counter's next call is refused with a thread-closed <huh> for the record,
+    and its unit is done, not failed and retried until it is a dead letter."""
+    organism = write_organism(tmp_path, "counter", "calc.add")
+    sent = client.send(bus, "org", b"<sum><value>0</value></sum>")
+
+    def prune(finished):
+        for done in finished:
+            if done.unit.listener == "counter" and done.unit.kind == "answer":
+                with write_transaction(bus.conn):  # as the pump prunes a chain that ended
+                    threads.close_thread(bus.conn, done.unit.thread)
+                    threads.close_done_chain(bus.conn, sent.thread, now_ms())
+
+    pump = run_pump(bus, organism, before_commit=prune)
+    assert pump.stats.outcomes == {"replied": 3}  # counter, calc.add, counter
+    _, (_, answered) = calls_of("counter")
+    call_id = derived_id(answered.message_id, "counter", 0)  # the refused call, written
+    refusal = work.message_by_id(bus.conn, derived_id(call_id, "system", "closed/calc.add"),
+                                 bus.blobs)
+    assert 'code="thread-closed"' in envelope_xml(refusal).decode()
+    assert work.units_for_input(bus.conn, work.message_by_id(bus.conn, call_id,
+                                                             bus.blobs).seq) == []
+    assert open_calls(bus) == []

@@ -241,7 +241,14 @@ class Writer:
             if kind == "call" and self.calls is not None:  # written by open_calls
                 self.calls.append((seq, message_id, sender, listener, thread))
                 continue
-            self._open_call(seq, listener, kind, thread)
+            try:
+                self._open_call(seq, listener, kind, thread)
+            except (ThreadNotFound, ThreadClosed) as exc:
+                if kind != "call":
+                    raise
+                # A handler that calls on a thread pruned meanwhile (an answer that came
+                # after its chain ended): refused, not retried until it is a dead letter.
+                self._refuse_closed(message_id, sender, listener.name, thread, exc)
         return len(targets)
 
     def _open_call(self, seq: int, listener: Listener, kind: str, thread: str) -> None:
