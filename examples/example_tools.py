@@ -19,9 +19,18 @@ from bus.xml import xmlify
 @xmlify(root="greeting")
 @dataclass
 class Greeting:
-    """Greet someone by name."""
+    """Greet someone by name (loud: the shouter says it)."""
 
     name: str
+    loud: bool = False
+
+
+@xmlify(root="hello")
+@dataclass
+class Hello:
+    """The greeter's answer."""
+
+    text: str
 
 
 @xmlify(root="shout")
@@ -66,9 +75,23 @@ class SearchResult:
     text: str
 
 
-async def greet(msg: Greeting, ctx: Context) -> Reply:
-    """Ask the shouter (a peer) to shout the greeting; the shouter gives the final answer."""
-    return Reply(Shout(f"hello, {msg.name}"), to="shouter")
+# Greetings waiting for the calculator, by thread: the calculator's answer comes back to
+# the greeter on the thread it called from (seed 001's call chain, pruned as it bubbles).
+# In memory: a greeting whose pump restarted in between is answered without its name.
+_WAITING: dict[str, Greeting] = {}
+
+
+async def greet(msg: Greeting | Sum, ctx: Context) -> Reply:
+    """console -> greeter -> calculator -> greeter -> console: count the name's letters on
+    the calculator (vowels + the others), then answer; a loud greeting goes on to the
+    shouter, whose <final-answer> ends the conversation."""
+    if isinstance(msg, Greeting):
+        _WAITING[ctx.thread] = msg
+        vowels = sum(letter in "aeiou" for letter in msg.name.lower())
+        return Reply(Add(vowels, len(msg.name) - vowels), to="calculator")
+    greeting = _WAITING.pop(ctx.thread, Greeting("friend"))
+    text = f"hello, {greeting.name}! your name has {msg.value:g} letters"
+    return Reply(Shout(text), to="shouter") if greeting.loud else Reply(Hello(text))
 
 
 async def shout(msg: Shout, ctx: Context) -> Reply:

@@ -123,8 +123,12 @@ def pump_section() -> None:
         cli(*send, "<add><a>1.5</a><b>2</b></add>", "--to", "calculator", "--wait")
         print("  (no --to: every listener of <search> gets it; the fast one answers first)")
         cli(*send, "<search><query>weather</query></search>", "--wait", "--replies", "2")
-        print("  (greeter calls its peer shouter, whose <final-answer> ends the conversation)")
+        print("  (seed 001's chain: greeter calls its peer calculator, whose <sum> comes back"
+              " to the greeter, which answers the console)")
         cli(*send, "<greeting><name>Ada</name></greeting>", "--wait")
+        print("  (loud: the greeter passes the calculator's answer on to the shouter, whose"
+              " <final-answer> ends the conversation)")
+        cli(*send, "<greeting><name>Ada</name><loud>true</loud></greeting>", "--wait")
         print("  (a bad caller gets a <huh> that says what to fix; no handler sees the input;"
               " --wait exits 3)")
         cli(*send, "<add><a>one</a><b>2</b></add>", "--to", "calculator", "--wait", check=False)
@@ -134,6 +138,9 @@ def pump_section() -> None:
         output, _ = pump.communicate(timeout=60)
     for line in output.splitlines():
         print(f"  [pump] {line}")
+    print("  (every call chain was pruned as its answers bubbled up: no thread is left open"
+          " but the organism's root)")
+    cli("bus", "pump", "threads", "--status", "open")
     cli("bus", "pump", "threads", "--limit", "8")
 
 

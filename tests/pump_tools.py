@@ -243,3 +243,48 @@ def introduce(msg: Echo, ctx: Context) -> Reply:
     (a plain `def`, so it runs inline too)."""
     record(ctx.listener, msg, ctx)
     return Reply(Result(ctx.model or "no model", ctx.system_prompt or "no prompt"))
+
+
+async def ask_calc(msg: object, ctx: Context) -> Reply:
+    """Asks calc.add for 1 + 2; its <sum> (not an <ask>) comes back here, on this thread."""
+    record(ctx.listener, msg, ctx)
+    if isinstance(msg, Sum):
+        return Reply(Result("asker", f"calc.add said {msg.value:g}"))
+    return Reply(Add(1, 2), to="calc.add")
+
+
+async def ask_dictionary(msg: object, ctx: Context) -> Reply:
+    """Looks a word up: the dictionary's <meaning> is no @xmlify class, so it comes back
+    here as an lxml element."""
+    record(ctx.listener, msg, ctx)
+    if isinstance(msg, etree._Element):
+        return Reply(Result("definer", f"<{msg.tag}> {msg.text}"))
+    return Reply(Lookup("word"), to="dictionary")
+
+
+async def relay(msg: object, ctx: Context) -> Reply:
+    """Passes an <ask> on to echo, whose <final-answer> ends the conversation."""
+    record(ctx.listener, msg, ctx)
+    return Reply(Echo(getattr(msg, "text", "?"), mode="final"), to="echo")
+
+
+async def ignore_answers(msg: object, ctx: Context) -> Reply | None:
+    """Asks calc.add for 1 + 2, then has nothing to say about its <sum>."""
+    record(ctx.listener, msg, ctx)
+    return None if isinstance(msg, Sum) else Reply(Add(1, 2), to="calc.add")
+
+
+async def outer(msg: object, ctx: Context) -> Reply:
+    """An <echo> goes on to the asker as an <ask>; the asker's <result> comes back here and
+    goes on to the client: console -> outer -> asker -> calc.add -> asker -> outer -> console."""
+    record(ctx.listener, msg, ctx)
+    if isinstance(msg, Result):
+        return Reply(Result("outer", msg.text))
+    return Reply(Ask(getattr(msg, "text", "?")), to="asker")
+
+
+async def bad_sum(msg: Add, ctx: Context) -> Reply:
+    """Answers an <add> with a <sum> its schema refuses (an lxml element, so the pump did
+    not encode it)."""
+    record(ctx.listener, msg, ctx)
+    return Reply(etree.fromstring("<sum><value>three</value></sum>"))

@@ -60,6 +60,16 @@ LISTENERS = {
               "    handler: tests.pump_tools:misaddressed\n    peers: [calc.add]",
     "wrapper": "root_tag: echo\n    payload: tests.pump_tools:Echo\n"
                "    handler: tests.pump_tools:envelope_reply",
+    "asker": "root_tag: ask\n    payload: tests.pump_tools:Ask\n"
+             "    handler: tests.pump_tools:ask_calc\n    peers: [calc.add]",
+    "definer": "root_tag: ask\n    payload: tests.pump_tools:Ask\n"
+               "    handler: tests.pump_tools:ask_dictionary\n    peers: [dictionary]",
+    "relay": "root_tag: ask\n    payload: tests.pump_tools:Ask\n"
+             "    handler: tests.pump_tools:relay\n    peers: [echo]",
+    "ignorer": "root_tag: ask\n    payload: tests.pump_tools:Ask\n"
+               "    handler: tests.pump_tools:ignore_answers\n    peers: [calc.add]",
+    "outer": "root_tag: echo\n    payload: tests.pump_tools:Echo\n"
+             "    handler: tests.pump_tools:outer\n    peers: [asker]",
 }
 
 

@@ -9,11 +9,14 @@ sender.
 
 Threads: an envelope's `<thread>` is the sender's thread. A call to listener
 L runs on a new thread under it (`extend_uuid`); L's answer goes to the
-caller on the caller's thread (`answer_to` closes L's). A caller
+calling handler, whatever its root tag, on the caller's thread (`answer_to`
+closes L's): the chain is pruned a hop per answer. A caller
 whose thread is the conversation itself (organism/client) is the client:
 the answer is egress, written but not routed, and the conversation closes
 once nothing under it is open (a broadcast's last answer, a handler that
-had nothing to say).
+had nothing to say). A FinalAnswer closes its whole chain (`close_chain`);
+a handler with nothing to say closes the threads above it that wait for
+nothing else (`close_done_chain`).
 
 A `<huh>` goes where an answer would: to the calling listener, routed on
 its thread (its handler gets a `Huh` and may correct itself), or to the
@@ -56,22 +59,22 @@ from bus.pump.envelopes import is_huh
 from bus.pump.handlers import Output
 from bus.pump.routing import Listener
 from bus.pump.routing import Routes
+from bus.pump.threads import CONVERSATION_DEPTH
 from bus.pump.threads import Caller
-from bus.pump.threads import Thread
 from bus.pump.work import Unit
 from bus.xml.envelope import Envelope
 from bus.xml.errors import XmlRejected
 from bus.xml.pipeline import BOOT
+from bus.xml.pipeline import HUH
 from bus.xml.pipeline import Huh
 from bus.xml.pipeline import run as run_pipeline
-from bus.xml.pipeline import system_pipeline
+from bus.xml.pipeline import answer_pipeline
 
 if TYPE_CHECKING:
     from bus.api import Bus
 
 log = logging.getLogger("bus.pump")
-CONVERSATION_DEPTH = 1  # organism/client: the thread a client's request starts
-SYSTEM_PIPELINE = system_pipeline()  # envelope checks only: for the <huh> a caller gets
+ANSWER_PIPELINE = answer_pipeline()  # envelope checks only: for the answers a caller gets
 # Handles a call to a listener in the routing transaction; True if it did (Writer.route).
 Inline = Callable[[Listener, str], bool]
 # An envelope the pump routed to a listener: the payload class that encoded its element.
@@ -91,27 +94,50 @@ class Finished:
 def checked_input(unit: Unit, message: Message, listener: Listener,
                   encoded: Encoded | None = None) -> Envelope | Finished:
     """The input through its pipeline: the typed envelope, or the unit finished with the
-    `<huh>` its sender gets. A `<huh>` for a call the listener made passes the system
-    pipeline and reaches its handler as a Huh.
+    `<huh>` its sender gets. An answer to a call the listener made comes in its peer's
+    payload, whatever its root tag (`_typed_answer`); a `<huh>` reaches the handler as a Huh.
 
     `encoded`: what the pump knows of the input because it wrote it (`Writer.encoded`).
-    When the listener's payload class encoded it, the element is valid by
-    construction and only decoded: parsing, C14N and the schema would find
-    nothing to refuse. Client input never gets here (it is always checked).
+    When the listener's payload class encoded it (or, for an answer, any class),
+    the element is valid by construction and only decoded: parsing, C14N and the
+    schema would find nothing to refuse. Client input never gets here (it is always
+    checked).
     """
-    if encoded is not None and encoded[0] is listener.pipeline.payload:
-        element = encoded[1]
-        return Envelope(message.from_agent, message.correlation_id,
-                        listener.pipeline.spec.decode(element), element)
+    if encoded is not None:
+        cls, element = encoded
+        if cls is listener.pipeline.payload or unit.kind == "answer":
+            return Envelope(message.from_agent, message.correlation_id,
+                            cls.__xmlify__.decode(element), element)
+    answer = unit.kind == "answer"
     try:
-        pipeline = SYSTEM_PIPELINE if unit.kind == "answer" and is_huh(message) \
-            else listener.pipeline
-        result = run_pipeline(pipeline, envelope_xml(message))
+        result = run_pipeline(ANSWER_PIPELINE if answer else listener.pipeline,
+                              envelope_xml(message))
     except ValidationFailed as exc:
         return Finished(unit, message, huh=huh_element("not-an-envelope", str(exc)))
+    if answer and not isinstance(result, Huh):
+        result = _typed_answer(result, listener)
     if isinstance(result, Huh):
         return Finished(unit, message, huh=result.to_element())
     return result
+
+
+def _typed_answer(envelope: Envelope, listener: Listener) -> Envelope | Huh:
+    """An answer's payload element checked and decoded by the @xmlify class of its tag
+    (`Listener.answers`): a `<huh>` as a Huh; a tag no class has stays an lxml element."""
+    element = envelope.element
+    try:
+        if element.tag == HUH:
+            return envelope._replace(payload=Huh.from_element(element))
+        spec = (listener.answers or {}).get(element.tag)
+        if spec is None:
+            return envelope
+        spec.validate(element)
+        return envelope._replace(payload=spec.decode(element))
+    except XmlRejected as exc:
+        return Huh.from_error("payload", exc)
+    except (ValueError, TypeError) as exc:  # the dataclass's own __post_init__ checks
+        return Huh("deserialize", "value-invalid", f"{type(exc).__name__}: {exc}",
+                   element.sourceline or 0)
 
 
 def _only_answers(done: Finished) -> bool:
@@ -203,7 +229,9 @@ class Writer:
         here and now, in this transaction, on a thread under `thread` (True:
         no work unit is needed).
         """
-        targets = self.routes.targets(root_tag, to)
+        # An answer goes to the calling handler whatever its root tag (seeds 001, 002).
+        targets = self.routes.caller(to) if kind == "answer" else \
+            self.routes.targets(root_tag, to)
         if not targets:
             self._no_route(message_id, sender, root_tag, to, thread, kind, in_reply_to)
             return 0
@@ -213,7 +241,14 @@ class Writer:
             if kind == "call" and self.calls is not None:  # written by open_calls
                 self.calls.append((seq, message_id, sender, listener, thread))
                 continue
-            self._open_call(seq, listener, kind, thread)
+            try:
+                self._open_call(seq, listener, kind, thread)
+            except (ThreadNotFound, ThreadClosed) as exc:
+                if kind != "call":
+                    raise
+                # A handler that calls on a thread pruned meanwhile (an answer that came
+                # after its chain ended): refused, not retried until it is a dead letter.
+                self._refuse_closed(message_id, sender, listener.name, thread, exc)
         return len(targets)
 
     def _open_call(self, seq: int, listener: Listener, kind: str, thread: str) -> None:
@@ -283,9 +318,11 @@ class Writer:
         if caller is not None:  # the sender's own thread: it hears of it as of an answer
             self._deliver_huh(huh, huh_id, SYSTEM_SENDER, message_id, caller,
                               self._is_huh_id(in_reply_to))
-        else:  # an answer nobody takes: the known limit of answers routed by root tag
+        else:  # an answer whose caller was removed since its call: written for the record
             self.write(huh, id=huh_id, sender=SYSTEM_SENDER, thread=thread, to=sender,
                        in_reply_to=message_id)
+            if kind == "answer":  # and the chain that waited for it ends
+                self._end_chain(thread)
 
     def send(self, payload: etree._Element, *, id: str, sender: str, thread: str,
              to: str | None, in_reply_to: str | None, kind: str = "call",
@@ -475,9 +512,7 @@ class Writer:
         """A `<huh>` goes where an answer would, except that it never answers a `<huh>`:
         then the calling listener's thread ends and the client hears of it instead."""
         if caller.depth > CONVERSATION_DEPTH and answers_huh:
-            threads.close_thread(self.conn, caller.uuid, self.now)
-            conversation = self._conversation(caller.uuid)
-            caller = Caller(conversation.uuid, conversation.name, CONVERSATION_DEPTH)
+            caller = threads.close_chain(self.conn, caller.uuid, self.now)
         self._answer(huh, huh_id, sender, in_reply_to, caller)
 
     def _caller_at(self, uuid: str) -> Caller | None:
@@ -526,10 +561,22 @@ class Writer:
             else:
                 self._answer(output.element, reply_id, unit.listener, message.id, caller,
                              output.encoded_from, close=not closed)
-        if not done.outputs and unit.kind == "call":
-            threads.close_thread(self.conn, unit.thread, self.now)  # nothing to say: done
-            self._close_conversation(message.correlation_id)
+        if not done.outputs:  # nothing to say: the chain ends here, pruned as far as it is done
+            if unit.kind == "call":
+                threads.close_thread(self.conn, unit.thread, self.now)
+                threads.close_done_chain(self.conn, message.correlation_id, self.now)
+            else:  # an answer its caller did nothing with: the caller's thread is done
+                threads.close_done_chain(self.conn, unit.thread, self.now)
         return "replied"
+
+    def _end_chain(self, uuid: str) -> None:
+        """Close thread `uuid` and its callers' up to the conversation, which closes if
+        nothing else under it is open."""
+        try:
+            conversation = threads.close_chain(self.conn, uuid, self.now)
+        except ThreadNotFound:
+            return
+        threads.close_if_done(self.conn, conversation.uuid, self.now)
 
     def _close_conversation(self, uuid: str) -> None:
         """Close `uuid` if it is a client's conversation and nothing under it is open."""
@@ -553,24 +600,12 @@ class Writer:
                       encoded_from=encoded_from)
 
     def _final(self, output: Output, reply_id: str, unit: Unit, message: Message) -> None:
-        """A FinalAnswer goes to the client on its conversation thread, which it closes."""
-        conversation = self._conversation(unit.thread)
+        """A FinalAnswer goes to the client on its conversation thread: the chain from the
+        unit's thread up (the callers that forwarded to it) and the conversation close."""
+        conversation = threads.close_chain(self.conn, unit.thread, self.now)
         self.write(output.element, id=reply_id, sender=unit.listener, thread=conversation.uuid,
                    to=conversation.name, in_reply_to=message.id)
-        threads.close_thread(self.conn, unit.thread, self.now)
         threads.close_thread(self.conn, conversation.uuid, self.now)
-
-    def _conversation(self, uuid: str) -> Thread:
-        thread = self._thread(uuid)
-        while len(thread.path) > CONVERSATION_DEPTH + 1:
-            thread = self._thread(thread.parent_uuid)
-        return thread
-
-    def _thread(self, uuid: str) -> Thread:
-        thread = threads.get_thread(self.conn, uuid)
-        if thread is None:
-            raise ThreadNotFound(uuid)
-        return thread
 
     # --- dead units ----------------------------------------------------------------------
 

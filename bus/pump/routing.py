@@ -14,11 +14,13 @@ path it routes nowhere.
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 from dataclasses import replace
 from typing import Any
 from typing import Callable
+from typing import Iterable
 from typing import Mapping
 
 from bus.errors import OrganismInvalid
@@ -34,6 +36,8 @@ from bus.pump.organism import load_organism
 from bus.pump.organism import parse_listener
 from bus.pump.organism import resolve_handler
 from bus.pump.organism import resolve_payload
+from bus.xml.payload import XmlSpec
+from bus.xml.payload import is_xmlified
 from bus.xml.payload import spec_of
 from bus.xml.pipeline import HUH
 from bus.xml.pipeline import Pipeline
@@ -53,6 +57,9 @@ class Listener:
     visible: tuple[str, ...] | None = None  # the agent's visible_tools; None: no agent
     model: str | None = None
     system_prompt: str | None = None
+    # The payload classes of the answers it may get from the peers it calls, by tag:
+    # every @xmlify class of the organism's modules (see `_answer_specs`).
+    answers: Mapping[str, XmlSpec] | None = None
 
     @property
     def name(self) -> str:
@@ -88,6 +95,12 @@ class Routes:
             return ()
         return (listener,)
 
+    def caller(self, to: str) -> tuple[Listener, ...]:
+        """Who receives an answer to listener `to` (the calling handler), whatever the
+        answer's root tag: the listener, or () when it is gone (removed by OOB)."""
+        listener = self.listeners.get(to)
+        return () if listener is None else (listener,)
+
 
 def build_listener(spec: ListenerSpec, organism: Organism, path: str) -> Listener:
     """Import a listener's handler and payload class; OrganismInvalid names the key."""
@@ -113,8 +126,27 @@ def build_listener(spec: ListenerSpec, organism: Organism, path: str) -> Listene
 def build_routes(organism: Organism) -> Routes:
     built = {spec.name: build_listener(spec, organism, f"listeners[{i}]")
              for i, spec in enumerate(organism.listeners)}
-    return Routes({name: _with_agent(organism, listener, built)
+    answers = _answer_specs(built.values())
+    return Routes({name: replace(_with_agent(organism, listener, built), answers=answers)
                    for name, listener in built.items()})
+
+
+def _answer_specs(listeners: Iterable[Listener]) -> dict[str, XmlSpec]:
+    """The @xmlify classes a calling listener may get answers in, by tag: the listeners'
+    payload classes, then every @xmlify class at the top of their handler and payload
+    modules (where a peer's reply classes live). The first class of a tag wins."""
+    found: dict[str, XmlSpec] = {}
+    for listener in listeners:
+        found.setdefault(listener.tag, listener.pipeline.spec)
+    for listener in listeners:
+        for module_name in (getattr(listener.handler, "__module__", None),
+                            listener.pipeline.payload.__module__):
+            module = sys.modules.get(module_name or "")
+            for value in vars(module).values() if module is not None else ():
+                spec = getattr(value, "__xmlify__", None) if isinstance(value, type) else None
+                if spec is not None and is_xmlified(value) and spec.cls is value:
+                    found.setdefault(spec.tag, spec)
+    return found
 
 
 def _with_agent(organism: Organism, listener: Listener,

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 STATUSES = ("open", "closed")
 LIST_LIMIT_MAX = 10_000
 PATH_SEPARATOR = "/"  # for display only: names cannot contain it
+CONVERSATION_DEPTH = 1  # organism/client: the thread a client's request starts
 
 _INSERT_SQL = (
     "INSERT INTO threads (uuid, parent_id, name, depth, created_at_ms)"
@@ -167,6 +168,25 @@ _CLOSE_ALL_IF_DONE_SQL = (
     " WHERE uuid IN (SELECT value FROM json_each(:uuids)) AND status = 'open'"
     " AND parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM threads c"
     " WHERE c.parent_id = threads.id AND c.status = 'open')"
+)
+# A call's thread and its callers' up to the conversation (depth 1): id, uuid, name, depth.
+_CHAIN_SQL = (
+    "WITH RECURSIVE up(id, parent_id, uuid, name, depth) AS ("
+    " SELECT id, parent_id, uuid, name, depth FROM threads WHERE uuid = ?"
+    " UNION ALL SELECT t.id, t.parent_id, t.uuid, t.name, t.depth"
+    " FROM threads t JOIN up ON t.id = up.parent_id WHERE up.depth > 1)"
+    " SELECT id, uuid, name, depth FROM up"
+)
+_CLOSE_IDS_SQL = (
+    "UPDATE threads SET status = 'closed', closed_at_ms = ?"
+    " WHERE id IN (SELECT value FROM json_each(?)) AND status = 'open'"
+)
+# close_if_done that names the parent, for close_done_chain's walk up.
+_CLOSE_IF_DONE_UP_SQL = (
+    "UPDATE threads SET status = 'closed', closed_at_ms = ? WHERE uuid = ? AND status = 'open'"
+    " AND parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM threads c"
+    " WHERE c.parent_id = threads.id AND c.status = 'open')"
+    " RETURNING (SELECT p.uuid FROM threads p WHERE p.id = threads.parent_id), depth"
 )
 # Every row of an organism's trees, roots included (clear()).
 _TREE_IDS_SQL = (
@@ -485,6 +505,38 @@ def close_if_done(conn: apsw.Connection, uuid: str, now: int) -> bool:
     """
     conn.execute(_CLOSE_IF_DONE_SQL, (now, uuid))
     return conn.changes() > 0
+
+
+def close_chain(conn: apsw.Connection, uuid: str, now: int) -> Caller:
+    """Close `uuid` and every caller's thread above it, up to the conversation (depth 1),
+    which stays as it is: the conversation as a Caller (a FinalAnswer goes there).
+
+    A chain ended by a handler deep in it (a FinalAnswer) is pruned whole: the
+    forwarding callers between it and the client will get no answer to answer.
+    Runs inside the caller's write transaction; raises ThreadNotFound.
+    """
+    chain = conn.execute(_CHAIN_SQL, (uuid,)).fetchall()
+    if not chain:
+        raise ThreadNotFound(uuid)
+    _, top_uuid, top_name, top_depth = chain[-1]
+    calls = [row_id for row_id, _, _, depth in chain if depth > CONVERSATION_DEPTH]
+    if calls:
+        conn.execute(_CLOSE_IDS_SQL, (now, orjson.dumps(calls)))
+    return Caller(top_uuid, top_name, top_depth)
+
+
+def close_done_chain(conn: apsw.Connection, uuid: str, now: int) -> None:
+    """`close_if_done(uuid)`, then the same for its caller's thread while one closes, up
+    to and including the conversation: a chain whose handler had nothing to say ends.
+
+    A caller with another call still open under it stays open (a broadcast
+    waits for its other answers). Runs inside the caller's write transaction.
+    """
+    while True:
+        row = conn.execute(_CLOSE_IF_DONE_UP_SQL, (now, uuid)).fetchone()
+        if row is None or row[1] <= CONVERSATION_DEPTH:
+            return
+        uuid = row[0]
 
 
 def clear(conn: apsw.Connection, organism: str) -> int:

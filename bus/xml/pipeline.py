@@ -186,6 +186,15 @@ def step_extract(pipeline: Pipeline, document: Document) -> Envelope | Huh:
     return _new(Envelope, (sender, thread, payload, payload, to, canonical, repairs))
 
 
+def step_any_root(pipeline: Pipeline, document: Document) -> Envelope:
+    """For `answer_pipeline`: the payload whatever its root tag, as its element."""
+    root, repairs, canonical, fields = document
+    if fields is None:
+        return read_envelope(root, canonical, repairs)
+    sender, to, thread, payload = fields
+    return _new(Envelope, (sender, thread, payload, payload, to, canonical, repairs))
+
+
 def step_bare(pipeline: Pipeline, document: Document) -> Envelope | Huh:
     """For `check_payload`: the document is the payload itself, without an envelope."""
     bare = Envelope("", "", document.root, document.root, None, document.canonical,
@@ -255,6 +264,7 @@ def _deserialize(pipeline: Pipeline, element: etree._Element) -> Any:
 LISTENER_STEPS = (step_repair, step_c14n, step_envelope, step_extract, step_payload,
                   step_deserialize)
 SYSTEM_STEPS = (step_repair, step_c14n, step_envelope, step_extract, step_deserialize)
+ANSWER_STEPS = (step_repair, step_c14n, step_envelope, step_any_root)
 PAYLOAD_STEPS = (step_repair, step_c14n, step_bare, step_payload, step_deserialize)
 
 
@@ -271,6 +281,13 @@ def listener_pipeline(listener: str, payload: type, max_bytes: int = MAX_BYTES) 
 def system_pipeline(max_bytes: int = MAX_BYTES) -> Pipeline:
     """The pipeline of ``<boot/>`` and ``<huh>`` messages: no payload XSD."""
     return Pipeline(SYSTEM, None, SYSTEM_STEPS, frozenset((HUH, BOOT)), max_bytes)
+
+
+def answer_pipeline(max_bytes: int = MAX_BYTES) -> Pipeline:
+    """The pipeline of an answer to a calling listener: the envelope checks, then the
+    payload element whatever its root tag (a caller gets answers in its peers' payloads,
+    not its own). Its payload schema is the caller's to apply: the pump knows it by tag."""
+    return Pipeline(SYSTEM, None, ANSWER_STEPS, frozenset(), max_bytes)
 
 
 def check_payload(payload: type, raw: bytes, max_bytes: int = MAX_BYTES) -> Envelope | Huh:
