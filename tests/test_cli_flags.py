@@ -25,6 +25,8 @@ FIELD = re.compile(r"[a-z_]+(\.[a-z_]+)?")
 # Fields the library raises that no command takes as a value: each with where it comes from.
 NOT_ON_THE_COMMAND_LINE = {
     "blob_threshold": "Bus.open(blob_threshold=...): no flag",
+    "handler": "process_loop's handler: a Python callable, no command",
+    "max_messages": "process_loop(max_messages=...): no command runs the loop",
     "filter": "MessageFilter passed whole from Python",
     "filter.topic_pattern": "MessageFilter from Python; the CLI has no topic filter",
     "max_payload_bytes": "bus --max-payload-bytes is an IntRange",

@@ -280,16 +280,21 @@ def test_mcp_worker_tools_drive_the_agents_own_worker(bus: Bus, db_path: Path, r
             beat = await call(client, "worker_heartbeat", progress=0.5)
             (worktree / "auth.py").write_text("def login(): return True\n")
             dirty = await refused(client, "worker_done")
+            stash = worktree.parent / "auth.py.aside"
+            (worktree / "auth.py").rename(stash)  # a clean worktree with nothing committed
+            empty = await refused(client, "worker_done")
+            stash.rename(worktree / "auth.py")
             git("add", "auth.py", cwd=worktree)
             git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "Fix", cwd=worktree)
             done = await call(client, "worker_done", message="login fixed")
             status = await call(client, "worker_status")
             state = await read(client, "bus://workers/w1")
-            return started, beat, dirty, done, status, state
+            return started, beat, dirty, empty, done, status, state
 
-    started, beat, dirty, done, status, state = asyncio.run(scenario())
+    started, beat, dirty, empty, done, status, state = asyncio.run(scenario())
     assert (started["state"], beat["state"], done["state"]) == ("WORKING", "WORKING", "IN_REVIEW")
     assert "uncommitted changes (auth.py)" in dirty
+    assert empty.endswith("or pass allow_empty=True to review an empty branch")  # its argument
     assert [w["worker"] for w in status["workers"]] == ["w1"]
     assert state["state"] == "IN_REVIEW" and state["head_commit"] == done["head_commit"]
     assert rows(bus, "SELECT state, note FROM workers") == [("IN_REVIEW", "login fixed")]

@@ -148,6 +148,15 @@ def wait_until(condition, what: str, timeout: float = WAIT_TIMEOUT) -> None:
 # --- the lifecycle, human output ------------------------------------------------------------------
 
 
+def test_cli_done_names_the_flag_for_an_empty_branch(db: Path, repo: Path) -> None:
+    ok(["spawn", "--task", "t1", "--worker", "w1", "--repo", str(repo)], db)
+    ok(["start", "w1"], db)
+    refused = run(["done", "w1"], db)
+    assert refused.exit_code == 1
+    assert refused.stderr.endswith("or pass --allow-empty to review an empty branch\n")
+    assert ok(["done", "w1", "--allow-empty"], db).startswith("w1 is IN_REVIEW at ")
+
+
 def test_cli_lifecycle_prints_each_step(db: Path, repo: Path, tmp_path: Path) -> None:
     worktree = tmp_path / "worktrees" / "w1"
     assert ok(["spawn", "--task", "t1", "--worker", "w1", "--repo", str(repo)], db) == (

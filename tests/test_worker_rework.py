@@ -204,7 +204,7 @@ def test_done_refuses_a_branch_without_commits(ws: Workers, bus: Bus, repo: Path
         ws.done("w1")
     assert str(raised.value) == (
         f"w1/t1 has no commit beyond main; commit the work in {w.worktree} first (git add,"
-        " then git commit), or pass --allow-empty to review an empty branch")
+        " then git commit), or pass allow_empty=True to review an empty branch")
     assert ws.get("w1").state == "WORKING" and bus.last_seq() == seen
     assert ws.done("w1", allow_empty=True).head_commit == head(repo, "main")
 

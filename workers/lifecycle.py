@@ -82,7 +82,7 @@ class EmptyWork(BusError):
     def __init__(self, worker: Worker) -> None:
         super().__init__(f"{worker.branch} has no commit beyond {worker.base}; commit the work in"
                          f" {worker.worktree} first (git add, then git commit), or pass"
-                         " --allow-empty to review an empty branch")
+                         " allow_empty=True to review an empty branch")
         self.worker = worker.worker
 
 

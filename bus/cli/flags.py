@@ -48,6 +48,7 @@ def pass_context_of(kind: type[T]) -> Callable[[Callable[..., Any]], Callable[..
             except BusError as exc:
                 usage = as_usage_error(ctx, exc)
                 if usage is None:
+                    exc.args = (in_flags(ctx.command, str(exc)),)  # allow_empty=True: --allow-empty
                     raise
                 raise usage from exc
         return functools.update_wrapper(new_func, f)

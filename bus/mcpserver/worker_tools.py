@@ -44,13 +44,19 @@ class WorkerTools:
         """
         return self.workers.start(self.agent, lease_ms).to_json_dict()
 
-    def worker_done(self, message: Annotated[Optional[str], Field(description=(
-            "What you did, for the reviewer."))] = None) -> dict[str, Any]:
+    def worker_done(
+        self,
+        message: Annotated[Optional[str], Field(description=(
+            "What you did, for the reviewer."))] = None,
+        allow_empty: Annotated[bool, Field(description=(
+            "Hand in a branch with no commit beyond its base (nothing to change)."))] = False,
+    ) -> dict[str, Any]:
         """Hand your work in for review: WORKING -> IN_REVIEW at your branch's head.
 
-        Commit everything in your worktree first; uncommitted changes are refused.
+        Commit everything in your worktree first; uncommitted changes are refused,
+        and so is a branch without commits unless allow_empty is true.
         """
-        return self.workers.done(self.agent, message).to_json_dict()
+        return self.workers.done(self.agent, message, allow_empty).to_json_dict()
 
     def worker_heartbeat(
         self,
