@@ -170,7 +170,11 @@ def test_an_inline_call_to_a_peer_runs_under_the_thread_its_handler_saw(bus, run
                           "    payload: tests.pump_tools:Add\n    handler: tests.pump_tools:add\n")
     echo(bus, "peer", mode="peer")
     pump.settle(2)  # echo inline, then calc.add's leased unit
-    (_, _, caller), (_, _, peer) = pump_tools.CALLS[-2:]
+    # By listener and message, not position: the boot's call to calc.add came first, and
+    # calc.add's answer may already be back at echo (a call after the peer's).
+    caller = next(ctx for listener, msg, ctx in pump_tools.CALLS
+                  if listener == "echo" and isinstance(msg, pump_tools.Echo))
+    peer = [ctx for listener, _msg, ctx in pump_tools.CALLS if listener == "calc.add"][-1]
     parent = bus.conn.execute("SELECT p.uuid, p.name FROM threads c JOIN threads p"
                               " ON p.id = c.parent_id WHERE c.uuid = ?", (peer.thread,)).get
     assert parent == (caller.thread, "echo") and caller.listener == "echo"
