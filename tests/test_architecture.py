@@ -1,7 +1,7 @@
 """The layout is the architecture: parts, their order, and what may import what.
 
 Parts, lowest first (docs/architecture.md explains each):
-the log (top of `bus/`, with the blob store `blobs/`); the message engine (`bus/channels/`),
+the blob store (`blobs/`, which imports nothing of ours); the log (top of `bus/`); the message engine (`bus/channels/`),
 the XML layer (`bus/xml/`) and the history job (`bus/history/`, which reads only the
 log's export files); the `Bus` facade (`bus/api.py`,
 `bus/__init__.py`); the pump (`bus/pump/`) and the worker lifecycle
@@ -26,8 +26,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("bus", "workers", "blobs")
-RANKS = {"log": 0, "channels": 1, "xml": 1, "history": 1, "facade": 2, "pump": 3,
-         "workers": 3, "views": 4, "mcpserver": 5, "cli": 6}
+RANKS = {"blobs": 0, "log": 1, "channels": 2, "xml": 2, "history": 2, "facade": 3, "pump": 4,
+         "workers": 4, "views": 5, "mcpserver": 6, "cli": 7}
 
 
 def module_files() -> dict[str, Path]:
@@ -80,7 +80,7 @@ def part_of(module: str) -> str:
         if module == f"bus.{part}" or module.startswith(f"bus.{part}."):
             return part
     top = module.split(".")[0]
-    return "workers" if top == "workers" else "log"  # the blob store is the log's
+    return top if top in ("workers", "blobs") else "log"
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -134,6 +134,13 @@ def test_architecture_lower_part_never_imports_a_higher_or_sibling_part():
     assert wrong == []
 
 
+def test_architecture_blobs_imports_nothing_of_ours():
+    """The lowest package: bus imports blobs, never the other way round."""
+    outside = {f"{module} imports {target}" for module, targets in import_graph().items()
+               if part_of(module) == "blobs" for target in targets if part_of(target) != "blobs"}
+    assert outside == set()
+
+
 def test_architecture_parts_are_assigned_as_documented():
     assert part_of("bus.db") == "log"
     assert part_of("bus.checkpoints") == "log"
@@ -144,7 +151,7 @@ def test_architecture_parts_are_assigned_as_documented():
     assert part_of("bus.views.status") == part_of("bus.views") == "views"
     assert part_of("bus.cli.context") == part_of("workers.cli") == "cli"
     assert part_of("workers.lifecycle") == "workers"
-    assert part_of("blobs.store") == "log"
+    assert part_of("blobs") == part_of("blobs.store") == part_of("blobs.errors") == "blobs"
     assert part_of("bus.mcpserver") == part_of("bus.mcpserver.server") == "mcpserver"
     assert part_of("bus.cli.mcp") == "cli"
     assert part_of("bus.history") == part_of("bus.history.job") == "history"
