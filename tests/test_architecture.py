@@ -26,12 +26,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("bus", "workers", "blobs")
+# Folders installed under another name (setup.cfg's package_dir): the schema files.
+INSTALLED_AS = {"bus.migrations": ROOT / "migrations" / "__init__.py"}
 RANKS = {"blobs": 0, "log": 1, "channels": 2, "xml": 2, "history": 2, "facade": 3, "pump": 4,
          "workers": 4, "views": 5, "mcpserver": 6, "cli": 7}
 
 
 def module_files() -> dict[str, Path]:
-    """Dotted module name -> file, for every module of the three packages."""
+    """Dotted module name -> file, for every module of the three packages and bus.migrations."""
     found = {}
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
@@ -39,7 +41,7 @@ def module_files() -> dict[str, Path]:
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             found[".".join(parts)] = path
-    return found
+    return found | INSTALLED_AS
 
 
 def owning_module(name: str, modules: dict[str, Path]) -> str | None:
@@ -109,7 +111,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_architecture_graph_sees_every_package_and_real_edges():
     graph = import_graph()
     assert {"bus.api", "bus.channels.engine", "bus.pump.threads", "bus.cli",
-            "workers.cli", "blobs.store"} <= set(graph)
+            "workers.cli", "blobs.store", "bus.migrations"} <= set(graph)
+    assert graph["bus.migration_files"] == {"bus.migrations"}
     assert "bus.channels.store" in graph["bus.channels.engine"]
     assert "bus.api" in graph["bus.pump.pump"]
 
@@ -142,7 +145,7 @@ def test_architecture_blobs_imports_nothing_of_ours():
 
 
 def test_architecture_parts_are_assigned_as_documented():
-    assert part_of("bus.db") == "log"
+    assert part_of("bus.db") == part_of("bus.migrations") == "log"
     assert part_of("bus.checkpoints") == "log"
     assert part_of("bus.channels") == "channels"
     assert part_of("bus.channels.topics") == "channels"
@@ -208,6 +211,12 @@ def test_architecture_wheel_installs_every_package(tmp_path):
     shown = subprocess.run([str(python), "-c", check], capture_output=True, text=True,
                            cwd=tmp_path, env=env, check=True)
     assert shown.stdout.strip().startswith(str(fresh_site))
+    # The migrations are found in the one place, the installed bus.migrations package.
+    found = subprocess.run([str(python), "-c", "from bus import migration_files as m;"
+                            " print(m.MIGRATIONS_DIR); print(m.supported_version())"],
+                           capture_output=True, text=True, cwd=tmp_path, env=env, check=True)
+    count = len(list((ROOT / "migrations").glob("*.sql")))
+    assert found.stdout == f"{(fresh_site / 'bus' / 'migrations').resolve()}\n{count}\n"
     # The web page's own files ship in the wheel (bus serve works offline).
     assert (fresh_site / "bus" / "views" / "static" / "index.html").is_file()
     assert (fresh_site / "bus" / "views" / "static" / "app.js").is_file()
