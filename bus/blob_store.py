@@ -23,6 +23,7 @@ from bus.files import translate_os_errors
 
 @contextlib.contextmanager
 def blob_errors_as_bus_errors() -> Iterator[None]:
+    """Raise the blob store's errors inside the block as the bus.errors classes."""
     try:
         yield
     except BusError:
