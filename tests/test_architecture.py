@@ -1,10 +1,10 @@
 """The layout is the architecture: parts, their order, and what may import what.
 
 Parts, lowest first (docs/architecture.md explains each):
-the blob store (`blobs/`, which imports nothing of ours); the log (top of `bus/`); the message engine (`bus/channels/`),
-the XML layer (`bus/xml/`) and the history job (`bus/history/`, which reads only the
-log's export files); the `Bus` facade (`bus/api.py`,
-`bus/__init__.py`); the pump (`bus/pump/`) and the worker lifecycle
+the blob store (`blobs/`, which imports nothing of ours); the log (top of `bus/`);
+the message engine (`bus/channels/`), the XML layer (`bus/xml/`) and the history
+job (`bus/history/`, which reads only the log's export files); the `Bus` facade
+(`bus/api.py`, `bus/__init__.py`); the pump (`bus/pump/`) and the worker lifecycle
 (`workers/`); the MCP server (`bus/mcpserver/`), the bus, pump and workers as
 tools for agents; the two CLIs (`bus/cli/`, `workers/cli.py`). A module imports
 its own part or a lower rank, never a part beside it or above it, and no
