@@ -1,9 +1,14 @@
-"""Content-addressed storage for payloads too large for a message row."""
+"""Content-addressed storage for payloads too large for a message row.
+
+The lowest package: it imports nothing of ours (bus imports it).
+"""
 
 from __future__ import annotations
 
+from blobs.errors import BlobCorrupt
+from blobs.errors import BlobError
+from blobs.errors import BlobMissing
+from blobs.errors import BlobRefInvalid
 from blobs.store import BlobStore
-from bus.errors import BlobCorrupt
-from bus.errors import BlobMissing
 
-__all__ = ["BlobCorrupt", "BlobMissing", "BlobStore"]
+__all__ = ["BlobCorrupt", "BlobError", "BlobMissing", "BlobRefInvalid", "BlobStore"]

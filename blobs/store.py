@@ -3,6 +3,9 @@
 Writes are atomic and durable before `put` returns: temp file in the same
 directory, fsync, rename, fsync of the directory. So a message committed
 after `put` never points at a blob that a crash could lose or tear.
+
+Errors are the store's own (blobs/errors.py) and the OSError of a failed
+write; the bus translates both into its BusErrors (bus/blob_store.py).
 """
 
 from __future__ import annotations
@@ -13,12 +16,11 @@ import re
 import time
 from pathlib import Path
 
-from bus.errors import BlobCorrupt
-from bus.errors import BlobMissing
-from bus.errors import ValidationFailed
-from bus.files import TEMP_PREFIX
-from bus.files import translate_os_errors
-from bus.files import write_atomically
+from blobs.errors import BlobCorrupt
+from blobs.errors import BlobMissing
+from blobs.errors import BlobRefInvalid
+from blobs.files import TEMP_PREFIX
+from blobs.files import write_atomically
 
 _REF = re.compile(r"sha256-[0-9a-f]{64}")
 
@@ -35,8 +37,8 @@ class BlobStore:
         An existing blob gets a fresh modification time, so gc's grace period
         protects it while the message that now references it is being committed;
         an existing copy that no longer matches its hash is rewritten.
-        Raises DiskFull or BusReadOnly, leaving no partial file, when the
-        directory cannot take it.
+        Raises the OSError, leaving no partial file, when the directory cannot
+        take it.
         """
         return self.store(data)[0]
 
@@ -44,12 +46,11 @@ class BlobStore:
         """`put`, also saying whether this call created the file (for `discard`)."""
         ref = "sha256-" + hashlib.sha256(data).hexdigest()
         path = self.root / ref
-        with translate_os_errors(self.root):
-            if self._intact(path, ref):
-                os.utime(path)
-                return ref, False
-            self.root.mkdir(parents=True, exist_ok=True)
-            write_atomically(path, data)  # new, or replacing a damaged copy
+        if self._intact(path, ref):
+            os.utime(path)
+            return ref, False
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, data)  # new, or replacing a damaged copy
         return ref, True
 
     def discard(self, refs: list[str]) -> None:
@@ -89,9 +90,9 @@ class BlobStore:
         return self.path(ref).is_file()
 
     def path(self, ref: str) -> Path:
-        """Where the blob lives; raises ValidationFailed for a malformed reference."""
+        """Where the blob lives; raises BlobRefInvalid for a malformed reference."""
         if not isinstance(ref, str) or not _REF.fullmatch(ref):
-            raise ValidationFailed("ref", f"{ref!r} is not a blob reference like 'sha256-<64 hex>'")
+            raise BlobRefInvalid(f"{ref!r} is not a blob reference like 'sha256-<64 hex>'")
         return self.root / ref
 
     def list_refs(self) -> list[str]:

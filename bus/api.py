@@ -27,13 +27,13 @@ from typing import Sequence
 
 import apsw
 
-import blobs.store
 from bus import claims
 from bus import cursors
 from bus import heartbeats
 from bus import messages
 from bus import retention
 from bus import search as full_text
+from bus.blob_store import BusBlobStore
 from bus.channels.engine import Channels
 from bus.cursors import Cursor
 from bus.db import DURABLE_BY_DURABILITY
@@ -78,8 +78,7 @@ class Bus(TaskClaims):
         self.durable = DURABLE_BY_DURABILITY[durability]
         self.blob_threshold = blob_threshold
         self.max_payload_bytes = max_payload_bytes
-        # Looked up at run time: `import blobs` first imports bus, which imports this.
-        self.blobs = blobs.store.BlobStore(blob_dir or Path(path).absolute().parent / "blobs")
+        self.blobs = BusBlobStore(blob_dir or Path(path).absolute().parent / "blobs")
         self._local = threading.local()
         self._local.conn = conn
         self._connections = [conn]

@@ -7,6 +7,8 @@ parsing messages. Messages name the field, the problem and the fix.
 
 from __future__ import annotations
 
+import blobs.errors
+
 
 class BusError(Exception):
     """Base class of every error the bus library raises on purpose."""
@@ -238,12 +240,18 @@ class OobKeyError(BusError):
         self.reason = reason
 
 
-class BlobMissing(BusError):
+# The blob store's errors as the bus raises them (bus/blob_store.py translates):
+# BusErrors, and still the `blobs` classes of the same name.
+class BlobMissing(BusError, blobs.errors.BlobMissing):
     """No blob is stored under the reference."""
 
 
-class BlobCorrupt(BusError):
+class BlobCorrupt(BusError, blobs.errors.BlobCorrupt):
     """The stored bytes no longer hash to the reference."""
+
+
+class BlobRefInvalid(ValidationFailed, blobs.errors.BlobRefInvalid):
+    """A blob reference that is not 'sha256-<64 hex>' (field "ref"); no file was touched."""
 
 
 class UnknownChannel(BusError):

@@ -27,10 +27,10 @@ from typing import Iterator
 import apsw
 import orjson
 
+from blobs.files import fsync_directory
 from bus.db import write_transaction
 from bus.errors import BusError
 from bus.errors import ValidationFailed
-from bus.files import fsync_directory
 from bus.files import translate_os_errors
 
 BATCH = 20_000  # messages per write + fsync + state update

@@ -1,45 +1,19 @@
-"""Durable file writes (temp file, fsync, rename, fsync of the directory) and their errors."""
+"""A failed file write as the bus reports it: DiskFull or BusReadOnly.
+
+The writes themselves (temp file, fsync, rename) are `blobs.files`'s, the lowest layer.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
-import tempfile
-from pathlib import Path
 
 from bus.errors import BusError
 from bus.errors import BusReadOnly
 from bus.errors import DiskFull
 
-TEMP_PREFIX = ".tmp-"
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 _NO_WRITE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so that readers see the old or the new file, never half.
-
-    The directory is fsynced after the rename: the new entry lives in its data.
-    """
-    fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    fsync_directory(path.parent)
-
-
-def fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def os_error(exc: OSError, path: str = "") -> BusError | None:

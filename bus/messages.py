@@ -24,8 +24,9 @@ from typing import Sequence
 import apsw
 import orjson
 
-from bus.errors import BlobCorrupt
-from bus.errors import BlobMissing
+from blobs.errors import BlobCorrupt
+from blobs.errors import BlobMissing
+from blobs.errors import BlobRefInvalid
 from bus.errors import ValidationFailed
 
 if TYPE_CHECKING:
@@ -413,14 +414,15 @@ def row_to_message(row: tuple[Any, ...], blobs: BlobStore | None = None,
 def _blob_head(ref: str, blobs: BlobStore | None,
                size: int) -> tuple[str | None, int | None, str | None]:
     """(first bytes as text, whole size, error) of a blob; never raises."""
+    # The blobs classes: the bus's store raises its subclasses of them, a plain store these.
+    if blobs is None:
+        return None, None, "blob_missing"
     try:
-        if blobs is None:
-            raise BlobMissing(ref)
         data, total = blobs.head(ref, size)
         return data.decode(errors="replace"), total, None
     except BlobMissing:
         return None, None, "blob_missing"
-    except ValidationFailed:
+    except BlobRefInvalid:
         return None, None, "blob_corrupt"
 
 
@@ -441,7 +443,7 @@ def _load_blob_payload(ref: str, blobs: BlobStore | None) -> tuple[Any, str | No
         return _decode(blobs.get(ref))
     except BlobMissing:
         return None, "blob_missing"
-    except (BlobCorrupt, ValidationFailed):
+    except (BlobCorrupt, BlobRefInvalid):
         return None, "blob_corrupt"
 
 

@@ -1,4 +1,4 @@
-"""The schema versions this code knows: the migrations/NNNN_name.sql files.
+"""The schema versions this code knows: the migrations/NNNN_name.sql files (bus.migrations).
 
 Apart from the runner (bus/schema.py) so that opening a file (bus/db.py) can
 refuse a schema newer than the code before it changes anything, without the
@@ -12,13 +12,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
-# Installed from a wheel the files sit in bus/migrations; in a checkout
-# (editable install) they are in the top-level migrations/ directory.
-MIGRATIONS_DIR = next(
-    (d for d in (_HERE / "migrations", _HERE.parent / "migrations") if d.is_dir()),
-    _HERE.parent / "migrations",
-)
+import bus.migrations
+
+# One place: the package `bus.migrations` (setup.cfg maps it to the top-level
+# migrations/ folder), wherever the install put it.
+MIGRATIONS_DIR = Path(bus.migrations.__file__).resolve().parent
 _MIGRATION_NAME = re.compile(r"(\d{4})_(\w+)\.sql")
 
 

@@ -1,10 +1,10 @@
 """The layout is the architecture: parts, their order, and what may import what.
 
 Parts, lowest first (docs/architecture.md explains each):
-the log (top of `bus/`, with the blob store `blobs/`); the message engine (`bus/channels/`),
-the XML layer (`bus/xml/`) and the history job (`bus/history/`, which reads only the
-log's export files); the `Bus` facade (`bus/api.py`,
-`bus/__init__.py`); the pump (`bus/pump/`) and the worker lifecycle
+the blob store (`blobs/`, which imports nothing of ours); the log (top of `bus/`);
+the message engine (`bus/channels/`), the XML layer (`bus/xml/`) and the history
+job (`bus/history/`, which reads only the log's export files); the `Bus` facade
+(`bus/api.py`, `bus/__init__.py`); the pump (`bus/pump/`) and the worker lifecycle
 (`workers/`); the MCP server (`bus/mcpserver/`), the bus, pump and workers as
 tools for agents; the two CLIs (`bus/cli/`, `workers/cli.py`). A module imports
 its own part or a lower rank, never a part beside it or above it, and no
@@ -26,12 +26,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("bus", "workers", "blobs")
-RANKS = {"log": 0, "channels": 1, "xml": 1, "history": 1, "facade": 2, "pump": 3,
-         "workers": 3, "views": 4, "mcpserver": 5, "cli": 6}
+# Folders installed under another name (setup.cfg's package_dir): the schema files.
+INSTALLED_AS = {"bus.migrations": ROOT / "migrations" / "__init__.py"}
+RANKS = {"blobs": 0, "log": 1, "channels": 2, "xml": 2, "history": 2, "facade": 3, "pump": 4,
+         "workers": 4, "views": 5, "mcpserver": 6, "cli": 7}
 
 
 def module_files() -> dict[str, Path]:
-    """Dotted module name -> file, for every module of the three packages."""
+    """Dotted module name -> file, for every module of the three packages and bus.migrations."""
     found = {}
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
@@ -39,7 +41,7 @@ def module_files() -> dict[str, Path]:
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             found[".".join(parts)] = path
-    return found
+    return found | INSTALLED_AS
 
 
 def owning_module(name: str, modules: dict[str, Path]) -> str | None:
@@ -80,7 +82,7 @@ def part_of(module: str) -> str:
         if module == f"bus.{part}" or module.startswith(f"bus.{part}."):
             return part
     top = module.split(".")[0]
-    return "workers" if top == "workers" else "log"  # the blob store is the log's
+    return top if top in ("workers", "blobs") else "log"
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -109,7 +111,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_architecture_graph_sees_every_package_and_real_edges():
     graph = import_graph()
     assert {"bus.api", "bus.channels.engine", "bus.pump.threads", "bus.cli",
-            "workers.cli", "blobs.store"} <= set(graph)
+            "workers.cli", "blobs.store", "bus.migrations"} <= set(graph)
+    assert graph["bus.migration_files"] == {"bus.migrations"}
     assert "bus.channels.store" in graph["bus.channels.engine"]
     assert "bus.api" in graph["bus.pump.pump"]
 
@@ -134,8 +137,15 @@ def test_architecture_lower_part_never_imports_a_higher_or_sibling_part():
     assert wrong == []
 
 
+def test_architecture_blobs_imports_nothing_of_ours():
+    """The lowest package: bus imports blobs, never the other way round."""
+    outside = {f"{module} imports {target}" for module, targets in import_graph().items()
+               if part_of(module) == "blobs" for target in targets if part_of(target) != "blobs"}
+    assert outside == set()
+
+
 def test_architecture_parts_are_assigned_as_documented():
-    assert part_of("bus.db") == "log"
+    assert part_of("bus.db") == part_of("bus.migrations") == "log"
     assert part_of("bus.checkpoints") == "log"
     assert part_of("bus.channels") == "channels"
     assert part_of("bus.channels.topics") == "channels"
@@ -144,7 +154,7 @@ def test_architecture_parts_are_assigned_as_documented():
     assert part_of("bus.views.status") == part_of("bus.views") == "views"
     assert part_of("bus.cli.context") == part_of("workers.cli") == "cli"
     assert part_of("workers.lifecycle") == "workers"
-    assert part_of("blobs.store") == "log"
+    assert part_of("blobs") == part_of("blobs.store") == part_of("blobs.errors") == "blobs"
     assert part_of("bus.mcpserver") == part_of("bus.mcpserver.server") == "mcpserver"
     assert part_of("bus.cli.mcp") == "cli"
     assert part_of("bus.history") == part_of("bus.history.job") == "history"
@@ -201,6 +211,12 @@ def test_architecture_wheel_installs_every_package(tmp_path):
     shown = subprocess.run([str(python), "-c", check], capture_output=True, text=True,
                            cwd=tmp_path, env=env, check=True)
     assert shown.stdout.strip().startswith(str(fresh_site))
+    # The migrations are found in the one place, the installed bus.migrations package.
+    found = subprocess.run([str(python), "-c", "from bus import migration_files as m;"
+                            " print(m.MIGRATIONS_DIR); print(m.supported_version())"],
+                           capture_output=True, text=True, cwd=tmp_path, env=env, check=True)
+    count = len(list((ROOT / "migrations").glob("*.sql")))
+    assert found.stdout == f"{(fresh_site / 'bus' / 'migrations').resolve()}\n{count}\n"
     # The web page's own files ship in the wheel (bus serve works offline).
     assert (fresh_site / "bus" / "views" / "static" / "index.html").is_file()
     assert (fresh_site / "bus" / "views" / "static" / "app.js").is_file()

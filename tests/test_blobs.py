@@ -1,7 +1,8 @@
 """The blob store (blobs/store.py) and large payloads published through the Bus.
 
 BlobStore is tested on its own (round trip, idempotence, refusing malformed
-references, atomic writes, gc) and through the Bus: payloads whose JSON is
+references, atomic writes, gc; `blobs` imports nothing of ours, so it raises its
+own errors and the bus's store raises them as BusErrors) and through the Bus: payloads whose JSON is
 longer than `blob_threshold` go to `blobs/` beside the database, poll reads
 them back transparently, and a missing or damaged blob is reported in
 `payload_error`, never raised. Old files are made by setting their mtime
@@ -26,13 +27,17 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+import blobs
 from blobs.store import BlobCorrupt
 from blobs.store import BlobMissing
 from blobs.store import BlobStore
 from bus import Bus
+from bus import BusError
 from bus import ValidationFailed
+from bus import errors
 from bus.api import BLOB_THRESHOLD
 from bus.api import GC_GRACE_SECONDS
+from bus.blob_store import BusBlobStore
 from bus.errors import DiskFull
 
 REF_PATTERN = r"sha256-[0-9a-f]{64}"
@@ -79,9 +84,12 @@ def message_row(bus: Bus, seq: int) -> tuple[str | None, str | None]:
 @pytest.mark.parametrize("statement", ["import blobs", "from blobs.store import BlobStore"])
 def test_blobs_package_imports_in_a_fresh_interpreter(tmp_path: Path, python_env,
                                                       statement: str) -> None:
-    result = subprocess.run([sys.executable, "-c", statement], env=python_env, cwd=tmp_path,
-                            capture_output=True, text=True, timeout=60)
+    ours = "sorted(m for m in sys.modules if m.split('.')[0] in ('bus', 'workers'))"
+    result = subprocess.run([sys.executable, "-c", f"import sys; {statement}; print({ours})"],
+                            env=python_env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60)
     assert result.returncode == 0, result.stderr
+    assert result.stdout == "[]\n"  # blobs is the lowest package: it loads nothing of ours
 
 
 def test_blobs_package_imports_after_bus(tmp_path: Path, python_env) -> None:
@@ -205,9 +213,9 @@ def test_blobstore_malformed_ref_is_refused_before_touching_files(tmp_path: Path
     store = BlobStore(tmp_path / "blobs")
     store.put(b"a real blob")
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    with pytest.raises(ValidationFailed) as info:
+    with pytest.raises(blobs.BlobRefInvalid) as info:
         getattr(store, method)(ref)
-    assert info.value.field == "ref"
+    assert not isinstance(info.value, BusError)
     assert "is not a blob reference like 'sha256-<64 hex>'" in str(info.value)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
     assert secret.read_bytes() == b"root:x:0:0"
@@ -222,18 +230,54 @@ def test_blobstore_list_refs_ignores_temp_and_foreign_files(tmp_path: Path) -> N
     assert store.list_refs() == [ref]
 
 
+# --- the bus's store: the same errors as BusErrors -------------------------------------
+
+
+@pytest.mark.parametrize("ref", MALFORMED_REFS)
+@pytest.mark.parametrize("method", ["get", "exists", "path"])
+def test_bus_blob_store_malformed_ref_is_validation_failed(tmp_path: Path, ref,
+                                                           method: str) -> None:
+    store = BusBlobStore(tmp_path / "blobs")
+    store.put(b"a real blob")
+    before = names_in(store.root)
+    with pytest.raises(ValidationFailed) as info:
+        getattr(store, method)(ref)
+    assert info.value.field == "ref"
+    assert "is not a blob reference like 'sha256-<64 hex>'" in str(info.value)
+    assert isinstance(info.value, blobs.BlobRefInvalid)  # still the store's class
+    assert names_in(store.root) == before
+
+
+def test_bus_blob_store_missing_and_corrupt_are_bus_errors(bus: Bus) -> None:
+    missing = sha_ref(b"never stored")
+    with pytest.raises(errors.BlobMissing, match=missing) as info:
+        bus.blobs.get(missing)
+    assert isinstance(info.value, BusError) and isinstance(info.value, BlobMissing)
+    with pytest.raises(errors.BlobMissing, match=missing):
+        bus.blobs.head(missing, 10)
+    ref = bus.blobs.put(b"the original bytes")
+    bus.blobs.path(ref).write_bytes(b"other bytes")
+    with pytest.raises(errors.BlobCorrupt, match=ref) as info:
+        bus.blobs.get(ref)
+    assert isinstance(info.value, BusError) and isinstance(info.value, BlobCorrupt)
+
+
 # --- BlobStore: atomic writes -------------------------------------------------------
 
 
-def test_blobstore_failed_write_leaves_neither_blob_nor_temp(tmp_path: Path, monkeypatch) -> None:
-    store = BlobStore(tmp_path / "blobs")
+@pytest.mark.parametrize("store_class, raised", [(BlobStore, OSError),
+                                                  (BusBlobStore, DiskFull)])
+def test_blobstore_failed_write_leaves_neither_blob_nor_temp(tmp_path: Path, monkeypatch,
+                                                             store_class, raised) -> None:
+    """The plain store lets the OSError through; the bus's store names it DiskFull."""
+    store = store_class(tmp_path / "blobs")
     kept = store.put(b"written before the failure")
 
     def failing_fsync(fd: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("blobs.store.os.fsync", failing_fsync)
-    with pytest.raises(DiskFull, match="No space left"):
+    monkeypatch.setattr("blobs.files.os.fsync", failing_fsync)
+    with pytest.raises(raised, match="No space left"):
         store.put(b"never completed")
     monkeypatch.undo()
     assert names_in(store.root) == [kept]

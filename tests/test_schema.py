@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import apsw
 import pytest
 
 from bus import Bus
+from bus import migration_files
+from bus import migrations as migrations_package
+from bus import schema
 from bus.db import APPLICATION_ID
 from bus.db import connect
 from bus.errors import SchemaTooNew
@@ -27,6 +32,20 @@ def test_migrations_are_numbered_from_one():
     migrations = available_migrations()
     assert [m.version for m in migrations] == list(range(1, len(migrations) + 1))
     assert migrations[0].name == "core"
+
+
+def test_migrations_live_in_one_place_the_bus_migrations_package():
+    """In a checkout bus.migrations is the top-level migrations/ folder, and only it.
+
+    (A wheel puts the same package at bus/migrations/: test_architecture's
+    wheel test opens a bus from one.)
+    """
+    root = Path(__file__).resolve().parent.parent
+    assert migration_files.MIGRATIONS_DIR == schema.MIGRATIONS_DIR == root / "migrations"
+    assert Path(migrations_package.__file__).parent.resolve() == root / "migrations"
+    assert not (root / "bus" / "migrations").exists()
+    names = sorted(path.name for path in (root / "migrations").glob("*.sql"))
+    assert [m.path.name for m in available_migrations()] == names
 
 
 def test_migrate_new_file_creates_core_schema_and_marks_it(db_path):

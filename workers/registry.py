@@ -14,8 +14,8 @@ from pathlib import Path
 import apsw
 import orjson
 
+from blobs.files import write_atomically
 from bus.errors import BusError
-from bus.files import write_atomically
 
 _COLUMNS = ("worker_id, task_id, state, repo, base, branch, worktree, head_commit,"
             " merge_commit, note, created_at_ms, updated_at_ms")
