@@ -213,17 +213,25 @@ def advance_base(repo: Path, merged: MergeResult) -> None:
     """
     where = worktree_of(repo, merged.base)
     if where is None:
-        git("update-ref", "-m", f"worker merge into {merged.base}", f"refs/heads/{merged.base}",
-            merged.commit, merged.previous, cwd=repo)
+        moved = git("update-ref", "-m", f"worker merge into {merged.base}",
+                    f"refs/heads/{merged.base}", merged.commit, merged.previous, cwd=repo,
+                    check=False)
+        if moved.returncode != 0:
+            raise _base_moved(repo, merged)
         return
     require_clean(where, untracked=False)
     if head_commit(where) != merged.previous:
-        raise GitError(f"{merged.base} moved while the merge ran (was {merged.previous[:12]},"
-                       f" now {head_commit(where)[:12]}); nothing changed, merge again")
+        raise _base_moved(repo, merged)
     done = git("-c", "core.hooksPath=/dev/null", "merge", "--ff-only", "--quiet", merged.commit,
                cwd=where, check=False)
     if done.returncode != 0:
         raise GitError(f"git merge {merged.base} failed: {(done.stderr or done.stdout).strip()}")
+
+
+def _base_moved(repo: Path, merged: MergeResult) -> GitError:
+    now = head_commit(repo, f"refs/heads/{merged.base}")
+    return GitError(f"{merged.base} moved while the merge ran (from {merged.previous[:12]} to"
+                    f" {now[:12]}); nothing was merged; run the merge again")
 
 
 def undo_advance(repo: Path, merged: MergeResult) -> None:
