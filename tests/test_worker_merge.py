@@ -147,3 +147,14 @@ def test_merge_refused_when_the_base_moves_meanwhile(ws: Workers, bus: Bus, repo
     assert ws.get("w1").state == "APPROVED"
     assert merged_messages(bus) == []
     assert len(worktree_paths(repo)) == 2  # the repository and w1's worktree, no scratch
+
+
+def test_merge_takes_the_reviewed_commit_even_if_the_branch_moves_meanwhile(
+        ws: Workers, bus: Bus, repo: Path) -> None:
+    w = approved(ws, repo)
+    reviewed = w.head_commit
+    post_merge_hook(repo, f"{UNSET_GIT}git -C {w.worktree} commit -q --allow-empty -m late\n")
+    done = ws.merge("w1")
+    assert (done.state, done.merge_commit, head(repo, "main")) == ("COMPLETED", reviewed, reviewed)
+    assert git(repo, "log", "-1", "--format=%s", "w1/t1") == "late"  # made, and not merged
+    assert [m.payload["commit"] for m in merged_messages(bus)] == [reviewed]

@@ -184,8 +184,10 @@ def worktree_of(repo: Path, branch: str) -> Path | None:
     return None
 
 
-def prepare_merge(repo: Path, branch: str, base: str, scratch: Path) -> MergeResult:
-    """Build the merge of `branch` into `base` without moving `base`.
+def prepare_merge(repo: Path, branch: str, base: str, scratch: Path,
+                  commit: str | None = None) -> MergeResult:
+    """Build the merge of `branch` (at `commit`, its head by default) into `base`
+    without moving `base`.
 
     The merge runs (hooks and all) in a detached worktree at `scratch` on
     base's current commit: a fast-forward when possible, else a merge commit.
@@ -200,7 +202,7 @@ def prepare_merge(repo: Path, branch: str, base: str, scratch: Path) -> MergeRes
         require_clean(where, untracked=False)
     previous = head_commit(repo, f"refs/heads/{base}")
     git("worktree", "add", "--detach", str(scratch), previous, cwd=repo)
-    return _merge_in(scratch, branch, base, previous)
+    return _merge_in(scratch, branch, commit or head_commit(repo, branch), base, previous)
 
 
 def advance_base(repo: Path, merged: MergeResult) -> None:
@@ -235,7 +237,7 @@ def _base_moved(repo: Path, merged: MergeResult) -> GitError:
 
 
 def undo_advance(repo: Path, merged: MergeResult) -> None:
-    """Put `merged.base` back at `merged.previous` after `advance_base`, if nothing moved it since."""
+    """Put `merged.base` back at `merged.previous` after `advance_base`, unless it moved since."""
     where = worktree_of(repo, merged.base)
     if where is None:
         git("update-ref", f"refs/heads/{merged.base}", merged.previous, merged.commit, cwd=repo)
@@ -243,8 +245,8 @@ def undo_advance(repo: Path, merged: MergeResult) -> None:
         git("reset", "--quiet", "--keep", merged.previous, cwd=where)
 
 
-def _merge_in(worktree: Path, branch: str, base: str, previous: str) -> MergeResult:
-    done = git("merge", "--no-edit", "-m", f"Merge {branch} into {base}", branch,
+def _merge_in(worktree: Path, branch: str, commit: str, base: str, previous: str) -> MergeResult:
+    done = git("merge", "--no-edit", "-m", f"Merge {branch} into {base}", commit,
                cwd=worktree, check=False)
     if done.returncode != 0:
         conflicts = git("diff", "--name-only", "--diff-filter=U", cwd=worktree).stdout.split()
@@ -254,4 +256,4 @@ def _merge_in(worktree: Path, branch: str, base: str, previous: str) -> MergeRes
         raise GitError(f"git merge {branch} failed: {(done.stderr or done.stdout).strip()}")
     after = head_commit(worktree)
     # A fast-forward leaves the base exactly at the branch head; a merge commit does not.
-    return MergeResult(after, after == head_commit(worktree, branch), base, previous)
+    return MergeResult(after, after == commit, base, previous)

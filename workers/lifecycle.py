@@ -278,7 +278,9 @@ class Workers:
         scratch = self.worktrees / f".merge-{worker}-{os.urandom(4).hex()}"  # one per attempt
         try:
             try:
-                merged = git.prepare_merge(repo, current.branch, current.base, scratch)
+                # The reviewed commit, by its id: a push to the branch from now on changes nothing.
+                merged = git.prepare_merge(repo, current.branch, current.base, scratch,
+                                           commit=current.head_commit)
             except git.MergeConflict as exc:
                 raise git.MergeConflict(exc.branch, exc.base, exc.files,
                                         _rework_fix(current)) from None
