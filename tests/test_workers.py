@@ -44,6 +44,7 @@ from workers.lifecycle import BranchMoved
 from workers.lifecycle import ClaimRefused
 from workers.lifecycle import EmptyWork
 from workers.lifecycle import TaskTaken
+from workers.lifecycle import WorkerChanged
 from workers.lifecycle import Workers
 from workers.machine import COMMANDS
 from workers.machine import IN_PLACE
@@ -501,8 +502,8 @@ def test_merge_base_not_checked_out_uses_temporary_worktree(ws: Workers, bus: Bu
     assert tree_files(repo) == files_before
     assert git(repo, "status", "--porcelain") == status_before
     # The temporary worktree and the worker's are both gone, for git too.
-    assert not (tmp_path / "worktrees" / ".merge-w1").exists()
     assert not Path(w.worktree).exists()
+    assert sorted(os.listdir(tmp_path / "worktrees")) == []
     assert worktree_paths(repo) == [str(repo.resolve())]
     admin = repo / ".git" / "worktrees"
     assert not admin.exists() or os.listdir(admin) == []
@@ -646,7 +647,7 @@ def test_merge_conflict_in_temporary_worktree_leaves_nothing_behind(ws: Workers,
     assert raised.value.files == ["README.md"]
     assert snapshot(ws, "w1", repo) == before
     assert head(repo, "main") == main_head
-    assert not (tmp_path / "worktrees" / ".merge-w1").exists()
+    assert sorted(os.listdir(tmp_path / "worktrees")) == ["w1"]  # no scratch worktree left
     assert worktree_paths(repo) == [str(repo.resolve()), str(Path(w.worktree).resolve())]
     assert ws.get("w1").state == "APPROVED"
 
@@ -1019,23 +1020,35 @@ def test_run_command_that_cannot_start_leaves_the_task_free(ws: Workers, bus: Bu
     assert held == [], f"{len(held)} of 25 FAILED workers still hold their task"
 
 
-def test_merge_racing_cancel_keeps_git_and_state_consistent(ws: Workers, bus: Bus, repo: Path,
-                                                            tmp_path: Path) -> None:
+def test_merge_racing_cancel_is_refused_and_leaves_the_base_alone(ws: Workers, bus: Bus,
+                                                                   repo: Path,
+                                                                   tmp_path: Path) -> None:
     w = ws.spawn("t1", "w1", repo)
     drive(ws, "w1", ["start", "done", "approve"])
     base_before = head(repo, "main")
-    # A real git hook plays the other shell: it tries to cancel the worker mid-merge. The
-    # merge holds the bus's write lock, so the cancel waits (and gives up after the busy
-    # timeout); either way the outcome must be consistent.
+    # A real git hook plays the other shell: it cancels the worker mid-merge. The merge holds
+    # no bus lock while git runs, so the cancel goes through, and the merge's compare-and-set
+    # then refuses to record a merge of a worker that is no longer APPROVED.
     hook = repo / ".git" / "hooks" / "post-merge"
-    hook.write_text(f"#!/bin/sh\nexec {sys.executable} -m workers.cli --db {bus.path} cancel w1\n")
+    status = tmp_path / "cancel-status"
+    hook.write_text(f"#!/bin/sh\n{sys.executable} -m workers.cli --db {bus.path} cancel w1"
+                    f" --reason 'changed my mind'\necho $? > {status}\n")
     hook.chmod(0o755)
-    done = ws.merge("w1")
-    assert (done.state, head(repo, "main") != base_before) == ("COMPLETED", True)
-    assert ws.get("w1").state == "COMPLETED"
-    assert [m.type for m in bus.list_messages(0, 1000) if m.from_agent == "w1"][-2:] == [
-        "state_change", "task_merged"]
-    assert not Path(w.worktree).exists()
+    with pytest.raises(WorkerChanged) as raised:
+        ws.merge("w1")
+    assert str(raised.value) == (
+        "worker w1 changed while `worker merge` ran (state APPROVED -> CANCELLED, note"
+        " 'done by test' -> 'changed my mind'); the merge was refused and main is unchanged;"
+        " see `worker status w1`")
+    assert status.read_text() == "0\n"  # the cancel was not kept waiting
+    assert ws.get("w1").state == "CANCELLED"
+    assert head(repo, "main") == base_before
+    assert git(repo, "status", "--porcelain") == ""
+    assert [m.type for m in all_messages(bus)].count("task_merged") == 0
+    assert state_changes(bus, "w1")[-1] == {"from": "APPROVED", "to": "CANCELLED",
+                                            "command": "cancel"}
+    assert Path(w.worktree).is_dir()  # cancel keeps the worktree for cleanup
+    assert worktree_paths(repo) == [str(repo.resolve()), str(Path(w.worktree).resolve())]
 
 
 def test_merge_refuses_commits_added_after_review(ws: Workers, bus: Bus, repo: Path) -> None:

@@ -245,7 +245,8 @@ def cleanup(obj: WorkerContext, worker: str | None, finished: bool, branches: bo
 def merge(obj: WorkerContext, worker: str, as_json: bool) -> None:
     """APPROVED -> COMPLETED: merge into the base branch and remove the worktree.
 
-    On a conflict nothing changes and the conflicting files are listed.
+    On a conflict nothing changes and the conflicting files are listed; nor
+    when the worker changed while git ran (a cancel meanwhile wins).
 
     Example: worker merge w1
     """

@@ -45,8 +45,12 @@ class MergeConflict(GitError):
 
 @dataclass(frozen=True)
 class MergeResult:
+    """A merge built but not yet applied: `base` moves from `previous` to `commit`."""
+
     commit: str
     fast_forward: bool
+    base: str
+    previous: str
 
 
 def git(*args: str, cwd: Path | str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -180,27 +184,69 @@ def worktree_of(repo: Path, branch: str) -> Path | None:
     return None
 
 
-def merge(repo: Path, branch: str, base: str, scratch: Path) -> MergeResult:
-    """Merge `branch` into `base`: fast-forward when possible, else a merge commit.
+def prepare_merge(repo: Path, branch: str, base: str, scratch: Path,
+                  commit: str | None = None) -> MergeResult:
+    """Build the merge of `branch` (at `commit`, its head by default) into `base`
+    without moving `base`.
 
-    Done in the worktree where `base` is checked out (it must be clean, apart
-    from untracked files), or in a temporary worktree at `scratch` when it is
-    checked out nowhere. On a conflict the merge is aborted and MergeConflict
-    names the files; the repository is left as it was.
+    The merge runs (hooks and all) in a detached worktree at `scratch` on
+    base's current commit: a fast-forward when possible, else a merge commit.
+    `base` itself is untouched; `advance_base` moves it. If `base` is checked
+    out, that worktree must be clean (apart from untracked files), as it is
+    moved along with the branch. On a conflict the merge is aborted and
+    MergeConflict names the files. The caller removes `scratch` afterwards
+    (while it exists, its HEAD keeps the new commit from git's gc).
     """
     where = worktree_of(repo, base)
     if where is not None:
         require_clean(where, untracked=False)
-        return _merge_in(where, branch, base)
-    git("worktree", "add", str(scratch), base, cwd=repo)
-    try:
-        return _merge_in(scratch, branch, base)
-    finally:
-        remove_worktree(repo, scratch)
+    previous = head_commit(repo, f"refs/heads/{base}")
+    git("worktree", "add", "--detach", str(scratch), previous, cwd=repo)
+    return _merge_in(scratch, branch, commit or head_commit(repo, branch), base, previous)
 
 
-def _merge_in(worktree: Path, branch: str, base: str) -> MergeResult:
-    done = git("merge", "--no-edit", "-m", f"Merge {branch} into {base}", branch,
+def advance_base(repo: Path, merged: MergeResult) -> None:
+    """Move `merged.base` from `merged.previous` to `merged.commit`, or change nothing.
+
+    A compare-and-set on the branch: GitError if it is no longer at
+    `previous`. Where the base is checked out, its worktree moves with it (a
+    fast-forward that git refuses rather than overwrite a local change);
+    hooks do not run again, they ran when the merge was built.
+    """
+    where = worktree_of(repo, merged.base)
+    if where is None:
+        moved = git("update-ref", "-m", f"worker merge into {merged.base}",
+                    f"refs/heads/{merged.base}", merged.commit, merged.previous, cwd=repo,
+                    check=False)
+        if moved.returncode != 0:
+            raise _base_moved(repo, merged)
+        return
+    require_clean(where, untracked=False)
+    if head_commit(where) != merged.previous:
+        raise _base_moved(repo, merged)
+    done = git("-c", "core.hooksPath=/dev/null", "merge", "--ff-only", "--quiet", merged.commit,
+               cwd=where, check=False)
+    if done.returncode != 0:
+        raise GitError(f"git merge {merged.base} failed: {(done.stderr or done.stdout).strip()}")
+
+
+def _base_moved(repo: Path, merged: MergeResult) -> GitError:
+    now = head_commit(repo, f"refs/heads/{merged.base}")
+    return GitError(f"{merged.base} moved while the merge ran (from {merged.previous[:12]} to"
+                    f" {now[:12]}); nothing was merged; run the merge again")
+
+
+def undo_advance(repo: Path, merged: MergeResult) -> None:
+    """Put `merged.base` back at `merged.previous` after `advance_base`, unless it moved since."""
+    where = worktree_of(repo, merged.base)
+    if where is None:
+        git("update-ref", f"refs/heads/{merged.base}", merged.previous, merged.commit, cwd=repo)
+    elif head_commit(where) == merged.commit:
+        git("reset", "--quiet", "--keep", merged.previous, cwd=where)
+
+
+def _merge_in(worktree: Path, branch: str, commit: str, base: str, previous: str) -> MergeResult:
+    done = git("merge", "--no-edit", "-m", f"Merge {branch} into {base}", commit,
                cwd=worktree, check=False)
     if done.returncode != 0:
         conflicts = git("diff", "--name-only", "--diff-filter=U", cwd=worktree).stdout.split()
@@ -210,4 +256,4 @@ def _merge_in(worktree: Path, branch: str, base: str) -> MergeResult:
         raise GitError(f"git merge {branch} failed: {(done.stderr or done.stdout).strip()}")
     after = head_commit(worktree)
     # A fast-forward leaves the base exactly at the branch head; a merge commit does not.
-    return MergeResult(after, after == head_commit(worktree, branch))
+    return MergeResult(after, after == commit, base, previous)

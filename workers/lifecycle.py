@@ -4,8 +4,10 @@ A transition is ONE transaction: it re-reads the worker, checks the command
 against the machine (workers/machine.py), does what must be atomic with it
 (claiming or releasing the task), updates the row and publishes
 `state_change` plus the command's own messages. Git work that a transition
-depends on (a clean worktree, the merge) happens just before it; work that
-follows from it (removing a merged worktree) just after.
+depends on (a clean worktree, building the merge) happens just before it,
+outside the transaction; work that follows from it (removing a merged
+worktree) just after. `merge` re-checks in its transaction that the worker
+is still as it was read (a compare-and-set) and moves the base branch there.
 """
 
 from __future__ import annotations
@@ -59,6 +61,23 @@ Announcements = Union[list[Announcement], Callable[[Worker], list[Announcement]]
 
 class BranchMoved(BusError):
     """The branch has commits that were not reviewed; merge refuses them."""
+
+
+class WorkerChanged(BusError):
+    """The worker changed between a command's first read and its transaction."""
+
+    def __init__(self, command: str, before: Worker, after: Worker) -> None:
+        changed = [f"state {before.state} -> {after.state}"] if before.state != after.state else []
+        changed += [f"{field} {getattr(before, field)!r} -> {getattr(after, field)!r}"
+                    for field in ("head_commit", "merge_commit", "note")
+                    if getattr(before, field) != getattr(after, field)]
+        what = ", ".join(changed) or f"updated again, still {after.state}"
+        super().__init__(f"worker {after.worker} changed while `worker {command}` ran ({what});"
+                         f" the {command} was refused and {after.base} is unchanged; see"
+                         f" `worker status {after.worker}`")
+        self.worker = after.worker
+        self.before = before
+        self.after = after
 
 
 class ClaimRefused(BusError):
@@ -235,35 +254,63 @@ class Workers:
     def merge(self, worker: str) -> Worker:
         """APPROVED -> COMPLETED: merge the branch into its base, then remove the worktree.
 
-        The git merge runs inside the transition's transaction, so a cancel
-        or fail racing it waits and the base is never merged for a worker
-        that did not complete (other writers wait meanwhile, at most the busy
-        timeout). On a conflict the merge is aborted, the worker stays
-        APPROVED and git.MergeConflict names the files.
+        No bus lock is held while git works (a merge and its hooks may take
+        minutes; other writers would get BusBusy after 5 s):
+
+        1. the worker is read; a branch that moved since review is refused (BranchMoved);
+        2. the merge is built in a scratch worktree (`git.prepare_merge`), hooks
+           and all, with the base branch left where it was; on a conflict it is
+           aborted and git.MergeConflict names the files;
+        3. one short write transaction compares and sets: the worker must be
+           exactly as read in 1, or WorkerChanged names what changed (a cancel,
+           fail or rework meanwhile, or another `merge` that won). It records
+           COMPLETED and publishes task_merged, and as its last step moves the
+           base branch to the merge (`git.advance_base`, a compare-and-set on
+           the ref as well), so only COMMIT follows.
+
+        The base therefore moves only for a merge the bus records: a refused
+        one leaves nothing but an unreferenced commit for git's gc, and should
+        the COMMIT itself fail after the move, the base is moved back.
         """
         current = self._expect(worker, "merge")
-        scratch = self.worktrees / f".merge-{worker}"
-
-        merged: list[git.MergeResult] = []
-
-        def merge_and_release(w: Worker) -> dict[str, Any]:
-            now_at = git.head_commit(Path(w.repo), w.branch)
-            if now_at != w.head_commit:  # only what was reviewed may be merged
-                raise BranchMoved(f"{w.branch} moved since it was reviewed (reviewed"
-                                  f" {w.head_commit[:12]}, now {now_at[:12]}); run `worker"
-                                  f" rework {w.worker}`, then done, approve and merge again")
+        repo = Path(current.repo)
+        _require_reviewed_head(current)
+        scratch = self.worktrees / f".merge-{worker}-{os.urandom(4).hex()}"  # one per attempt
+        try:
             try:
-                merged.append(git.merge(Path(w.repo), w.branch, w.base, scratch=scratch))
+                # The reviewed commit, by its id: a push to the branch from now on changes nothing.
+                merged = git.prepare_merge(repo, current.branch, current.base, scratch,
+                                           commit=current.head_commit)
             except git.MergeConflict as exc:
-                raise git.MergeConflict(exc.branch, exc.base, exc.files, _rework_fix(w)) from None
-            self._release(w)
-            return {"merge_commit": merged[0].commit}
-
-        done = self._transition(worker, "merge", within=merge_and_release, announce=lambda w: [
-            ("task_merged", {"branch": w.branch, "base": w.base, "commit": w.merge_commit,
-                             "fast_forward": merged[0].fast_forward}, None)])
-        git.remove_worktree(Path(current.repo), Path(current.worktree))
+                raise git.MergeConflict(exc.branch, exc.base, exc.files,
+                                        _rework_fix(current)) from None
+            done = self._record_merge(current, merged)
+        finally:
+            git.remove_worktree(repo, scratch)  # its HEAD kept the merge from gc until now
+        git.remove_worktree(repo, Path(current.worktree))
         return done
+
+    def _record_merge(self, read: Worker, merged: git.MergeResult) -> Worker:
+        """Step 3 of `merge`: the compare-and-set, the messages, then the base branch."""
+        def release(w: Worker) -> dict[str, Any]:
+            self._release(w)
+            return {"merge_commit": merged.commit}
+
+        moved = False
+        try:
+            with write_transaction(self.bus.conn):
+                new = self._apply(read.worker, "merge", expected=read, within=release, announce=[
+                    ("task_merged", {"branch": read.branch, "base": read.base,
+                                     "commit": merged.commit,
+                                     "fast_forward": merged.fast_forward}, None)])
+                git.advance_base(Path(read.repo), merged)
+                moved = True
+        except BaseException:
+            if moved:  # the COMMIT failed after the base moved: take the move back
+                git.undo_advance(Path(read.repo), merged)
+            raise
+        registry.write_mirror(self.mirrors, new)
+        return new
 
     def cancel(self, worker: str, reason: str | None = None) -> Worker:
         """Stop a worker for good; its claim is released, its branch and worktree kept
@@ -351,24 +398,37 @@ class Workers:
     def _transition(self, worker: str, command: str, *,
                     within: Callable[[Worker], dict[str, Any] | None] | None = None,
                     announce: Announcements = (), **changes: Any) -> Worker:
-        conn = self.bus.conn
-        with write_transaction(conn):
-            current = registry.get(conn, worker)
-            to = next_state(worker, current.state, command)
-            # First in the log; `within` may publish too (task_claim), all in one commit.
-            self.bus.publish(worker, "state_change",
-                             {"from": current.state, "to": to, "command": command},
-                             correlation_id=current.task)
-            if within is not None:
-                changes.update(within(current) or {})
-            new = replace(current, state=to, updated_at_ms=now_ms(), **changes)
-            registry.update(conn, current, new)
-            for type_, payload, to_agent, *sender in (
-                    announce(new) if callable(announce) else announce):
-                self.bus.publish(sender[0] if sender else worker, type_,
-                                 {"worker": worker, **payload},
-                                 to=to_agent, correlation_id=current.task)
+        with write_transaction(self.bus.conn):
+            new = self._apply(worker, command, within=within, announce=announce, **changes)
         registry.write_mirror(self.mirrors, new)
+        return new
+
+    def _apply(self, worker: str, command: str, *, expected: Worker | None = None,
+               within: Callable[[Worker], dict[str, Any] | None] | None = None,
+               announce: Announcements = (), **changes: Any) -> Worker:
+        """The body of a transition, inside the caller's write transaction.
+
+        With `expected`, a compare-and-set: WorkerChanged unless the row is
+        still exactly `expected` (as read before the transaction began).
+        """
+        conn = self.bus.conn
+        current = registry.get(conn, worker)
+        if expected is not None and current != expected:
+            raise WorkerChanged(command, expected, current)
+        to = next_state(worker, current.state, command)
+        # First in the log; `within` may publish too (task_claim), all in one commit.
+        self.bus.publish(worker, "state_change",
+                         {"from": current.state, "to": to, "command": command},
+                         correlation_id=current.task)
+        if within is not None:
+            changes.update(within(current) or {})
+        new = replace(current, state=to, updated_at_ms=now_ms(), **changes)
+        registry.update(conn, current, new)
+        for type_, payload, to_agent, *sender in (
+                announce(new) if callable(announce) else announce):
+            self.bus.publish(sender[0] if sender else worker, type_,
+                             {"worker": worker, **payload},
+                             to=to_agent, correlation_id=current.task)
         return new
 
     def _release(self, worker: Worker) -> None:
@@ -459,6 +519,15 @@ def _refusal(task: str, result: ClaimResult) -> ClaimRefused:
                         " try again later")
 
 
+def _require_reviewed_head(worker: Worker) -> None:
+    """BranchMoved unless the branch is still at the commit that was reviewed."""
+    now_at = git.head_commit(Path(worker.repo), worker.branch)
+    if now_at != worker.head_commit:
+        raise BranchMoved(f"{worker.branch} moved since it was reviewed (reviewed"
+                          f" {worker.head_commit[:12]}, now {now_at[:12]}); run `worker"
+                          f" rework {worker.worker}`, then done, approve and merge again")
+
+
 def _rework_fix(worker: Worker) -> str:
     return (f"run `worker rework {worker.worker}`, resolve on {worker.branch} in"
             f" {worker.worktree} (git merge {worker.base}, fix the files, commit),"
@@ -487,4 +556,4 @@ def _undo_spawn(repo: Path, worktree: Path, branch: str) -> None:
 
 
 __all__ = ["BranchMoved", "ClaimRefused", "Cleaned", "EmptyWork", "InvalidTransition", "TaskTaken",
-           "Workers", "WorkerStatus", "DEFAULT_LEASE_MS"]
+           "WorkerChanged", "Workers", "WorkerStatus", "DEFAULT_LEASE_MS"]
