@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bus import Bus
 from bus.cli import main
@@ -66,6 +68,34 @@ def test_fair_share_splits_free_slots_and_gives_the_rest_to_who_has_more() -> No
     # a round later a was served last: one free slot is offered to b (nothing left), then c.
     units, full = fair.share(Slots(1, {"a": 4, "b": 4, "c": 4}), claim)
     assert units == ["c"] and full
+
+
+@given(free=st.integers(1, 40),
+       wants=st.dictionaries(st.sampled_from("abcde"),
+                             st.tuples(st.integers(1, 20), st.integers(0, 30)), min_size=1),
+       rounds=st.integers(1, 3))
+def test_fair_share_is_max_min_fair_and_within_the_limits(free, wants, rounds) -> None:
+    """No listener gets more than its slots or its backlog, the global limit holds, and a
+    listener that wanted more than it got got no fewer than any other, less one."""
+    fair = FairShare()
+    waiting = {name: backlog for name, (_, backlog) in wants.items()}
+
+    def claim(name: str, n: int) -> list[str]:
+        taken = min(n, waiting[name])
+        waiting[name] -= taken
+        return [name] * taken
+
+    for _ in range(rounds):
+        before = dict(waiting)
+        units, _ = fair.share(Slots(free, {n: min(s, free) for n, (s, _) in wants.items()}),
+                              claim)
+        got = {name: units.count(name) for name in wants}
+        takeable = sum(min(before[name], slots) for name, (slots, _) in wants.items())
+        assert len(units) == min(free, takeable)  # no slot is left idle while work waits
+        for name, (slots, _) in wants.items():
+            assert got[name] <= min(slots, before[name])
+            if got[name] < min(slots, before[name]):  # the global limit cut it short
+                assert all(other <= got[name] + 1 for other in got.values()), (got, before)
 
 
 def test_send_is_refused_while_max_pending_requests_wait(bus: Bus, tmp_path: Path) -> None:

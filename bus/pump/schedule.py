@@ -10,6 +10,7 @@ waiting leaves goes round again to those that had more.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Callable
 from typing import Sequence
@@ -41,32 +42,55 @@ class FairShare:
     def share(self, slots: Slots, claim: Callable[[str, int], list[T]]) -> tuple[list[T], bool]:
         """Claim up to `slots` with `claim(listener, n)`, in equal shares, in turns.
 
-        Returns the units and whether any listener got all it asked for last
-        (so it may have more waiting: the limits, not its backlog, stopped it).
+        One claim per listener while each has at least its share waiting;
+        only slots a listener left (it had less waiting) go round again, to
+        those that got fewest. Returns the units and whether the limits may
+        have left units behind: a listener got all it asked for, or was
+        asked nothing for want of slots.
         """
         free, left = slots.free, dict(slots.listeners)
         hungry = self.order([name for name, n in left.items() if n > 0])
+        got = dict.fromkeys(hungry, 0)
         units: list[T] = []
         full = False
         while free > 0 and hungry:
-            share = -(-free // len(hungry))  # rounded up: the first in turn get the odd slots
-            still = []
+            plan = _plan(free, left, got, hungry)
+            again = []
             for name in hungry:
-                asked = min(left[name], share, free)
-                if asked <= 0:  # the global slots ran out before its turn
+                asked = plan[name]
+                if asked == 0:  # the slots ran out before its turn: the next round, if any
                     full = True
+                    again.append(name)
                     continue
-                got = claim(name, asked)
-                units += got
-                free -= len(got)
-                left[name] -= len(got)
-                if got:
+                claimed = claim(name, asked)
+                units += claimed
+                free -= len(claimed)
+                left[name] -= len(claimed)
+                got[name] += len(claimed)
+                if claimed:
                     self._turn += 1
                     self._served[name] = self._turn
-                if len(got) < asked:  # it has nothing more waiting
-                    continue
-                full = True
-                if left[name] > 0:
-                    still.append(name)
-            hungry = still
+                if len(claimed) == asked:  # it may have more waiting
+                    full = True
+                    if left[name] > 0:
+                        again.append(name)
+            hungry = again  # a round ends with fewer free slots or fewer listeners
         return units, full
+
+
+def _plan(free: int, left: dict[str, int], got: dict[str, int],
+          turns: list[str]) -> dict[str, int]:
+    """How many of `free` slots each listener in `turns` asks for: one at a time to the
+    one that got fewest so far (ties: first in turn), up to what it may still take."""
+    if sum(left[name] for name in turns) <= free:  # the global limit does not bind
+        return {name: left[name] for name in turns}
+    plan = dict.fromkeys(turns, 0)
+    heap = [(got[name], turn, name) for turn, name in enumerate(turns)]
+    heapq.heapify(heap)
+    while free > 0 and heap:
+        level, turn, name = heapq.heappop(heap)
+        plan[name] += 1
+        free -= 1
+        if plan[name] < left[name]:
+            heapq.heappush(heap, (level + 1, turn, name))
+    return plan
