@@ -275,6 +275,18 @@ class StoreFull(BusError):
         self.limit = limit
 
 
+class Backpressure(BusBusy):
+    """An organism's queue is full (seed 000's backpressure): the client must retry later."""
+
+    def __init__(self, organism: str, pending: int, limit: int) -> None:
+        super().__init__(f"organism {organism!r} has {pending} requests and work units waiting,"
+                         f" its max_pending is {limit}; send again once the pump has caught"
+                         " up, or raise max_pending in organism.yaml")
+        self.organism = organism
+        self.pending = pending
+        self.limit = limit
+
+
 class StoreCapacity(BusError):
     """The database file is too close to its size limit: the send is refused."""
 

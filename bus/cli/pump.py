@@ -168,17 +168,19 @@ def pump_send(obj: BusContext, organism_file: str, xml: str, to: str | None, cli
 
     The pump stamps <from> and <thread>; a final answer or a <huh> ends --wait
     early. Exit 1 when --wait saw no reply in time, 3 when a reply is a <huh>
-    (the request was refused or failed: the <huh> says why).
+    (the request was refused or failed: the <huh> says why), 75 when the
+    organism's queue holds max_pending requests and units already (retry later).
 
     \b
     Example:
       bus pump send examples/organism.yaml '<add><a>1</a><b>2</b></add>' \\
           --to calculator --wait
     """
-    name = organisms.load_organism(organism_file).name
+    organism = organisms.load_organism(organism_file)
     payload = sys.stdin.buffer.read() if xml == "-" else xml.encode()
     bus = obj.open(create=True)
-    sent = client.send(bus, name, payload, to=to, client=client_id)
+    sent = client.send(bus, organism.name, payload, to=to, client=client_id,
+                       max_pending=organism.max_pending)
     if not wait:
         if as_json:
             echo_json(sent.to_json_dict())

@@ -24,6 +24,7 @@ from lxml import etree
 
 from bus.db import translate_busy
 from bus.db import write_transaction
+from bus.errors import Backpressure
 from bus.errors import ValidationFailed
 from bus.messages import Message
 from bus.messages import insert_row
@@ -37,6 +38,7 @@ from bus.pump.envelopes import RESERVED_SENDERS
 from bus.pump.envelopes import envelope_row
 from bus.pump.envelopes import envelope_xml
 from bus.pump.handlers import FINAL_ANSWER
+from bus.pump.organism import DEFAULT_MAX_PENDING
 from bus.xml.envelope import ENVELOPE_NS
 from bus.xml.envelope import read_envelope
 from bus.xml.parser import canonicalize
@@ -92,11 +94,18 @@ class Received:
 
 
 def send(bus: Bus, organism: str, xml: bytes | str, *, to: str | None = None,
-         client: str = DEFAULT_CLIENT) -> Sent:
+         client: str = DEFAULT_CLIENT, max_pending: int = DEFAULT_MAX_PENDING) -> Sent:
     """Write a client's payload as an envelope for `organism`'s pump to route.
 
+    `max_pending` is the organism's backpressure (its organism.yaml key of
+    that name; `bus pump send` passes it): while that many inbox rows and
+    unfinished work units wait, the send is refused with Backpressure (a
+    BusBusy: retry later) and writes nothing, so a flooding client is slowed
+    to the pace the pump answers at.
+
     Raises an XmlRejected subclass for XML that cannot be parsed (even after
-    repair), ValidationFailed for an envelope or a bad `to` / `client`.
+    repair), ValidationFailed for an envelope or a bad `to` / `client`,
+    Backpressure for a full queue.
     """
     organism = validate_agent_id(organism, "organism")
     client = _client_id(client, organism)
@@ -106,6 +115,9 @@ def send(bus: Bus, organism: str, xml: bytes | str, *, to: str | None = None,
     conn = bus.conn
     message_id = new_message_id()
     with write_transaction(conn):  # one commit: the pump wakes once, to a routable request
+        waiting = work.waiting_count(conn, organism, max_pending)
+        if waiting >= max_pending:
+            raise Backpressure(organism, waiting, max_pending)
         now = now_ms()
         conversation = threads.open_conversation(conn, organism, client, now)
         row = envelope_row(payload, id=message_id, sender=client, thread=conversation,

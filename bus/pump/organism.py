@@ -1,6 +1,7 @@
 """organism.yaml: the listeners, agents and privileges of one organism (seed 000).
 
     name: my-org                       # optional; default: the file's stem
+    max_pending: 10000                 # requests and units waiting before sends are refused
     listeners:
       - name: calc.add                 # letters, digits, _ . - ('.' is fine)
         root_tag: add                  # the payload's XML root element
@@ -76,6 +77,11 @@ TIMEOUT_MAX_S = 86_400.0
 DEFAULT_CONCURRENCY = 1
 CONCURRENCY_MAX = 1024
 DEFAULT_MAX_ATTEMPTS = 5
+# Backpressure: a client's send is refused (Backpressure, exit 75) while this many
+# inbox rows and pending units wait. Counting them costs up to this many index
+# entries per send, so the ceiling stays moderate.
+DEFAULT_MAX_PENDING = 10_000
+MAX_PENDING_MAX = 1_000_000
 INLINE_DEFAULT_TIMEOUT_S = 0.5
 INLINE_TIMEOUT_MAX_S = 5.0
 DEFAULT_WINDOW_S = 60.0
@@ -138,6 +144,7 @@ class Organism:
     agents: tuple[AgentSpec, ...] = ()
     meta: MetaSpec = MetaSpec()
     oob: OobSpec = OobSpec()
+    max_pending: int = DEFAULT_MAX_PENDING
     source: str = "organism.yaml"
     base_dir: Path = Path(".")
 
@@ -196,6 +203,7 @@ def parse_organism(text: str, source: str = "organism.yaml", default_name: str =
                      for path, item in top.items("agents")),
         meta=_parse_meta(top.section("meta")),
         oob=_parse_oob(top.section("oob"), base_dir),
+        max_pending=top.count("max_pending", DEFAULT_MAX_PENDING, MAX_PENDING_MAX),
         source=source, base_dir=base_dir)
     top.done()
     return check_organism(organism)

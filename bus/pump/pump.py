@@ -66,6 +66,8 @@ from bus.pump.routing import Listener
 from bus.pump.routing import Routes
 from bus.pump.routing import RoutingTable
 from bus.pump.scan import Scan
+from bus.pump.schedule import FairShare
+from bus.pump.schedule import Slots
 from bus.pump.services import Services
 from bus.pump.work import Unit
 from bus.xml.envelope import read_envelope
@@ -154,6 +156,7 @@ class Pump:
         self._finished: list[Finished] = []
         self._orphans_checked: tuple[Routes, int] | None = None
         self._scan = Scan(IDLE_WAKE_S)
+        self._fair = FairShare()  # who gets free global slots first (_claim_fresh)
         self._inline = InlineRunner(0)  # set at boot: what waits in the inbox goes leased
         self._encoded = EncodedMemory(ENCODED_MAX)  # see _after_commit
         self._tasks: set[asyncio.Task] = set()
@@ -261,7 +264,7 @@ class Pump:
             return IDLE_WAKE_S
         return min(IDLE_WAKE_S, max(0.001, (next_expiry - now_ms()) / 1000 + 0.001))
 
-    def _idle(self, timeout: float, capacity: dict[str, int], busy: bool) -> _Step | None:
+    def _idle(self, timeout: float, capacity: Slots, busy: bool) -> _Step | None:
         """On the database thread, with nothing to do: wait for a commit worth a step and
         take that step at once, or for a wake (a handler finished, stop()): then None.
 
@@ -305,18 +308,18 @@ class Pump:
     async def _db(self, function: Callable[..., Any], *args: Any) -> Any:
         return await self._loop.run_in_executor(self._db_pool, function, *args)
 
-    def _capacity(self) -> dict[str, int]:
-        """Free handler slots per listener, the global limit applied, for the next claim."""
-        if self._stop.is_set():
-            return {}
+    def _capacity(self) -> Slots:
+        """Free handler slots, global and per listener, for the next claim (the claim
+        shares the global ones out fairly: see bus/pump/schedule.py)."""
         free = self.max_in_flight - sum(self._in_flight.values())
+        if self._stop.is_set() or free <= 0:
+            return Slots(0, {})
         capacity = {}
         for name, listener in self.table.routes.listeners.items():
             slots = min(free, listener.spec.concurrency - self._in_flight.get(name, 0))
             if slots > 0:
                 capacity[name] = slots
-                free -= slots
-        return capacity
+        return Slots(free, capacity)
 
     # --- the database thread ------------------------------------------------------------
 
@@ -328,7 +331,7 @@ class Pump:
             self._inline = InlineRunner(work.last_inbox_seq(conn, self.name))
             return Writer(self.bus, conn, self.name, self.table.routes, now_ms()).boot(root.uuid)
 
-    def _step(self, finished: list[Finished], capacity: dict[str, int], busy: bool) -> _Step:
+    def _step(self, finished: list[Finished], capacity: Slots, busy: bool) -> _Step:
         """Commit `finished`, `commit_batch` units per transaction; the last
         transaction also routes, buries and claims up to `capacity`.
 
@@ -367,13 +370,13 @@ class Pump:
             full = scan and self._route_inbox(writer, limit) >= limit
             if scan:
                 self._bury(writer)
-            claimed = self._claim(writer, capacity)
+            claimed, full_claim = self._claim(writer, capacity)
             if scan:
                 pending, next_expiry = work.pending(conn, self.name, writer.now)
                 self._scan.done(conn, routes, writer.now, pending, next_expiry, full)
             else:  # units are in flight: what is left is asked once they are back
                 pending, next_expiry = True, self._scan.due_ms
-            self._scan.claimed(writer.now + self.lease_ms, claimed, capacity, scan)
+            self._scan.claimed(writer.now + self.lease_ms, claimed, full_claim, scan)
             self._before_inline_commit(writer)
         self._committed(finished, outcomes)
         self._after_commit(writer)
@@ -494,14 +497,18 @@ class Pump:
             "listener-removed:the listener was removed before it handled this; send it "
             "again to a listener that accepts it"))
 
-    def _claim(self, writer: Writer, capacity: dict[str, int]) -> list[tuple[Unit, Message]]:
-        """Claim up to `capacity`, or one suspect unit alone (see `_claim_suspect`)."""
-        if self._alone is not None or not capacity:
-            return []  # a suspect runs alone: nothing is claimed beside it
-        suspect = work.find_suspect(writer.conn, self.name, capacity, writer.now)
+    def _claim(self, writer: Writer,
+               capacity: Slots) -> tuple[list[tuple[Unit, Message]], bool]:
+        """Claim up to `capacity`, or one suspect unit alone (see `_claim_suspect`); and
+        whether the limits may have left units behind (see Scan.claimed)."""
+        if self._alone is not None or not capacity.listeners:
+            return [], False  # a suspect runs alone: nothing is claimed beside it
+        suspect = work.find_suspect(writer.conn, self.name, capacity.listeners, writer.now)
         if suspect is not None:
-            return self._claim_suspect(writer, suspect)
-        return self._with_inputs(writer, self._claim_fresh(writer, capacity))
+            claimed = self._claim_suspect(writer, suspect)
+            return claimed, bool(claimed)
+        units, full = self._claim_fresh(writer, capacity)
+        return self._with_inputs(writer, units), full
 
     def _claim_suspect(self, writer: Writer, suspect: int) -> list[tuple[Unit, Message]]:
         """Retry a unit whose pump died with it in flight alone, once nothing else runs.
@@ -518,9 +525,10 @@ class Pump:
         self._alone = claimed[0][0].id if claimed else None
         return claimed
 
-    def _claim_fresh(self, writer: Writer, capacity: dict[str, int]) -> list[Unit]:
-        units: list[Unit] = []
-        for name, slots in capacity.items():
+    def _claim_fresh(self, writer: Writer, capacity: Slots) -> tuple[list[Unit], bool]:
+        """The global slots shared out in turns (FairShare), not first come in file order."""
+        eligible = {}
+        for name, slots in capacity.listeners.items():
             listener = writer.routes.listeners.get(name)
             if listener is None:  # removed since the capacity was counted
                 continue
@@ -528,9 +536,9 @@ class Pump:
             # unit per step: one UPDATE and one input lookup serve many units.
             if self._in_flight.get(name) and slots < listener.spec.concurrency // 4:
                 continue
-            units += work.claim(writer.conn, self.name, name, self.owner, self.lease_ms,
-                                slots, writer.now)
-        return units
+            eligible[name] = slots
+        return self._fair.share(Slots(capacity.free, eligible), lambda name, n: work.claim(
+            writer.conn, self.name, name, self.owner, self.lease_ms, n, writer.now))
 
     def _with_inputs(self, writer: Writer, units: list[Unit]) -> list[tuple[Unit, Message]]:
         inputs = work.messages_by_seq(writer.conn, [u.input_seq for u in units], self.bus.blobs)

@@ -52,19 +52,15 @@ class Scan:
         self.routes, self.pending, self.more = routes, pending, more
         self.due_ms = min(now + self.idle_wake_ms, next_expiry or now + 10 ** 9)
 
-    def claimed(self, until: int, claimed: list, capacity: dict[str, int],
-                scanned: bool) -> None:
-        """After the claims: their leases, and whether the limits cut them short."""
+    def claimed(self, until: int, claimed: list, full: bool, scanned: bool) -> None:
+        """After the claims: their leases, and whether the limits cut them short
+        (`full`: a listener got all it asked for, or asked nothing for want of slots)."""
         if claimed:
             self.due_ms = until if self.due_ms is None else min(self.due_ms, until)
-        got: dict[str, int] = {}
-        for unit, _ in claimed:
-            got[unit.listener] = got.get(unit.listener, 0) + 1
         # A claim that got fewer units than it asked for left none behind: only a
         # commit elsewhere, a lease running out or a new table can change that.
         # (A busy listener skipped by the quarter rule in _claim got none; its
         # running handlers bring the next step.)
-        full = any(got.get(name, 0) >= slots for name, slots in capacity.items())
         self.settled = scanned and not full
         if not scanned:
             self.pending = True

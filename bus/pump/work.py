@@ -126,6 +126,13 @@ _TAKE_INBOX_SQL = (
     "DELETE FROM pump_inbox WHERE organism = ?1 AND seq IN (SELECT seq FROM pump_inbox"
     " WHERE organism = ?1 ORDER BY seq LIMIT ?2) RETURNING seq, root_tag, to_listener"
 )
+# How much waits (client envelopes not routed yet, units not finished), counted no
+# further than `limit` in each table: index ranges of at most `limit` entries.
+_WAITING_COUNT_SQL = (
+    "SELECT (SELECT count(*) FROM (SELECT 1 FROM pump_inbox WHERE organism = :organism"
+    " LIMIT :limit)) + (SELECT count(*) FROM (SELECT 1 FROM pump_work"
+    " WHERE organism = :organism AND status = 'pending' LIMIT :limit))"
+)
 _INBOX_WAITING_SQL = "SELECT EXISTS (SELECT 1 FROM pump_inbox WHERE organism = ?)"
 _LAST_INBOX_SQL = "SELECT max(seq) FROM pump_inbox WHERE organism = ?"
 _BOOT_SQL = (
@@ -305,6 +312,11 @@ def take_inbox(conn: apsw.Connection, organism: str, limit: int) -> list[Inbound
 def inbox_waiting(conn: apsw.Connection, organism: str) -> bool:
     """Whether client envelopes wait to be routed (an index lookup)."""
     return bool(conn.execute(_INBOX_WAITING_SQL, (organism,)).get)
+
+
+def waiting_count(conn: apsw.Connection, organism: str, limit: int) -> int:
+    """Inbox rows plus pending units of `organism`, each counted up to `limit`."""
+    return conn.execute(_WAITING_COUNT_SQL, {"organism": organism, "limit": limit}).get
 
 
 def last_inbox_seq(conn: apsw.Connection, organism: str) -> int:
