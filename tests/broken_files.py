@@ -21,8 +21,12 @@ def break_the_file(db: Path, how: str, tmp_path: Path) -> str:
     error expected."""
     if how == "overwritten":  # the same file, its bytes garbage
         db.write_bytes(b"not a database at all " * (db.stat().st_size // 22 + 1))
-        # Seen by a connection that was open (a page it had not cached) or by a new one.
-        return r"is corrupt \(database disk image is malformed\)|wrong file header"
+        # Seen by a connection that was open (a page it had not cached), by a new one
+        # (the header), or by a new one mid-write: the old header then garbage pages
+        # (SQLite's own word), or the file still empty.
+        return (r"is corrupt \(database disk image is malformed\)|wrong file header"
+                r"|is not a readable SQLite database \(file is not a database\)"
+                r"|no bus database at")
     if how == "replaced":  # another file renamed over the path
         os.replace(foreign_sqlite(tmp_path / "foreign.db"), db)
         return r"a SQLite database of another application \(application_id 0x4d2\)"
