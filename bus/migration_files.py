@@ -18,6 +18,10 @@ import bus.migrations
 # migrations/ folder), wherever the install put it.
 MIGRATIONS_DIR = Path(bus.migrations.__file__).resolve().parent
 _MIGRATION_NAME = re.compile(r"(\d{4})_(\w+)\.sql")
+# A migration whose leading comments hold this line changes nothing a reader
+# sees (the same tables, columns and rows to SELECT): the read-only views of
+# this code read a file that still lacks it, as they read one that has it.
+READERS_UNCHANGED = "-- readers: unchanged"
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,16 @@ class Migration:
 
     def sql(self) -> str:
         return self.path.read_text(encoding="utf-8")
+
+    def readers_unchanged(self) -> bool:
+        """Whether the file says (READERS_UNCHANGED) that readers see no change."""
+        with self.path.open(encoding="utf-8") as lines:
+            for line in lines:
+                if not line.startswith("--"):
+                    return False
+                if line.startswith(READERS_UNCHANGED):
+                    return True
+        return False
 
 
 def migrations_in(directory: Path) -> tuple[Migration, ...]:

@@ -35,6 +35,12 @@ class SchemaStatus:
     latest: int
     pending: tuple[Migration, ...]
 
+    @property
+    def readable(self) -> bool:
+        """Whether a read-only reader of this code reads the file as it is: no pending
+        migration changes what readers see (so `bus status` needs no `bus migrate`)."""
+        return all(m.readers_unchanged() for m in self.pending)
+
 
 def available_migrations(directory: Path | None = None) -> tuple[Migration, ...]:
     """The migration files in version order; numbering must run 1, 2, 3, ..."""

@@ -1,4 +1,5 @@
 -- 0011_dead_letter_ids: a dead letter's id is never handed out again.
+-- readers: unchanged (the same columns and rows; only future ids differ)
 -- With a plain INTEGER PRIMARY KEY, SQLite gives a new row max(id) + 1, so
 -- replaying (or discarding) the newest dead letter let the next one take its
 -- id: `bus dlq replay 3` then a new `bus dlq show 3` named another message.

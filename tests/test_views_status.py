@@ -12,11 +12,14 @@ from bus import Bus
 from bus.db import connect
 from bus.errors import BusNotFound
 from bus.errors import SchemaOutdated
+from bus.schema import _apply as apply_migration
+from bus.schema import available_migrations
 from bus.heartbeats import Thresholds
 from bus.heartbeats import beat
 from bus.views.render import status_lines
 from bus.views.status import EXPORTER
 from bus.views.status import read_status
+from tests.cli_helpers import run
 from tests.conftest import LATEST_VERSION
 
 NOW = 1_800_000_000_000
@@ -126,11 +129,45 @@ def test_status_refuses_a_missing_file_and_an_old_schema(tmp_path: Path) -> None
         read_status(tmp_path / "none.db")
     old = tmp_path / "old.db"
     Bus.open(old).close()
+    # Behind by a migration that changes what readers see: the views refuse to guess.
+    changes_readers = max(m.version for m in available_migrations() if not m.readers_unchanged())
     conn = connect(old)
-    conn.execute(f"PRAGMA user_version = {LATEST_VERSION - 1}")
+    conn.execute(f"PRAGMA user_version = {changes_readers - 1}")
     conn.close()
     with pytest.raises(SchemaOutdated, match="bus migrate"):
         read_status(old)
+
+
+def bus_before_migration_11(path: Path) -> None:
+    """A bus file an earlier release made (schema 10), with one message and one cursor."""
+    conn = connect(path)
+    conn.execute("PRAGMA foreign_keys = OFF")  # as the runner applies them
+    for migration in available_migrations()[:10]:
+        apply_migration(conn, migration)
+    conn.execute("INSERT INTO messages (id, ts_ms, from_agent, type) VALUES (?, ?, 'p', 't')",
+                 ("0190a000-0000-7000-8000-000000000001", NOW - 5000))
+    conn.execute("INSERT INTO cursors (agent_id, last_acked_seq, updated_at_ms) VALUES"
+                 " ('w1', 0, ?)", (NOW - 5000,))
+    conn.close()
+
+
+def test_status_reads_a_file_behind_by_migrations_readers_do_not_see(tmp_path: Path) -> None:
+    """Migration 11 changes only how dead-letter ids are handed out: `bus status` on a
+    schema-10 file (a demo of the last release) reads it as it is, writes nothing, and
+    says what `bus migrate` would bring."""
+    assert [m.readers_unchanged() for m in available_migrations()[9:11]] == [False, True]
+    old = tmp_path / "old.db"
+    bus_before_migration_11(old)
+    before = old.read_bytes()
+    found = read_status(old, now=NOW)
+    assert (found.file.schema_version, found.file.schema_latest) == (10, LATEST_VERSION)
+    assert (found.log.messages, [(c.agent, c.pending) for c in found.consumers]) == (
+        1, [("w1", 1)])
+    assert status_lines(found)[0].startswith(
+        f"bus {old}  schema 10 ({LATEST_VERSION} after bus migrate)  durability normal")
+    for command in (["status"], ["status", "--json"], ["consumers"], ["consumer", "info", "w1"]):
+        assert run(command, old).exit_code == 0, command
+    assert old.read_bytes() == before
 
 
 @given(st.lists(st.one_of(st.tuples(st.just("publish"), st.sampled_from(["a", "b", None])),

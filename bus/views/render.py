@@ -23,7 +23,7 @@ CHANNEL_COLUMNS = ["channel", "type", "state", "open", "awaiting ack", "dead let
 def status_lines(status: Status) -> list[str]:
     """One screen: a line per part, with a table under the parts that have rows."""
     f, log = status.file, status.log
-    lines = [f"bus {f.path}  schema {f.schema_version}  durability {f.durability}"
+    lines = [f"bus {f.path}  {schema(status)}  durability {f.durability}"
              f"  file {human_bytes(f.size_bytes)}  WAL {human_bytes(f.wal_bytes)}",
              f"log: {log.messages} messages, last seq {log.last_seq}, {_oldest(status)}"]
     lines += _section("consumers", str(len(status.consumers)) if status.consumers else
@@ -111,6 +111,15 @@ def seconds(value: float) -> str:
     if value < 7200:
         return f"{sign}{value / 60:.0f} min"
     return f"{sign}{value / 3600:.1f} h"
+
+
+def schema(status: Status) -> str:
+    """`schema 11`, or `schema 10 (11 after bus migrate)` for a file a writer has not
+    migrated yet (the views read it as it is when the change is not theirs to see)."""
+    f = status.file
+    if f.schema_version < f.schema_latest:
+        return f"schema {f.schema_version} ({f.schema_latest} after bus migrate)"
+    return f"schema {f.schema_version}"
 
 
 def human_bytes(size: int) -> str:

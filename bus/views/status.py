@@ -65,6 +65,7 @@ class FileInfo:
     wal_bytes: int
     schema_version: int
     durability: str  # per connection, not stored in the file: what this view was given
+    schema_latest: int  # what `bus migrate` (or any writer's open) brings the file to
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,8 @@ def read_status(path: str | os.PathLike[str], durability: str = "normal", *,
     """The status of the bus at `path`, read through a read-only connection.
 
     Raises BusNotFound when there is no file, SchemaOutdated when it needs
-    `bus migrate` first, NotABusDatabase for a foreign file.
+    `bus migrate` first (a file behind only by migrations that readers do not
+    see is read as it is), NotABusDatabase for a foreign file.
     """
     # A one-off status checks the file as a writer's open does: counts read
     # from indexes alone would report a damaged file as healthy.
@@ -195,12 +197,12 @@ def status_of(conn: apsw.Connection, path: str, durability: str = "normal", *,
     at = messages.now_ms() if now is None else now
     with translate_busy(conn), conn:  # an error names the file
         schema = schema_status(conn, path)
-        if schema.current < schema.latest:
+        if not schema.readable:  # a pending migration changes what these queries read
             raise SchemaOutdated(schema.current, schema.latest, path)
         log = _log(conn)
         export = _export(conn, log.last_seq)
         return Status(
-            now_ms=at, file=_file(path, schema.current, durability), log=log,
+            now_ms=at, file=_file(path, schema.current, schema.latest, durability), log=log,
             consumers=_consumers(conn, log.last_seq, export, at),
             agents=liveness(conn, at, thresholds or Thresholds()),
             claims=_claims(conn, at), workers=dict(conn.execute(_WORKERS_SQL).fetchall()),
@@ -209,9 +211,9 @@ def status_of(conn: apsw.Connection, path: str, durability: str = "normal", *,
             pump=_pump(conn, at), export=export)
 
 
-def _file(path: str, schema_version: int, durability: str) -> FileInfo:
+def _file(path: str, schema_version: int, schema_latest: int, durability: str) -> FileInfo:
     return FileInfo(path, _size(Path(path)), _size(Path(f"{path}-wal")), schema_version,
-                    durability)
+                    durability, schema_latest)
 
 
 def _size(path: Path) -> int:

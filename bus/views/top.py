@@ -60,7 +60,7 @@ def summary_lines(status: Status, per_s: float) -> str:
     """The lines above the tables: the file, the log with throughput, workers, pump, export."""
     f, log = status.file, status.log
     return "\n".join([
-        f"bus {f.path}  schema {f.schema_version}  file {render.human_bytes(f.size_bytes)}"
+        f"bus {f.path}  {render.schema(status)}  file {render.human_bytes(f.size_bytes)}"
         f"  WAL {render.human_bytes(f.wal_bytes)}",
         f"log: {log.messages} messages, last seq {log.last_seq}, {per_s:.1f} msg/s",
         f"agents: {render.counts(status.agents_by_state) or 'none'}"
