@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,6 +14,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
+from typing import Iterator
 
 import pytest
 
@@ -275,18 +278,26 @@ def test_serve_page_in_chromium(server: Server, seeded_db: Path, python_env: dic
         shutil.copy(tmp_path / "bus-serve.png", REPO_ROOT / "docs" / "bus-serve.png")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it)")
-def test_serve_page_marks_itself_stale_with_the_error_and_recovers(
-        server: Server, seeded_db: Path, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def live_page(server: Server) -> Iterator[Any]:
+    """The served page in headless Chromium, once it says it is live."""
     sync_api = pytest.importorskip("playwright.sync_api")
-    good = seeded_db.read_bytes()
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM)
         page = browser.new_page()
         page.goto(server.url)
         page.wait_for_function("document.getElementById('live').className === ''",
                                timeout=PAGE_TIMEOUT_MS)
+        yield page
+        browser.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it)")
+def test_serve_page_marks_itself_stale_with_the_error_and_recovers(
+        server: Server, seeded_db: Path, tmp_path: Path) -> None:
+    good = seeded_db.read_bytes()
+    with live_page(server) as page:
         assert page.text_content("#live").startswith("live, as of ")
         expected = break_the_file(seeded_db, "overwritten", tmp_path)
         page.wait_for_function("document.getElementById('live').className === 'stale'",
@@ -304,7 +315,6 @@ def test_serve_page_marks_itself_stale_with_the_error_and_recovers(
         page.wait_for_function("document.getElementById('live').className === ''",
                                timeout=PAGE_TIMEOUT_MS)
         assert page.text_content("#live").startswith("live, as of ")
-        browser.close()
 
 
 @pytest.mark.slow
@@ -312,13 +322,7 @@ def test_serve_page_marks_itself_stale_with_the_error_and_recovers(
 def test_serve_page_marks_itself_stale_when_the_server_falls_silent(server: Server) -> None:
     """A server that sends nothing (here: stopped with SIGSTOP) is not mistaken for a
     quiet bus: the page says it has heard nothing, and is live again once it hears."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM)
-        page = browser.new_page()
-        page.goto(server.url)
-        page.wait_for_function("document.getElementById('live').className === ''",
-                               timeout=PAGE_TIMEOUT_MS)
+    with live_page(server) as page:
         server.proc.send_signal(signal.SIGSTOP)
         try:
             page.wait_for_function("document.getElementById('live').className === 'stale'",
@@ -328,4 +332,3 @@ def test_serve_page_marks_itself_stale_when_the_server_falls_silent(server: Serv
             server.proc.send_signal(signal.SIGCONT)
         page.wait_for_function("document.getElementById('live').className === ''",
                                timeout=PAGE_TIMEOUT_MS)
-        browser.close()

@@ -32,7 +32,15 @@ def import_extra(module: str, extra: str, command: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        missing = (exc.name or "").partition(".")[0]
-        if not missing or missing in OURS:
+        named = extra_missing(exc, extra, command)
+        if named is None:
             raise
-        raise ExtraMissing(command, missing, extra) from None
+        raise named from None
+
+
+def extra_missing(exc: ModuleNotFoundError, extra: str, command: str) -> ExtraMissing | None:
+    """The error naming `extra` for a module it would install; None for one of ours."""
+    missing = (exc.name or "").partition(".")[0]
+    if not missing or missing in OURS:
+        return None
+    return ExtraMissing(command, missing, extra)

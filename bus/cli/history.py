@@ -20,8 +20,7 @@ import orjson
 
 from bus.cli.context import BusContext
 from bus.cli.context import pass_bus_context
-from bus.cli.extras import ExtraMissing
-from bus.cli.extras import OURS
+from bus.cli.extras import extra_missing
 from bus.cli.extras import import_extra
 from bus.history import QUERY_NAMES
 from bus.history import STUCK_AFTER_SECONDS
@@ -154,10 +153,10 @@ def run_job(job: ModuleType, path: str, query: str, output: Any,
     except MalformedExport as exc:
         raise click.ClickException(str(exc)) from exc
     except ModuleNotFoundError as exc:  # --out's writers: pyarrow, plotly, matplotlib
-        missing = (exc.name or "").partition(".")[0]
-        if not missing or missing in OURS:
+        named = extra_missing(exc, "spark", "bus history --out")
+        if named is None:
             raise
-        raise ExtraMissing("bus history --out", missing, "spark") from exc
+        raise named from exc
     except OSError as exc:  # the results are in; only --out could not be written
         raise click.ClickException(f"cannot write the report to --out {output.out_dir}:"
                                    f" {exc.strerror or exc}") from exc

@@ -164,7 +164,7 @@ class Status:
         # or cancel leaves one), so the counts always add up to the agents listed.
         counts = {state: 0 for state in LIVENESS_STATES}
         for agent in self.agents:
-            counts[agent.state] = counts.get(agent.state, 0) + 1
+            counts[agent.state] += 1
         object.__setattr__(self, "agents_by_state", counts)
 
     def consumer(self, agent: str) -> Consumer | None:
