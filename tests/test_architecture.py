@@ -283,6 +283,7 @@ def test_architecture_errors_live_with_their_part_and_bus_errors_still_exports_t
     """bus.errors keeps the old import path of the errors that moved up, without importing up."""
     import bus.errors
     for module, names in bus.errors.RAISED_ABOVE.items():
+        assert rank_of(part_of("bus.errors")) < rank_of(part_of(module)) < rank_of("workers")
         for name in names:
             error = getattr(bus.errors, name)
             assert error.__module__ == module and issubclass(error, bus.errors.BusError), name
