@@ -1,8 +1,10 @@
-"""Errors raised by the bus library.
+"""`BusError`, the base of every error the library raises, and the log's own errors.
 
-Every error is a `BusError`; subclasses carry their data in attributes so
-callers (the CLI, other agents) can react to the kind of failure without
-parsing messages. Messages name the field, the problem and the fix.
+The errors of the parts above the log (the channels, the pump) live with the
+part that raises them and are re-exported here (`RAISED_ABOVE`). Subclasses
+carry their data in attributes so callers (the CLI, other agents) can react
+to the kind of failure without parsing messages. Messages name the field,
+the problem and the fix.
 """
 
 from __future__ import annotations
