@@ -15,13 +15,11 @@ connection (SQLite connections must not be shared), opened on first use.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from pathlib import Path
 from typing import Any
 from typing import Iterable
-from typing import Iterator
 from typing import Mapping
 from typing import Sequence
 
@@ -58,14 +56,15 @@ from bus.heartbeats import Thresholds
 from bus.messages import Message
 from bus.messages import PublishResult
 from bus.messages import clock_ms
+from bus.payloads import BLOB_THRESHOLD
+from bus.payloads import MAX_PAYLOAD_BYTES
+from bus.payloads import PayloadPolicy
 from bus.schema import current_version
 from bus.search import SearchHit
 from bus.schema import migrate
 from bus.wake import ChangeWatcher
 
 POLL_LIMIT_MAX = 10_000
-BLOB_THRESHOLD = 4096  # bytes of payload JSON above which it goes to the blob store
-MAX_PAYLOAD_BYTES = 16 * 1024 * 1024  # bytes of payload JSON one message may carry
 GC_GRACE_SECONDS = 3600.0
 
 
@@ -78,9 +77,9 @@ class Bus:
         self.path = path
         self.durability = durability
         self.durable = DURABLE_BY_DURABILITY[durability]
-        self.blob_threshold = blob_threshold
-        self.max_payload_bytes = max_payload_bytes
         self.blobs = BusBlobStore(blob_dir or Path(path).absolute().parent / "blobs")
+        # Where each payload lives; handed to the channels and the pump too.
+        self.payloads = PayloadPolicy(self.blobs, blob_threshold, max_payload_bytes)
         self._local = threading.local()
         self._local.conn = conn
         self._connections = [conn]
@@ -195,8 +194,8 @@ class Bus:
         """
         conn = self.conn
         refuse_write(conn)
-        with self.staging_blobs():  # a refused publish leaves no blob behind
-            row = self.move_large_payload(row)
+        with self.payloads.staging():  # a refused publish leaves no blob behind
+            row = self.payloads.place(row)
             with write_transaction(conn):
                 claims.check_fence(conn, task, fence)
                 return self._write_rows([[row]], conn)[0][0]
@@ -209,20 +208,17 @@ class Bus:
         """
         rows = messages.prepare_batch(batch)
         for index, row in enumerate(rows):
-            self.check_payload_size(row, f"messages[{index}].payload")
+            self.payloads.check_size(row, f"messages[{index}].payload")
         return self._insert(rows)
 
     def _insert(self, rows: list[messages.Row]) -> list[PublishResult]:
         conn = self.conn
         refuse_write(conn)  # a read-only or corrupt bus says so before a blob is written
-        # The common case, no payload near the blob threshold or the size limit
-        # (a character is at most 4 bytes of UTF-8), has no blob to stage.
-        small = min(self.blob_threshold, self.max_payload_bytes) // 4
-        if all(row.payload is None or len(row.payload) <= small for row in rows):
+        if self.payloads.all_inline(rows):
             return self._write_now(rows, conn)
-        with self.staging_blobs():
+        with self.payloads.staging():
             # Blobs are written (and fsynced) before the transaction, outside the lock.
-            return self._write_now([self.move_large_payload(row) for row in rows], conn)
+            return self._write_now([self.payloads.place(row) for row in rows], conn)
 
     def _write_now(self, rows: list[messages.Row], conn: apsw.Connection) -> list[PublishResult]:
         if conn.in_transaction:  # the caller's own transaction: write in it
@@ -253,54 +249,15 @@ class Bus:
                             for row, (seq, duplicate) in zip(batch, written)])
         return results
 
-    def check_payload_size(self, row: messages.Row, field: str = "payload") -> None:
-        """Raise ValidationFailed when the row's payload JSON is over max_payload_bytes."""
-        # A character is at most 4 bytes in UTF-8: short payloads skip the encode.
-        if row.payload is None or len(row.payload) * 4 <= self.max_payload_bytes:
-            return
-        size = len(row.payload.encode())
-        if size > self.max_payload_bytes:
-            raise ValidationFailed(
-                field, f"is {size} bytes of JSON; the limit is {self.max_payload_bytes} bytes"
-                       " (Bus.open(max_payload_bytes=...), bus --max-payload-bytes): store"
-                       " large data in a file and send its path", value_length=size)
+    @property
+    def blob_threshold(self) -> int:
+        """Bytes of payload JSON above which a payload goes to the blob store."""
+        return self.payloads.blob_threshold
 
-    def move_large_payload(self, row: messages.Row) -> messages.Row:
-        """The row, with a payload over blob_threshold bytes moved to the blob store.
-
-        Checks the size limit first (ValidationFailed): nothing is written for a refused row.
-        """
-        self.check_payload_size(row)
-        if row.payload is None or len(row.payload) * 4 <= self.blob_threshold:
-            return row
-        data = row.payload.encode()
-        if len(data) <= self.blob_threshold:
-            return row
-        ref, created = self.blobs.store(data)
-        staged = getattr(self._local, "staged", None)
-        if created and staged is not None:
-            staged.append(ref)
-        return row._replace(payload=None, payload_ref=ref)
-
-    @contextlib.contextmanager
-    def staging_blobs(self) -> Iterator[None]:
-        """Delete the blobs first written inside the block if the block raises.
-
-        So a refused or failed write (full disk, unknown channel, a limit)
-        leaves no blob behind. Known limit, as in `BlobStore.gc`: identical
-        bytes put by another writer in the same instant lose their file too.
-        """
-        if getattr(self._local, "staged", None) is not None:
-            yield  # nested: the outermost block decides
-            return
-        self._local.staged = []
-        try:
-            yield
-        except BaseException:
-            self.blobs.discard(self._local.staged)
-            raise
-        finally:
-            self._local.staged = None
+    @property
+    def max_payload_bytes(self) -> int:
+        """Bytes of payload JSON one message may carry."""
+        return self.payloads.max_payload_bytes
 
     # --- consuming --------------------------------------------------------
 
