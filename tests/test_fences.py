@@ -438,7 +438,7 @@ def test_a_paused_holder_is_refused_everything_once_another_took_its_task(
         ws: Workers, bus: Bus, db_path: Path, repo: Path, tmp_path: Path) -> None:
     ws.spawn("t1", "w1", repo)
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
-    holder = Child("holder", HOLDER, [str(db_path), "w1", "1500"], env, tmp_path / "holder.txt")
+    holder = Child("holder", HOLDER, [str(db_path), "w1", "3000"], env, tmp_path / "holder.txt")
     try:
         claimed = json.loads(holder.read_line(WAIT_S))
         os.kill(holder.pid, signal.SIGSTOP)  # paused mid-work, its lease still running
