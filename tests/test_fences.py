@@ -36,6 +36,8 @@ from bus.db import write_transaction
 from bus.heartbeats import Thresholds
 from bus.messages import now_ms
 from tests.children import Child
+from tests.cli_helpers import bad_value
+from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 from tests.conftest import REPO_ROOT
 from tests.worker_fixtures import hermetic_git  # noqa: F401 - autouse fixture
@@ -185,6 +187,20 @@ def test_publish_with_task_sets_the_correlation_id_and_checks_its_arguments(bus:
     with pytest.raises(ValidationFailed) as both:
         bus.publish("alice", "note", task="t1", correlation_id="other")
     assert both.value.field == "correlation_id"
+    with pytest.raises(ValidationFailed) as empty:
+        bus.publish("alice", "note", task="", fence=1)
+    assert empty.value.field == "task"
+
+
+def test_cli_publish_fence_without_task_is_a_usage_error(bus: Bus, db_path: Path) -> None:
+    before = everything(bus)
+    alone = run(["publish", "--from", "a", "--type", "r", "--fence", "1"], db_path)
+    assert alone.exit_code == 2
+    assert last_error(alone.stderr) == bad_value("--fence", "is the fence of a task: name the"
+                                                            " task too")
+    empty = run(["publish", "--from", "a", "--type", "r", "--task", "", "--fence", "1"], db_path)
+    assert empty.exit_code == 2 and "Invalid value for '--task'" in empty.stderr
+    assert everything(bus) == before
 
 
 def test_a_fenced_publish_inside_a_callers_transaction_rolls_back_with_it(bus: Bus) -> None:
