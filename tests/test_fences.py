@@ -378,16 +378,23 @@ class FenceMachine(RuleBasedStateMachine):
             self.issued.setdefault(task, []).append(result.fence)
         self.lease[task] = (agent, result.claim.lease_until_ms, result.fence)
 
+    def passed_fence(self, task: str, stale: bool) -> int:
+        """The task's current fence, or the one before it (0: there is none to pass)."""
+        return max(self.last(task) - 1 if stale else self.last(task), 0)
+
+    @staticmethod
+    def refused(action: Callable[[], object], what: str) -> None:
+        with pytest.raises(StaleFence):
+            action()
+        event(what)
+
     @rule(task=tasks, agent=agents, stale=st.booleans())
     def renew(self, task: str, agent: str, stale: bool) -> None:
-        fence = self.last(task) - 1 if stale else self.last(task)
-        if fence < 1:
+        if not (fence := self.passed_fence(task, stale)):
             return
         if stale:
-            with pytest.raises(StaleFence):
-                self.bus.renew(task, agent, fence=fence, now=self.now)
-            event("a stale renew refused")
-            return
+            return self.refused(lambda: self.bus.renew(task, agent, fence=fence, now=self.now),
+                                "a stale renew refused")
         renewed = self.bus.renew(task, agent, fence=fence, now=self.now)
         held = self.lease.get(task)
         assert renewed == (held is not None and held[0] == agent and held[1] > self.now)
@@ -397,13 +404,11 @@ class FenceMachine(RuleBasedStateMachine):
 
     @rule(task=tasks, agent=agents, stale=st.booleans())
     def release(self, task: str, agent: str, stale: bool) -> None:
-        fence = self.last(task) - 1 if stale else self.last(task)
-        if fence < 1:
+        if not (fence := self.passed_fence(task, stale)):
             return
         if stale:
-            with pytest.raises(StaleFence):
-                self.bus.release(task, agent, fence=fence)
-            return
+            return self.refused(lambda: self.bus.release(task, agent, fence=fence),
+                                "a stale release refused")
         released = self.bus.release(task, agent, fence=fence)
         held = self.lease.get(task)
         assert released == (held is not None and held[0] == agent)
