@@ -321,6 +321,33 @@ def test_mcp_claim_gives_the_fence_and_a_stale_one_is_refused(bus: Bus, db_path:
     assert landed["seq"]
 
 
+def test_mcp_worker_done_with_a_stale_fence_is_refused(bus: Bus, db_path: Path,
+                                                      repo: Path) -> None:
+    from tests.test_mcp import call
+    from tests.test_mcp import connected
+    from tests.test_mcp import refused
+
+    Workers(bus).spawn("t1", "w1", repo)
+
+    async def scenario() -> tuple[Any, ...]:
+        async with connected(db_path, "w1") as w1:
+            await call(w1, "worker_start", lease_ms=1)
+            mine = bus.claims()[0]
+            while now_ms() <= mine.lease_until_ms:
+                await asyncio.sleep(0.001)
+            theirs = bus.try_claim("t1", "bob")
+            before = everything(bus)
+            error = await refused(w1, "worker_done", allow_empty=True, fence=mine.fence)
+            return mine, theirs, before, error
+
+    mine, theirs, before, error = asyncio.run(scenario())
+    assert theirs.fence == mine.fence + 1
+    assert (f"fence: {mine.fence} is stale: the current fence of task t1 is {theirs.fence}"
+            " (held by bob") in error
+    assert everything(bus) == before
+    assert Workers(bus).get("w1").state == "WORKING"
+
+
 # --- property: fences against a model ------------------------------------------------------
 
 
