@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bus.api import Bus
+from bus.claims import StaleFence
 from bus.consumer import Consumer
 from bus.consumer import LoopStats
 from bus.consumer import process_loop
@@ -23,5 +24,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Bus", "BusBusy", "BusClosed", "BusError", "BusNotFound", "Consumer", "Cursor",
     "LoopStats", "Message", "NotABusDatabase", "PublishResult", "SchemaTooNew",
-    "UnsupportedFilesystem", "ValidationFailed", "__version__", "process_loop",
+    "StaleFence", "UnsupportedFilesystem", "ValidationFailed", "__version__", "process_loop",
 ]

@@ -629,7 +629,7 @@ def _task_correlation(task: str | None, fence: object, correlation_id: str | Non
         if fence is not None:
             raise ValidationFailed("fence", "is the fence of a task: name the task too")
         return correlation_id
-    task = claims.validate_task(task)
+    task = messages.validate_text(task, "task", claims.TASK_ID_MAX)
     if correlation_id is not None and correlation_id != task:
         raise ValidationFailed("correlation_id", f"is {correlation_id!r} but task is {task!r}; a"
                                                  " message about a task is correlated by its id:"

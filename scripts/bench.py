@@ -46,6 +46,8 @@ from bench_wake import wake_rows
 from bus import Bus
 from bus.claims import _CLAIM_SQL
 from bus.claims import _GET_DEAD_SQL
+from bus.claims import _LAST_FENCE_SQL
+from bus.claims import _RECORD_FENCE_SQL
 from bus.claims import _RELEASE_SQL
 from bus.claims import _RENEW_SQL
 from bus.messages import _INSERT_SQL
@@ -124,10 +126,17 @@ def raw_claim_release(conn: apsw.Connection, count: int) -> None:
         task, now = f"task-{i % TASKS}", time.time_ns() // 1_000_000
         with conn:
             conn.execute(_GET_DEAD_SQL, (task,)).fetchall()
-            conn.execute(_CLAIM_SQL, {"task": task, "agent": "worker", "now": now,
-                                      "lease": 60_000, "max_attempts": 5}).fetchall()
+            raw_claim(conn, task, now, 60_000)
         with conn:
             conn.execute(_RELEASE_SQL, (task, "worker")).get
+
+
+def raw_claim(conn: apsw.Connection, task: str, now: int, lease_ms: int) -> None:
+    """The claim's statements: the next fence, the upsert, the fence recorded."""
+    fence = (conn.execute(_LAST_FENCE_SQL, (task,)).get or 0) + 1
+    conn.execute(_CLAIM_SQL, {"task": task, "agent": "worker", "now": now, "lease": lease_ms,
+                              "max_attempts": 5, "fence": fence}).fetchall()
+    conn.execute(_RECORD_FENCE_SQL, (task, fence))
 
 
 def raw_renew(conn: apsw.Connection, count: int) -> None:
@@ -141,9 +150,7 @@ def raw_with_claims(path: Path) -> apsw.Connection:
     conn = raw_connect(path)
     for i in range(TASKS):
         with conn:
-            conn.execute(_CLAIM_SQL, {"task": f"task-{i}", "agent": "worker",
-                                      "now": time.time_ns() // 1_000_000, "lease": 3_600_000,
-                                      "max_attempts": 5}).fetchall()
+            raw_claim(conn, f"task-{i}", time.time_ns() // 1_000_000, 3_600_000)
     return conn
 
 

@@ -258,6 +258,10 @@ def test_serve_page_in_chromium(server: Server, seeded_db: Path, python_env: dic
         page.wait_for_function("document.body.dataset.lastSeq === '10'", timeout=PAGE_TIMEOUT_MS)
         assert page.text_content("#messages") == "10"  # with task_reclaimed for t2
         assert page.text_content("#claims-held") == "2"
+        cells = page.eval_on_selector_all(
+            "#claims tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+        assert cells[0] == ["task", "holder", "fence", "lease left s", "attempt"]
+        assert [row[:3] for row in cells[1:]] == [["t1", "w1", "1"], ["t2", "w1", "2"]]
         assert "w1" in page.text_content("#consumers")
         for chart in CHARTS:
             page.wait_for_function(f"(document.getElementById('{chart}').data || []).length > 0",

@@ -78,6 +78,12 @@ def test_status_claims_held_expiring_expired_taken_over_dead(bus: Bus, db_path: 
     c = read_status(db_path, now=NOW).claims
     assert (c.held, c.expiring_soon, c.expired, c.taken_over, c.dead) == (3, 1, 1, 1, 1)
     assert sorted(claim.task_id for claim in c.claims) == ["lapsed", "long", "retried", "short"]
+    assert {claim.task_id: claim.fence for claim in c.claims} == {
+        "lapsed": 1, "long": 1, "retried": 2, "short": 1}  # b took retried over: fence 2
+    screen = status_lines(read_status(db_path, now=NOW))
+    table = next(i for i, line in enumerate(screen) if line.startswith("claims: "))
+    assert screen[table + 1].split() == ["task", "holder", "fence", "lease", "left", "attempt"]
+    assert screen[table + 4].split()[:3] == ["retried", "b", "2"]
 
 
 def test_status_workers_channels_and_pump(bus: Bus, db_path: Path) -> None:

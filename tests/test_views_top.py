@@ -112,6 +112,22 @@ def test_top_shows_an_agent_that_stops_and_goes_on(terminal: Terminal, db_path: 
 
 
 @needs_tmux
+@pytest.mark.slow
+def test_top_shows_each_claim_with_its_fence(terminal: Terminal, db_path: Path) -> None:
+    with Bus.open(db_path) as bus:
+        assert bus.try_claim("t1", "w1", 60_000).fence == 1
+        terminal.start(f"{bus_in_shell(db_path)} top")
+        terminal.wait_for(lambda s: "claims: 1 held" in s, "the claim")
+        assert bus.release("t1", "w1", fence=1)
+        assert bus.try_claim("t1", "w2", 60_000).fence == 2  # a new holder: the next fence
+        screen = terminal.wait_for(lambda s: any(line.split()[:3] == ["t1", "w2", "2"]
+                                                 for line in s.splitlines()), "w2's fence")
+        assert any(line.split()[:3] == ["task", "holder", "fence"] for line in screen.splitlines())
+    terminal.keys("q")
+    terminal.wait_for(lambda s: "EXITED-0" in s, "bus top exiting with status 0")
+
+
+@needs_tmux
 def test_top_on_a_missing_file_is_an_error_before_drawing(
         terminal: Terminal, tmp_path: Path) -> None:
     missing = tmp_path / "none.db"

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from bus.heartbeats import STATUSES
 from bus.heartbeats import STOPPED
+from bus.mcpserver.log_tools import Fence
 from bus.mcpserver.log_tools import LeaseMs
 from bus.mcpserver.session import AgentSession
 from workers.lifecycle import DEFAULT_LEASE_MS
@@ -52,13 +53,14 @@ class WorkerTools:
             "What you did, for the reviewer."))] = None,
         allow_empty: Annotated[bool, Field(description=(
             "Hand in a branch with no commit beyond its base (nothing to change)."))] = False,
+        fence: Fence = None,
     ) -> dict[str, Any]:
         """Hand your work in for review: WORKING -> IN_REVIEW at your branch's head.
 
         Commit everything in your worktree first; uncommitted changes are refused,
         and so is a branch without commits unless allow_empty is true.
         """
-        return self.workers.done(self.agent, message, allow_empty).to_json_dict()
+        return self.workers.done(self.agent, message, allow_empty, fence=fence).to_json_dict()
 
     def worker_heartbeat(
         self,

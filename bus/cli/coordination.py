@@ -126,6 +126,10 @@ def claim(obj: BusContext, task_id: str, agent: str, lease_ms: int, max_attempts
           as_json: bool) -> None:
     """Take the lease on a task: exit 0 if the agent holds it, 1 if not.
 
+    Each new holder gets the task's next fence (--json: "fence"); pass it to
+    renew, release and publish --task as --fence, so they are refused once
+    another agent has taken the task over.
+
     Example: bus claim --task t1 --agent worker-1 --lease-ms 30000
     """
     result = obj.open().try_claim(task_id, agent, lease_ms, max_attempts=max_attempts)

@@ -77,7 +77,8 @@ def as_refusal(ctx: click.Context, exc: BusError) -> FlagRefused | None:
     if param is None:
         return None
     flag = typed_name(param)
-    return FlagRefused(f"{flag} {in_flags(ctx.command, exc.reason)}", flag)
+    reason = getattr(exc, "reason", None) or str(exc).removeprefix(f"{field}: ")
+    return FlagRefused(f"{flag} {in_flags(ctx.command, reason)}", flag)
 
 
 def as_usage_error(ctx: click.Context, exc: BusError) -> click.BadParameter | None:
