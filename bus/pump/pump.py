@@ -9,10 +9,10 @@ whose handlers finished, `commit_batch` per `BEGIN IMMEDIATE` (each unit in a
 savepoint, only if its claim is still ours), and in its last transaction
 also routes client envelopes from the inbox, buries units out of attempts
 and claims as many units as the concurrency limits allow. The
-pipeline and the handler run outside any transaction: pipelines on a worker
-thread per listener, side by side (small inputs on the event loop's thread:
-bus/pump/pipelines.py), async handlers on the loop, sync ones in a thread
-pool, each with the listener's timeout. A heartbeat thread renews the leases of running units (and beats
+pipeline and the handler run outside any transaction: pipelines on a
+worker thread per listener, side by side (small inputs on the event loop's
+thread: bus/pump/pipelines.py), async handlers on the loop, sync ones in a
+thread pool, each with the listener's timeout. A heartbeat thread renews the leases of running units (and beats
 for the pump), so a long handler keeps its claim; a killed pump's units are
 claimed again once their leases run out, and since reply ids derive from the
 input id, listener and index, a retried commit cannot duplicate anything.
