@@ -12,10 +12,11 @@ and claims as many units as the concurrency limits allow. The
 pipeline and the handler run outside any transaction: pipelines on a
 worker thread per listener, side by side (small inputs on the event loop's
 thread: bus/pump/pipelines.py), async handlers on the loop, sync ones in a
-thread pool, each with the listener's timeout. A heartbeat thread renews the leases of running units (and beats
-for the pump), so a long handler keeps its claim; a killed pump's units are
-claimed again once their leases run out, and since reply ids derive from the
-input id, listener and index, a retried commit cannot duplicate anything.
+thread pool, each with the listener's timeout. A heartbeat thread renews
+the leases of running units (and beats for the pump), so a long handler
+keeps its claim; a killed pump's units are claimed again once their leases
+run out, and since reply ids derive from the input id, listener and index, a
+retried commit cannot duplicate anything.
 
 With nothing to do, the database thread itself waits (`Pump._idle`): for
 another connection's commit that left something to take (`Bus.wait_for_change`,
