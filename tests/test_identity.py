@@ -9,9 +9,6 @@ real `workers` table.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,44 +16,19 @@ import pytest
 from bus import Bus
 from bus.errors import AgentNotResolved
 from bus.identity import agent_for_directory
-from tests.procs_workers import GIT_REPO_VARIABLES
-from tests.procs_workers import hermetic_git_env
+from tests.hook_harness import child_env
+from tests.hook_harness import run
 from tests.procs_workers import make_repo
-
-RUN_TIMEOUT = 60.0
-BIN = Path(sys.executable).parent
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    """Child processes: the installed `bus` and `worker`, git kept inside tmp_path."""
-    full = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    for name in (*GIT_REPO_VARIABLES, "BUS_DB", "BUS_DURABILITY"):
-        full.pop(name, None)
-    full.update(hermetic_git_env(tmp_path))
-    return full
+    return child_env(tmp_path)
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     return make_repo(tmp_path / "repo")
-
-
-def installed(program: str) -> str:
-    """The console script of this checkout's install (the venv running the tests)."""
-    path = BIN / program
-    if not path.exists():
-        pytest.skip(f"{program} is not installed beside {sys.executable} (make .venv/.installed)")
-    return str(path)
-
-
-def run(program: str, args: list[str], env: dict[str, str], cwd: Path,
-        check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([installed(program), *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL)
-    if check:
-        assert done.returncode == 0, (done.stdout, done.stderr)
-    return done
 
 
 def spawn(db: Path, repo: Path, env: dict[str, str], worker: str, task: str) -> Path:
@@ -157,6 +129,6 @@ def test_identity_bus_mcp_agent_auto_outside_a_worktree_is_a_usage_error(tmp_pat
     done = run("bus", ["--db", str(db), "mcp", "--agent", "auto", "--list"], env, repo,
                check=False)
     assert done.returncode == 2, done.stderr
-    assert "Invalid value for '--agent': auto found no worker whose worktree contains" in (
-        done.stderr)
-    assert "Traceback" not in done.stderr
+    stderr = done.stderr.decode()
+    assert "Invalid value for '--agent': auto found no worker whose worktree contains" in stderr
+    assert "Traceback" not in stderr
