@@ -275,6 +275,13 @@ def test_hook_agent_auto_in_a_spawned_worktree_is_that_worker(tmp_path, env):
                   check=False)
     assert outside.returncode == 1 and outside.stdout == b""
     assert b"auto found no worker whose worktree contains" in outside.stderr
+    # Claude Code names the session's project directory; Claude may have cd'ed out of it.
+    publish(db, ("hint", "third"), to="w7")
+    moved = answer(run("bus", ["--db", str(db), "hook", "claude", "--agent", "auto"],
+                       env | {"CLAUDE_PROJECT_DIR": str(worktree)}, tmp_path,
+                       input=json.dumps(event("UserPromptSubmit") | {"cwd": str(repo)}).encode(),
+                       check=False))
+    assert "third" in moved["hookSpecificOutput"]["additionalContext"]
 
 
 # --- install ----------------------------------------------------------------------------------

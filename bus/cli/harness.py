@@ -125,7 +125,9 @@ def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: 
     if not event.known:
         return
     bus = obj.open()
-    who = resolve_agent(bus, agent, event.cwd)
+    # The session's project directory (Claude Code sets it for hooks), not where Claude has
+    # cd'ed to since; then the event's cwd.
+    who = resolve_agent(bus, agent, os.environ.get("CLAUDE_PROJECT_DIR") or event.cwd)
     if event.name == claude_code.STOP:
         _answer_stop(bus, obj.db, who, event, wait, max_continues, limit)
         return
