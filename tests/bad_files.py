@@ -276,8 +276,8 @@ ARGS: dict[str, list[str]] = {
 }
 
 # What a command reads on stdin: a hook command gets one event, as Claude Code sends it.
-STDIN: dict[str, bytes] = {
-    "bus hook claude": b'{"hook_event_name": "SessionStart", "session_id": "s", "cwd": "/"}',
+STDIN: dict[str, str] = {
+    "bus hook claude": '{"hook_event_name": "SessionStart", "session_id": "s", "cwd": "/"}',
 }
 
 # Commands that never open the bus file: the kind of file does not matter to them.

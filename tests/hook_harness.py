@@ -38,9 +38,10 @@ def installed(program: str) -> str:
 
 
 def child_env(tmp_path: Path) -> dict[str, str]:
-    """Child processes: no BUS_DB from the caller's shell, git kept inside tmp_path."""
+    """Child processes: no BUS_DB from the caller's shell (nor the project directory of a
+    Claude Code session running the tests), git kept inside tmp_path."""
     full = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    for name in (*GIT_REPO_VARIABLES, "BUS_DB", "BUS_DURABILITY"):
+    for name in (*GIT_REPO_VARIABLES, "BUS_DB", "BUS_DURABILITY", "CLAUDE_PROJECT_DIR"):
         full.pop(name, None)
     full.update(hermetic_git_env(tmp_path))
     return full
