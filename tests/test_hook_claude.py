@@ -396,3 +396,20 @@ def test_inbox_wait_wakes_on_a_publish_from_another_process(tmp_path, db, env):
             proc.communicate()
     assert proc.returncode == 0, stderr
     assert [m["type"] for m in json.loads(stdout)["messages"]] == ["go"]
+
+
+def test_hook_acks_only_what_reached_stdout(db, env):
+    """A hook whose answer cannot be written (Claude Code gone) acknowledges nothing."""
+    publish(db, ("note", "unseen"))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to stdout fails (EPIPE)
+    try:
+        done = subprocess.run([installed("bus"), "--db", str(db), "hook", "claude", "--agent",
+                               "w1"], input=json.dumps(event("SessionStart")).encode(),
+                              stdout=write_end, stderr=subprocess.PIPE, env=env, timeout=60)
+    finally:
+        os.close(write_end)
+    assert done.returncode not in (0, 2)
+    assert cursor(db) == 0
+    again = answer(hook(db, env, event("SessionStart")))
+    assert "unseen" in again["hookSpecificOutput"]["additionalContext"]
