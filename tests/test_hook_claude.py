@@ -413,3 +413,11 @@ def test_hook_acks_only_what_reached_stdout(db, env):
     assert cursor(db) == 0
     again = answer(hook(db, env, event("SessionStart")))
     assert "unseen" in again["hookSpecificOutput"]["additionalContext"]
+
+
+def test_install_refuses_an_agent_id_the_bus_would_refuse(tmp_path, db, env):
+    done = run("bus", ["--db", str(db), "hook", "install", "claude", "--agent", "a b",
+                       "--project", str(tmp_path)], env, tmp_path, check=False)
+    assert done.returncode == 2
+    assert b"Invalid value for '--agent': contains ' '" in done.stderr
+    assert not (tmp_path / ".claude").exists()

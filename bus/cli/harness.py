@@ -29,6 +29,7 @@ from bus.identity import agent_for_directory
 from bus.inbox import Inbox
 from bus.inbox import TEXT_BUDGET
 from bus.inbox import render
+from bus.messages import validate_agent_id
 
 AGENT_HELP = ("The agent to act as; `auto`: the worker whose worktree contains the working"
               " directory (as `worker spawn` set it up).")
@@ -185,6 +186,8 @@ def install_claude(obj: BusContext, agent: str, project: Path, wait: float, max_
 
     Example: bus hook install claude --agent auto --project . --wait 300
     """
+    if agent != AUTO:
+        validate_agent_id(agent, "agent")  # refused now, not at each hook call
     path = project / ".claude" / "settings.json"
     db = str(Path(obj.db).absolute())
     base = [program or _this_program(), "--db", db]
