@@ -26,7 +26,7 @@ per-event "Decision control" sections; also docs.anthropic.com/en/docs/claude-co
 Consecutive continues (`--max-continues`) are counted per session in a small
 state file beside the bus database, `claude-hooks/<session>.json`: it exists
 only while a streak of blocked stops lasts, and goes when the session is let
-stop. A file rather than a table: the count is a harness's bookkeeping, not
+stop (or, for a session that ended mid-streak, a day later). A file rather than a table: the count is a harness's bookkeeping, not
 part of the log, and needs no migration.
 """
 
@@ -36,6 +36,7 @@ import hashlib
 import os
 import re
 import shlex
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ EVENTS = (SESSION_START, USER_PROMPT_SUBMIT, POST_TOOL_USE, STOP)
 TOOL_EVENTS = (POST_TOOL_USE,)  # the events whose entries take a matcher
 STATE_DIR = "claude-hooks"
 DEFAULT_TIMEOUT_S = 60  # the reference's default for a command hook
+STALE_STREAK_S = 24 * 3600  # a streak file this old belongs to a session that is gone
 _SAFE_SESSION = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
@@ -125,6 +127,18 @@ class ContinueCounter:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path, orjson.dumps({"continues": continues}))
+        self._prune()
+
+    def _prune(self) -> None:
+        """Forget the streaks of sessions that ended mid-streak (killed, closed) long ago."""
+        assert self.path is not None
+        cutoff = time.time() - STALE_STREAK_S
+        for other in self.path.parent.glob("*.json"):
+            try:
+                if other != self.path and other.stat().st_mtime < cutoff:
+                    other.unlink()
+            except FileNotFoundError:
+                continue  # another hook pruned it first
 
     def reset(self) -> None:
         if self.path is not None:

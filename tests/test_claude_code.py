@@ -5,6 +5,8 @@ parser, and the per-session continue counter on real files."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,16 @@ def test_claude_code_write_settings_keeps_the_mode_and_reports_no_change(tmp_pat
     assert path.stat().st_mode & 0o777 == 0o640
     assert json.loads(path.read_text()) == {"a": 2}
     assert [p.name for p in path.parent.iterdir()] == ["settings.json"]
+
+
+def test_claude_code_streaks_of_sessions_gone_for_a_day_are_pruned(tmp_path):
+    db = tmp_path / "bus.db"
+    gone = claude_code.ContinueCounter(db, "gone")
+    recent = claude_code.ContinueCounter(db, "recent")
+    gone.record(1)
+    recent.record(1)
+    day_ago = time.time() - claude_code.STALE_STREAK_S - 60
+    os.utime(gone.path, (day_ago, day_ago))
+    claude_code.ContinueCounter(db, "now").record(1)
+    assert sorted(p.name for p in (tmp_path / "claude-hooks").iterdir()) == [
+        "now.json", "recent.json"]
