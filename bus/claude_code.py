@@ -33,6 +33,7 @@ part of the log, and needs no migration.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -233,7 +234,12 @@ def _index_of_ours(hooks: list[Any]) -> int:
 
 
 def read_settings(path: Path) -> dict[str, Any]:
-    """The settings object in `path`, {} when there is no file yet."""
+    """The settings object in `path`, {} when there is no file yet.
+
+    The settings file is read and written with the stdlib `json`, not orjson:
+    it is the user's file, and every value in it must come back as it was
+    (an integer beyond 64 bits included), in the order it was.
+    """
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -241,8 +247,8 @@ def read_settings(path: Path) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValidationFailed("project", f"{path} is not valid JSON ({exc}); fix or move it,"
                                " nothing was written") from exc
     if not isinstance(data, dict):
@@ -252,21 +258,20 @@ def read_settings(path: Path) -> dict[str, Any]:
 
 
 def settings_bytes(settings: Mapping[str, Any]) -> bytes:
-    return orjson.dumps(settings, option=orjson.OPT_INDENT_2) + b"\n"
+    return (json.dumps(settings, indent=2, ensure_ascii=False) + "\n").encode()
 
 
 def write_settings(path: Path, settings: Mapping[str, Any]) -> bool:
     """Write `settings` to `path` atomically, keeping the file's mode; False when unchanged."""
-    data = settings_bytes(settings)
     try:
-        before = path.read_bytes()
+        before = read_settings(path) if path.stat().st_size else None
         mode = path.stat().st_mode & 0o7777
     except FileNotFoundError:
         before, mode = None, 0o666 & ~_umask()
-    if before is not None and before.strip() and orjson.loads(before) == orjson.loads(data):
+    if before == settings:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, data)
+    write_atomically(path, settings_bytes(settings))
     os.chmod(path, mode)
     return True
 

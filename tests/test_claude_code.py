@@ -21,7 +21,8 @@ BASE = ["/venv/bin/bus", "--db", "/p/.worker-state/bus.db"]
 OURS = claude_code.hook_commands(BASE, "auto", 300, 5)
 TIMEOUTS = {event: 60 for event in OURS} | {"Stop": 330}
 
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8))
+json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8),
+                      st.floats(allow_nan=False))
 json_value = st.recursive(json_leaf, lambda inner: st.one_of(
     st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
     max_leaves=8)
@@ -65,6 +66,8 @@ def test_claude_code_merge_keeps_everything_else_and_is_idempotent(before):
         assert ours_in(merged["hooks"][event]) == [
             {"type": "command", "command": command, "timeout": TIMEOUTS[event]}]
     assert claude_code.merge_settings(merged, OURS, TIMEOUTS) == merged
+    written = claude_code.settings_bytes(merged)
+    assert json.loads(written) == merged  # what is written reads back whole
     assert claude_code.settings_bytes(claude_code.merge_settings(merged, OURS, TIMEOUTS)) == (
         claude_code.settings_bytes(merged))
 
