@@ -69,6 +69,20 @@ class UnknownConsumer(BusError):
         self.known = known
 
 
+class AgentNotResolved(BusError):
+    """`--agent auto` found no worker, or more than one, whose worktree holds the directory.
+
+    `directory` is where it looked from, `candidates` the worker ids it could
+    not choose between (empty when none matched).
+    """
+
+    def __init__(self, message: str, directory: str, candidates: list[str]) -> None:
+        super().__init__(message)
+        self.field = "agent"
+        self.directory = directory
+        self.candidates = candidates
+
+
 class NotABusDatabase(BusError):
     """The file exists but is not a SQLite database, or not an agentbus one."""
 

@@ -42,6 +42,8 @@ NOT_ON_THE_COMMAND_LINE = {
     "echo": "channel settings from Python (bus channel create has --echo as a flag)",
     "organism": "an organism's name, read from organism.yaml",
     "recipient": "a dead letter's recipient who left its channel (bus dlq replay)",
+    "stdin": "bus hook claude: the event Claude Code sends on stdin",
+    "hooks": "bus hook install claude: a .claude/settings.json whose hooks is no object",
 }
 
 

@@ -14,6 +14,7 @@ from bus.api import MAX_PAYLOAD_BYTES
 from bus.cli import admin
 from bus.cli import channels
 from bus.cli import coordination
+from bus.cli import harness
 from bus.cli import history
 from bus.cli import live
 from bus.cli import mcp
@@ -58,7 +59,8 @@ def main(ctx: click.Context, db: str, durability: str, max_payload_bytes: int,
     ctx.obj = BusContext(ctx, db, durability, max_payload_bytes, as_json)
 
 
-for _module in (messaging, coordination, history, channels, pump, xml, search, mcp, admin, live):
+for _module in (messaging, coordination, history, channels, pump, xml, search, mcp, harness,
+                admin, live):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 add_moved_aliases(main)
