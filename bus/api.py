@@ -55,6 +55,7 @@ from bus.leases import TASK_ID_MAX  # noqa: F401 - part of the facade's API
 from bus.leases import TaskClaims
 from bus.leases import clock_ms
 from bus.messages import Message
+from bus.task_graph import TaskGraph
 from bus.messages import PublishResult
 from bus.schema import current_version
 from bus.search import SearchHit
@@ -67,7 +68,7 @@ MAX_PAYLOAD_BYTES = 16 * 1024 * 1024  # bytes of payload JSON one message may ca
 GC_GRACE_SECONDS = 3600.0
 
 
-class Bus(TaskClaims):
+class Bus(TaskClaims, TaskGraph):
     """An open bus database. Create with `Bus.open(path)`; close with `close()`."""
 
     def __init__(self, path: str, durability: str, conn: apsw.Connection, *,

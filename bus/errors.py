@@ -343,3 +343,47 @@ class SearchDisabled(ValidationFailed):
     def __init__(self) -> None:
         super().__init__("search", "full-text search is not enabled on this bus; run"
                                    " `bus search --enable` (or Bus.enable_search()) once")
+
+
+class UnknownTask(BusError):
+    """No task of the graph has the id (`field` says which argument named it)."""
+
+    def __init__(self, task_id: str, field: str = "task") -> None:
+        super().__init__(f"{field}: no task {task_id!r} in the task graph; add it first with"
+                         " `bus task add` (or list them with `bus task list`)")
+        self.field = field
+        self.task_id = task_id
+
+
+class TaskCycle(ValidationFailed):
+    """A dependency would close a cycle; `cycle` is the path, first task repeated last."""
+
+    def __init__(self, cycle: list[str]) -> None:
+        super().__init__("after", f"{cycle[0]} cannot wait on {cycle[1]}: that closes the cycle"
+                                  f" {' -> '.join(cycle)} (each waits on the next); drop one"
+                                  " of these dependencies", cycle=cycle)
+        self.cycle = cycle
+
+
+class TaskStateConflict(BusError):
+    """The task is not in a state that allows the command (done twice, cancel after done...)."""
+
+    def __init__(self, task_id: str, state: str, command: str, fix: str) -> None:
+        super().__init__(f"task: {task_id} is {state}, so `{command}` does nothing; {fix}")
+        self.field = "task"
+        self.task_id = task_id
+        self.state = state
+        self.command = command
+
+
+class NotTaskHolder(BusError):
+    """`bus task done` by an agent that does not hold the task's claim."""
+
+    def __init__(self, task_id: str, agent: str, holder: str | None) -> None:
+        who = f"{holder} holds it" if holder else "nobody holds it"
+        super().__init__(f"agent: {agent} does not hold {task_id} ({who}); take it with"
+                         " `bus task claim-next` or `bus claim` before marking it done")
+        self.field = "agent"
+        self.task_id = task_id
+        self.agent = agent
+        self.holder = holder
