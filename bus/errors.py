@@ -368,8 +368,11 @@ class TaskCycle(ValidationFailed):
 class TaskStateConflict(BusError):
     """The task is not in a state that allows the command (done twice, cancel after done...)."""
 
+    refused_by_state = True  # the CLI: exit 1, not a usage error (the id is well formed)
+
     def __init__(self, task_id: str, state: str, command: str, fix: str) -> None:
-        super().__init__(f"task: {task_id} is {state}, so `{command}` does nothing; {fix}")
+        self.reason = f"{task_id} is {state}, so `{command}` does nothing; {fix}"
+        super().__init__(f"task: {self.reason}")
         self.field = "task"
         self.task_id = task_id
         self.state = state
@@ -379,10 +382,13 @@ class TaskStateConflict(BusError):
 class NotTaskHolder(BusError):
     """`bus task done` by an agent that does not hold the task's claim."""
 
+    refused_by_state = True  # the CLI: exit 1, not a usage error
+
     def __init__(self, task_id: str, agent: str, holder: str | None) -> None:
         who = f"{holder} holds it" if holder else "nobody holds it"
-        super().__init__(f"agent: {agent} does not hold {task_id} ({who}); take it with"
-                         " `bus task claim-next` or `bus claim` before marking it done")
+        self.reason = (f"{agent} does not hold {task_id} ({who}); take it with"
+                       " `bus task claim-next` or `bus claim` before marking it done")
+        super().__init__(f"agent: {self.reason}")
         self.field = "agent"
         self.task_id = task_id
         self.agent = agent

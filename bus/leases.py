@@ -52,26 +52,21 @@ class TaskClaims:
         Taking over another agent's expired lease publishes `task_reclaimed`
         (task, previous_holder, new_holder, attempt).
         """
-        task_id, agent = validate_task_id(task_id), messages.validate_agent_id(agent)
-        validate_lease(lease_ms)
+        task_id, agent = _validate_task(task_id), messages.validate_agent_id(agent)
+        _validate_lease(lease_ms)
         messages.validate_positive_int(max_attempts, "max_attempts")
         conn = self.conn
         with write_transaction(conn):
-            return self._claim_locked(conn, task_id, agent, lease_ms, max_attempts, clock_ms(now))
-
-    def _claim_locked(self, conn: apsw.Connection, task_id: str, agent: str, lease_ms: int,
-                      max_attempts: int, at: int) -> ClaimResult:
-        """The claim itself, inside the caller's write transaction: every claim (`claim`,
-        `try_claim`, `claim_next`) goes through here, with its announcements."""
-        previous = claims.get(conn, task_id)
-        result = claims.try_claim(conn, task_id, agent, lease_ms, max_attempts, at)
-        if result.just_died:
-            self._announce(conn, "task_dead", result.dead.to_json_dict(), task_id, at)
-        elif result.granted and previous is not None and previous.agent != agent:
-            # Granted over another agent's row: its lease had run out (a takeover).
-            self._announce(conn, "task_reclaimed", {
-                "task": task_id, "previous_holder": previous.agent, "new_holder": agent,
-                "attempt": result.claim.attempts}, task_id, at)
+            at = clock_ms(now)
+            previous = claims.get(conn, task_id)
+            result = claims.try_claim(conn, task_id, agent, lease_ms, max_attempts, at)
+            if result.just_died:
+                self._announce(conn, "task_dead", result.dead.to_json_dict(), task_id, at)
+            elif result.granted and previous is not None and previous.agent != agent:
+                # Granted over another agent's row: its lease had run out (a takeover).
+                self._announce(conn, "task_reclaimed", {
+                    "task": task_id, "previous_holder": previous.agent, "new_holder": agent,
+                    "attempt": result.claim.attempts}, task_id, at)
         return result
 
     def renew(self, task_id: str, agent: str, lease_ms: int | None = None, *,
@@ -81,9 +76,9 @@ class TaskClaims:
         False, changing nothing, when the lease has expired or another agent
         holds it. A `lease_ms` shorter than what is left shortens the lease.
         """
-        task_id, agent = validate_task_id(task_id), messages.validate_agent_id(agent)
+        task_id, agent = _validate_task(task_id), messages.validate_agent_id(agent)
         if lease_ms is not None:
-            validate_lease(lease_ms)
+            _validate_lease(lease_ms)
         conn = self.conn
         with write_transaction(conn):
             return claims.renew(conn, task_id, agent, lease_ms, clock_ms(now)) is not None
@@ -95,7 +90,7 @@ class TaskClaims:
         the row and may release it; the next claim then starts at attempt 1
         (attempts count expiries, and a release is a deliberate hand-back).
         """
-        task_id, agent = validate_task_id(task_id), messages.validate_agent_id(agent)
+        task_id, agent = _validate_task(task_id), messages.validate_agent_id(agent)
         conn = self.conn
         with write_transaction(conn):
             return claims.release(conn, task_id, agent)
@@ -147,11 +142,11 @@ def clock_ms(now: object) -> int:
     return now
 
 
-def validate_task_id(task_id: object) -> str:
+def _validate_task(task_id: object) -> str:
     return messages.validate_text(task_id, "task_id", TASK_ID_MAX)
 
 
-def validate_lease(lease_ms: object) -> None:
+def _validate_lease(lease_ms: object) -> None:
     messages.validate_positive_int(lease_ms, "lease_ms")
     if lease_ms > LEASE_MS_MAX:
         raise ValidationFailed("lease_ms", f"is {lease_ms}; the longest lease is {LEASE_MS_MAX} (7 days)")

@@ -33,8 +33,8 @@ from bus.errors import UnknownTask
 from bus.errors import ValidationFailed
 from bus.leases import SYSTEM_AGENT
 from bus.leases import clock_ms
-from bus.leases import validate_lease
-from bus.leases import validate_task_id
+from bus.leases import _validate_lease as validate_lease
+from bus.leases import _validate_task as validate_task_id
 from bus.tasks import Task
 from bus.tasks import TaskCounts
 
@@ -93,7 +93,7 @@ class TaskGraph:
     """Tasks with dependencies and a ready list; `conn` is the calling thread's connection."""
 
     conn: apsw.Connection
-    _claim_locked: Callable[..., ClaimResult]  # bus/leases.py's TaskClaims, beside it on Bus
+    try_claim: Callable[..., ClaimResult]  # bus/leases.py's TaskClaims, beside it on Bus
 
     def add_task(self, task_id: str, title: str | None = None, *, after: Iterable[str] = (),
                  priority: int = tasks.PRIORITY_DEFAULT, now: int | None = None) -> Task:
@@ -197,8 +197,9 @@ class TaskGraph:
                 if not candidates:
                     return None
                 for task in candidates:
-                    result: ClaimResult = self._claim_locked(conn, task.task_id, agent, lease_ms,
-                                                             max_attempts, at)
+                    # A savepoint in this transaction: the ready list cannot change under it.
+                    result = self.try_claim(task.task_id, agent, lease_ms,
+                                            max_attempts=max_attempts, now=at)
                     if result.granted:
                         return ClaimedTask(task, result.claim)
                     refused.add(task.task_id)
