@@ -13,6 +13,8 @@ from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
+from bus.errors import NotTaskHolder
+from bus.errors import TaskStateConflict
 from bus.messages import iso_utc
 from bus.task_graph import TaskDetail
 from bus.tasks import PRIORITY_DEFAULT
@@ -179,8 +181,11 @@ def task_done(obj: BusContext, task_id: str, agent: str, fence: int | None,
 
     Example: bus task done build --agent worker-1 --fence 3
     """
-    bus = obj.open()
-    done = bus.complete_task(task_id, agent, fence=fence)
+    try:
+        done = obj.open().complete_task(task_id, agent, fence=fence)
+    except (NotTaskHolder, TaskStateConflict) as exc:
+        # Well-formed values the task's state refuses: exit 1, not a usage error.
+        raise click.ClickException(str(exc)) from exc
     if as_json:
         echo_json(done.to_json_dict())
     else:
