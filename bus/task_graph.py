@@ -230,9 +230,7 @@ class TaskGraph:
                 _check_holder(task_id, agent, claim, fence)
             if claim is not None:
                 claims.release(conn, task_id, claim.agent)
-            done = tasks.finish(conn, task, tasks.DONE, agent, at)
-            unblocked = [t.task_id for t in tasks.dependents(conn, task)
-                         if t.state == tasks.OPEN and t.waiting_on == 0]
+            done, unblocked = tasks.finish(conn, task, tasks.DONE, agent, at)
             self._task_event(conn, agent, "task_done", {
                 "task": task_id, "agent": agent, "title": task.title,
                 "fence": claim_fence(claim) if claim else None, "unblocked": unblocked}, at)
@@ -254,7 +252,7 @@ class TaskGraph:
             claim = claims.get(conn, task_id)
             if claim is not None:
                 claims.release(conn, task_id, claim.agent)
-            cancelled = tasks.finish(conn, task, tasks.CANCELLED, agent, at)
+            cancelled, _ = tasks.finish(conn, task, tasks.CANCELLED, agent, at)
             held = claim.agent if claim is not None and not claim.expired(at) else None
             self._task_event(conn, agent, "task_cancelled", {
                 "task": task_id, "agent": agent, "reason": reason, "holder": held,

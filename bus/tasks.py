@@ -15,8 +15,8 @@ runs inside the caller's transaction (bus/task_graph.py holds them).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 import apsw
 
 PRIORITY_HIGHEST = 0
@@ -48,14 +48,19 @@ _READY_WHERE = (
     " AND c.lease_until_ms > :now)"
     " AND NOT EXISTS (SELECT 1 FROM dead_claims d WHERE d.task_id = t.task_id)"
 )
-# INDEXED BY: without statistics the planner prefers idx_tasks_state (two
-# equalities) and then sorts every ready task for a LIMIT 1; the ready index
+# INDEXED BY: without statistics the planner may prefer idx_tasks_state and
+# then sort every ready task for a LIMIT 1; the ready index
 # is already in the order asked for, so claim_next reads one entry.
 _READY_SQL = (f"SELECT {_T_COLUMNS} FROM tasks t INDEXED BY idx_tasks_ready WHERE {_READY_WHERE}"
               " ORDER BY t.priority, t.seq LIMIT :limit")
 _IS_READY_SQL = f"SELECT count(*) FROM tasks t WHERE t.seq = :seq AND {_READY_WHERE}"
 _READY_COUNT_SQL = f"SELECT count(*) FROM tasks t INDEXED BY idx_tasks_ready WHERE {_READY_WHERE}"
-_BLOCKED_COUNT_SQL = "SELECT count(*) FROM tasks WHERE state = 'open' AND waiting_on > 0"
+# Open tasks waiting on something: all open ones less those in the ready index.
+_BLOCKED_COUNT_SQL = (
+    "SELECT (SELECT count(*) FROM tasks WHERE state = 'open')"
+    " - (SELECT count(*) FROM tasks INDEXED BY idx_tasks_ready WHERE state = 'open'"
+    " AND waiting_on = 0)"
+)
 # Open tasks with a live lease: few (one per working agent), found from the claims
 # side (CROSS JOIN keeps that order: https://sqlite.org/optoverview.html#crossjoin).
 _HELD_COUNT_SQL = (
@@ -89,6 +94,7 @@ _FINISH_SQL = (
 _UNBLOCK_DEPENDENTS_SQL = (
     "UPDATE tasks SET waiting_on = waiting_on - 1"
     " WHERE seq IN (SELECT task_seq FROM task_dependencies WHERE depends_on_seq = ?)"
+    " RETURNING task_id, state, waiting_on"
 )
 _EVENTS_SQL = (
     "SELECT seq, ts_ms, from_agent, type FROM messages WHERE correlation_id = ?"
@@ -96,9 +102,13 @@ _EVENTS_SQL = (
 )
 
 
-@dataclass(frozen=True)
-class Task:
-    """One task of the graph. `waiting_on` counts its dependencies not yet done."""
+class Task(NamedTuple):
+    """One task of the graph. `waiting_on` counts its dependencies not yet done.
+
+    A NamedTuple, not a dataclass: `bus task ready` builds one per ready task,
+    and a tuple's constructor is several times cheaper than a frozen
+    dataclass's (scripts/bench_tasks.py compares the list with a plain SELECT).
+    """
 
     seq: int
     task_id: str
@@ -206,12 +216,18 @@ def dependents(conn: apsw.Connection, task: Task) -> list[Task]:
     return [Task(*row) for row in conn.execute(_DEPENDENTS_SQL, (task.seq,))]
 
 
-def finish(conn: apsw.Connection, task: Task, state: str, agent: str | None, at: int) -> Task:
-    """Mark an open task done or cancelled; a done one unblocks its dependents by one."""
+def finish(conn: apsw.Connection, task: Task, state: str, agent: str | None,
+           at: int) -> tuple[Task, list[str]]:
+    """Mark an open task done or cancelled; a done one makes each of its dependents wait
+    on one task less. The task as it is now, and the open dependents it left waiting
+    on nothing (ready, unless a lease holds them)."""
     conn.execute(_FINISH_SQL, (state, at, agent, task.seq))
+    unblocked = []
     if state == DONE:
-        conn.execute(_UNBLOCK_DEPENDENTS_SQL, (task.seq,))
-    return dataclasses.replace(task, state=state, finished_at_ms=at, finished_by=agent)
+        unblocked = [task_id for task_id, left_state, waiting_on
+                     in conn.execute(_UNBLOCK_DEPENDENTS_SQL, (task.seq,))
+                     if left_state == OPEN and waiting_on == 0]
+    return task._replace(state=state, finished_at_ms=at, finished_by=agent), sorted(unblocked)
 
 
 def events(conn: apsw.Connection, task_id: str, limit: int) -> list[tuple[int, int, str, str]]:

@@ -24,8 +24,10 @@ CREATE TABLE tasks (
 -- so it stays as small as the list itself. The planner uses a partial index
 -- only when the query repeats its WHERE terms as literals (bus/tasks.py does).
 CREATE INDEX idx_tasks_ready ON tasks (priority, seq) WHERE state = 'open' AND waiting_on = 0;
--- bus task list --state and the blocked count of bus status.
-CREATE INDEX idx_tasks_state ON tasks (state, waiting_on);
+-- bus task list --state, and the counts of bus status (blocked = open - unblocked).
+-- Not on waiting_on too: each done task lowers its dependents' counts, and an
+-- index on that column would be rewritten at every step for no query's sake.
+CREATE INDEX idx_tasks_state ON tasks (state);
 
 -- task_seq depends on depends_on_seq: it is ready once that one is done.
 CREATE TABLE task_dependencies (
