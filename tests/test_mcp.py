@@ -26,13 +26,14 @@ from bus import Bus
 from bus.mcpserver.channel_tools import ChannelTools
 from bus.mcpserver.log_tools import LogTools
 from bus.mcpserver.resources import Resources
+from bus.mcpserver.task_tools import TaskTools
 from bus.mcpserver.worker_tools import WorkerTools
 from tests.cli_helpers import bad_value
 from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "organism.yaml"
-ALL_TOOLS = set(LogTools.TOOLS + ChannelTools.TOOLS + WorkerTools.TOOLS)
+ALL_TOOLS = set(LogTools.TOOLS + ChannelTools.TOOLS + WorkerTools.TOOLS + TaskTools.TOOLS)
 IDENTITY_ARGUMENTS = {"agent", "from", "from_agent", "sender", "worker_id", "client"}
 
 
