@@ -40,7 +40,6 @@ from bus.tasks import TaskCounts
 
 TITLE_MAX = 1000
 EVENTS_SHOWN = 50  # the newest messages about a task that `task_detail` returns
-_CLAIM_BATCH = 8  # ready tasks looked at per read while claim_next looks for one it can take
 
 
 @dataclass(frozen=True)
@@ -192,7 +191,8 @@ class TaskGraph:
             at = clock_ms(now)
             refused: set[str] = set()
             while True:
-                candidates = [t for t in tasks.ready(conn, at, _CLAIM_BATCH + len(refused))
+                # Nearly always the first is taken: read one, more only past refusals.
+                candidates = [t for t in tasks.ready(conn, at, 1 + len(refused))
                               if t.task_id not in refused]
                 if not candidates:
                     return None
