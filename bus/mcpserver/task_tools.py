@@ -43,14 +43,18 @@ class TaskTools:
         return self.bus.add_task(task, title, after=after or (), priority=priority).to_json_dict()
 
     def task_depend(self, task: Task, after: After) -> dict[str, Any]:
-        """Make an open task wait on more tasks. One that would close a cycle is refused
-        (the error names the cycle) and nothing is added."""
+        """Make an open task wait on more tasks (refused if that closes a cycle).
+
+        The refusal names the cycle, and then nothing is added.
+        """
         return {"task": task, "added": self.bus.add_dependencies(task, after)}
 
     def task_ready(self, limit: Annotated[int, Field(ge=1, le=1000, description=(
             "The most tasks to return."))] = 20) -> dict[str, Any]:
-        """Tasks you could take now: open, every dependency done, no live lease on them.
-        Most urgent first, then oldest."""
+        """Tasks you could take now, most urgent first, then oldest.
+
+        Ready: open, every dependency done, and no live lease holds it.
+        """
         return {"tasks": [t.to_json_dict() for t in self.bus.ready_tasks(limit)]}
 
     def task_list(self, state: Annotated[Optional[Literal[STATES]], Field(description=(
@@ -63,9 +67,12 @@ class TaskTools:
         return self.bus.task_detail(task).to_json_dict()
 
     def task_claim_next(self, lease_ms: LeaseMs = 60_000) -> dict[str, Any]:
-        """Claim the first ready task for yourself. Returns it with its fence (pass the
-        fence to task_done), or `claimed: false` when nothing is ready. Renew the lease
-        (`renew`) while you work, or another agent may take the task over."""
+        """Claim the first ready task for yourself; returns it with its fence.
+
+        Pass the fence to task_done. `claimed` is false when nothing is ready.
+        Renew the lease (`renew`) while you work, or another agent may take
+        the task over.
+        """
         claimed = self.bus.claim_next(self.agent, lease_ms)
         if claimed is None:
             return {"claimed": False, "task": None}
@@ -74,8 +81,10 @@ class TaskTools:
     def task_done(self, task: Task, fence: Annotated[Optional[int], Field(ge=1, description=(
             "The fence task_claim_next gave you; refused if another agent took the task"
             " over since."))] = None) -> dict[str, Any]:
-        """Mark a task you hold done. Its lease ends and the tasks waiting on it may become
-        ready; a `task_done` message tells everyone."""
+        """Mark a task you hold done; the tasks waiting on it may become ready.
+
+        Its lease ends, and a `task_done` message tells everyone.
+        """
         return self.bus.complete_task(task, self.agent, fence=fence).to_json_dict()
 
     def task_cancel(self, task: Task, reason: Annotated[Optional[str], Field(
