@@ -15,13 +15,11 @@ connection (SQLite connections must not be shared), opened on first use.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from pathlib import Path
 from typing import Any
 from typing import Iterable
-from typing import Iterator
 from typing import Mapping
 from typing import Sequence
 
@@ -35,6 +33,11 @@ from bus import retention
 from bus import search as full_text
 from bus.blob_store import BusBlobStore
 from bus.channels.engine import Channels
+from bus.claims import LEASE_MS_MAX  # noqa: F401 - part of the facade's API
+from bus.claims import TASK_ID_MAX  # noqa: F401 - part of the facade's API
+from bus.claims import Claim
+from bus.claims import ClaimResult
+from bus.claims import DeadClaim
 from bus.cursors import Cursor
 from bus.db import DURABLE_BY_DURABILITY
 from bus.db import connect
@@ -50,25 +53,23 @@ from bus.group_commit import GroupCommit
 from bus.heartbeats import AgentHoldsClaims
 from bus.heartbeats import Liveness
 from bus.heartbeats import Thresholds
-from bus.leases import LEASE_MS_MAX  # noqa: F401 - part of the facade's API
-from bus.leases import TASK_ID_MAX  # noqa: F401 - part of the facade's API
-from bus.leases import TaskClaims
-from bus.leases import clock_ms
 from bus.messages import Message
-from bus.task_graph import TaskGraph
 from bus.messages import PublishResult
+from bus.messages import clock_ms
+from bus.payloads import BLOB_THRESHOLD
+from bus.payloads import MAX_PAYLOAD_BYTES
+from bus.payloads import PayloadPolicy
 from bus.schema import current_version
 from bus.search import SearchHit
 from bus.schema import migrate
+from bus.task_graph import TaskGraph
 from bus.wake import ChangeWatcher
 
 POLL_LIMIT_MAX = 10_000
-BLOB_THRESHOLD = 4096  # bytes of payload JSON above which it goes to the blob store
-MAX_PAYLOAD_BYTES = 16 * 1024 * 1024  # bytes of payload JSON one message may carry
 GC_GRACE_SECONDS = 3600.0
 
 
-class Bus(TaskClaims, TaskGraph):
+class Bus(TaskGraph):
     """An open bus database. Create with `Bus.open(path)`; close with `close()`."""
 
     def __init__(self, path: str, durability: str, conn: apsw.Connection, *,
@@ -77,9 +78,9 @@ class Bus(TaskClaims, TaskGraph):
         self.path = path
         self.durability = durability
         self.durable = DURABLE_BY_DURABILITY[durability]
-        self.blob_threshold = blob_threshold
-        self.max_payload_bytes = max_payload_bytes
         self.blobs = BusBlobStore(blob_dir or Path(path).absolute().parent / "blobs")
+        # Where each payload lives; handed to the channels and the pump too.
+        self.payloads = PayloadPolicy(self.blobs, blob_threshold, max_payload_bytes)
         self._local = threading.local()
         self._local.conn = conn
         self._connections = [conn]
@@ -165,17 +166,40 @@ class Bus(TaskClaims, TaskGraph):
 
     def publish(self, from_agent: str, type: str, payload: Any = None, *, to: str | None = None,
                 id: str | None = None, correlation_id: str | None = None,
-                in_reply_to: str | None = None) -> PublishResult:
+                in_reply_to: str | None = None, task: str | None = None,
+                fence: int | None = None) -> PublishResult:
         """Append one message to the log; `to=None` broadcasts it.
 
         Publishing again with the same `id` writes nothing and returns the
         original seq with `duplicate=True`, so retries are safe. Raises
         ValidationFailed for bad arguments and BusBusy when the database
         stays locked past the busy timeout.
+
+        `task` names the task the message reports on; it becomes the
+        correlation id (as on the bus's own task messages). With `fence`, the
+        task's lease fence (`try_claim(...).fence`), the message is written
+        only if that fence is still current, checked in the same transaction:
+        otherwise StaleFence, and nothing is written.
         """
+        correlation_id = _task_correlation(task, fence, correlation_id)
         row = messages.prepare_row(from_agent, type, payload, to=to, id=id,
                                    correlation_id=correlation_id, in_reply_to=in_reply_to)
-        return self._insert([row])[0]
+        if fence is None:
+            return self._insert([row])[0]
+        return self._insert_fenced(row, correlation_id, fence)
+
+    def _insert_fenced(self, row: messages.Row, task: str, fence: int) -> PublishResult:
+        """One row, written only if `fence` is `task`'s current fence (one transaction).
+
+        Not through the group commit: the fence check must share the insert's transaction.
+        """
+        conn = self.conn
+        refuse_write(conn)
+        with self.payloads.staging():  # a refused publish leaves no blob behind
+            row = self.payloads.place(row)
+            with write_transaction(conn):
+                claims.check_fence(conn, task, fence)
+                return self._write_rows([[row]], conn)[0][0]
 
     def publish_many(self, batch: Iterable[Mapping[str, Any]]) -> list[PublishResult]:
         """Publish several messages in one transaction: all are written or none.
@@ -185,20 +209,17 @@ class Bus(TaskClaims, TaskGraph):
         """
         rows = messages.prepare_batch(batch)
         for index, row in enumerate(rows):
-            self.check_payload_size(row, f"messages[{index}].payload")
+            self.payloads.check_size(row, f"messages[{index}].payload")
         return self._insert(rows)
 
     def _insert(self, rows: list[messages.Row]) -> list[PublishResult]:
         conn = self.conn
         refuse_write(conn)  # a read-only or corrupt bus says so before a blob is written
-        # The common case, no payload near the blob threshold or the size limit
-        # (a character is at most 4 bytes of UTF-8), has no blob to stage.
-        small = min(self.blob_threshold, self.max_payload_bytes) // 4
-        if all(row.payload is None or len(row.payload) <= small for row in rows):
+        if self.payloads.all_inline(rows):
             return self._write_now(rows, conn)
-        with self.staging_blobs():
+        with self.payloads.staging():
             # Blobs are written (and fsynced) before the transaction, outside the lock.
-            return self._write_now([self.move_large_payload(row) for row in rows], conn)
+            return self._write_now([self.payloads.place(row) for row in rows], conn)
 
     def _write_now(self, rows: list[messages.Row], conn: apsw.Connection) -> list[PublishResult]:
         if conn.in_transaction:  # the caller's own transaction: write in it
@@ -229,54 +250,15 @@ class Bus(TaskClaims, TaskGraph):
                             for row, (seq, duplicate) in zip(batch, written)])
         return results
 
-    def check_payload_size(self, row: messages.Row, field: str = "payload") -> None:
-        """Raise ValidationFailed when the row's payload JSON is over max_payload_bytes."""
-        # A character is at most 4 bytes in UTF-8: short payloads skip the encode.
-        if row.payload is None or len(row.payload) * 4 <= self.max_payload_bytes:
-            return
-        size = len(row.payload.encode())
-        if size > self.max_payload_bytes:
-            raise ValidationFailed(
-                field, f"is {size} bytes of JSON; the limit is {self.max_payload_bytes} bytes"
-                       " (Bus.open(max_payload_bytes=...), bus --max-payload-bytes): store"
-                       " large data in a file and send its path", value_length=size)
+    @property
+    def blob_threshold(self) -> int:
+        """Bytes of payload JSON above which a payload goes to the blob store."""
+        return self.payloads.blob_threshold
 
-    def move_large_payload(self, row: messages.Row) -> messages.Row:
-        """The row, with a payload over blob_threshold bytes moved to the blob store.
-
-        Checks the size limit first (ValidationFailed): nothing is written for a refused row.
-        """
-        self.check_payload_size(row)
-        if row.payload is None or len(row.payload) * 4 <= self.blob_threshold:
-            return row
-        data = row.payload.encode()
-        if len(data) <= self.blob_threshold:
-            return row
-        ref, created = self.blobs.store(data)
-        staged = getattr(self._local, "staged", None)
-        if created and staged is not None:
-            staged.append(ref)
-        return row._replace(payload=None, payload_ref=ref)
-
-    @contextlib.contextmanager
-    def staging_blobs(self) -> Iterator[None]:
-        """Delete the blobs first written inside the block if the block raises.
-
-        So a refused or failed write (full disk, unknown channel, a limit)
-        leaves no blob behind. Known limit, as in `BlobStore.gc`: identical
-        bytes put by another writer in the same instant lose their file too.
-        """
-        if getattr(self._local, "staged", None) is not None:
-            yield  # nested: the outermost block decides
-            return
-        self._local.staged = []
-        try:
-            yield
-        except BaseException:
-            self.blobs.discard(self._local.staged)
-            raise
-        finally:
-            self._local.staged = None
+    @property
+    def max_payload_bytes(self) -> int:
+        """Bytes of payload JSON one message may carry."""
+        return self.payloads.max_payload_bytes
 
     # --- consuming --------------------------------------------------------
 
@@ -380,6 +362,74 @@ class Bus(TaskClaims, TaskGraph):
             self._local.watcher = watcher
         with translate_errors(self.conn):
             return watcher.wait(timeout, interrupt)
+
+    # --- task claims (bus/claims.py) --------------------------------------
+
+    def claim(self, task_id: str, agent: str, lease_ms: int = 60_000, *,
+              max_attempts: int = 5, now: int | None = None) -> bool:
+        """Take the lease on `task_id` for `lease_ms`; True if `agent` now holds it.
+
+        See `try_claim` for who holds it when this returns False.
+        """
+        return self.try_claim(task_id, agent, lease_ms, max_attempts=max_attempts, now=now).granted
+
+    def try_claim(self, task_id: str, agent: str, lease_ms: int = 60_000, *,
+                  max_attempts: int = 5, now: int | None = None) -> ClaimResult:
+        """Claim a task and say what happened.
+
+        Granted when the task is free, its lease has expired (one more
+        attempt), or `agent` holds it already (the lease is extended). A task
+        taken `max_attempts` times whose lease expired again is declared dead
+        (`result.dead`), a `task_dead` message is published, and it can no
+        longer be claimed. Otherwise `result.claim` is the current holder's.
+        Taking over another agent's expired lease publishes `task_reclaimed`
+        (task, previous_holder, new_holder, attempt, fence).
+
+        `result.fence` is the lease's fence: one more than the task's last
+        each time the lease goes to a new holder (an extension keeps it).
+        Pass it to `renew`, `release` and `publish(task=..., fence=...)`.
+        """
+        return claims.try_claim(self.conn, task_id, agent, lease_ms, max_attempts=max_attempts,
+                                now=now)
+
+    def renew(self, task_id: str, agent: str, lease_ms: int | None = None, *,
+              fence: int | None = None, now: int | None = None) -> bool:
+        """Set `agent`'s lease to run `lease_ms` (default: the claim's own) from now.
+
+        False, changing nothing, when the lease has expired or another agent
+        holds it. A `lease_ms` shorter than what is left shortens the lease.
+        With `fence`, raises StaleFence (changing nothing) unless it is the
+        task's current fence.
+        """
+        return claims.renew(self.conn, task_id, agent, lease_ms, fence=fence, now=now)
+
+    def release(self, task_id: str, agent: str, *, fence: int | None = None) -> bool:
+        """Give the task back; False if `agent` does not hold it.
+
+        A holder whose lease expired without anyone taking over still holds
+        the row and may release it; the next claim then starts at attempt 1
+        (attempts count expiries, and a release is a deliberate hand-back)
+        with the next fence. With `fence`, raises StaleFence (changing
+        nothing) unless it is the task's current fence.
+        """
+        return claims.release(self.conn, task_id, agent, fence=fence)
+
+    def claims(self) -> list[Claim]:
+        """Every current claim, expired ones included (check `claim.expired(now)`)."""
+        return claims.list_claims(self.conn)
+
+    def dead_claims(self) -> list[DeadClaim]:
+        """Tasks that ran out of attempts, oldest first."""
+        return claims.list_dead(self.conn)
+
+    def reap(self, now: int | None = None, thresholds: Thresholds | None = None) -> list[Claim]:
+        """End the leases held by agents whose liveness is dead; return those claims.
+
+        Each task becomes claimable at once (keeping its attempt count; its
+        next holder gets a new fence) and a `task_released` message is
+        broadcast for it.
+        """
+        return claims.reap(self.conn, now, thresholds)
 
     # --- heartbeats -------------------------------------------------------
 
@@ -572,6 +622,20 @@ def _check_cursor_move(conn: apsw.Connection, agent: str, target: int, force: bo
         raise ValidationFailed("seq", f"{target} is behind {agent}'s cursor at {current}, which"
                                       " would hand it those messages again; pass force=True"
                                       " to replay them")
+
+
+def _task_correlation(task: str | None, fence: object, correlation_id: str | None) -> str | None:
+    """The correlation id of a message about `task`: the task's id."""
+    if task is None:
+        if fence is not None:
+            raise ValidationFailed("fence", "is the fence of a task: name the task too")
+        return correlation_id
+    task = claims.validate_task(task)
+    if correlation_id is not None and correlation_id != task:
+        raise ValidationFailed("correlation_id", f"is {correlation_id!r} but task is {task!r}; a"
+                                                 " message about a task is correlated by its id:"
+                                                 " pass one of them")
+    return task
 
 
 def _validate_grace(grace_seconds: object) -> None:

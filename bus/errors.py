@@ -1,11 +1,15 @@
-"""Errors raised by the bus library.
+"""`BusError`, the base of every error the library raises, and the log's own errors.
 
-Every error is a `BusError`; subclasses carry their data in attributes so
-callers (the CLI, other agents) can react to the kind of failure without
-parsing messages. Messages name the field, the problem and the fix.
+The errors of the parts above the log (the channels, the pump) live with the
+part that raises them and are re-exported here (`RAISED_ABOVE`). Subclasses
+carry their data in attributes so callers (the CLI, other agents) can react
+to the kind of failure without parsing messages. Messages name the field,
+the problem and the fix.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import blobs.errors
 
@@ -109,135 +113,17 @@ class BusClosed(BusError):
     """The Bus was used after close()."""
 
 
-class ThreadNotFound(BusError):
-    """No thread has this UUID in the registry."""
-
-    def __init__(self, uuid: str) -> None:
-        super().__init__(
-            f"thread: no thread has UUID {uuid}; list known threads with `bus pump threads`"
-        )
-        self.uuid = uuid
 
 
-class ThreadClosed(BusError):
-    """The thread was closed (it answered, or was cleaned up) and takes no more calls."""
-
-    def __init__(self, uuid: str, closed_at_ms: int) -> None:
-        super().__init__(
-            f"thread: {uuid} was closed at {closed_at_ms} (epoch ms); closed threads are "
-            "kept for history only: start a new conversation from an open thread"
-        )
-        self.uuid = uuid
-        self.closed_at_ms = closed_at_ms
 
 
-class ThreadAmbiguous(BusError):
-    """Several open threads share a path, so a path cannot name one of them."""
-
-    def __init__(self, path: tuple[str, ...], count: int) -> None:
-        super().__init__(
-            f"path: {count} open conversations share the path {'/'.join(path)}; "
-            "address the thread by its UUID instead of its path"
-        )
-        self.path = path
-        self.count = count
 
 
-class ThreadConflict(BusError):
-    """A caller-chosen thread UUID is already registered on another path."""
-
-    def __init__(self, uuid: str, existing: tuple[str, ...], wanted: tuple[str, ...]) -> None:
-        super().__init__(
-            f"thread_id: {uuid} is already registered for {'/'.join(existing)}, not "
-            f"{'/'.join(wanted)}; use a fresh UUID for a new conversation"
-        )
-        self.uuid = uuid
-        self.existing = existing
-        self.wanted = wanted
 
 
-class OrganismInvalid(ValidationFailed):
-    """organism.yaml (or an OOB listener spec) was refused; `field` is the key path."""
-
-    def __init__(self, source: str, field: str, reason: str) -> None:
-        super().__init__(field, reason)
-        self.args = (f"{source}: {field}: {reason}",)
-        self.source = source
 
 
-class OobRefused(BusError):
-    """An out-of-band request was refused; `kind` says why (for clients and the audit)."""
 
-    kind = "refused"
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class UnsignedRequest(OobRefused):
-    kind = "unsigned"
-
-
-class BadSignature(OobRefused):
-    kind = "bad_signature"
-
-
-class MalformedRequest(OobRefused):
-    """The request is not the signed JSON the protocol expects; `field` names the part."""
-
-    kind = "malformed"
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-
-
-class StaleRequest(OobRefused):
-    """The request's timestamp is outside the accepted window (too old or in the future)."""
-
-    kind = "stale"
-
-    def __init__(self, ts_ms: int, now_ms: int, window_ms: int) -> None:
-        skew = (now_ms - ts_ms) / 1000
-        when = f"{skew:.1f} s old" if skew >= 0 else f"{-skew:.1f} s in the future"
-        super().__init__(
-            f"ts_ms: the request is {when}; requests are accepted within "
-            f"{window_ms / 1000:g} s of the server's clock: sign a fresh request "
-            "(and check both clocks)"
-        )
-        self.ts_ms = ts_ms
-        self.now_ms = now_ms
-        self.window_ms = window_ms
-
-
-class ReplayedRequest(OobRefused):
-    kind = "replayed"
-
-    def __init__(self, nonce: str) -> None:
-        super().__init__(
-            f"nonce: {nonce} was used by an earlier request; every request needs a "
-            "fresh nonce (bus pump oob send makes one)"
-        )
-        self.nonce = nonce
-
-
-class OobSocketError(BusError):
-    """The out-of-band socket cannot be created or reached at `path`."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"oob socket {path}: {reason}")
-        self.path = path
-        self.reason = reason
-
-
-class OobKeyError(BusError):
-    """A key file is missing, unreadable, of the wrong kind or too open."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"key file {path}: {reason}")
-        self.path = path
-        self.reason = reason
 
 
 # The blob store's errors as the bus raises them (bus/blob_store.py translates):
@@ -254,48 +140,7 @@ class BlobRefInvalid(ValidationFailed, blobs.errors.BlobRefInvalid):
     """A blob reference that is not 'sha256-<64 hex>' (field "ref"); no file was touched."""
 
 
-class UnknownChannel(BusError):
-    """No channel has the name."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"channel: no channel named {name!r}; create it with"
-                         " `bus channel create` or list them with `bus channel list`")
-        self.field = "channel"
-        self.name = name
-
-
-class StoreFull(BusError):
-    """Too many deliveries are waiting or unacknowledged: the send is refused."""
-
-    def __init__(self, active: int, limit: int) -> None:
-        super().__init__(f"the bus holds {active} unfinished deliveries, the limit is {limit};"
-                         " receivers must acknowledge (or dead letters be purged) before more"
-                         " messages are accepted")
-        self.active = active
-        self.limit = limit
-
-
-class Backpressure(BusBusy):
-    """An organism's queue is full (seed 000's backpressure): the client must retry later."""
-
-    def __init__(self, organism: str, pending: int, limit: int) -> None:
-        super().__init__(f"organism {organism!r} has {pending} requests and work units waiting,"
-                         f" its max_pending is {limit}; send again once the pump has caught"
-                         " up, or raise max_pending in organism.yaml")
-        self.organism = organism
-        self.pending = pending
-        self.limit = limit
-
-
-class StoreCapacity(BusError):
-    """The database file is too close to its size limit: the send is refused."""
-
-    def __init__(self, size: int, limit: int, reserve: int) -> None:
-        super().__init__(f"the bus file is {size} bytes, within {reserve} bytes of its"
-                         f" {limit}-byte limit; run `bus compact` or purge dead letters")
-        self.size = size
-        self.limit = limit
-        self.reserve = reserve
 
 
 class DatabaseCorrupt(BusError):
@@ -393,3 +238,27 @@ class NotTaskHolder(BusError):
         self.task_id = task_id
         self.agent = agent
         self.holder = holder
+
+
+# The errors of the parts above the log live with the part that raises them;
+# users keep catching them from here. Loaded on first use, so importing
+# bus.errors (which every part does) never imports the parts above it.
+RAISED_ABOVE = {
+    "bus.channels.errors": ("UnknownChannel", "StoreFull", "StoreCapacity"),
+    "bus.pump.errors": ("ThreadNotFound", "ThreadClosed", "ThreadAmbiguous", "ThreadConflict",
+                        "OrganismInvalid", "OobRefused", "UnsignedRequest", "BadSignature",
+                        "MalformedRequest", "StaleRequest", "ReplayedRequest", "OobSocketError",
+                        "OobKeyError", "Backpressure"),
+}
+_HOME = {name: module for module, names in RAISED_ABOVE.items() for name in names}
+
+
+def __getattr__(name: str) -> type[BusError]:
+    """`from bus.errors import ThreadNotFound` still works: the class from its own part."""
+    if name not in _HOME:
+        raise AttributeError(f"module 'bus.errors' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOME[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))

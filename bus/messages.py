@@ -479,6 +479,17 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def clock_ms(now: object) -> int:
+    """The clock in epoch milliseconds, or the caller's `now` after a sanity check."""
+    if now is None:
+        return now_ms()
+    # Anything before 1973 in milliseconds is surely seconds passed by mistake.
+    if isinstance(now, bool) or not isinstance(now, int) or now < 100_000_000_000:
+        raise ValidationFailed("now", f"must be epoch milliseconds (an int like "
+                                      f"{now_ms()}), got {now!r}")
+    return now
+
+
 def iso_utc(ts_ms: int) -> str:
     """Epoch milliseconds as ISO 8601 UTC with millisecond precision."""
     moment = datetime.fromtimestamp(ts_ms / 1000, tz=timezone.utc)

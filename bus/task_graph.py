@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from typing import Callable
 from typing import Iterable
 
 import apsw
@@ -23,7 +22,6 @@ from bus import claims
 from bus import messages
 from bus import tasks
 from bus.claims import Claim
-from bus.claims import ClaimResult
 from bus.db import translate_errors
 from bus.db import write_transaction
 from bus.errors import NotTaskHolder
@@ -31,10 +29,10 @@ from bus.errors import TaskCycle
 from bus.errors import TaskStateConflict
 from bus.errors import UnknownTask
 from bus.errors import ValidationFailed
-from bus.leases import SYSTEM_AGENT
-from bus.leases import clock_ms
-from bus.leases import _validate_lease as validate_lease
-from bus.leases import _validate_task as validate_task_id
+from bus.claims import SYSTEM_AGENT
+from bus.claims import validate_lease
+from bus.claims import validate_task as validate_task_id
+from bus.messages import clock_ms
 from bus.tasks import Task
 from bus.tasks import TaskCounts
 
@@ -50,8 +48,8 @@ class ClaimedTask:
     claim: Claim
 
     @property
-    def fence(self) -> int | None:
-        return claim_fence(self.claim)
+    def fence(self) -> int:
+        return self.claim.fence
 
     def to_json_dict(self) -> dict[str, object]:
         return {**self.task.to_json_dict(), "agent": self.claim.agent, "fence": self.fence,
@@ -82,7 +80,7 @@ class TaskDetail:
         return {**self.task.to_json_dict(), "ready": self.ready,
                 "dependencies": [_neighbour(t) for t in self.dependencies],
                 "dependents": [_neighbour(t) for t in self.dependents],
-                "holder": self.holder, "fence": claim_fence(claim) if claim else None,
+                "holder": self.holder, "fence": claim.fence if claim else None,
                 "lease_until_ms": claim.lease_until_ms if claim else None,
                 "events": [{"seq": seq, "ts_ms": ts, "from": sender, "type": type_}
                            for seq, ts, sender, type_ in self.events]}
@@ -92,7 +90,6 @@ class TaskGraph:
     """Tasks with dependencies and a ready list; `conn` is the calling thread's connection."""
 
     conn: apsw.Connection
-    try_claim: Callable[..., ClaimResult]  # bus/leases.py's TaskClaims, beside it on Bus
 
     def add_task(self, task_id: str, title: str | None = None, *, after: Iterable[str] = (),
                  priority: int = tasks.PRIORITY_DEFAULT, now: int | None = None) -> Task:
@@ -197,9 +194,10 @@ class TaskGraph:
                 if not candidates:
                     return None
                 for task in candidates:
-                    # A savepoint in this transaction: the ready list cannot change under it.
-                    result = self.try_claim(task.task_id, agent, lease_ms,
-                                            max_attempts=max_attempts, now=at)
+                    # The claim code of `bus claim`, as a savepoint in this transaction:
+                    # the ready list cannot change under it.
+                    result = claims.try_claim(conn, task.task_id, agent, lease_ms,
+                                              max_attempts=max_attempts, now=at)
                     if result.granted:
                         return ClaimedTask(task, result.claim)
                     refused.add(task.task_id)
@@ -211,8 +209,9 @@ class TaskGraph:
 
         Publishes `task_done` in the same transaction. `require_claim=False`
         is for a task finished otherwise (a worker's merged branch). Raises
-        UnknownTask, TaskStateConflict (not open, or waiting on others),
-        NotTaskHolder.
+        StaleFence (field `fence`, naming the current one) when another agent
+        took the task over since `fence` was handed out, UnknownTask,
+        TaskStateConflict (not open, or waiting on others), NotTaskHolder.
         """
         task_id, agent = validate_task_id(task_id), messages.validate_agent_id(agent)
         if fence is not None:
@@ -225,15 +224,17 @@ class TaskGraph:
                 waits = [t.task_id for t in tasks.dependencies(conn, task) if t.state != tasks.DONE]
                 raise TaskStateConflict(task_id, f"waiting on {', '.join(waits)}", "task done",
                                         "finish those first (or `bus task cancel` this one)")
+            if fence is not None:  # first: a paused holder's stale fence says so
+                claims.check_fence(conn, task_id, fence)
             claim = claims.get(conn, task_id)
-            if require_claim:
-                _check_holder(task_id, agent, claim, fence)
+            if require_claim and (claim is None or claim.agent != agent):
+                raise NotTaskHolder(task_id, agent, claim.agent if claim else None)
             if claim is not None:
                 claims.release(conn, task_id, claim.agent)
             done, unblocked = tasks.finish(conn, task, tasks.DONE, agent, at)
             self._task_event(conn, agent, "task_done", {
                 "task": task_id, "agent": agent, "title": task.title,
-                "fence": claim_fence(claim) if claim else None, "unblocked": unblocked}, at)
+                "fence": claim.fence if claim else None, "unblocked": unblocked}, at)
             return done
 
     def cancel_task(self, task_id: str, agent: str | None = None, reason: str | None = None, *,
@@ -264,21 +265,6 @@ class TaskGraph:
                     payload: dict[str, Any], at: int) -> None:
         row = messages.prepare_row(agent, type, payload, correlation_id=payload["task"])
         messages.insert_row(conn, row, at)
-
-
-def claim_fence(claim: Claim) -> int | None:
-    """The claim's fence (issue 32's fenced leases), or None on a bus without fences."""
-    return getattr(claim, "fence", None)
-
-
-def _check_holder(task_id: str, agent: str, claim: Claim | None, fence: int | None) -> None:
-    if claim is None or claim.agent != agent:
-        raise NotTaskHolder(task_id, agent, claim.agent if claim else None)
-    current = claim_fence(claim)
-    if fence is not None and current is not None and fence != current:
-        raise ValidationFailed("fence", f"{fence} is stale for {task_id}: the current fence"
-                                        f" is {current}; another agent took the task over",
-                               current=current)
 
 
 def _validate_priority(priority: object) -> None:

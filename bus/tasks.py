@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 import apsw
 
+TASKS_SCHEMA_VERSION = 14  # migrations/0014_task_graph.sql: a file before it has no tasks
 PRIORITY_HIGHEST = 0
 PRIORITY_LOWEST = 4
 PRIORITY_DEFAULT = 2
@@ -194,8 +195,13 @@ def is_ready(conn: apsw.Connection, task: Task, now: int) -> bool:
     return bool(conn.execute(_IS_READY_SQL, {"seq": task.seq, "now": now}).get)
 
 
-def counts(conn: apsw.Connection, now: int) -> TaskCounts:
-    """How many tasks are ready, blocked, held; done and cancelled."""
+def counts(conn: apsw.Connection, now: int, schema_version: int | None = None) -> TaskCounts:
+    """How many tasks are ready, blocked, held; done and cancelled.
+
+    `schema_version`: a read-only view's file, which may predate the task graph.
+    """
+    if schema_version is not None and schema_version < TASKS_SCHEMA_VERSION:
+        return TaskCounts(0, 0, 0, 0, 0)
     by_state = dict(conn.execute(_STATE_COUNTS_SQL).fetchall())
     return TaskCounts(ready=conn.execute(_READY_COUNT_SQL, {"now": now}).get,
                       blocked=conn.execute(_BLOCKED_COUNT_SQL).get,

@@ -1,5 +1,6 @@
 -- 0014_task_graph: a graph of tasks with dependencies and a ready list
 -- (`bus task add/ready/claim-next/done/cancel`, issue 32).
+-- readers: unchanged (new tables only; the views count no tasks in an older file)
 -- A task is open, done or cancelled. `waiting_on` counts its dependencies
 -- that are not done: it is set when the task is added and lowered by one
 -- for each dependent when a task is done, so "ready" (open, waiting on

@@ -84,7 +84,7 @@ def race(args: argparse.Namespace) -> None:
     may return False); or kept and left to expire. Each grant is one JSON
     line in `out`:
 
-        task, agent, start (the holding's claimed_at_ms), attempts,
+        task, agent, start (the holding's claimed_at_ms), attempts, fence,
         lease_until_ms, new_holding (False when this grant extended the
         holding this child already had), t_call (wall ms before try_claim),
         and for the grant a release followed: t_before_release (wall ms just
@@ -122,7 +122,8 @@ def race(args: argparse.Namespace) -> None:
         record = {
             "task": task, "agent": args.agent,
             "start": previous["start"] if extended else claim_.claimed_at_ms,
-            "attempts": claim_.attempts, "lease_until_ms": claim_.lease_until_ms,
+            "attempts": claim_.attempts, "fence": claim_.fence,
+            "lease_until_ms": claim_.lease_until_ms,
             "lease_ms": lease, "new_holding": not extended, "t_call": t_call,
         }
         records.append(record)

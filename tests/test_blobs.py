@@ -39,6 +39,8 @@ from bus.api import BLOB_THRESHOLD
 from bus.api import GC_GRACE_SECONDS
 from bus.blob_store import BusBlobStore
 from bus.errors import DiskFull
+from bus.messages import prepare_row
+from bus.payloads import PayloadPolicy
 
 REF_PATTERN = r"sha256-[0-9a-f]{64}"
 HOUR = 3600.0
@@ -644,3 +646,42 @@ def test_bus_gc_blobs_rejects_invalid_grace(bus: Bus, grace) -> None:
     with pytest.raises(ValidationFailed) as info:
         bus.gc_blobs(grace)
     assert info.value.field == "grace_seconds"
+
+
+def test_payload_policy_decides_inline_blob_or_refused_on_its_own(tmp_path: Path) -> None:
+    """The one place that decides where a payload lives, without a Bus around it."""
+    policy = PayloadPolicy(BusBlobStore(tmp_path / "blobs"), blob_threshold=10,
+                           max_payload_bytes=100)
+    small = prepare_row("a", "t", "12345678")  # '"12345678"': 10 bytes of JSON
+    assert policy.place(small) is small and not (tmp_path / "blobs").exists()
+    large = policy.place(prepare_row("a", "t", "123456789"))
+    assert large.payload is None and policy.blobs.get(large.payload_ref) == b'"123456789"'
+    with pytest.raises(ValidationFailed, match="content: is 102 bytes of JSON; the limit is 100"):
+        policy.check_size(prepare_row("a", "t", "x" * 100), "content")
+    # The quick path: only rows that cannot be near either limit (4 bytes a character) skip it.
+    assert policy.all_inline([prepare_row("a", "t", 1), prepare_row("a", "t", None)])
+    assert not policy.all_inline([small])
+
+
+def test_payload_policy_staging_deletes_only_the_blobs_the_failed_block_wrote(
+        tmp_path: Path) -> None:
+    policy = PayloadPolicy(BusBlobStore(tmp_path / "blobs"), blob_threshold=10)
+    kept = policy.place(prepare_row("a", "t", "written before"))
+    with pytest.raises(RuntimeError), policy.staging():
+        again = policy.place(prepare_row("a", "t", "written before"))  # already there: kept
+        with policy.staging():  # nested: the outermost block decides
+            new = policy.place(prepare_row("a", "t", "written inside"))
+        raise RuntimeError("the write failed")
+    assert again.payload_ref == kept.payload_ref and policy.blobs.exists(kept.payload_ref)
+    assert not policy.blobs.exists(new.payload_ref)
+
+
+def test_bus_hands_its_payload_policy_to_the_channels(tmp_path: Path) -> None:
+    with Bus.open(tmp_path / "bus.db", blob_threshold=64, max_payload_bytes=1000) as bus:
+        assert bus.channels.payloads is bus.payloads
+        assert (bus.blob_threshold, bus.max_payload_bytes) == (64, 1000)
+        bus.channels.create_channel("room", "broadcast", "a")
+        sent = bus.channels.send_message("room", "a", "text", "x" * 100)
+        assert bus.conn.execute("SELECT payload_ref FROM messages WHERE seq = ?",
+                                (sent.seq,)).fetchone()[0] is not None
+

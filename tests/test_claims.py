@@ -57,7 +57,8 @@ def of_type(bus: Bus, type_: str) -> list:
 def snapshot(bus: Bus) -> tuple:
     """Everything a claim call could change."""
     rows = bus.conn.execute("SELECT * FROM heartbeats ORDER BY agent_id").fetchall()
-    return bus.claims(), bus.dead_claims(), all_messages(bus), rows
+    fences = bus.conn.execute("SELECT * FROM task_fences ORDER BY task_id").fetchall()
+    return bus.claims(), bus.dead_claims(), all_messages(bus), rows, fences
 
 
 def only_claim(bus: Bus) -> Claim:
@@ -70,7 +71,7 @@ def only_claim(bus: Bus) -> Claim:
 
 def test_claim_new_task_is_granted_with_one_attempt(bus):
     result = bus.try_claim("t-1", "alice", 5_000, max_attempts=4, now=T0)
-    expected = Claim("t-1", "alice", T0, T0 + 5_000, 5_000, 1, 4)
+    expected = Claim("t-1", "alice", T0, T0 + 5_000, 5_000, 1, 4, fence=1)
     assert result == ClaimResult(True, claim=expected)
     assert bus.claims() == [expected]
     assert bus.dead_claims() == []
@@ -80,7 +81,7 @@ def test_claim_new_task_is_granted_with_one_attempt(bus):
 def test_claim_returns_a_bool_and_uses_the_default_lease(bus):
     assert bus.claim("t-1", "alice", now=T0) is True
     assert bus.claim("t-1", "bob", now=T0 + 1) is False
-    assert only_claim(bus) == Claim("t-1", "alice", T0, T0 + 60_000, 60_000, 1, 5)
+    assert only_claim(bus) == Claim("t-1", "alice", T0, T0 + 60_000, 60_000, 1, 5, fence=1)
 
 
 def test_claim_without_now_uses_the_clock(bus):
@@ -108,7 +109,8 @@ def test_claim_by_holder_extends_lease_keeping_start_and_attempts(bus):
     bus.claim("t-1", "alice", 5_000, now=T0)
     result = bus.try_claim("t-1", "alice", 8_000, now=T0 + 4_999)
     assert result.granted
-    assert result.claim == Claim("t-1", "alice", T0, T0 + 4_999 + 8_000, 8_000, 1, 5)
+    assert result.claim == Claim("t-1", "alice", T0, T0 + 4_999 + 8_000, 8_000, 1, 5,
+                                   fence=1)  # an extension keeps the fence
     assert bus.claims() == [result.claim]
     # the extended lease is the one that counts now
     assert not bus.claim("t-1", "bob", now=T0 + 12_998)
@@ -119,20 +121,21 @@ def test_claim_after_expiry_by_other_agent_counts_an_attempt(bus):
     bus.claim("t-1", "alice", 5_000, now=T0)
     result = bus.try_claim("t-1", "bob", 7_000, now=T0 + 5_000)  # lease_until <= now: expired
     assert result == ClaimResult(True, claim=Claim("t-1", "bob", T0 + 5_000, T0 + 12_000,
-                                                   7_000, 2, 5))
+                                                   7_000, 2, 5, fence=2))
     assert bus.claims() == [result.claim]
     assert not bus.claim("t-1", "alice", now=T0 + 11_999)  # alice lost it
     [message] = bus.list_messages()
     assert (message.from_agent, message.type, message.correlation_id, message.ts_ms) == (
         "bus", "task_reclaimed", "t-1", T0 + 5_000)
     assert message.payload == {"task": "t-1", "previous_holder": "alice", "new_holder": "bob",
-                               "attempt": 2}
+                               "attempt": 2, "fence": 2}
 
 
 def test_claim_after_expiry_by_same_agent_counts_an_attempt(bus):
     bus.claim("t-1", "alice", 5_000, now=T0)
     result = bus.try_claim("t-1", "alice", 5_000, now=T0 + 9_000)
-    assert result.claim == Claim("t-1", "alice", T0 + 9_000, T0 + 14_000, 5_000, 2, 5)
+    assert result.claim == Claim("t-1", "alice", T0 + 9_000, T0 + 14_000, 5_000, 2, 5,
+                                 fence=2)  # a new lease, if by the same agent
 
 
 def test_claim_of_one_task_leaves_others_alone(bus):
@@ -220,7 +223,7 @@ def test_claim_after_release_of_a_dead_task_holder_is_still_refused(bus):
 def test_renew_by_holder_extends_from_now_with_the_claims_lease(bus):
     bus.claim("t-1", "alice", 5_000, now=T0)
     assert bus.renew("t-1", "alice", now=T0 + 4_999) is True
-    assert only_claim(bus) == Claim("t-1", "alice", T0, T0 + 9_999, 5_000, 1, 5)
+    assert only_claim(bus) == Claim("t-1", "alice", T0, T0 + 9_999, 5_000, 1, 5, fence=1)
     assert not bus.claim("t-1", "bob", now=T0 + 9_998)
     assert bus.claim("t-1", "bob", now=T0 + 9_999)
 
@@ -283,7 +286,8 @@ def test_release_by_holder_deletes_claim_and_resets_attempts(bus):
     assert bus.release("t-1", "bob") is True
     assert bus.claims() == []
     result = bus.try_claim("t-1", "carol", 5_000, now=T0 + 5_001)
-    assert result.claim == Claim("t-1", "carol", T0 + 5_001, T0 + 10_001, 5_000, 1, 5)
+    assert result.claim == Claim("t-1", "carol", T0 + 5_001, T0 + 10_001, 5_000, 1, 5,
+                                 fence=3)  # the fence survives the release
     # bob's takeover is announced; carol took a released task, which is no takeover
     assert [m.type for m in bus.list_messages()] == ["task_reclaimed"]
 
@@ -437,7 +441,7 @@ def test_reap_releases_claims_of_dead_agents_only(bus):
     after = {c.task_id: c for c in bus.claims()}
     for task in ("t-ghost", "t-ghost-2"):
         assert after[task] == Claim(task, "ghost", before[task].claimed_at_ms, now,
-                                    600_000, 1, 5)
+                                    600_000, 1, 5, fence=1)
     for task in ("t-ghost-done", "t-live", "t-silent"):
         assert after[task] == before[task]
 
@@ -445,14 +449,15 @@ def test_reap_releases_claims_of_dead_agents_only(bus):
     assert [m.correlation_id for m in released] == ["t-ghost", "t-ghost-2"]
     assert all((m.from_agent, m.to_agent, m.ts_ms) == ("bus", None, now) for m in released)
     assert released[0].payload == {"task": "t-ghost", "agent": "ghost", "reason": "agent dead",
-                                   "silent_s": 301.0}
+                                   "fence": 1, "silent_s": 301.0}
     assert bus.message_count() == 2
     assert [m.type for m in bus.poll("heir")] == ["task_released"] * 2
 
     # claimable at once, and the take counts an attempt; the ghost cannot renew
     assert not bus.renew("t-ghost", "ghost", now=now)
     taken = bus.try_claim("t-ghost", "heir", now=now)
-    assert taken.granted and (taken.claim.agent, taken.claim.attempts) == ("heir", 2)
+    assert taken.granted and (taken.claim.agent, taken.claim.attempts, taken.fence) == (
+        "heir", 2, 2)
     assert not bus.claim("t-live", "heir", now=now)
     assert not bus.claim("t-silent", "heir", now=now)
 
@@ -533,7 +538,8 @@ def test_claim_of_killed_holder_passes_to_another_after_the_lease(db_path, child
         assert refused == ClaimResult(False, claim=held)  # the dead process still holds it
         taken = bus.try_claim("t-1", "heir", 2_000, now=lease_until)
         assert taken.granted
-        assert taken.claim == Claim("t-1", "heir", lease_until, lease_until + 2_000, 2_000, 2, 5)
+        assert taken.claim == Claim("t-1", "heir", lease_until, lease_until + 2_000, 2_000, 2, 5,
+                                     fence=2)
         assert bus.claims() == [taken.claim]
 
 
@@ -565,7 +571,7 @@ def test_reap_frees_the_claim_of_a_killed_holder_that_was_beating(db_path, child
         assert (message.from_agent, message.to_agent, message.correlation_id) == (
             "bus", None, "t-1")
         assert message.payload == {"task": "t-1", "agent": "holder", "reason": "agent dead",
-                                   "silent_s": 300.0}
+                                   "fence": 1, "silent_s": 300.0}
         taken = bus.try_claim("t-1", "heir", 60_000, now=now)
         assert taken.granted
         assert (taken.claim.agent, taken.claim.attempts, taken.claim.claimed_at_ms) == (
@@ -649,6 +655,7 @@ def test_claim_race_between_processes_never_has_two_holders(tmp_path, db_path, c
 
     check_one_holder_at_a_time(by_task)
     check_attempts_follow_the_holdings(by_task)
+    check_fences_number_the_holdings(by_task)
     with Bus.open(db_path) as bus:
         check_final_claims_match_the_last_holdings(by_task, bus.claims())
         assert bus.dead_claims() == []
@@ -687,12 +694,14 @@ def holdings_from_grants(per_racer: list[list[dict]]) -> list[dict]:
             if record["new_holding"] or task not in current:
                 assert record["new_holding"], f"extension of nothing: {record}"
                 holding = {"task": task, "agent": record["agent"], "start": record["start"],
-                           "attempts": record["attempts"], "grants": []}
+                           "attempts": record["attempts"], "fence": record["fence"],
+                           "grants": []}
                 holdings.append(holding)
                 current[task] = holding
             holding = current[task]
-            assert (record["start"], record["attempts"]) == (
-                holding["start"], holding["attempts"]), f"extension changed the claim: {record}"
+            assert (record["start"], record["attempts"], record["fence"]) == (
+                holding["start"], holding["attempts"], holding["fence"]), (
+                f"extension changed the claim: {record}")
             holding["grants"].append(record)
             end = record["lease_until_ms"]
             if record.get("release_ok"):
@@ -743,6 +752,20 @@ def check_attempts_follow_the_holdings(by_task: dict[str, list[dict]]) -> None:
     assert checked >= 100
 
 
+def check_fences_number_the_holdings(by_task: dict[str, list[dict]]) -> None:
+    """Each task's holdings, across all racers, have the fences 1, 2, 3... with no
+    repeat and no gap, in the order they began (ties in a millisecond aside)."""
+    for task, holdings in by_task.items():
+        fences = [h["fence"] for h in holdings]
+        assert sorted(fences) == list(range(1, len(holdings) + 1)), f"{task}: {fences}"
+        starts = [h["start"] for h in holdings]  # holdings are sorted by start
+        for before, after in zip(holdings, holdings[1:]):
+            if starts.count(before["start"]) == 1 and starts.count(after["start"]) == 1:
+                assert before["fence"] < after["fence"], (
+                    f"{task}: {describe(after)} has fence {after['fence']}, not above"
+                    f" {describe(before)}'s {before['fence']}")
+
+
 def check_final_claims_match_the_last_holdings(by_task: dict[str, list[dict]],
                                                claims: list[Claim]) -> None:
     rows = {c.task_id: c for c in claims}
@@ -757,4 +780,4 @@ def check_final_claims_match_the_last_holdings(by_task: dict[str, list[dict]],
             grant = last["grants"][-1]
             assert rows[task] == Claim(task, last["agent"], last["start"],
                                        grant["lease_until_ms"], grant["lease_ms"],
-                                       last["attempts"], 1_000_000_000), task
+                                       last["attempts"], 1_000_000_000, last["fence"]), task

@@ -360,7 +360,8 @@ def test_claim_granted_prints_holder_lease_and_attempt(bus: Bus, db_path: Path) 
     claim = claim_of(bus, "t1")
     assert (claim.agent, claim.attempts, claim.max_attempts, claim.lease_ms) == ("w1", 1, 5, 60_000)
     assert claim.lease_until_ms - claim.claimed_at_ms == 60_000
-    assert result.stdout == f"w1 holds t1 until {iso(claim.lease_until_ms)} (attempt 1 of 5)\n"
+    assert result.stdout == (f"w1 holds t1 until {iso(claim.lease_until_ms)} (attempt 1 of 5,"
+                             " fence 1)\n")
     assert result.stderr == ""
 
 
@@ -372,7 +373,7 @@ def test_claim_held_by_another_agent_exits_1(bus: Bus, db_path: Path) -> None:
     assert result.exit_code == 1
     assert result.stdout == ""
     assert result.stderr == (f"Error: t1 is held by w1 until {iso(held.lease_until_ms)}"
-                             f" (attempt 1 of 3)\n")
+                             f" (attempt 1 of 3, fence 1)\n")
     assert claim_of(bus, "t1") == held
 
 
@@ -384,7 +385,8 @@ def test_claim_again_by_holder_extends_the_lease(bus: Bus, db_path: Path) -> Non
     again = claim_of(bus, "t1")
     assert again.lease_until_ms > first.lease_until_ms
     assert (again.attempts, again.lease_ms, again.claimed_at_ms) == (1, 90_000, first.claimed_at_ms)
-    assert result.stdout == f"w1 holds t1 until {iso(again.lease_until_ms)} (attempt 1 of 5)\n"
+    assert result.stdout == (f"w1 holds t1 until {iso(again.lease_until_ms)} (attempt 1 of 5,"
+                             " fence 1)\n")  # an extension keeps its fence
 
 
 def test_claim_expired_lease_is_taken_over_as_next_attempt(bus: Bus, db_path: Path) -> None:
@@ -393,24 +395,25 @@ def test_claim_expired_lease_is_taken_over_as_next_attempt(bus: Bus, db_path: Pa
     assert result.exit_code == 0
     claim = claim_of(bus, "t1")
     assert (claim.agent, claim.attempts) == ("w2", 2)
-    assert result.stdout == f"w2 holds t1 until {iso(claim.lease_until_ms)} (attempt 2 of 5)\n"
+    assert result.stdout == (f"w2 holds t1 until {iso(claim.lease_until_ms)} (attempt 2 of 5,"
+                             " fence 2)\n")
 
 
 def test_claim_json_granted_and_refused(bus: Bus, db_path: Path) -> None:
     granted = run(["claim", "--task", "t1", "--agent", "w1", "--json"], db_path)
     assert granted.exit_code == 0
     claim = claim_of(bus, "t1")
-    assert json.loads(granted.stdout) == {"granted": True, "claim": claim.to_json_dict(),
-                                          "dead": None}
+    assert json.loads(granted.stdout) == {"granted": True, "fence": 1,
+                                          "claim": claim.to_json_dict(), "dead": None}
     assert json.loads(granted.stdout)["claim"] == {
-        "task": "t1", "agent": "w1", "claimed_at_ms": claim.claimed_at_ms,
+        "task": "t1", "agent": "w1", "fence": 1, "claimed_at_ms": claim.claimed_at_ms,
         "lease_until_ms": claim.lease_until_ms, "lease_ms": 60_000, "attempts": 1,
         "max_attempts": 5}
     refused = run(["claim", "--task", "t1", "--agent", "w2", "--json"], db_path)
     assert refused.exit_code == 1
     assert refused.stderr == ""
-    assert json.loads(refused.stdout) == {"granted": False, "claim": claim.to_json_dict(),
-                                          "dead": None}
+    assert json.loads(refused.stdout) == {"granted": False, "fence": None,
+                                          "claim": claim.to_json_dict(), "dead": None}
 
 
 def test_claim_dead_task_exits_1_and_is_announced_once(bus: Bus, db_path: Path) -> None:
@@ -423,7 +426,7 @@ def test_claim_dead_task_exits_1_and_is_announced_once(bus: Bus, db_path: Path) 
     [dead] = bus.dead_claims()
     again = run(["claim", "--task", "t1", "--agent", "w3", "--json"], db_path)
     assert again.exit_code == 1
-    assert json.loads(again.stdout) == {"granted": False, "claim": None,
+    assert json.loads(again.stdout) == {"granted": False, "fence": None, "claim": None,
                                         "dead": dead.to_json_dict()}
     assert dead.to_json_dict() == {"task": "t1", "last_holder": "w1", "attempts": 1,
                                    "reason": "lease expired 1 times (max_attempts 1)",
@@ -561,9 +564,9 @@ def test_claims_table_and_json(bus: Bus, db_path: Path) -> None:
     result = run(["claims"], db_path)
     assert result.exit_code == 0
     assert result.stdout == (
-        f"task    agent     state    lease_until               attempts\n"
-        f"t1      w1        held     {iso(held.lease_until_ms)}  1/5\n"
-        f"task-2  worker-2  expired  {iso(lapsed.lease_until_ms)}  1/3\n")
+        f"task    agent     fence  state    lease_until               attempts\n"
+        f"t1      w1        1      held     {iso(held.lease_until_ms)}  1/5\n"
+        f"task-2  worker-2  1      expired  {iso(lapsed.lease_until_ms)}  1/3\n")
     as_json = run(["claims", "--json"], db_path)
     assert json_lines(as_json.stdout) == [held.to_json_dict(), lapsed.to_json_dict()]
 
@@ -606,7 +609,7 @@ def test_reap_releases_claims_of_dead_agents(bus: Bus, db_path: Path) -> None:
     make_silent(bus, "w2", 200)  # stale, not dead
     result = run(["reap"], db_path)
     assert result.exit_code == 0
-    assert result.stdout == "released t1 held by w1 (agent dead)\n"
+    assert result.stdout == "released t1 held by w1 (agent dead, fence 1)\n"
     assert claim_of(bus, "t1").expired(now_ms())
     assert not claim_of(bus, "t2").expired(now_ms())
     assert not claim_of(bus, "t3").expired(now_ms())
@@ -614,7 +617,7 @@ def test_reap_releases_claims_of_dead_agents(bus: Bus, db_path: Path) -> None:
     assert (announced.from_agent, announced.to_agent, announced.type,
             announced.correlation_id) == ("bus", None, "task_released", "t1")
     assert {k: v for k, v in announced.payload.items() if k != "silent_s"} == {
-        "task": "t1", "agent": "w1", "reason": "agent dead"}
+        "task": "t1", "agent": "w1", "reason": "agent dead", "fence": 1}
     assert 1000 <= announced.payload["silent_s"] < 1100
     # The lease is over, so a second reap has nothing to do; another agent may take t1.
     assert run(["reap"], db_path).stdout.startswith("nothing to reap")
@@ -656,7 +659,7 @@ def test_reap_dead_alone_below_default_stale_works(bus: Bus, db_path: Path) -> N
     bus.claim("t1", "w1")
     make_silent(bus, "w1", 100)
     result = run(["reap", "--dead", "60"], db_path)
-    assert (result.exit_code, result.stdout) == (0, "released t1 held by w1 (agent dead)\n")
+    assert (result.exit_code, result.stdout) == (0, "released t1 held by w1 (agent dead, fence 1)\n")
 
 
 # --- gc ----------------------------------------------------------------------------------------

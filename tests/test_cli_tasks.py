@@ -62,7 +62,8 @@ def test_cli_tasks_claim_next_then_done_unblocks_the_next(graph):
     result = run(["task", "claim-next", "--agent", "w1", "--lease-ms", "60000", "--json"], graph)
     assert result.exit_code == 0
     claimed = json.loads(result.output)
-    assert (claimed["claimed"], claimed["task"], claimed["agent"]) == (True, "design", "w1")
+    assert (claimed["claimed"], claimed["task"], claimed["agent"], claimed["fence"]) == (
+        True, "design", "w1", 1)
     with Bus.open(graph) as bus:
         [claim] = bus.claims()
     assert claimed["lease_until_ms"] == claim.lease_until_ms
@@ -73,12 +74,12 @@ def test_cli_tasks_claim_next_then_done_unblocks_the_next(graph):
     nothing = run(["task", "claim-next", "--agent", "w2", "--json"], graph)
     assert (nothing.exit_code, json.loads(nothing.output)) == (1, {"claimed": False,
                                                                    "task": None})
-    done = run(["task", "done", "design", "--agent", "w1"], graph)
+    done = run(["task", "done", "design", "--agent", "w1", "--fence", "1"], graph)
     assert (done.exit_code, done.output) == (0, "design is done\n")
     result = run(["task", "claim-next", "--agent", "w2"], graph)
     with Bus.open(graph) as bus:
         [claim] = bus.claims()
-    assert result.output == f"w2 holds build until {iso(claim.lease_until_ms)}\n"
+    assert result.output == f"w2 holds build until {iso(claim.lease_until_ms)} (fence 1)\n"
     shown = json.loads(run(["task", "show", "design", "--json"], graph).output)
     assert (shown["state"], shown["finished_by"]) == ("done", "w1")
     assert [e["type"] for e in shown["events"]] == ["task_done"]
@@ -88,10 +89,10 @@ def test_cli_tasks_done_by_another_agent_is_refused_with_exit_1(graph):
     run(["task", "claim-next", "--agent", "w1"], graph)
     result = run(["task", "done", "design", "--agent", "w2"], graph)
     assert result.exit_code == 1
-    assert result.stderr == ("Error: agent: w2 does not hold design (w1 holds it); take it with"
+    assert result.stderr == ("Error: --agent w2 does not hold design (w1 holds it); take it with"
                              " `bus task claim-next` or `bus claim` before marking it done\n")
     result = run(["task", "done", "design", "--agent", "w2", "--json"], graph)
-    assert result.exit_code == 1 and json.loads(result.stderr)["field"] == "agent"
+    assert result.exit_code == 1 and json.loads(result.stderr)["field"] == "--agent"
     result = run(["task", "done", "build", "--agent", "w1"], graph)
     assert result.exit_code == 1 and "build is waiting on design" in result.stderr
     with Bus.open(graph) as bus:
@@ -136,3 +137,21 @@ def test_cli_tasks_every_command_has_help_with_an_example():
     for name in ("add", "depend", "ready", "list", "show", "claim-next", "done", "cancel"):
         result = run(["task", name, "--help"])
         assert result.exit_code == 0 and "Example: bus task " in result.output, name
+
+
+def test_cli_tasks_done_with_a_stale_fence_is_refused_naming_the_current_one(graph):
+    """A holder paused past its lease wakes up after another agent took the task over."""
+    with Bus.open(graph) as bus:
+        first = bus.claim_next("w1", 1, now=1_700_000_000_000)  # a lease long over
+    taken = json.loads(run(["task", "claim-next", "--agent", "w2", "--json"], graph).output)
+    assert (first.fence, taken["task"], taken["fence"]) == (1, "design", 2)
+    result = run(["task", "done", "design", "--agent", "w1", "--fence", "1"], graph)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: --fence 1 is stale: the current fence of task"
+                                    " design is 2 (held by w2")
+    refused = run(["task", "done", "design", "--agent", "w1", "--fence", "1", "--json"], graph)
+    assert refused.exit_code == 1 and json.loads(refused.stderr)["field"] == "--fence"
+    shown = json.loads(run(["task", "show", "design", "--json"], graph).output)
+    assert (shown["state"], shown["holder"], shown["fence"]) == ("open", "w2", 2)
+    done = run(["task", "done", "design", "--agent", "w2", "--fence", "2"], graph)
+    assert (done.exit_code, done.output) == (0, "design is done\n")

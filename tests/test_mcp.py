@@ -25,15 +25,17 @@ from mcp import StdioServerParameters
 from bus import Bus
 from bus.mcpserver.channel_tools import ChannelTools
 from bus.mcpserver.log_tools import LogTools
+from bus.mcpserver.pump_tools import PumpTools
 from bus.mcpserver.resources import Resources
 from bus.mcpserver.task_tools import TaskTools
-from bus.mcpserver.worker_tools import WorkerTools
 from tests.cli_helpers import bad_value
 from tests.cli_helpers import last_error
 from tests.cli_helpers import run
+from workers.mcp_tools import WorkerTools
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "organism.yaml"
-ALL_TOOLS = set(LogTools.TOOLS + ChannelTools.TOOLS + WorkerTools.TOOLS + TaskTools.TOOLS)
+ALL_TOOLS = set(LogTools.TOOLS + ChannelTools.TOOLS + PumpTools.TOOLS + TaskTools.TOOLS
+                + WorkerTools.TOOLS)
 IDENTITY_ARGUMENTS = {"agent", "from", "from_agent", "sender", "worker_id", "client"}
 
 
@@ -379,7 +381,8 @@ def test_cli_mcp_list_prints_tools_and_resources(bus: Bus, db_path: Path):
     assert listed.exit_code == 0, listed.output
     catalog = json.loads(listed.stdout)
     assert {tool["name"] for tool in catalog["tools"]} == ALL_TOOLS
-    assert {r["name"] for r in catalog["resources"]} == set(Resources.URIS)
+    resources = set(Resources.URIS) | set(WorkerTools.URIS)
+    assert {r["name"] for r in catalog["resources"]} == resources
     text = run(["mcp", "--agent", "planner", "--list"], db_path)
     assert text.stdout.startswith("tools:\n  publish ")
 

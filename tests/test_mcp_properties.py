@@ -22,8 +22,8 @@ from bus.mcpserver import AgentSession
 from bus.mcpserver import build_server
 from bus.mcpserver.channel_tools import ChannelTools
 from bus.mcpserver.log_tools import LogTools
-from bus.mcpserver.worker_tools import WorkerTools
 from tests.test_mcp import snapshot
+from workers.mcp_tools import WorkerTools
 
 AGENT = "planner"
 WAITING = {"wait_seconds", "timeout_seconds"}  # arbitrary waits would only make the test slow

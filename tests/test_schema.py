@@ -124,9 +124,30 @@ def test_migration_10_keeps_the_requests_waiting_in_the_pump_inbox(db_path):
     rows = [(7, "org", "add", None, 1), (3, "org", "add", "calc", 2), (5, "other", "x", None, 3)]
     conn.executemany("INSERT INTO pump_inbox (seq, organism, root_tag, to_listener,"
                      " created_at_ms) VALUES (?, ?, ?, ?, ?)", rows)
-    assert [m.version for m in migrate(conn)][:2] == [10, 11]  # and any later ones
+    assert [m.version for m in migrate(conn)] == [m.version for m in available_migrations()[9:]]
     assert [(i.seq, i.root_tag, i.to) for i in work.take_inbox(conn, "org", 10)] == [
         (3, "add", "calc"), (7, "add", None)]
     assert work.inbox_waiting(conn, "other") and not work.inbox_waiting(conn, "org")
     conn.close()
 
+
+
+def test_migration_12_gives_the_claims_held_fence_1_and_the_next_holder_fence_2(db_path):
+    """Claims held before fences existed were each granted once: fence 1, remembered
+    in task_fences, so a takeover after the upgrade hands out 2, never 1 again."""
+    conn = connect(db_path)
+    conn.execute("PRAGMA foreign_keys = OFF")
+    for migration in available_migrations()[:11]:
+        _apply(conn, migration)
+    conn.executemany("INSERT INTO task_claims (task_id, claimed_by, claimed_at_ms, lease_until_ms)"
+                     " VALUES (?, ?, ?, ?)", [("t1", "a", 1, 2), ("t2", "b", 1, 2)])
+    assert 12 in [m.version for m in migrate(conn)]
+    assert conn.execute("SELECT task_id, fence FROM task_claims ORDER BY task_id").fetchall() == [
+        ("t1", 1), ("t2", 1)]
+    assert conn.execute("SELECT task_id, fence FROM task_fences ORDER BY task_id").fetchall() == [
+        ("t1", 1), ("t2", 1)]
+    conn.close()
+    with Bus.open(db_path) as bus:
+        taken = bus.try_claim("t1", "c", now=10**12)
+        assert taken.granted and taken.fence == 2
+        assert bus.try_claim("t3", "c", now=10**12).fence == 1

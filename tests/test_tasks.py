@@ -14,6 +14,7 @@ from hypothesis.stateful import precondition
 from hypothesis.stateful import rule
 
 from bus import Bus
+from bus.claims import StaleFence
 from bus.errors import NotTaskHolder
 from bus.errors import TaskCycle
 from bus.errors import TaskStateConflict
@@ -129,6 +130,7 @@ def test_tasks_claim_next_takes_the_first_ready_task_through_the_claim_code(bus)
     # The lease of w1 runs out: w3 takes it over, and the bus announces the takeover.
     again = bus.claim_next("w3", 1000, now=T0 + 1000)
     assert (again.task.task_id, again.claim.attempts) == ("first", 2)
+    assert (got.fence, again.fence) == (1, 2)  # a new holder, a new fence
     assert "task_reclaimed" in log_types(bus, "first")
 
 
@@ -404,3 +406,20 @@ def test_tasks_sixteen_processes_claiming_next_get_every_task_once(tmp_path, pyt
     with Bus.open(db_path) as bus:
         holders = {c.task_id: c.agent for c in bus.claims()}
     assert all(holders[task] == agent for agent, got in taken.items() for task in got)
+
+
+def test_tasks_done_with_a_stale_fence_changes_nothing(bus):
+    bus.add_task("a", now=T0)
+    bus.add_task("b", after=["a"], now=T0)
+    paused = bus.claim_next("w1", 1000, now=T0)
+    taken = bus.claim_next("w2", 1000, now=T0 + 1000)  # w1's lease ran out meanwhile
+    with pytest.raises(StaleFence) as stale:
+        bus.complete_task("a", "w1", fence=paused.fence, now=T0 + 1001)
+    assert (stale.value.field, stale.value.current) == ("fence", taken.fence)
+    with pytest.raises(StaleFence):  # the new holder with the old fence: refused too
+        bus.complete_task("a", "w2", fence=paused.fence, now=T0 + 1001)
+    assert bus.find_task("a").state == "open" and bus.find_task("b").waiting_on == 1
+    assert "task_done" not in log_types(bus, "a")
+    bus.complete_task("a", "w2", fence=taken.fence, now=T0 + 1002)
+    [event] = [m for m in bus.list_messages(0, 100) if m.type == "task_done"]
+    assert (event.from_agent, event.payload["fence"]) == ("w2", taken.fence)

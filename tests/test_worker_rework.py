@@ -242,7 +242,8 @@ def test_start_takes_over_from_a_worker_whose_lease_ran_out(ws: Workers, bus: Bu
     ws.start("w2")
     reclaimed = [m for m in bus.list_messages(after=seen) if m.type == "task_reclaimed"]
     assert [(m.from_agent, m.payload) for m in reclaimed] == [
-        ("bus", {"task": "t1", "previous_holder": "w1", "new_holder": "w2", "attempt": 2})]
+        ("bus", {"task": "t1", "previous_holder": "w1", "new_holder": "w2", "attempt": 2,
+                 "fence": 2})]
 
 
 def test_spawn_in_a_repository_without_commits_says_so(ws: Workers, tmp_path: Path) -> None:
@@ -391,5 +392,5 @@ def test_task_reclaimed_after_sigkilled_worker_run(db_path: Path, bus: Bus, repo
     ws.start("w2")
     [reclaimed] = [m for m in bus.list_messages(limit=1000) if m.type == "task_reclaimed"]
     assert reclaimed.payload == {"task": "t1", "previous_holder": "w1", "new_holder": "w2",
-                                 "attempt": 2}
+                                 "attempt": 2, "fence": 2}
     assert [(b.agent, b.status) for b in bus.liveness()] == [("w1", "working")]  # died beating

@@ -561,6 +561,7 @@ def test_reject_then_redo_records_new_head_and_merges(ws: Workers, bus: Bus, rep
         ("w1", None, "state_change", "t1", {"from": "IN_REVIEW", "to": "WORKING",
                                             "command": "reject"}),
         ("w1", None, "task_claim", "t1", {"worker": "w1", "task": "t1", "attempt": 1,
+                                          "fence": 2,  # a new lease after the release
                                           "lease_until_ms": claim_of(bus, "t1").lease_until_ms}),
         ("orchestrator", "w1", "review_result", "t1",
          {"worker": "w1", "approved": False, "reason": "add a test"}),

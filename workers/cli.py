@@ -156,15 +156,18 @@ def run(obj: WorkerContext, worker: str, command: tuple[str, ...], interval: flo
 @worker_argument
 @click.option("--message", "-m", help="What was done, for the reviewer.")
 @click.option("--allow-empty", is_flag=True, help="Accept a branch with no commit beyond its base.")
+@click.option("--fence", type=click.IntRange(1),
+              help="The fence of the worker's task claim (bus claims); refused (exit 1) once"
+                   " another agent took the task over.")
 @json_option
 @pass_workers
 def done(obj: WorkerContext, worker: str, message: str | None, allow_empty: bool,
-         as_json: bool) -> None:
+         fence: int | None, as_json: bool) -> None:
     """WORKING -> IN_REVIEW: record the branch head (commit your work first).
 
-    Example: worker done w1 --message "login fixed"
+    Example: worker done w1 --message "login fixed" --fence 2
     """
-    w = obj.workers().done(worker, message, allow_empty)
+    w = obj.workers().done(worker, message, allow_empty, fence=fence)
     _report(w, as_json, f"{worker} is IN_REVIEW at {w.head_commit[:12]} on {w.branch}")
 
 

@@ -215,11 +215,15 @@ class Workers:
         return self._transition(worker, "start", within=lambda w: self._claim(w, lease_ms),
                                 announce=self._resumed)
 
-    def done(self, worker: str, message: str | None = None, allow_empty: bool = False) -> Worker:
+    def done(self, worker: str, message: str | None = None, allow_empty: bool = False, *,
+             fence: int | None = None) -> Worker:
         """WORKING -> IN_REVIEW: record the branch head.
 
         Refuses a dirty worktree, and (unless `allow_empty`) a branch with no
-        commit beyond its base (EmptyWork).
+        commit beyond its base (EmptyWork). With `fence` (the one its task's
+        claim gave), StaleFence unless it is still the task's current fence,
+        checked in the transaction of the change: a worker paused past its
+        lease while another agent took the task cannot hand in its work.
         """
         current = self._expect(worker, "done")
         git.require_clean(Path(current.worktree))
@@ -228,7 +232,8 @@ class Workers:
         head = git.head_commit(Path(current.worktree))
         details = {"branch": current.branch, "commit": head, "message": message}
         return self._transition(
-            worker, "done", head_commit=head, note=message, within=self._stop,
+            worker, "done", head_commit=head, note=message,
+            within=lambda w: self._stop(w, fence=fence),
             announce=[("task_done", details, None), ("review_request", details, None)])
 
     def approve(self, worker: str) -> Worker:
@@ -437,8 +442,8 @@ class Workers:
                              to=to_agent, correlation_id=current.task)
         return new
 
-    def _release(self, worker: Worker) -> None:
-        self.bus.release(worker.task, worker.worker)
+    def _release(self, worker: Worker, fence: int | None = None) -> None:
+        self.bus.release(worker.task, worker.worker, fence=fence)
 
     def _registered_task(self, task: str) -> Task | None:
         """The task graph's task of this id, if one is registered; one that is done or
@@ -456,11 +461,12 @@ class Workers:
         if registered is not None and registered.state == OPEN and not registered.waiting_on:
             self.bus.complete_task(worker.task, worker.worker, require_claim=False)
 
-    def _stop(self, worker: Worker) -> None:
-        """Leaving for review or for good: release the task; a worker that was
-        WORKING announces agent_stopped. Every stop leaves a last beat saying
-        `stopped`, so `bus alive` tells a finished agent from a dead one."""
-        self._release(worker)
+    def _stop(self, worker: Worker, fence: int | None = None) -> None:
+        """Leaving for review or for good: release the task (StaleFence, before
+        anything changes, when `fence` is given and no longer current); a worker
+        that was WORKING announces agent_stopped. Every stop leaves a last beat
+        saying `stopped`, so `bus alive` tells a finished agent from a dead one."""
+        self._release(worker, fence)
         if worker.state == WORKING:
             self.bus.publish(worker.worker, "agent_stopped",
                              {"worker": worker.worker, "task": worker.task},
@@ -486,7 +492,8 @@ class Workers:
         claim = self._take(worker, lease_ms)
         self.bus.publish(worker.worker, "task_claim", {
             "worker": worker.worker, "task": worker.task, "attempt": claim.attempts,
-            "lease_until_ms": claim.lease_until_ms}, correlation_id=worker.task)
+            "fence": claim.fence, "lease_until_ms": claim.lease_until_ms},
+            correlation_id=worker.task)
 
     def _back_to_work(self, worker: Worker, lease_ms: int) -> None:
         """Reject and rework: the task's lease again, and a `working` beat in place of the

@@ -35,9 +35,11 @@ from bus.channels import store
 from bus.channels import system
 from bus.channels.deadletters import DeadLetter
 from bus.channels.delivery import TickReport
+from bus.channels.errors import StoreCapacity
+from bus.channels.errors import StoreFull
+from bus.channels.queries import ChannelMessage
 from bus.channels.queries import FROM_SQL
 from bus.channels.queries import MESSAGE_COLUMNS
-from bus.channels.queries import ChannelMessage
 from bus.channels.queries import MessageFilter
 from bus.channels.queries import QueryResult
 from bus.channels.queries import connection_register_functions
@@ -45,19 +47,17 @@ from bus.channels.queries import filter_sql
 from bus.channels.queries import order_sql
 from bus.channels.queries import row_to_message
 from bus.channels.store import CHANNEL_TYPES
-from bus.channels.store import JOIN_ROLES
-from bus.channels.store import STATES
 from bus.channels.store import Channel
 from bus.channels.store import ChannelConfig
+from bus.channels.store import JOIN_ROLES
 from bus.channels.store import Participant
+from bus.channels.store import STATES
 from bus.channels.store import validate_choice
 from bus.channels.store import validate_name
 from bus.channels.topics import TopicIndex
 from bus.db import refuse_write
 from bus.db import translate_busy
 from bus.db import write_transaction
-from bus.errors import StoreCapacity
-from bus.errors import StoreFull
 from bus.errors import ValidationFailed
 from bus.messages import load_payload
 from bus.messages import now_ms
@@ -66,6 +66,7 @@ from bus.messages import validate_positive_int
 
 if TYPE_CHECKING:
     from blobs.store import BlobStore
+    from bus.payloads import PayloadPolicy
 
 _PRESSURE_SQL = (
     "SELECT (SELECT coalesce(sum(open_deliveries), 0) FROM channels),"
@@ -130,11 +131,10 @@ class Log(Protocol):
     """
 
     blobs: BlobStore
+    payloads: PayloadPolicy
 
     @property
     def conn(self) -> apsw.Connection: ...
-
-    def move_large_payload(self, row: messages.Row) -> messages.Row: ...
 
 
 class Channels:
@@ -147,6 +147,7 @@ class Channels:
     def __init__(self, bus: Log, clock: Callable[[], int] = now_ms,
                  limits: StoreLimits = StoreLimits()) -> None:
         self.bus = bus
+        self.payloads = bus.payloads
         self.clock = clock
         self.limits = limits
         self._indexes: dict[int, tuple[int, TopicIndex]] = {}
@@ -302,14 +303,14 @@ class Channels:
                                  priority=priority, correlation_id=correlation_id)
 
     def _send(self, out: sending.Outgoing) -> ChannelMessage:
-        self.bus.check_payload_size(out.row, "content")
+        self.payloads.check_size(out.row, "content")
         conn = self.conn
-        if out.size > self.bus.blob_threshold:
+        if out.size > self.payloads.blob_threshold:
             self._check_before_blob(conn, out)
-        # A refused send deletes the blob it wrote (staging_blobs).
-        with self.bus.staging_blobs():
+        # A refused send deletes the blob it wrote (PayloadPolicy.staging).
+        with self.payloads.staging():
             # A large content goes to the blob store before the transaction, outside the lock.
-            out = replace(out, row=self.bus.move_large_payload(out.row))
+            out = replace(out, row=self.payloads.place(out.row))
             with write_transaction(conn):
                 channel = store.get_channel(conn, out.channel)
                 sending.check_channel(conn, channel, out)

@@ -15,8 +15,8 @@ from typing import Any
 
 import apsw
 
+from bus.channels.errors import UnknownChannel
 from bus.channels.topics import validate_pattern
-from bus.errors import UnknownChannel
 from bus.errors import ValidationFailed
 from bus.messages import validate_agent_id
 

@@ -113,6 +113,8 @@ def _field_of(exc: BaseException) -> str | None:
             return typed_name(exc.param)
         if isinstance(exc.param_hint, str):
             return exc.param_hint
+    if isinstance(getattr(exc, "field", None), str):  # flags.FlagRefused
+        return exc.field
     cause = exc.__cause__
     if cause is not None and getattr(cause, "field", None):
         return str(getattr(cause, "field"))

@@ -20,6 +20,9 @@ from bus.messages import now_ms
 
 task_option = click.option("--task", "task_id", required=True, help="Task id.")
 agent_option = click.option("--agent", required=True, help="Agent id.")
+fence_option = click.option("--fence", type=click.IntRange(1),
+                            help="The fence bus claim gave; refused (exit 1) once another agent"
+                                 " took the task over.")
 grace_option = click.option("--grace-seconds", default=GC_GRACE_SECONDS, show_default=True,
                             type=click.FloatRange(0),
                             help="Keep unreferenced blobs younger than this (writes in flight).")
@@ -133,7 +136,7 @@ def claim(obj: BusContext, task_id: str, agent: str, lease_ms: int, max_attempts
     elif result.granted:
         c = result.claim
         click.echo(f"{agent} holds {task_id} until {iso_utc(c.lease_until_ms)}"
-                   f" (attempt {c.attempts} of {c.max_attempts})")
+                   f" (attempt {c.attempts} of {c.max_attempts}, fence {c.fence})")
     else:
         raise click.ClickException(_refusal(task_id, result))
 
@@ -142,15 +145,19 @@ def claim(obj: BusContext, task_id: str, agent: str, lease_ms: int, max_attempts
 @task_option
 @agent_option
 @click.option("--lease-ms", type=click.IntRange(1), help="New lease length (default: the claim's).")
+@fence_option
 @json_option
 @pass_bus_context
-def renew(obj: BusContext, task_id: str, agent: str, lease_ms: int | None, as_json: bool) -> None:
+def renew(obj: BusContext, task_id: str, agent: str, lease_ms: int | None, fence: int | None,
+          as_json: bool) -> None:
     """Extend the agent's unexpired lease on a task: exit 1 if it has none.
 
-    Example: bus renew --task t1 --agent worker-1
+    With --fence, exit 1 unless it is the task's current fence.
+
+    Example: bus renew --task t1 --agent worker-1 --fence 3
     """
     bus = obj.open()
-    renewed = bus.renew(task_id, agent, lease_ms)
+    renewed = bus.renew(task_id, agent, lease_ms, fence=fence)
     current = next((c for c in bus.claims() if c.task_id == task_id), None)
     if as_json:
         echo_json({"renewed": renewed, "claim": current.to_json_dict() if current else None})
@@ -166,14 +173,17 @@ def renew(obj: BusContext, task_id: str, agent: str, lease_ms: int | None, as_js
 @click.command()
 @task_option
 @agent_option
+@fence_option
 @json_option
 @pass_bus_context
-def release(obj: BusContext, task_id: str, agent: str, as_json: bool) -> None:
+def release(obj: BusContext, task_id: str, agent: str, fence: int | None, as_json: bool) -> None:
     """Give a task back: exit 1 if the agent does not hold it.
 
-    Example: bus release --task t1 --agent worker-1
+    With --fence, exit 1 unless it is the task's current fence.
+
+    Example: bus release --task t1 --agent worker-1 --fence 3
     """
-    released = obj.open().release(task_id, agent)
+    released = obj.open().release(task_id, agent, fence=fence)
     if as_json:
         echo_json({"released": released, "task": task_id, "agent": agent})
         if not released:
@@ -206,8 +216,8 @@ def claims(obj: BusContext, dead: bool, as_json: bool) -> None:
                    for d in found], False)
     else:
         now = now_ms()
-        echo_rows(["task", "agent", "state", "lease_until", "attempts"],
-                  [(c.task_id, c.agent, "expired" if c.expired(now) else "held",
+        echo_rows(["task", "agent", "fence", "state", "lease_until", "attempts"],
+                  [(c.task_id, c.agent, c.fence, "expired" if c.expired(now) else "held",
                     iso_utc(c.lease_until_ms), f"{c.attempts}/{c.max_attempts}")
                    for c in found], False)
 
@@ -228,7 +238,7 @@ def reap(obj: BusContext, dead_s: float | None, as_json: bool) -> None:
     elif not reaped:
         click.echo("nothing to reap: no live lease is held by a dead agent")
     for c in reaped if not as_json else ():
-        click.echo(f"released {c.task_id} held by {c.agent} (agent dead)")
+        click.echo(f"released {c.task_id} held by {c.agent} (agent dead, fence {c.fence})")
 
 
 @click.command()
@@ -276,7 +286,7 @@ def compact(obj: BusContext, keep_days: float, dry_run: bool, grace_seconds: flo
 
 
 def _result_json(result: ClaimResult) -> dict[str, object]:
-    return {"granted": result.granted,
+    return {"granted": result.granted, "fence": result.fence,
             "claim": result.claim.to_json_dict() if result.claim else None,
             "dead": result.dead.to_json_dict() if result.dead else None}
 
@@ -287,7 +297,7 @@ def _refusal(task_id: str, result: ClaimResult) -> str:
                 " see bus claims --dead")
     c = result.claim
     return (f"{task_id} is held by {c.agent} until {iso_utc(c.lease_until_ms)}"
-            f" (attempt {c.attempts} of {c.max_attempts})")
+            f" (attempt {c.attempts} of {c.max_attempts}, fence {c.fence})")
 
 
 def _holder_note(current) -> str:

@@ -46,6 +46,9 @@ def pass_context_of(kind: type[T]) -> Callable[[Callable[..., Any]], Callable[..
             try:
                 return ctx.invoke(f, obj, *args, **kwargs)
             except BusError as exc:
+                refused = as_refusal(ctx, exc)
+                if refused is not None:
+                    raise refused from exc
                 usage = as_usage_error(ctx, exc)
                 if usage is None:
                     exc.args = (in_flags(ctx.command, str(exc)),)  # allow_empty=True: --allow-empty
@@ -53,6 +56,28 @@ def pass_context_of(kind: type[T]) -> Callable[[Callable[..., Any]], Callable[..
                 raise usage from exc
         return functools.update_wrapper(new_func, f)
     return decorator
+
+
+class FlagRefused(click.ClickException):
+    """A well-formed value the bus's state refuses (a stale --fence): exit 1, not a
+    usage error (exit 2), and with --json the error's `field` is the flag typed."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def as_refusal(ctx: click.Context, exc: BusError) -> FlagRefused | None:
+    """The refusal naming the flag of `exc.field`, for library errors that say the
+    value is out of date (`refused_by_state`), or None."""
+    field = getattr(exc, "field", None)
+    if not getattr(exc, "refused_by_state", False) or not isinstance(field, str):
+        return None
+    param = parameter_of(ctx.command, field)
+    if param is None:
+        return None
+    flag = typed_name(param)
+    return FlagRefused(f"{flag} {in_flags(ctx.command, exc.reason)}", flag)
 
 
 def as_usage_error(ctx: click.Context, exc: BusError) -> click.BadParameter | None:

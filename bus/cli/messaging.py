@@ -66,18 +66,28 @@ def init(obj: BusContext, as_json: bool) -> None:
 @click.option("--id", "message_id", help="Message UUID; publishing an existing id again is a no-op.")
 @click.option("--correlation-id", help="Groups messages of one task or conversation.")
 @click.option("--in-reply-to", help="Id of the message this one answers.")
+@click.option("--task", "task_id", help="The task the message reports on (its correlation id).")
+@click.option("--fence", type=click.IntRange(1),
+              help="The task's fence from bus claim: the message is refused (exit 1) once"
+                   " another agent took the task over. Needs --task.")
 @json_option
 @pass_bus_context
 def publish(obj: BusContext, from_agent: str, type_: str, to: str | None, payload: str | None,
             payload_file: Any, message_id: str | None, correlation_id: str | None,
-            in_reply_to: str | None, as_json: bool) -> None:
+            in_reply_to: str | None, task_id: str | None, fence: int | None,
+            as_json: bool) -> None:
     """Append one message to the bus.
 
     Example: bus publish --from planner --to worker-1 --type task_assign --payload '{"task": "t1"}'
+
+    A holder's result, refused if its lease went to another agent meanwhile:
+
+    Example: bus publish --from worker-1 --type result --task t1 --fence 3 --payload '{"ok": true}'
     """
     value = _read_payload(payload, payload_file, obj.max_payload_bytes)
     result = obj.open().publish(from_agent, type_, value, to=to, id=message_id,
-                                correlation_id=correlation_id, in_reply_to=in_reply_to)
+                                correlation_id=correlation_id, in_reply_to=in_reply_to,
+                                task=task_id, fence=fence)
     if as_json:
         echo_json(result.to_json_dict())
     elif result.duplicate:

@@ -13,8 +13,6 @@ from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
-from bus.errors import NotTaskHolder
-from bus.errors import TaskStateConflict
 from bus.messages import iso_utc
 from bus.task_graph import TaskDetail
 from bus.tasks import PRIORITY_DEFAULT
@@ -162,10 +160,9 @@ def task_claim_next(obj: BusContext, agent: str, lease_ms: int, max_attempts: in
     if as_json:
         echo_json({"claimed": True, **claimed.to_json_dict()})
         return
-    fence = f", fence {claimed.fence}" if claimed.fence is not None else ""
     title = f": {claimed.task.title}" if claimed.task.title else ""
     click.echo(f"{agent} holds {claimed.task.task_id}{title}"
-               f" until {iso_utc(claimed.claim.lease_until_ms)}{fence}")
+               f" until {iso_utc(claimed.claim.lease_until_ms)} (fence {claimed.fence})")
 
 
 @task.command("done")
@@ -181,11 +178,9 @@ def task_done(obj: BusContext, task_id: str, agent: str, fence: int | None,
 
     Example: bus task done build --agent worker-1 --fence 3
     """
-    try:
-        done = obj.open().complete_task(task_id, agent, fence=fence)
-    except (NotTaskHolder, TaskStateConflict) as exc:
-        # Well-formed values the task's state refuses: exit 1, not a usage error.
-        raise click.ClickException(str(exc)) from exc
+    # A stale --fence or another holder's task: exit 1 naming the flag (their errors are
+    # `refused_by_state`, bus/cli/flags.py), not a usage error.
+    done = obj.open().complete_task(task_id, agent, fence=fence)
     if as_json:
         echo_json(done.to_json_dict())
     else:

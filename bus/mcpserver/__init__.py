@@ -2,9 +2,10 @@
 
 `bus mcp --agent ID` runs it over stdio. Every tool acts as that one agent
 (it publishes, acks, claims and beats as ID and nothing else), and each is a
-thin call into the library: `Bus`, `bus.channels`, `workers.lifecycle`,
-`bus.pump.client`. Bus errors come back as MCP tool errors carrying the
-library's message, which names the field and the fix.
+thin call into the library: `Bus`, `bus.channels`, `bus.pump.client`, and
+the tool groups other packages register under the `agentbus.mcp_tools` entry
+point (`workers` registers the worker lifecycle's). Bus errors come back as
+MCP tool errors carrying the library's message, which names the field and the fix.
 
     with Bus.open("bus.db") as bus:
         build_server(AgentSession.open_on(bus, "planner")).run("stdio")  # until stdin ends

@@ -25,6 +25,9 @@ Limit = Annotated[int, Field(ge=1, le=POLL_LIMIT_MAX, description="The most mess
 Task = Annotated[str, Field(min_length=1, max_length=TASK_ID_MAX, description="The task's id.")]
 LeaseMs = Annotated[int, Field(ge=1, le=LEASE_MS_MAX, description=(
     "Lease length in milliseconds; renew before it runs out or another agent may take the task."))]
+Fence = Annotated[Optional[int], Field(ge=1, description=(
+    "The fence your claim of the task returned: refused, changing nothing, once another agent"
+    " took the task over (the error says the current fence)."))]
 
 
 class LogTools:
@@ -48,13 +51,18 @@ class LogTools:
         id: Annotated[Optional[str], Field(description=(
             "Your own UUID for the message: publishing the same id again is a no-op, so retries"
             " are safe."))] = None,
+        task: Annotated[Optional[str], Field(min_length=1, max_length=TASK_ID_MAX, description=(
+            "The task the message reports on (it becomes the correlation id)."))] = None,
+        fence: Fence = None,
     ) -> dict[str, Any]:
         """Publish a message on the bus as yourself. Returns its seq and id.
 
         `duplicate` is true when a message with this id already existed (nothing was written).
+        With `task` and `fence`, nothing is written once your lease on the task went to another.
         """
         result = self.bus.publish(self.agent, type, payload, to=to, id=id,
-                                  correlation_id=correlation_id, in_reply_to=in_reply_to)
+                                  correlation_id=correlation_id, in_reply_to=in_reply_to,
+                                  task=task, fence=fence)
         return result.to_json_dict()
 
     def poll(self, limit: Limit = 100, wait_seconds: Wait = 0.0) -> dict[str, Any]:
@@ -98,23 +106,25 @@ class LogTools:
 
         `granted` false means another agent holds it (see `claim`: its agent and lease end)
         or the task is dead (ran out of attempts). Claiming a task you hold extends it.
+        `fence` is your lease's fence: pass it to renew, release and publish about the task.
         """
         result = self.bus.try_claim(task, self.agent, lease_ms)
-        return {"task": task, "granted": result.granted,
+        return {"task": task, "granted": result.granted, "fence": result.fence,
                 "claim": result.claim.to_json_dict() if result.claim else None,
                 "dead": result.dead.to_json_dict() if result.dead else None}
 
-    def renew(self, task: Task, lease_ms: Optional[LeaseMs] = None) -> dict[str, Any]:
+    def renew(self, task: Task, lease_ms: Optional[LeaseMs] = None,
+              fence: Fence = None) -> dict[str, Any]:
         """Extend your lease on a task (by its own length unless `lease_ms` says).
 
         `renewed` false means the lease already ran out or another agent holds it:
         stop working on the task, or claim it again.
         """
-        return {"task": task, "renewed": self.bus.renew(task, self.agent, lease_ms)}
+        return {"task": task, "renewed": self.bus.renew(task, self.agent, lease_ms, fence=fence)}
 
-    def release(self, task: Task) -> dict[str, Any]:
+    def release(self, task: Task, fence: Fence = None) -> dict[str, Any]:
         """Give a task back so another agent can claim it at once."""
-        return {"task": task, "released": self.bus.release(task, self.agent)}
+        return {"task": task, "released": self.bus.release(task, self.agent, fence=fence)}
 
     def search(
         self,

@@ -1,4 +1,4 @@
-"""Resources: what an agent reads without calling a tool (status, inbox, a worker, a thread)."""
+"""Resources: what an agent reads without calling a tool (status, inbox, a thread)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ class Resources:
     def __init__(self, session: AgentSession) -> None:
         self.bus = session.bus
         self.agent = session.agent
-        self.workers = session.workers
 
     def status(self) -> dict[str, Any]:
         """The whole bus at a glance, as `bus status --json` shows it.
@@ -30,10 +29,6 @@ class Resources:
         return {"agent": self.agent, "cursor": self.bus.cursor(self.agent),
                 "messages": [m.to_json_dict() for m in self.bus.poll(self.agent, INBOX_LIMIT)]}
 
-    def worker(self, worker: str) -> dict[str, Any]:
-        """One worker's state, task, branch, worktree, heartbeat age and liveness."""
-        return self.workers.status(worker)[0].to_json_dict()
-
     def thread(self, correlation_id: str) -> dict[str, Any]:
         """A channel conversation: the messages sharing a correlation id, oldest first."""
         found = self.bus.channels.get_thread(correlation_id)
@@ -41,4 +36,4 @@ class Resources:
 
     # URI -> method name: what `bus mcp` serves.
     URIS = {"bus://status": "status", "bus://inbox": "inbox",
-            "bus://workers/{worker}": "worker", "bus://threads/{correlation_id}": "thread"}
+            "bus://threads/{correlation_id}": "thread"}

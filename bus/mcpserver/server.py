@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import inspect
 from typing import Any
 from typing import Callable
@@ -21,10 +22,14 @@ from bus import __version__
 from bus.errors import BusError
 from bus.mcpserver.channel_tools import ChannelTools
 from bus.mcpserver.log_tools import LogTools
+from bus.mcpserver.pump_tools import PumpTools
 from bus.mcpserver.resources import Resources
 from bus.mcpserver.session import AgentSession
 from bus.mcpserver.task_tools import TaskTools
-from bus.mcpserver.worker_tools import WorkerTools
+
+# Tool groups of packages above `bus` (the worker lifecycle): each entry point
+# names a class built on the session, with TOOLS and optionally URIS, like ours.
+TOOL_GROUPS_ENTRY_POINT = "agentbus.mcp_tools"
 
 INSTRUCTIONS = (
     "agentbus: a message bus shared by agents, in one SQLite file. You act as agent {agent};"
@@ -37,21 +42,26 @@ INSTRUCTIONS = (
 
 def build_server(session: AgentSession) -> MCPServer:
     """An MCPServer whose tools and resources act on `session`'s bus as its agent."""
-    tools = {name: getattr(group, name)
-             for group in (LogTools(session), ChannelTools(session), WorkerTools(session),
-                           TaskTools(session))
-             for name in group.TOOLS}
+    groups = [group(session) for group in tool_groups()]
+    tools = {name: getattr(group, name) for group in groups for name in group.TOOLS}
     server = MCPServer(name="agentbus", version=__version__, log_level="WARNING",
                        instructions=INSTRUCTIONS.format(agent=session.agent),
                        middleware=[UnknownArguments(tools)])
     for name, tool in tools.items():
         server.add_tool(_reporting(tool, ToolError), name=name)
-    resources = Resources(session)
-    for uri, name in Resources.URIS.items():
-        read = getattr(resources, name)
-        server.resource(uri, name=name, mime_type="application/json")(
-            _reporting(read, ResourceError))
+    for group in [Resources(session), *groups]:
+        for uri, name in getattr(group, "URIS", {}).items():
+            server.resource(uri, name=name, mime_type="application/json")(
+                _reporting(getattr(group, name), ResourceError))
     return server
+
+
+def tool_groups() -> list[type]:
+    """Our own tool groups, then those registered under TOOL_GROUPS_ENTRY_POINT by name."""
+    registered = {point.name: point for point in
+                  importlib.metadata.entry_points(group=TOOL_GROUPS_ENTRY_POINT)}
+    return [LogTools, ChannelTools, PumpTools, TaskTools,
+            *(registered[name].load() for name in sorted(registered))]
 
 
 def catalog(server: MCPServer) -> dict[str, list[dict[str, Any]]]:

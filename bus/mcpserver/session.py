@@ -10,12 +10,11 @@ from typing import Sized
 
 from bus.api import Bus
 from bus.messages import validate_agent_id
-from workers.lifecycle import Workers
 
 
 @dataclass(frozen=True)
 class AgentSession:
-    """The open bus, the one agent id every tool acts as, and the worker lifecycle on it.
+    """The open bus and the one agent id every tool acts as.
 
     No tool takes an agent argument: identity comes from here only, so an
     LLM cannot publish, ack or claim as anyone else.
@@ -23,12 +22,11 @@ class AgentSession:
 
     bus: Bus
     agent: str
-    workers: Workers
 
     @classmethod
     def open_on(cls, bus: Bus, agent: str) -> AgentSession:
         """A session for `agent` on an open bus; raises ValidationFailed for a bad agent id."""
-        return cls(bus, validate_agent_id(agent, "agent"), Workers(bus))
+        return cls(bus, validate_agent_id(agent, "agent"))
 
 
 WAIT_SLICE_S = 1.0  # wake at least this often while waiting, in case a change went unnoticed

@@ -24,7 +24,6 @@ from lxml import etree
 
 from bus.db import translate_busy
 from bus.db import write_transaction
-from bus.errors import Backpressure
 from bus.errors import ValidationFailed
 from bus.messages import Message
 from bus.messages import insert_row
@@ -37,6 +36,7 @@ from bus.pump import work
 from bus.pump.envelopes import RESERVED_SENDERS
 from bus.pump.envelopes import envelope_row
 from bus.pump.envelopes import envelope_xml
+from bus.pump.errors import Backpressure
 from bus.pump.handlers import FINAL_ANSWER
 from bus.pump.organism import DEFAULT_MAX_PENDING
 from bus.xml.envelope import ENVELOPE_NS
@@ -122,7 +122,7 @@ def send(bus: Bus, organism: str, xml: bytes | str, *, to: str | None = None,
         conversation = threads.open_conversation(conn, organism, client, now)
         row = envelope_row(payload, id=message_id, sender=client, thread=conversation,
                            to=to, organism=organism)
-        seq, _ = insert_row(conn, bus.move_large_payload(row), now)
+        seq, _ = insert_row(conn, bus.payloads.place(row), now)
         work.insert_inbox(conn, seq, organism, payload.tag, to, now)
     return Sent(seq, message_id, conversation, client)
 

@@ -40,8 +40,6 @@ from lxml import etree
 
 from bus.db import write_transaction
 from bus.errors import BusError
-from bus.errors import ThreadClosed
-from bus.errors import ThreadNotFound
 from bus.errors import ValidationFailed
 from bus.messages import Message
 from bus.messages import Row
@@ -56,6 +54,8 @@ from bus.pump.envelopes import envelope_row
 from bus.pump.envelopes import envelope_xml
 from bus.pump.envelopes import huh_element
 from bus.pump.envelopes import is_huh
+from bus.pump.errors import ThreadClosed
+from bus.pump.errors import ThreadNotFound
 from bus.pump.handlers import Output
 from bus.pump.routing import Listener
 from bus.pump.routing import Routes
@@ -67,8 +67,8 @@ from bus.xml.errors import XmlRejected
 from bus.xml.pipeline import BOOT
 from bus.xml.pipeline import HUH
 from bus.xml.pipeline import Huh
-from bus.xml.pipeline import run as run_pipeline
 from bus.xml.pipeline import answer_pipeline
+from bus.xml.pipeline import run as run_pipeline
 
 if TYPE_CHECKING:
     from bus.api import Bus
@@ -198,7 +198,7 @@ class Writer:
         """Insert one envelope; (seq, duplicate)."""
         row = envelope_row(payload, id=id, sender=sender, thread=thread, to=to,
                            organism=self.organism, in_reply_to=in_reply_to)
-        return insert_row(self.conn, self.bus.move_large_payload(row), self.now)
+        return insert_row(self.conn, self.bus.payloads.place(row), self.now)
 
     def boot(self, root: str) -> bool:
         """Send <boot/> on the organism's first start; False on a restart (sent before)."""
@@ -425,7 +425,7 @@ class Writer:
         row = envelope_row(element, id=derived_id(message.id, done.unit.listener, index),
                            sender=done.unit.listener, thread=caller.uuid, to=caller.name,
                            organism=self.organism, in_reply_to=message.id)
-        return self.bus.move_large_payload(row)
+        return self.bus.payloads.place(row)
 
     def _finish_all(self, items: list[tuple[Finished, str | None, str | None]]) -> list[str]:
         """`_finish_alone` each (unit, owner, parent), in one savepoint while none fails."""

@@ -31,7 +31,7 @@ from types import ModuleType
 from typing import Iterator
 from typing import Mapping
 
-from bus.errors import OrganismInvalid
+from bus.pump.errors import OrganismInvalid
 
 # Module name -> SHA-256 of the source it runs (None: no source file, never re-imported).
 _digests: dict[str, str | None] = {}

@@ -54,8 +54,8 @@ from typing import Mapping
 
 import yaml
 
-from bus.errors import OrganismInvalid
 from bus.pump import modules
+from bus.pump.errors import OrganismInvalid
 
 NAME_MAX = 128
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")

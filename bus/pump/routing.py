@@ -23,14 +23,14 @@ from typing import Callable
 from typing import Iterable
 from typing import Mapping
 
-from bus.errors import OrganismInvalid
 from bus.pump import meta
 from bus.pump import modules
+from bus.pump.errors import OrganismInvalid
 from bus.pump.handlers import Tool
 from bus.pump.oob import OobRequest
 from bus.pump.organism import LIST_CAPABILITIES
-from bus.pump.organism import META_ROOT_TAGS
 from bus.pump.organism import ListenerSpec
+from bus.pump.organism import META_ROOT_TAGS
 from bus.pump.organism import Organism
 from bus.pump.organism import load_organism
 from bus.pump.organism import parse_listener

@@ -40,10 +40,6 @@ import orjson
 
 from bus.db import translate_busy
 from bus.db import write_transaction
-from bus.errors import ThreadAmbiguous
-from bus.errors import ThreadClosed
-from bus.errors import ThreadConflict
-from bus.errors import ThreadNotFound
 from bus.errors import ValidationFailed
 from bus.messages import iso_utc
 from bus.messages import new_message_id
@@ -51,6 +47,10 @@ from bus.messages import now_ms
 from bus.messages import validate_agent_id
 from bus.messages import validate_message_id
 from bus.messages import validate_positive_int
+from bus.pump.errors import ThreadAmbiguous
+from bus.pump.errors import ThreadClosed
+from bus.pump.errors import ThreadConflict
+from bus.pump.errors import ThreadNotFound
 
 if TYPE_CHECKING:
     from bus.api import Bus

@@ -15,7 +15,7 @@ from bus.views.status import Status
 
 CONSUMER_COLUMNS = ["consumer", "kind", "cursor", "pending", "lag", "last ack"]
 AGENT_COLUMNS = ["agent", "state", "silent", "status", "task"]
-CLAIM_COLUMNS = ["task", "holder", "lease left", "attempt"]
+CLAIM_COLUMNS = ["task", "holder", "fence", "lease left", "attempt"]
 WORKER_COLUMNS = ["worker", "task", "state", "branch", "changed"]
 CHANNEL_COLUMNS = ["channel", "type", "state", "open", "awaiting ack", "dead letters"]
 
@@ -59,7 +59,7 @@ def agent_rows(status: Status) -> list[tuple[Any, ...]]:
 
 
 def claim_rows(status: Status) -> list[tuple[Any, ...]]:
-    return [(c.task_id, c.agent, seconds((c.lease_until_ms - status.now_ms) / 1000),
+    return [(c.task_id, c.agent, c.fence, seconds((c.lease_until_ms - status.now_ms) / 1000),
              f"{c.attempts}/{c.max_attempts}") for c in status.claims.claims]
 
 

@@ -208,10 +208,10 @@ def status_of(conn: apsw.Connection, path: str, durability: str = "normal", *,
             now_ms=at, file=_file(path, schema.current, schema.latest, durability), log=log,
             consumers=_consumers(conn, log.last_seq, export, at),
             agents=liveness(conn, at, thresholds or Thresholds()),
-            claims=_claims(conn, at), workers=dict(conn.execute(_WORKERS_SQL).fetchall()),
+            claims=_claims(conn, at, schema.current), workers=dict(conn.execute(_WORKERS_SQL).fetchall()),
             worker_list=[WorkerInfo(*row) for row in conn.execute(_WORKER_LIST_SQL)],
             channels=[ChannelInfo(*row) for row in conn.execute(_CHANNELS_SQL)],
-            pump=_pump(conn, at), export=export, tasks=task_counts(conn, at))
+            pump=_pump(conn, at), export=export, tasks=task_counts(conn, at, schema.current))
 
 
 def _file(path: str, schema_version: int, schema_latest: int, durability: str) -> FileInfo:
@@ -252,8 +252,8 @@ def _age_s(at: int, then: int) -> float:
     return round(max(0, at - then) / 1000, 3)
 
 
-def _claims(conn: apsw.Connection, at: int) -> ClaimsInfo:
-    current = list_claims(conn)
+def _claims(conn: apsw.Connection, at: int, schema_version: int) -> ClaimsInfo:
+    current = list_claims(conn, schema_version)
     expired = [c for c in current if c.expired(at)]
     soon = [c for c in current if not c.expired(at) and c.lease_until_ms - at < EXPIRING_SOON_MS]
     return ClaimsInfo(held=len(current) - len(expired), expiring_soon=len(soon),

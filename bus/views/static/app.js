@@ -54,6 +54,10 @@ function renderTables(s) {
         s.consumers.map((c) => [c.agent, c.kind, c.cursor, c.pending, c.lag]));
   table("agents", ["agent", "state", "silent s", "status", "task"],
         s.agents.map((a) => [a.agent, a.state, a.age_s.toFixed(1), a.status, a.task]));
+  table("claims", ["task", "holder", "fence", "lease left s", "attempt"],
+        s.claims.claims.map((c) => [c.task_id, c.agent, c.fence,
+                                    ((c.lease_until_ms - s.now_ms) / 1000).toFixed(1),
+                                    c.attempts + "/" + c.max_attempts]));
   table("channels", ["channel", "type", "open", "awaiting ack", "dead letters"],
         s.channels.map((c) => [c.name, c.type, c.open_deliveries, c.awaiting_ack, c.dead_letters]));
 }

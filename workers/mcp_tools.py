@@ -1,4 +1,8 @@
-"""Tools over the worker lifecycle (as the agent's own worker) and the pump's send-and-wait."""
+"""The worker lifecycle as MCP tools and a resource, for the worker whose id is the agent.
+
+`bus mcp` finds this group through the `agentbus.mcp_tools` entry point that
+setup.cfg declares, so the server in `bus` never imports `workers`.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,9 @@ from pydantic import Field
 from bus.heartbeats import STATUSES
 from bus.heartbeats import STOPPED
 from bus.mcpserver.log_tools import LeaseMs
-from bus.mcpserver.log_tools import WAIT_MAX_S
 from bus.mcpserver.session import AgentSession
-from bus.pump import client
 from workers.lifecycle import DEFAULT_LEASE_MS
+from workers.lifecycle import Workers
 
 # `stopped` is the last beat the lifecycle itself writes (done, fail, cancel); a
 # worker that beat it while WORKING would show as stopped to everyone. As `worker heartbeat`.
@@ -25,12 +28,11 @@ WorkerLease = Annotated[LeaseMs, Field(description=(
 
 
 class WorkerTools:
-    """The worker lifecycle for the worker whose id is the session's agent, and the pump."""
+    """The worker lifecycle for the worker whose id is the session's agent."""
 
     def __init__(self, session: AgentSession) -> None:
-        self.bus = session.bus
         self.agent = session.agent
-        self.workers = session.workers
+        self.workers = Workers(session.bus)
 
     def worker_status(self, worker: Annotated[Optional[str], Field(description=(
             "A worker id; omit for every worker."))] = None) -> dict[str, Any]:
@@ -68,26 +70,10 @@ class WorkerTools:
         """Beat as your worker and renew your task's lease; call it at least every few minutes."""
         return self.workers.heartbeat(self.agent, status, progress, lease_ms).to_json_dict()
 
-    def pump_send_and_wait(
-        self,
-        organism: Annotated[str, Field(description="The organism's name (organism.yaml `name`).")],
-        xml: Annotated[str, Field(description=(
-            "The payload element only, e.g. <add><a>1</a><b>2</b></add>; the pump adds the"
-            " envelope."))],
-        to: Annotated[Optional[str], Field(description=(
-            "The listener to ask; omit to ask every listener of the payload's root tag."))] = None,
-        replies: Annotated[int, Field(ge=1, le=100, description=(
-            "How many replies to wait for (a broadcast can get several)."))] = 1,
-        timeout_seconds: Annotated[float, Field(gt=0, le=WAIT_MAX_S, description=(
-            "The longest to wait for them."))] = 30.0,
-    ) -> dict[str, Any]:
-        """Send an XML request to an organism's running pump and wait for the replies.
+    def worker(self, worker: str) -> dict[str, Any]:
+        """One worker's state, task, branch, worktree, heartbeat age and liveness."""
+        return self.workers.status(worker)[0].to_json_dict()
 
-        A reply with root tag `huh` explains what was wrong with the request.
-        """
-        sent = client.send(self.bus, organism, xml, to=to, client=self.agent)
-        got = client.wait_replies(self.bus, sent, replies, timeout_seconds)
-        return {"sent": sent.to_json_dict(), "replies": [r.to_json_dict() for r in got]}
-
-    TOOLS = ("worker_status", "worker_start", "worker_done", "worker_heartbeat",
-             "pump_send_and_wait")
+    TOOLS = ("worker_status", "worker_start", "worker_done", "worker_heartbeat")
+    # URI -> method name: the resources this group serves.
+    URIS = {"bus://workers/{worker}": "worker"}
