@@ -260,6 +260,7 @@ class ReferenceGraph:
         self.after: dict[str, set[str]] = {}
         self.state: dict[str, str] = {}
         self.lease: dict[str, tuple[str, int]] = {}  # task -> (holder, lease until)
+        self.fence: dict[str, int] = {}  # task -> its last fence: one more at each new holder
 
     def ready(self, now: int) -> list[str]:
         found = [t for t in self.order if self.state[t] == "open"
@@ -334,7 +335,25 @@ class GraphMachine(RuleBasedStateMachine):
         got = self.bus.claim_next(agent, lease, max_attempts=1_000_000, now=self.now)
         assert (got.task.task_id if got else None) == (expected[0] if expected else None)
         if got:
-            self.model.lease[got.task.task_id] = (agent, self.now + lease)
+            task = got.task.task_id
+            self.model.lease[task] = (agent, self.now + lease)
+            self.model.fence[task] = self.model.fence.get(task, 0) + 1  # ready: no live lease
+            assert got.fence == self.model.fence[task]
+
+    def _finishable(self) -> list[str]:
+        """Open tasks waiting on nothing, whose lease changed holder at least once."""
+        return sorted(t for t, f in self.model.fence.items() if f > 1
+                      and self.model.state[t] == "open"
+                      and all(self.model.state[d] == "done" for d in self.model.after[t]))
+
+    @precondition(lambda self: self._finishable())
+    @rule(data=st.data())
+    def complete_with_a_stale_fence(self, data: st.DataObject) -> None:
+        task = data.draw(st.sampled_from(self._finishable()))
+        stale = data.draw(st.integers(1, self.model.fence[task] - 1))
+        agent = self.model.lease[task][0] if task in self.model.lease else "w1"
+        with pytest.raises(StaleFence):
+            self.bus.complete_task(task, agent, fence=stale, now=self.now)
 
     @precondition(lambda self: self.model.lease)
     @rule(data=st.data())
@@ -346,7 +365,7 @@ class GraphMachine(RuleBasedStateMachine):
             with pytest.raises(TaskStateConflict):
                 self.bus.complete_task(task, holder, now=self.now)
             return
-        self.bus.complete_task(task, holder, now=self.now)
+        self.bus.complete_task(task, holder, fence=self.model.fence[task], now=self.now)
         self.model.state[task] = "done"
         del self.model.lease[task]
 
