@@ -4,9 +4,11 @@ claim_next, done and cancel, against real files and real processes."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine
 from hypothesis.stateful import invariant
@@ -286,7 +288,6 @@ class GraphMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        import tempfile
         self.dir = tempfile.TemporaryDirectory()
         self.bus = Bus.open(Path(self.dir.name) / "bus.db")
         self.model = ReferenceGraph()
@@ -395,8 +396,7 @@ class GraphMachine(RuleBasedStateMachine):
         assert counts.blocked == len(blocked)
 
 
-GraphMachine.TestCase.settings = __import__("hypothesis").settings(
-    max_examples=60, stateful_step_count=30)
+GraphMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30)
 test_tasks_ready_equals_the_reference_on_random_graphs = GraphMachine.TestCase
 
 
