@@ -338,7 +338,7 @@ def test_migration_11_keeps_dead_letters_and_their_ids_are_not_reused_after(
         assert [bury_one(ch, clock, "a"), bury_one(ch, clock, "b")] == [1, 2]
     monkeypatch.undo()
     with Bus.open(db_path) as bus:
-        assert bus.schema_version() == 11
+        assert bus.schema_version() >= 11
         ch = Channels(bus, clock=clock)
         assert [(d.id, d.message.content) for d in ch.dead_letters()] == [(1, "a"), (2, "b")]
         ch.discard_dead_letter(2)

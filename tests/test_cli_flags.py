@@ -34,7 +34,6 @@ NOT_ON_THE_COMMAND_LINE = {
     "path": "the thread registry's path, from the pump",
     "search": "bus search without --enable first: a state of the bus",
     "since_ms": "bus search --since is parsed by its own click type",
-    "state": "the channel's state: bus channel resume of a closed channel",
     "thresholds": "bus alive --warn/--stale/--dead together: no single flag",
     "thread": "pump threads: XML envelopes and the registry",
     "thread_id": "pump threads: a caller-chosen UUID, from Python",

@@ -32,6 +32,7 @@ def status_lines(status: Status) -> list[str]:
     lines += _section("agents", counts(status.agents_by_state) or "none has sent a heartbeat",
                       AGENT_COLUMNS, agent_rows(status))
     lines += _section("claims", claims_summary(status), CLAIM_COLUMNS, claim_rows(status))
+    lines.append(f"tasks: {tasks_summary(status)}")
     lines += _section("workers", counts(status.workers) or "none", WORKER_COLUMNS,
                       worker_rows(status))
     lines += _section("channels", str(len(status.channels)) if status.channels else "none",
@@ -76,6 +77,12 @@ def claims_summary(status: Status) -> str:
     c = status.claims
     return (f"{c.held} held, {c.expiring_soon} expiring soon, {c.expired} expired,"
             f" {c.taken_over} taken over, {c.dead} dead")
+
+
+def tasks_summary(status: Status) -> str:
+    t = status.tasks
+    return (f"{t.ready} ready, {t.blocked} blocked, {t.held} held, {t.done} done,"
+            f" {t.cancelled} cancelled")
 
 
 def pump_summary(status: Status) -> str:

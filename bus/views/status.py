@@ -30,6 +30,8 @@ from bus.heartbeats import Liveness
 from bus.heartbeats import Thresholds
 from bus.heartbeats import liveness
 from bus.schema import schema_status
+from bus.tasks import TaskCounts
+from bus.tasks import counts as task_counts
 
 EXPIRING_SOON_MS = 10_000  # a lease with less than this left is about to be taken over
 EXPORTER = "(export)"  # the exporter's name among the consumers: no agent id has parentheses
@@ -157,6 +159,7 @@ class Status:
     channels: list[ChannelInfo]
     pump: PumpInfo
     export: ExportInfo
+    tasks: TaskCounts  # the task graph: open tasks ready, blocked, held; done, cancelled
     agents_by_state: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -208,7 +211,7 @@ def status_of(conn: apsw.Connection, path: str, durability: str = "normal", *,
             claims=_claims(conn, at, schema.current), workers=dict(conn.execute(_WORKERS_SQL).fetchall()),
             worker_list=[WorkerInfo(*row) for row in conn.execute(_WORKER_LIST_SQL)],
             channels=[ChannelInfo(*row) for row in conn.execute(_CHANNELS_SQL)],
-            pump=_pump(conn, at), export=export)
+            pump=_pump(conn, at), export=export, tasks=task_counts(conn, at, schema.current))
 
 
 def _file(path: str, schema_version: int, schema_latest: int, durability: str) -> FileInfo:

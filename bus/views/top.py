@@ -66,6 +66,7 @@ def summary_lines(status: Status, per_s: float) -> str:
         f"agents: {render.counts(status.agents_by_state) or 'none'}"
         f"   workers: {render.counts(status.workers) or 'none'}",
         f"claims: {render.claims_summary(status)}",
+        f"tasks: {render.tasks_summary(status)}",
         f"pump: {render.pump_summary(status)}",
         f"export: {render.export_summary(status)}",
     ])

@@ -41,6 +41,7 @@ function renderCounts(s) {
   text("last-seq", s.log.last_seq);
   text("agents-alive", s.agents_by_state.alive);
   text("claims-held", s.claims.held);
+  text("tasks", s.tasks.ready + " / " + s.tasks.blocked + " / " + s.tasks.held);
   text("workers", Object.values(s.workers).reduce((a, b) => a + b, 0));
   text("pump-in-flight", s.pump.in_flight);
   text("export-lag", s.export.lag);
