@@ -56,6 +56,7 @@ from bus.leases import TaskClaims
 from bus.leases import clock_ms
 from bus.messages import Message
 from bus.messages import PublishResult
+from bus.reservations import FileReservations
 from bus.schema import current_version
 from bus.search import SearchHit
 from bus.schema import migrate
@@ -67,7 +68,7 @@ MAX_PAYLOAD_BYTES = 16 * 1024 * 1024  # bytes of payload JSON one message may ca
 GC_GRACE_SECONDS = 3600.0
 
 
-class Bus(TaskClaims):
+class Bus(TaskClaims, FileReservations):
     """An open bus database. Create with `Bus.open(path)`; close with `close()`."""
 
     def __init__(self, path: str, durability: str, conn: apsw.Connection, *,

@@ -124,7 +124,7 @@ def test_migration_10_keeps_the_requests_waiting_in_the_pump_inbox(db_path):
     rows = [(7, "org", "add", None, 1), (3, "org", "add", "calc", 2), (5, "other", "x", None, 3)]
     conn.executemany("INSERT INTO pump_inbox (seq, organism, root_tag, to_listener,"
                      " created_at_ms) VALUES (?, ?, ?, ?, ?)", rows)
-    assert [m.version for m in migrate(conn)] == [10, 11]
+    assert [m.version for m in migrate(conn)] == list(range(10, len(available_migrations()) + 1))
     assert [(i.seq, i.root_tag, i.to) for i in work.take_inbox(conn, "org", 10)] == [
         (3, "add", "calc"), (7, "add", None)]
     assert work.inbox_waiting(conn, "other") and not work.inbox_waiting(conn, "org")

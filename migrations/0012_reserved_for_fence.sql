@@ -1,0 +1,3 @@
+-- 0012_reserved_for_fence: a placeholder that keeps the numbering whole on this branch.
+-- readers: unchanged (no statement: the fenced-leases branch owns number 12)
+-- Drop this file when the branch with the real 0012 is merged.
