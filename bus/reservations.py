@@ -152,20 +152,32 @@ class ReservationConflict(BusError):
             " reservations:\n" + "\n".join(lines) + "\nWait until they end (bus reservations),"
             " ask the holder to release them (bus unreserve --agent HOLDER), or reserve"
             " --shared where the holder's is shared")
-        self.field = "patterns"
+        self.field = "conflicts"  # not a bad argument: exit 1, not a usage error
         self.agent = agent
         self.conflicts = conflicts
+
+
+class NotReserved(BusError):
+    """`unreserve` of a pattern the agent does not hold; nothing was removed."""
+
+    def __init__(self, agent: str, missing: list[str], held: list[str]) -> None:
+        super().__init__(f"{agent} holds no reservation of {', '.join(missing)}; it holds:"
+                         f" {', '.join(held) or 'none'} (bus reservations --agent {agent});"
+                         " nothing was released")
+        self.field = "pattern"
+        self.agent = agent
+        self.missing = missing
 
 
 class PathsReserved(BusError):
     """Paths another live agent holds exclusively: the git hook, `worker done`,
     `worker merge` and `bus reserve --check` refuse with this same message."""
 
-    def __init__(self, held: list[Held], what: str = "the change") -> None:
+    def __init__(self, held: list[Held]) -> None:
         lines = [f"  {h.path}: {h.held.holder_line()}" for h in held]
         holders = sorted({h.held.agent for h in held})
         super().__init__(
-            f"{what} touches {len(held)} path(s) another agent holds exclusively:\n"
+            f"the change touches {len(held)} path(s) another agent holds exclusively:\n"
             + "\n".join(lines) + "\nWait until the reservation ends (bus reservations), ask"
             f" {' or '.join(holders)} to release it (bus unreserve --agent {holders[0]}),"
             " or leave these paths out")
@@ -314,10 +326,7 @@ class FileReservations:
             wanted = list(held) if patterns is None else [g.text for g in validate_patterns(patterns)]
             missing = [p for p in wanted if p not in held]
             if missing:
-                raise ValidationFailed("patterns", f"{agent} holds no reservation of"
-                                       f" {', '.join(missing)}; it holds:"
-                                       f" {', '.join(held) or 'none'} (bus reservations"
-                                       f" --agent {agent})")
+                raise NotReserved(agent, missing, list(held))
             for pattern in wanted:
                 conn.execute(_DELETE_SQL, (held[pattern].id,))
         return [held[p] for p in wanted]

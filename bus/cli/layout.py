@@ -22,6 +22,7 @@ SECTIONS = (
     ("Log", ("init", "publish", "poll", "ack", "tail", "search")),
     ("Coordination", ("heartbeat", "alive", "forget", "claim", "renew", "release", "claims",
                       "reap")),
+    ("Files", ("reserve", "reservations", "unreserve", "hooks")),
     ("Channels", ("channel", "dlq")),
     ("Pump and XML", ("pump", "xml")),
     ("Agents", ("mcp",)),
