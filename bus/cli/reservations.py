@@ -14,6 +14,7 @@ from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
 from bus.errors import BusNotFound
+from bus.errors import ValidationFailed
 from bus.messages import iso_utc
 from bus.reservations import DEFAULT_TTL_MS
 from bus.reservations import EXCLUSIVE
@@ -102,7 +103,12 @@ def _refuse_reserve_options(ctx: click.Context) -> None:
 
 
 def _check(obj: BusContext, agent: str, paths: list[str], as_json: bool) -> None:
-    held = obj.open().check_paths(agent, paths)
+    try:
+        held = obj.open().check_paths(agent, paths)
+    except ValidationFailed as exc:
+        if exc.field != "paths":
+            raise
+        raise ValidationFailed("patterns", exc.reason) from None  # the PATHs typed as PATTERN...
     if as_json:
         echo_json({"ok": not held, "agent": agent, "held": [h.to_json_dict() for h in held]})
         if held:
