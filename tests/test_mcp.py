@@ -25,6 +25,7 @@ from mcp import StdioServerParameters
 from bus import Bus
 from bus.mcpserver.channel_tools import ChannelTools
 from bus.mcpserver.log_tools import LogTools
+from bus.mcpserver.reservation_tools import ReservationTools
 from bus.mcpserver.resources import Resources
 from bus.mcpserver.worker_tools import WorkerTools
 from tests.cli_helpers import bad_value
@@ -32,7 +33,8 @@ from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "organism.yaml"
-ALL_TOOLS = set(LogTools.TOOLS + ChannelTools.TOOLS + WorkerTools.TOOLS)
+ALL_TOOLS = set(LogTools.TOOLS + ChannelTools.TOOLS + WorkerTools.TOOLS
+                + ReservationTools.TOOLS)
 IDENTITY_ARGUMENTS = {"agent", "from", "from_agent", "sender", "worker_id", "client"}
 
 

@@ -21,6 +21,7 @@ from bus import __version__
 from bus.errors import BusError
 from bus.mcpserver.channel_tools import ChannelTools
 from bus.mcpserver.log_tools import LogTools
+from bus.mcpserver.reservation_tools import ReservationTools
 from bus.mcpserver.resources import Resources
 from bus.mcpserver.session import AgentSession
 from bus.mcpserver.worker_tools import WorkerTools
@@ -37,7 +38,8 @@ INSTRUCTIONS = (
 def build_server(session: AgentSession) -> MCPServer:
     """An MCPServer whose tools and resources act on `session`'s bus as its agent."""
     tools = {name: getattr(group, name)
-             for group in (LogTools(session), ChannelTools(session), WorkerTools(session))
+             for group in (LogTools(session), ChannelTools(session), WorkerTools(session),
+                           ReservationTools(session))
              for name in group.TOOLS}
     server = MCPServer(name="agentbus", version=__version__, log_level="WARNING",
                        instructions=INSTRUCTIONS.format(agent=session.agent),
