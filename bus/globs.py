@@ -392,42 +392,45 @@ def _char_moves(a: Segment, b: Segment,
 
 
 class GlobIndex:
-    """Values filed under globs by their literal prefix, so a path is tested only
-    against the globs whose prefix it starts with (a trie of segments).
+    """Values filed under patterns by their literal leading segments, so a path is tested
+    only against the patterns whose prefix it starts with (a trie of segments).
 
     `src/auth/**` is filed under src -> auth, `*.md` (any depth) at the root: a
     path visits the nodes along its own segments, a few dictionary steps,
-    instead of every glob.
+    instead of every pattern. Patterns are filed by their text (`literal_prefix`
+    needs no parse) and parsed only when a path reaches them, so building the
+    index for a one-off check (the git hook) costs little more than reading it.
+    Patterns must be valid (parse_glob accepted them when they were stored).
     """
 
     def __init__(self) -> None:
         self._root = _Node()
         self.size = 0
 
-    def add(self, glob: Glob, value: object) -> None:
+    def add(self, pattern: str, value: object) -> None:
         node = self._root
-        for segment in glob.prefix:
+        for segment in literal_prefix(pattern):
             node = node.children.setdefault(segment, _Node())
-        node.entries.append((glob, value))
+        node.entries.append((pattern, value))
         self.size += 1
 
-    def matching(self, path: str) -> Iterator[tuple[Glob, object]]:
-        """The (glob, value) entries whose glob matches the normalized `path`."""
+    def matching(self, path: str) -> Iterator[tuple[str, object]]:
+        """The (pattern, value) entries whose pattern matches the normalized `path`."""
         node: _Node | None = self._root
         segments = iter(path.split("/"))
         while node is not None:
-            for glob, value in node.entries:
-                if glob.matches(path):
-                    yield glob, value
+            for pattern, value in node.entries:
+                if _parse_cached(pattern).matches(path):
+                    yield pattern, value
             node = node.children.get(next(segments, None))  # type: ignore[arg-type]
 
-    def overlapping(self, glob: Glob) -> Iterator[tuple[Glob, object, str]]:
-        """The (glob, value, witness path) entries whose glob overlaps `glob`.
+    def overlapping(self, glob: Glob) -> Iterator[tuple[str, object, str]]:
+        """The (pattern, value, witness path) entries whose pattern overlaps `glob`.
 
         Only entries whose prefix is a prefix of `glob`'s, or extends it, can.
         """
         node: _Node | None = self._root
-        candidates: list[tuple[Glob, object]] = []
+        candidates: list[tuple[str, object]] = []
         for segment in glob.prefix:
             candidates += node.entries
             node = node.children.get(segment)
@@ -435,10 +438,29 @@ class GlobIndex:
                 break
         if node is not None:
             candidates += [entry for below in node.walk() for entry in below.entries]
-        for other, value in candidates:
-            witness = glob.overlap(other)
+        for pattern, value in candidates:
+            witness = glob.overlap(_parse_cached(pattern))
             if witness is not None:
-                yield other, value, witness
+                yield pattern, value, witness
+
+
+def literal_prefix(pattern: str) -> tuple[str, ...]:
+    """Leading segments every path the (valid) pattern matches starts with, read from its
+    text alone: a prefix of `parse_glob(pattern).prefix` (segments with an escape stop it
+    early, which only costs the index a few more candidates)."""
+    body = pattern.rstrip("/")
+    if pattern.startswith("/"):
+        segments = body[1:].split("/")
+    elif "/" not in body:
+        return ()  # no slash before the end: at any depth
+    else:
+        segments = body.split("/")
+    prefix = []
+    for segment in segments:
+        if not segment or any(c in segment for c in "*?[\\"):
+            break
+        prefix.append(segment)
+    return tuple(prefix)
 
 
 class _Node:
@@ -446,7 +468,7 @@ class _Node:
 
     def __init__(self) -> None:
         self.children: dict[str, _Node] = {}
-        self.entries: list[tuple[Glob, object]] = []
+        self.entries: list[tuple[str, object]] = []
 
     def walk(self) -> Iterator[_Node]:
         yield self

@@ -73,6 +73,7 @@ _UPSERT_SQL = (
     " reason = excluded.reason, expires_at_ms = excluded.expires_at_ms"
     f" RETURNING {_COLUMNS.replace('r.', '')}"
 )
+_TABLE_SQL = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'file_reservations'"
 _WORKTREES_SQL = (
     "SELECT worker_id, worktree FROM workers"
     " WHERE state NOT IN ('COMPLETED', 'CANCELLED', 'FAILED') ORDER BY worker_id"
@@ -205,6 +206,12 @@ def live_reservations(conn: apsw.Connection, now: int,
             if ended_by(row, now, dead_ms) is None]
 
 
+def has_reservations_table(conn: apsw.Connection) -> bool:
+    """Whether the file has migration 13 yet: a read-only view reads an older file as one
+    where nobody reserved anything (the migration is marked `readers: unchanged`)."""
+    return conn.execute(_TABLE_SQL).get is not None
+
+
 def sweep(conn: apsw.Connection, now: int, thresholds: Thresholds | None = None) -> int:
     """Delete the reservations that have ended, inside the caller's write transaction."""
     dead_ms = Thresholds.to_ms((thresholds or Thresholds()).dead)
@@ -221,10 +228,10 @@ def held_paths(reservations: Iterable[Reservation], agent: str | None,
     index = GlobIndex()
     for r in reservations:
         if r.exclusive and r.agent != agent:
-            index.add(r.glob, r)
+            index.add(r.pattern, r)
     if not index.size:
         return []
-    return [Held(path, r) for path in paths for _glob, r in index.matching(path)]
+    return [Held(path, r) for path in paths for _pattern, r in index.matching(path)]
 
 
 def worker_of_worktree(conn: apsw.Connection, directory: str | os.PathLike[str]) -> str | None:
@@ -350,6 +357,6 @@ def _conflicts(live: list[Reservation], agent: str, globs: list[Glob],
     index = GlobIndex()
     for r in live:
         if r.agent != agent and (mode == EXCLUSIVE or r.exclusive):
-            index.add(r.glob, r)
+            index.add(r.pattern, r)
     return [Conflict(g.text, r, witness)
-            for g in globs for _glob, r, witness in index.overlapping(g)]  # type: ignore[misc]
+            for g in globs for _pattern, r, witness in index.overlapping(g)]  # type: ignore[misc]

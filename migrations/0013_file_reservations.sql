@@ -1,4 +1,6 @@
 -- 0013_file_reservations: agents reserve files of the repository by glob.
+-- readers: unchanged (a new table; the read-only views read a file without it as one
+-- where nobody reserved anything, so `bus status` after an upgrade needs no migrate)
 -- A reservation is live until its TTL runs out, its holder's heartbeat turns
 -- dead, or its holder's worker reaches COMPLETED, CANCELLED or FAILED; the bus
 -- judges that when it reads (bus/reservations.py), so no process has to sweep.

@@ -13,6 +13,7 @@ from pathspec.patterns.gitignore.spec import GitIgnoreSpecPattern
 
 from bus.errors import ValidationFailed
 from bus.globs import GlobIndex
+from bus.globs import literal_prefix
 from bus.globs import normalize_path
 from bus.globs import parse_glob
 
@@ -119,9 +120,18 @@ def test_normalize_path_refuses_paths_outside(bad: str) -> None:
 def test_glob_index_finds_what_a_scan_finds(found: list[str], path: str, probe: str) -> None:
     index = GlobIndex()
     for n, text in enumerate(found):
-        index.add(parse_glob(text), n)
+        index.add(text, n)
     scanned = {n for n, text in enumerate(found) if parse_glob(text).matches(path)}
     assert {value for _, value in index.matching(path)} == scanned
     glob = parse_glob(probe)
     overlapping = {n for n, text in enumerate(found) if glob.overlap(parse_glob(text))}
     assert {value for _, value, _w in index.overlapping(glob)} == overlapping
+
+
+@given(patterns())
+@example("src/auth/login.py")
+@example("/docs/")
+@example("src/a\\*b/c")
+def test_literal_prefix_from_the_text_is_a_prefix_of_the_parsed_one(pattern: str) -> None:
+    fast, parsed = literal_prefix(pattern), parse_glob(pattern).prefix
+    assert parsed[:len(fast)] == fast
