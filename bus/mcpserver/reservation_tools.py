@@ -73,8 +73,11 @@ class ReservationTools:
     def reserve_check(self, paths: Annotated[list[str], Field(min_length=1, description=(
             "File paths from the repository root, e.g. the ones you are about to commit."))],
     ) -> dict[str, Any]:
-        """Whether you may change these paths: {"ok": true} unless another live agent holds
-        some exclusively; "held" names each such path with its holder and expiry."""
+        """Check paths before changing or committing them: who else holds them exclusively.
+
+        {"ok": true} unless another live agent holds some of them exclusively;
+        "held" names each such path with its holder and expiry.
+        """
         held = self.bus.check_paths(self.agent, paths)
         return {"ok": not held, "held": [h.to_json_dict() for h in held]}
 

@@ -34,8 +34,8 @@ TABLES = (
     ("consumers", render.CONSUMER_COLUMNS, render.consumer_rows),
     ("claims", render.CLAIM_COLUMNS, render.claim_rows),
     ("workers", render.WORKER_COLUMNS, render.worker_rows),
-    ("reservations", render.RESERVATION_COLUMNS, render.reservation_rows),
     ("channels", render.CHANNEL_COLUMNS, render.channel_rows),
+    ("reservations", render.RESERVATION_COLUMNS, render.reservation_rows),
 )
 
 
