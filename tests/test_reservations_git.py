@@ -153,3 +153,15 @@ def test_worker_done_and_merge_refuse_what_the_hook_refuses(
     assert ws.get("w1").state == "APPROVED"
     bus.unreserve("agent-a")
     assert ws.merge("w1").state == "COMPLETED"
+
+
+def test_hook_with_no_bus_file_lets_the_commit_through_and_says_so(
+        db_path: Path, repo: Path, tmp_path: Path) -> None:
+    install(db_path, repo)  # the bus file is never created
+    (repo / "a.txt").write_text("a\n")
+    git(repo, "add", "a.txt")
+    env = {k: v for k, v in os.environ.items() if k not in ("BUS_AGENT", "BUS_DB")}
+    done = subprocess.run(["git", "-C", str(repo), "commit", "-q", "-m", "a"],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0
+    assert done.stderr == f"agentbus pre-commit: no bus at {db_path}; nothing is reserved\n"
