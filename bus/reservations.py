@@ -65,6 +65,11 @@ _ALL_SQL = (
     " LEFT JOIN workers w ON w.worker_id = r.agent_id"
     " ORDER BY r.pattern, r.agent_id"
 )
+_HOLDER_SQL = (
+    "SELECT h.ts_ms, h.status, w.state FROM (SELECT ? AS agent_id) a"
+    " LEFT JOIN heartbeats h ON h.agent_id = a.agent_id"
+    " LEFT JOIN workers w ON w.worker_id = a.agent_id"
+)
 _DELETE_SQL = "DELETE FROM file_reservations WHERE id = ?"
 _UPSERT_SQL = (
     "INSERT INTO file_reservations (agent_id, pattern, mode, reason, created_at_ms, expires_at_ms)"
@@ -148,11 +153,12 @@ class ReservationConflict(BusError):
     def __init__(self, agent: str, conflicts: list[Conflict]) -> None:
         lines = [f"  {c.pattern} conflicts with: {c.held.holder_line()} (both match"
                  f" {c.example_path})" for c in conflicts]
+        holders = sorted({c.held.agent for c in conflicts})
         super().__init__(
             f"{agent} reserved nothing; {len(conflicts)} conflict(s) with other agents'"
             " reservations:\n" + "\n".join(lines) + "\nWait until they end (bus reservations),"
-            " ask the holder to release them (bus unreserve --agent HOLDER), or reserve"
-            " --shared where the holder's is shared")
+            f" ask {' or '.join(holders)} to release them (bus unreserve --agent"
+            f" {holders[0]}), or reserve --shared where the holder's is shared")
         self.field = "conflicts"  # not a bad argument: exit 1, not a usage error
         self.agent = agent
         self.conflicts = conflicts
@@ -191,6 +197,13 @@ def ended_by(row: Sequence[Any], now: int, dead_ms: int) -> str | None:
     expires_at, beat_ms, status, worker_state = row[6], row[7], row[8], row[9]
     if expires_at <= now:
         return "ttl"
+    return holder_ended(beat_ms, status, worker_state, now, dead_ms)
+
+
+def holder_ended(beat_ms: int | None, status: str | None, worker_state: str | None, now: int,
+                 dead_ms: int) -> str | None:
+    """Why every reservation of a holder has ended ("dead", "worker"), or None: judged from
+    its last beat and its worker's state."""
     if beat_ms is not None and status != STOPPED and now - beat_ms >= dead_ms:
         return "dead"
     if worker_state in WORKER_TERMINAL:
@@ -297,6 +310,7 @@ class FileReservations:
         with write_transaction(conn):
             at = messages.now_ms() if now is None else now
             sweep(conn, at, thresholds)
+            _refuse_ended_holder(conn, agent, at, thresholds)
             conflicts = _conflicts(live_reservations(conn, at, thresholds), agent, globs, mode)
             if conflicts:
                 raise ReservationConflict(agent, conflicts)
@@ -350,6 +364,23 @@ class FileReservations:
         with translate_errors(self.conn), self.conn:
             found = live_reservations(self.conn, at, thresholds)
         return held_paths(found, agent, wanted)
+
+
+def _refuse_ended_holder(conn: apsw.Connection, agent: str, now: int,
+                         thresholds: Thresholds | None) -> None:
+    """ValidationFailed (agent) when a reservation of `agent` would end at once: its
+    heartbeat is dead or its worker finished."""
+    dead_ms = Thresholds.to_ms((thresholds or Thresholds()).dead)
+    beat_ms, status, worker_state = conn.execute(_HOLDER_SQL, (agent,)).fetchone()
+    why = holder_ended(beat_ms, status, worker_state, now, dead_ms)
+    if why == "dead":
+        raise ValidationFailed("agent", f"{agent} has not beaten for {(now - beat_ms) // 1000} s"
+                                        f" (dead), so its reservations would end at once; beat"
+                                        f" first (bus heartbeat --agent {agent})")
+    if why == "worker":
+        raise ValidationFailed("agent", f"worker {agent} is {worker_state}, so its reservations"
+                                        " would end at once; reserve as a worker that is not"
+                                        " finished")
 
 
 def _conflicts(live: list[Reservation], agent: str, globs: list[Glob],

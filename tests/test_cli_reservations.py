@@ -50,8 +50,8 @@ def test_cli_reserve_conflict_exits_1_naming_each_conflict_and_reserves_nothing(
         "Error: agent-b reserved nothing; 1 conflict(s) with other agents' reservations:\n"
         f"  src/auth/login.py conflicts with: agent-a holds src/auth/** (exclusive) until"
         f" {iso(expires)}: login rework (both match src/auth/login.py)\n"
-        "Wait until they end (bus reservations), ask the holder to release them (bus"
-        " unreserve --agent HOLDER), or reserve --shared where the holder's is shared\n")
+        "Wait until they end (bus reservations), ask agent-a to release them (bus"
+        " unreserve --agent agent-a), or reserve --shared where the holder's is shared\n")
     assert run(["reservations", "--agent", "agent-b"], db).stdout == "no live reservations\n"
 
 

@@ -99,6 +99,22 @@ def test_reservation_ends_when_its_holder_turns_dead_and_stays_ended(bus: Bus) -
     assert bus.reservations(now=T0 + DEAD_MS + 20) == []
 
 
+def test_reserve_refuses_a_holder_whose_reservation_would_end_at_once(bus: Bus,
+                                                                      tmp_path: Path) -> None:
+    heartbeats.beat(bus.conn, "agent-a", "working", None, None, now=T0)
+    with pytest.raises(ValidationFailed) as caught:
+        bus.reserve("agent-a", ["src/**"], now=T0 + DEAD_MS)
+    assert caught.value.field == "agent"
+    assert "agent-a has not beaten for 300 s (dead)" in str(caught.value)
+    assert "bus heartbeat --agent agent-a" in str(caught.value)
+    done = Worker("w1", "t1", "COMPLETED", str(tmp_path), "main", "w1/t1", str(tmp_path / "wt"),
+                  None, None, None, T0, T0)
+    registry.insert(bus.conn, done)
+    with pytest.raises(ValidationFailed, match="worker w1 is COMPLETED"):
+        bus.reserve("w1", ["src/**"], now=T0)
+    assert bus.conn.execute("SELECT count(*) FROM file_reservations").get == 0
+
+
 def test_reservation_of_an_agent_that_stopped_cleanly_lives_on(bus: Bus) -> None:
     """`worker done` leaves a `stopped` beat: the work is in review, its files still held."""
     heartbeats.beat(bus.conn, "agent-a", "stopped", None, None, now=T0)

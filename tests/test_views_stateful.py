@@ -33,6 +33,7 @@ from bus import Bus
 from bus.channels.engine import Channels
 from bus.db import connect
 from bus.errors import BusError
+from bus.errors import ValidationFailed
 from bus.heartbeats import LIVENESS_STATES
 from bus.heartbeats import STATUSES
 from bus.heartbeats import AgentHoldsClaims
@@ -213,6 +214,11 @@ class ViewsGame(RuleBasedStateMachine):
                              ttl_ms=ttl_s * 1000, now=self.now)
         except ReservationConflict as exc:
             assert all(c.held.agent != agent for c in exc.conflicts)
+        except ValidationFailed as exc:  # a holder whose reservation would end at once
+            assert exc.field == "agent"
+            beat_ts, beat_status = self.beats.get(agent, (self.now, "idle"))
+            assert self.workers.get(agent) in machine.TERMINAL or agent in WORKERS or (
+                beat_status != "stopped" and self.now - beat_ts >= DEAD_MS)
 
     # --- workers -----------------------------------------------------------------------
 
