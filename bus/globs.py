@@ -155,7 +155,8 @@ def _parse_cached(text: str) -> Glob:
         if segment in ("", ".", ".."):
             raise ValueError("empty, `.` and `..` segments match no path git lists;"
                              " write the path from the repository root (src/a.py)")
-    collapsed = [s for i, s in enumerate(segments) if not (s == "**" and i and segments[i - 1] == "**")]
+    collapsed = [s for i, s in enumerate(segments)
+                 if not (s == "**" and i and segments[i - 1] == "**")]  # `**/**` is `**`
     items = _items(collapsed, is_dir)
     return Glob(text, items, _literal_prefix(items))
 

@@ -344,7 +344,8 @@ class FileReservations:
             sweep(conn, at, thresholds)
             held = {r.pattern: r for r in live_reservations(conn, at, thresholds)
                     if r.agent == agent}
-            wanted = list(held) if patterns is None else [g.text for g in validate_patterns(patterns)]
+            wanted = (list(held) if patterns is None
+                      else [g.text for g in validate_patterns(patterns)])
             missing = [p for p in wanted if p not in held]
             if missing:
                 raise NotReserved(agent, missing, list(held))

@@ -72,7 +72,8 @@ def test_serve_page_shows_the_reservations(db_path: Path, python_env: dict[str, 
     try:
         with live_page(server) as page:
             assert page.text_content("#reservations-live") == "1"
-            cells = page.eval_on_selector_all("#reservations td", "tds => tds.map(t => t.textContent)")
+            cells = page.eval_on_selector_all("#reservations td",
+                                              "tds => tds.map(t => t.textContent)")
             assert cells[:3] == ["src/auth/**", "agent-a", "exclusive"]
             assert cells[4] == "login rework"
     finally:
