@@ -165,3 +165,11 @@ def test_hook_with_no_bus_file_lets_the_commit_through_and_says_so(
                           capture_output=True, text=True, env=env)
     assert done.returncode == 0
     assert done.stderr == f"agentbus pre-commit: no bus at {db_path}; nothing is reserved\n"
+
+
+def test_hook_install_follows_core_hooks_path(bus: Bus, db_path: Path, repo: Path) -> None:
+    git(repo, "config", "core.hooksPath", ".githooks")
+    result = install(db_path, repo)
+    assert result.output.startswith(f"installed {repo / '.githooks' / 'pre-commit'}")
+    bus.reserve("agent-a", ["src/**"])
+    assert try_commit(repo, "src/a.py", "agent-b").returncode == 1
