@@ -225,13 +225,18 @@ def has_reservations_table(conn: apsw.Connection) -> bool:
     return conn.execute(_TABLE_SQL).get is not None
 
 
-def sweep(conn: apsw.Connection, now: int, thresholds: Thresholds | None = None) -> int:
-    """Delete the reservations that have ended, inside the caller's write transaction."""
+def sweep(conn: apsw.Connection, now: int,
+          thresholds: Thresholds | None = None) -> list[Reservation]:
+    """Delete the reservations that have ended, inside the caller's write transaction;
+    return the live ones (one read of the table serves both)."""
     dead_ms = Thresholds.to_ms((thresholds or Thresholds()).dead)
-    ended = [row[0] for row in conn.execute(_ALL_SQL) if ended_by(row, now, dead_ms)]
-    for reservation_id in ended:
-        conn.execute(_DELETE_SQL, (reservation_id,))
-    return len(ended)
+    live = []
+    for row in conn.execute(_ALL_SQL).fetchall():
+        if ended_by(row, now, dead_ms):
+            conn.execute(_DELETE_SQL, (row[0],))
+        else:
+            live.append(Reservation(*row[:7]))
+    return live
 
 
 def held_paths(reservations: Iterable[Reservation], agent: str | None,
@@ -309,9 +314,9 @@ class FileReservations:
         conn = self.conn
         with write_transaction(conn):
             at = messages.now_ms() if now is None else now
-            sweep(conn, at, thresholds)
+            live = sweep(conn, at, thresholds)
             _refuse_ended_holder(conn, agent, at, thresholds)
-            conflicts = _conflicts(live_reservations(conn, at, thresholds), agent, globs, mode)
+            conflicts = _conflicts(live, agent, globs, mode)
             if conflicts:
                 raise ReservationConflict(agent, conflicts)
             return [Reservation(*conn.execute(_UPSERT_SQL, (
@@ -341,9 +346,7 @@ class FileReservations:
         conn = self.conn
         with write_transaction(conn):
             at = messages.now_ms() if now is None else now
-            sweep(conn, at, thresholds)
-            held = {r.pattern: r for r in live_reservations(conn, at, thresholds)
-                    if r.agent == agent}
+            held = {r.pattern: r for r in sweep(conn, at, thresholds) if r.agent == agent}
             wanted = (list(held) if patterns is None
                       else [g.text for g in validate_patterns(patterns)])
             missing = [p for p in wanted if p not in held]
