@@ -39,6 +39,7 @@ from bus.messages import validate_agent_id
 from bus.messages import validate_text
 from bus.tasks import OPEN
 from bus.tasks import Task
+from bus.reservations import PathsReserved
 from workers import git
 from workers import registry
 from workers.machine import APPROVED
@@ -224,12 +225,15 @@ class Workers:
         claim gave), StaleFence unless it is still the task's current fence,
         checked in the transaction of the change: a worker paused past its
         lease while another agent took the task cannot hand in its work.
+        A branch that changes paths another live agent holds exclusively is
+        refused too (PathsReserved, as the git hook).
         """
         current = self._expect(worker, "done")
         git.require_clean(Path(current.worktree))
         if not allow_empty and git.commits_beyond(Path(current.worktree), current.base) == 0:
             raise EmptyWork(current)
         head = git.head_commit(Path(current.worktree))
+        self._refuse_reserved(current, Path(current.worktree), head)
         details = {"branch": current.branch, "commit": head, "message": message}
         return self._transition(
             worker, "done", head_commit=head, note=message,
@@ -267,7 +271,8 @@ class Workers:
         No bus lock is held while git works (a merge and its hooks may take
         minutes; other writers would get BusBusy after 5 s):
 
-        1. the worker is read; a branch that moved since review is refused (BranchMoved);
+        1. the worker is read; a branch that moved since review is refused (BranchMoved),
+           and one that changes paths another live agent holds exclusively (PathsReserved);
         2. the merge is built in a scratch worktree (`git.prepare_merge`), hooks
            and all, with the base branch left where it was; on a conflict it is
            aborted and git.MergeConflict names the files;
@@ -285,6 +290,7 @@ class Workers:
         current = self._expect(worker, "merge")
         repo = Path(current.repo)
         _require_reviewed_head(current)
+        self._refuse_reserved(current, repo, current.head_commit)
         scratch = self.worktrees / f".merge-{worker}-{os.urandom(4).hex()}"  # one per attempt
         try:
             try:
@@ -441,6 +447,14 @@ class Workers:
                              {"worker": worker, **payload},
                              to=to_agent, correlation_id=current.task)
         return new
+
+    def _refuse_reserved(self, worker: Worker, where: Path, ref: str) -> None:
+        """PathsReserved when `ref` changes (since its base) paths that live agents other
+        than the worker hold exclusively (`bus reserve`); the message is the hook's."""
+        paths = git.changed_paths(where, worker.base, ref)
+        held = self.bus.check_paths(worker.worker, paths) if paths else []
+        if held:
+            raise PathsReserved(held)
 
     def _release(self, worker: Worker, fence: int | None = None) -> None:
         self.bus.release(worker.task, worker.worker, fence=fence)

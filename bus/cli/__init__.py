@@ -20,6 +20,7 @@ from bus.cli import live
 from bus.cli import mcp
 from bus.cli import messaging
 from bus.cli import pump
+from bus.cli import reservations
 from bus.cli import search
 from bus.cli import tasks
 from bus.cli import xml
@@ -60,8 +61,8 @@ def main(ctx: click.Context, db: str, durability: str, max_payload_bytes: int,
     ctx.obj = BusContext(ctx, db, durability, max_payload_bytes, as_json)
 
 
-for _module in (messaging, coordination, tasks, history, channels, pump, xml, search, mcp,
-                harness, admin, live):
+for _module in (messaging, coordination, tasks, reservations, history, channels, pump, xml,
+                search, mcp, harness, admin, live):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 add_moved_aliases(main)

@@ -17,6 +17,7 @@ CONSUMER_COLUMNS = ["consumer", "kind", "cursor", "pending", "lag", "last ack"]
 AGENT_COLUMNS = ["agent", "state", "silent", "status", "task"]
 CLAIM_COLUMNS = ["task", "holder", "fence", "lease left", "attempt"]
 WORKER_COLUMNS = ["worker", "task", "state", "branch", "changed"]
+RESERVATION_COLUMNS = ["pattern", "holder", "mode", "left", "reason"]
 CHANNEL_COLUMNS = ["channel", "type", "state", "open", "awaiting ack", "dead letters"]
 
 
@@ -35,6 +36,8 @@ def status_lines(status: Status) -> list[str]:
     lines.append(f"tasks: {tasks_summary(status)}")
     lines += _section("workers", counts(status.workers) or "none", WORKER_COLUMNS,
                       worker_rows(status))
+    lines += _section("reservations", reservations_summary(status), RESERVATION_COLUMNS,
+                      reservation_rows(status))
     lines += _section("channels", str(len(status.channels)) if status.channels else "none",
                       CHANNEL_COLUMNS, channel_rows(status))
     lines.append(f"pump: {pump_summary(status)}")
@@ -66,6 +69,19 @@ def claim_rows(status: Status) -> list[tuple[Any, ...]]:
 def worker_rows(status: Status) -> list[tuple[Any, ...]]:
     return [(w.worker, w.task, w.state, w.branch,
              f"{seconds((status.now_ms - w.updated_ms) / 1000)} ago") for w in status.worker_list]
+
+
+def reservation_rows(status: Status) -> list[tuple[Any, ...]]:
+    return [(r.pattern, r.agent, r.mode, seconds((r.expires_at_ms - status.now_ms) / 1000),
+             r.reason or "-") for r in status.reservations]
+
+
+def reservations_summary(status: Status) -> str:
+    """`3 live (2 exclusive)`, or `none`."""
+    if not status.reservations:
+        return "none"
+    exclusive = sum(r.exclusive for r in status.reservations)
+    return f"{len(status.reservations)} live ({exclusive} exclusive)"
 
 
 def channel_rows(status: Status) -> list[tuple[Any, ...]]:

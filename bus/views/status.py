@@ -29,6 +29,9 @@ from bus.heartbeats import LIVENESS_STATES
 from bus.heartbeats import Liveness
 from bus.heartbeats import Thresholds
 from bus.heartbeats import liveness
+from bus.reservations import Reservation
+from bus.reservations import has_reservations_table
+from bus.reservations import live_reservations
 from bus.schema import schema_status
 from bus.tasks import TaskCounts
 from bus.tasks import counts as task_counts
@@ -156,6 +159,7 @@ class Status:
     claims: ClaimsInfo
     workers: dict[str, int]  # how many in each state
     worker_list: list[WorkerInfo]
+    reservations: list[Reservation]  # the live file reservations, by pattern
     channels: list[ChannelInfo]
     pump: PumpInfo
     export: ExportInfo
@@ -210,6 +214,8 @@ def status_of(conn: apsw.Connection, path: str, durability: str = "normal", *,
             agents=liveness(conn, at, thresholds or Thresholds()),
             claims=_claims(conn, at, schema.current), workers=dict(conn.execute(_WORKERS_SQL).fetchall()),
             worker_list=[WorkerInfo(*row) for row in conn.execute(_WORKER_LIST_SQL)],
+            reservations=(live_reservations(conn, at, thresholds)
+                          if has_reservations_table(conn) else []),
             channels=[ChannelInfo(*row) for row in conn.execute(_CHANNELS_SQL)],
             pump=_pump(conn, at), export=export, tasks=task_counts(conn, at, schema.current))
 
