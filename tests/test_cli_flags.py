@@ -32,7 +32,6 @@ NOT_ON_THE_COMMAND_LINE = {
     "filter.topic_pattern": "MessageFilter from Python; the CLI has no topic filter",
     "max_payload_bytes": "bus --max-payload-bytes is an IntRange",
     "now": "an injected clock (tests, the pump)",
-    "path": "the thread registry's path, from the pump",
     "search": "bus search without --enable first: a state of the bus",
     "since_ms": "bus search --since is parsed by its own click type",
     "thresholds": "bus alive --warn/--stale/--dead together: no single flag",
