@@ -309,12 +309,12 @@ def test_a_handler_returning_an_envelope_gets_bad_reply_at_once(bus, tmp_path):
 
 
 def test_a_reply_the_commit_refuses_becomes_bad_reply_not_retries(bus, tmp_path, monkeypatch):
-    from bus.pump.commit import Writer
+    from bus.pump.commit import Batch
 
     def refused(self, done, caller=None) -> str:
         raise ValidationFailed("payload", "refused by the commit")
 
-    monkeypatch.setattr(Writer, "_replies", refused)
+    monkeypatch.setattr(Batch, "_replies", refused)
     organism = write_organism(tmp_path, "calculator")
     sent = client.send(bus, "org", b"<add><a>1</a><b>2</b></add>")
     pump = run_pump(bus, organism, lease_ms=200)
@@ -571,7 +571,7 @@ def test_a_sleeping_pump_takes_over_when_another_pump_s_lease_runs_out(
             with write_transaction(other.conn):  # one commit: A never sees the inbox row
                 sent = client.send(other, "org", b"<add><a>1</a><b>2</b></add>",
                                    to="calculator")
-                step = b._step([], b._capacity(), False)  # B claims it ...
+                step = b.steps.step([], b._capacity(), {})  # B claims it ...
             assert [unit.listener for unit, _ in step.claimed] == ["calculator"]
             # ... and never commits: A must answer once B's lease has run out, not
             # at its next heartbeat (10 s) or IDLE_WAKE_S. 5 s: loose on purpose.

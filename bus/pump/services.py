@@ -22,6 +22,7 @@ from bus.heartbeats import Heartbeat
 from bus.pump.oob import OobServer
 from bus.pump.oob import load_public_key
 from bus.pump.oob import socket_path_for
+from bus.pump.step import checkpoint_place
 
 log = logging.getLogger("bus.pump")
 
@@ -54,7 +55,7 @@ class Services:
         # grew to the backstop, all commits past 1000 pages checkpointing); after a
         # claim, the reply's commit finds the log copied and starts it over.
         self.checkpointer = Checkpointer(pump.bus, where=lambda: (
-            checkpoints.THREAD if pump._finished else pump._checkpoint)).__enter__()
+            checkpoints.THREAD if pump._finished else checkpoint_place())).__enter__()
         pump._db_pool.submit(lambda: self.checkpointer.attach(pump.bus.conn)).result()
         self.heartbeat = Heartbeat(pump.bus.path, f"pump:{pump.name}",
                                    interval=pump.lease_ms / 3000, status="working",
