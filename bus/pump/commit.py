@@ -198,6 +198,9 @@ class Batch:
         # Envelopes routed to listeners, by message id, from an @xmlify payload (for
         # checked_input once the transaction committed); a rolled back unit drops its own.
         self.encoded: list[tuple[str, Encoded]] = []
+        # Whether it made work units: the pump may claim them at once (its own commit is
+        # no change its scan would notice).
+        self.made_units = False
 
     # --- envelopes -------------------------------------------------------------------
 
@@ -265,6 +268,7 @@ class Batch:
         its sender's `thread`, an answer on the thread it answers."""
         unit_thread = thread if kind == "answer" else \
             threads.extend_uuid(self.conn, thread, listener.name, self.now)
+        self.made_units = True
         work.insert_unit(self.conn, self.organism, seq, listener.name, kind, unit_thread,
                          listener.spec.max_attempts, self.now)
 
@@ -289,6 +293,7 @@ class Batch:
             with write_transaction(self.conn):  # a savepoint
                 if len(threads.add_children(self.conn, children, self.now)) < len(calls):
                     raise _NotOpen("a thread a call was routed on is not open")
+                self.made_units = True
                 work.insert_calls(self.conn, self.organism, [
                     (seq, listener.name, child, listener.spec.max_attempts)
                     for (seq, _, _, listener, _), (child, _, _) in zip(calls, children)],

@@ -203,7 +203,8 @@ class Pump:
         for done in batch:  # its slots are free for the claims after its commit
             self._settle(done.unit)
         in_flight = dict(self._in_flight)  # units beyond this batch
-        step = await self._db(self.steps.step, batch, self._capacity(), in_flight)
+        step = await self._db(self.steps.step, batch, self._capacity(), in_flight,
+                              self._until_idle)
         with self._running_lock:  # committed (or lost, or failed: retried after its lease)
             for done in batch:
                 self._running.pop(done.unit.id, None)

@@ -165,16 +165,18 @@ class Stepper:
                 self.on_unit(done, outcome)
         self.encoded.remember(batch.encoded)
 
-    def step(self, finished: list[Finished], capacity: Slots,
-             in_flight: Mapping[str, int]) -> Step:
+    def step(self, finished: list[Finished], capacity: Slots, in_flight: Mapping[str, int],
+             until_idle: bool = False) -> Step:
         """Commit `finished`, `commit_batch` units per transaction; the last
         transaction also routes, buries and claims up to `capacity`.
 
-        `in_flight`: the units in flight beyond `finished`, per listener. While
-        there are any, the loop does not ask what is left before they are
-        back: a step that commits may skip its scan.
+        `in_flight`: the units in flight beyond `finished`, per listener.
+        A step that commits skips its scan when the scan could find nothing
+        new (`Scan.due`): the reply it commits is not held up by the look
+        (a lone request's round trip). Only a loop that runs `until_idle`
+        with nothing else in flight must hear what is left from this step.
         """
-        busy = any(in_flight.values())
+        must_scan = until_idle and not any(in_flight.values())
         size = self.commit_batch
         batches = [finished[first:first + size] for first in range(0, len(finished), size)]
         last = batches.pop() if batches else []
@@ -193,7 +195,11 @@ class Stepper:
                 return drained
         with self._batch(last, checkpoints.LATER if last else checkpoints.HERE) as batch:
             routes = batch.routes
-            scan = not last or not busy or self.scan.due(conn, routes, batch.now)
+            scan = not last or must_scan or self.scan.due(conn, routes, batch.now)
+            if not scan and self.scan.settled and not batch.made_units:
+                # Nothing new since the last look, which left nothing to claim, and the
+                # commit made no unit: the transaction commits `last` and nothing else.
+                return Step([], routes, inlined >= ROUTE_BATCH, True, self.scan.due_ms)
             # With inline listeners, requests are answered in this transaction too:
             # `commit_batch` of them at most, as in _route_inline's.
             limit = self.commit_batch if routes.has_inline else ROUTE_BATCH
@@ -204,7 +210,7 @@ class Stepper:
             if scan:
                 pending, next_expiry = work.pending(conn, self.name, batch.now)
                 self.scan.done(conn, routes, batch.now, pending, next_expiry, full)
-            else:  # units are in flight: what is left is asked once they are back
+            else:  # nothing new to find: what is left is asked at the next look
                 pending, next_expiry = True, self.scan.due_ms
             self.scan.claimed(batch.now + self.lease_ms, claimed, full_claim, scan)
         return Step(claimed, routes, full or inlined >= ROUTE_BATCH, pending, next_expiry,
@@ -351,10 +357,13 @@ class Scan:
     Only another connection's commit (`PRAGMA data_version`: a client's
     envelope, another pump's claim), a lease running out, a new routing table
     or a full inbox batch can give a scan something new to find. So a step
-    that commits while other units are in flight skips the scan when none of
-    those happened, and a step with nothing to commit is no transaction at
-    all when, on top of that, the last scan's claims were not cut short by
-    the concurrency limits (the pump's own claim is no reason to look again).
+    that commits skips the scan when none of those happened (unless the loop
+    runs until idle with nothing else in flight: it must hear what is left).
+    When, on top of that, the last scan's claims were not cut short by the
+    concurrency limits (the pump's own claim is no reason to look again), a
+    step with nothing to commit is no transaction at all, and one that
+    commits units that made no new ones commits them and nothing else: a
+    lone request's reply is not held up by a look that could find nothing.
     """
 
     def __init__(self, idle_wake_s: float) -> None:
