@@ -185,7 +185,7 @@ class Batch:
 
     `conn` is in a write transaction, `now` its clock, `routes` the table it
     routes by. A batch lives for one transaction and is never reused: the pump
-    reads `settled` and `encoded` once it committed (bus/pump/pump.py, `_batch`).
+    reads `settled` and `encoded` once it committed (`Stepper._batch`, bus/pump/step.py).
     """
 
     def __init__(self, bus: Bus, conn: apsw.Connection, organism: str, routes: Routes,

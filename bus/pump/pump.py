@@ -33,6 +33,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 from typing import Any
@@ -109,7 +110,8 @@ class Pump:
         self._running_lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
         self._alone: int | None = None  # a suspect unit running on its own (Step.alone)
-        self._finished: list[Finished] = []  # for the next step to commit
+        # Units whose handlers are done, queued by their tasks for the next step's commit.
+        self._finished: deque[Finished] = deque()
         self._tasks: set[asyncio.Task] = set()
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -118,7 +120,6 @@ class Pump:
         self._wake_r, self._wake_w = -1, -1
         self._sleeping = threading.Event()  # set while the database thread waits (_idle)
         self._until_idle = False
-        self._wake_at_ms = 0  # when the idle wait ends anyway
 
     @property
     def organism(self) -> Organism:
@@ -199,7 +200,7 @@ class Pump:
         # Their wakes are stale now: left in the pipe, they would end the next idle
         # wait at once, for a step with nothing to do.
         self._poked()
-        batch, self._finished = self._finished, []
+        batch = [self._finished.popleft() for _ in range(len(self._finished))]
         for done in batch:  # its slots are free for the claims after its commit
             self._settle(done.unit)
         in_flight = dict(self._in_flight)  # units beyond this batch
@@ -224,18 +225,18 @@ class Pump:
         The thread that saw the commit is the one that steps: a client's request
         is answered (inline) or claimed with no hop between threads.
         """
-        self._wake_at_ms = now_ms() + int(timeout * 1000)
-        if self._wait_for_work(time.monotonic() + timeout):
+        if self._wait_for_work(time.monotonic() + timeout, now_ms() + int(timeout * 1000)):
             return self.steps.step([], capacity, in_flight)
         return None
 
-    def _wait_for_work(self, deadline: float) -> bool:
-        """True once another connection's commit left work, False on a wake or at `deadline`."""
+    def _wait_for_work(self, deadline: float, deadline_ms: int) -> bool:
+        """True once another connection's commit left work, False on a wake or at `deadline`
+        (`deadline_ms` on the bus's clock)."""
         self._sleeping.set()
         try:
             while not self._poked() and deadline > time.monotonic():
                 if self.bus.wait_for_change(deadline - time.monotonic(), self._wake_r) \
-                        and self._worth_a_step():
+                        and self._worth_a_step(deadline_ms):
                     return True
         except BusError as exc:  # busy or closed: the loop looks again
             log.warning("pump idle wait: %s", exc)
@@ -243,12 +244,12 @@ class Pump:
             self._sleeping.clear()
         return False
 
-    def _worth_a_step(self) -> bool:
+    def _worth_a_step(self, deadline_ms: int) -> bool:
         """After another connection's commit: whether it left the pump something to do.
 
         The inbox holds something, a unit can be claimed, the routing table
         changed, or a lease (another pump's claim) runs out before the pump
-        would look anyway (its scan then learns when). Finished handlers and
+        would look anyway at `deadline_ms` (its scan then learns when). Finished handlers and
         `stop()` wake it themselves. Running until idle, any commit may be
         another pump's last: look again.
         """
@@ -256,7 +257,7 @@ class Pump:
             return True
         with translate_busy():
             ready, next_expiry = work.has_work(self.bus.conn, self.name, now_ms())
-        return ready or (next_expiry is not None and next_expiry < self._wake_at_ms)
+        return ready or (next_expiry is not None and next_expiry < deadline_ms)
 
     async def _db(self, function: Callable[..., Any], *args: Any) -> Any:
         return await self._loop.run_in_executor(self._db_pool, function, *args)

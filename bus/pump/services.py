@@ -1,8 +1,10 @@
 """The pump's side threads: lease renewal (with heartbeats), OOB server, checkpoints.
 
-`Pump.run` opens them around its loop (`with Services(pump):`). They read
-the pump's private state (its finished units, where its next checkpoint
-goes): they are part of the pump, in a module of their own for its length.
+`Pump.run` opens them around its loop (`with Services(pump):`) and closes
+them after it: threads that run beside the pump's two (the loop and the
+database thread) and outlive neither. They read the pump's state (its
+running units to renew, its finished units waiting for a commit) and the
+step's (where the commit under way checkpoints: `step.checkpoint_place`).
 The pump is typed `Any` here: importing bus.pump.pump for its type would be
 an import cycle.
 """
