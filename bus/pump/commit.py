@@ -201,6 +201,15 @@ class Batch:
         # Whether it made work units: the pump may claim them at once (its own commit is
         # no change its scan would notice).
         self.made_units = False
+        self._messages: dict[int, Message] = {}  # read in this transaction, by seq
+
+    def messages(self, seqs: list[int]) -> dict[int, Message]:
+        """The messages at `seqs` that exist, each read once per batch: a request the
+        batch routes is the input of the unit it claims for it."""
+        missing = [seq for seq in seqs if seq not in self._messages]
+        if missing:
+            self._messages.update(work.messages_by_seq(self.conn, missing, self.bus.blobs))
+        return {seq: self._messages[seq] for seq in seqs if seq in self._messages}
 
     # --- envelopes -------------------------------------------------------------------
 
@@ -607,8 +616,7 @@ class Batch:
 
     def bury(self, units: list[Unit], reason: Callable[[Unit], str]) -> None:
         """Tell the senders of dead units why (a `<huh>` each), close their call threads."""
-        inputs = work.messages_by_seq(self.conn, [unit.input_seq for unit in units],
-                                      self.bus.blobs)
+        inputs = self.messages([unit.input_seq for unit in units])
         for unit in units:
             message = inputs.get(unit.input_seq)
             if message is None:  # compacted away: nobody left to tell

@@ -251,8 +251,7 @@ class Stepper:
         """Route up to `limit` inbox rows in `batch`: the leased calls are written together,
         at the end, then the units inline listeners handled meanwhile are committed."""
         inbound = work.take_inbox(batch.conn, self.name, limit)
-        found = work.messages_by_seq(batch.conn, [item.seq for item in inbound],
-                                     self.bus.blobs)
+        found = batch.messages([item.seq for item in inbound])
         calls: list[Call] = []
         handled: list[tuple[Finished, str]] = []  # inline units, with their parent threads
         for item in inbound:
@@ -347,7 +346,7 @@ class Stepper:
             batch.conn, self.name, name, self.owner, self.lease_ms, n, batch.now))
 
     def _with_inputs(self, batch: Batch, units: list[Unit]) -> list[tuple[Unit, Message]]:
-        inputs = work.messages_by_seq(batch.conn, [u.input_seq for u in units], self.bus.blobs)
+        inputs = batch.messages([unit.input_seq for unit in units])
         return [(unit, inputs[unit.input_seq]) for unit in units if unit.input_seq in inputs]
 
 
