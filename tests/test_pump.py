@@ -552,6 +552,47 @@ def test_a_claim_reads_its_listener_s_units_in_order_and_stops(bus: Bus) -> None
     assert "TEMP B-TREE" not in plan, plan
 
 
+def test_a_lone_reply_commits_without_a_look_that_could_find_nothing(bus, tmp_path):
+    """A serving pump commits a lone request's reply in a transaction of its own when no
+    other connection committed since the look that claimed the request, and that look
+    left nothing to claim: no inbox, dead-unit or claim statement holds the reply back.
+    (A pump running until idle looks in that transaction: every test above. With one
+    slot, the claim took all it asked for and may have left units: it claims again.)"""
+    path = tmp_path / "organism.yaml"
+    path.write_text(f"name: org\nlisteners:\n  - name: calculator\n    {ADD}\n"
+                    "    concurrency: 4\n")
+    organism = load_organism(path)
+    statements: list[str] = []
+
+    def trace(finished: list) -> None:  # on the database thread, before its first commit
+        if not statements:
+            bus.conn.exec_trace = lambda cursor, sql, bindings: statements.append(sql) or True
+
+    # A long lease: the pump's heartbeat (every third of it) commits no beat meanwhile.
+    pump = Pump(bus, organism, oob=False, lease_ms=120_000, before_commit=trace)
+    runner = threading.Thread(target=pump.run, daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10  # its first beat is in: no other commit follows
+        while not any(alive.agent == "pump:org" for alive in bus.liveness()):
+            assert time.monotonic() < deadline, "the pump never beat"
+            time.sleep(0.01)
+        for a in (1, 2):  # the first also makes sure the tracer is on for the second
+            sent = client.send(bus, "org", f"<add><a>{a}</a><b>2</b></add>".encode(),
+                               to="calculator")
+            assert [got.root_tag for got in client.wait_replies(bus, sent, timeout=10)] \
+                == ["sum"]
+    finally:
+        pump.stop()
+        runner.join(10)
+    text = "\n".join(statements)  # each transaction: from its BEGIN to its COMMIT
+    transactions = [part.split("\nCOMMIT")[0].split("\n")[1:]
+                    for part in text.split("BEGIN IMMEDIATE")[1:]]
+    replies = [one for one in transactions if any("status = 'done'" in sql for sql in one)]
+    assert len(replies) == 2, transactions
+    assert not [sql for sql in replies[-1] if "pump_inbox" in sql or "lease_until_ms" in sql]
+
+
 def test_a_sleeping_pump_takes_over_when_another_pump_s_lease_runs_out(
         bus: Bus, db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pump B claims a request with a short lease and dies before its commit.
