@@ -11,7 +11,13 @@ import blobs.errors
 
 
 class BusError(Exception):
-    """Base class of every error the bus library raises on purpose."""
+    """Base class of every error the bus library raises on purpose.
+
+    `error_code` is a short, stable name of the kind of failure, for programs (the
+    MCP server puts it in a tool error's `error.code`; docs/mcp.md lists them).
+    """
+
+    error_code = "refused"
 
 
 class ValidationFailed(BusError):
@@ -20,6 +26,8 @@ class ValidationFailed(BusError):
     `field` names the offending argument (e.g. ``"from_agent"`` or
     ``"messages[3].type"``), `reason` says what is wrong and how to fix it.
     """
+
+    error_code = "invalid_argument"
 
     def __init__(self, field: str, reason: str, **details: object) -> None:
         super().__init__(f"{field}: {reason}")
@@ -30,6 +38,8 @@ class ValidationFailed(BusError):
 
 class SchemaTooNew(BusError):
     """The database was migrated by a newer agentbus than this one."""
+
+    error_code = "schema"
 
     def __init__(self, found: int, supported: int, path: str = "") -> None:
         where = f" {path}" if path else ""
@@ -44,6 +54,8 @@ class SchemaTooNew(BusError):
 class SchemaOutdated(BusError):
     """A read-only view found a database older than this code (it cannot migrate it)."""
 
+    error_code = "schema"
+
     def __init__(self, found: int, latest: int, path: str = "") -> None:
         where = f" {path}" if path else ""
         super().__init__(
@@ -57,6 +69,8 @@ class SchemaOutdated(BusError):
 class UnknownConsumer(BusError):
     """A cursor command named an agent that has no cursor (nor, for set, a heartbeat)."""
 
+    error_code = "not_found"
+
     def __init__(self, agent: str, known: list[str], hint: str) -> None:
         listed = ", ".join(known) if known else "none yet"
         super().__init__(f"agent: no consumer {agent!r} (known: {listed}); {hint}")
@@ -67,6 +81,8 @@ class UnknownConsumer(BusError):
 
 class NotABusDatabase(BusError):
     """The file exists but is not a SQLite database, or not an agentbus one."""
+
+    error_code = "not_a_bus"
 
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(
@@ -80,6 +96,8 @@ class NotABusDatabase(BusError):
 class BusNotFound(BusError):
     """No database exists at the path and creating one was not asked for."""
 
+    error_code = "not_found"
+
     def __init__(self, path: str) -> None:
         super().__init__(
             f"no bus database at {path}; create it with `bus init` "
@@ -90,6 +108,8 @@ class BusNotFound(BusError):
 
 class UnsupportedFilesystem(BusError):
     """The database path is on a network filesystem, where WAL is unsafe."""
+
+    error_code = "refused"
 
     def __init__(self, path: str, fstype: str) -> None:
         super().__init__(
@@ -104,13 +124,19 @@ class UnsupportedFilesystem(BusError):
 class BusBusy(BusError):
     """The database stayed locked by another writer past the busy timeout."""
 
+    error_code = "busy"
+
 
 class BusClosed(BusError):
     """The Bus was used after close()."""
 
+    error_code = "closed"
+
 
 class ThreadNotFound(BusError):
     """No thread has this UUID in the registry."""
+
+    error_code = "not_found"
 
     def __init__(self, uuid: str) -> None:
         super().__init__(
@@ -121,6 +147,8 @@ class ThreadNotFound(BusError):
 
 class ThreadClosed(BusError):
     """The thread was closed (it answered, or was cleaned up) and takes no more calls."""
+
+    error_code = "conflict"
 
     def __init__(self, uuid: str, closed_at_ms: int) -> None:
         super().__init__(
@@ -134,6 +162,8 @@ class ThreadClosed(BusError):
 class ThreadAmbiguous(BusError):
     """Several open threads share a path, so a path cannot name one of them."""
 
+    error_code = "conflict"
+
     def __init__(self, path: tuple[str, ...], count: int) -> None:
         super().__init__(
             f"path: {count} open conversations share the path {'/'.join(path)}; "
@@ -145,6 +175,8 @@ class ThreadAmbiguous(BusError):
 
 class ThreadConflict(BusError):
     """A caller-chosen thread UUID is already registered on another path."""
+
+    error_code = "conflict"
 
     def __init__(self, uuid: str, existing: tuple[str, ...], wanted: tuple[str, ...]) -> None:
         super().__init__(
@@ -245,9 +277,13 @@ class OobKeyError(BusError):
 class BlobMissing(BusError, blobs.errors.BlobMissing):
     """No blob is stored under the reference."""
 
+    error_code = "blob_missing"
+
 
 class BlobCorrupt(BusError, blobs.errors.BlobCorrupt):
     """The stored bytes no longer hash to the reference."""
+
+    error_code = "corrupt"
 
 
 class BlobRefInvalid(ValidationFailed, blobs.errors.BlobRefInvalid):
@@ -256,6 +292,8 @@ class BlobRefInvalid(ValidationFailed, blobs.errors.BlobRefInvalid):
 
 class UnknownChannel(BusError):
     """No channel has the name."""
+
+    error_code = "not_found"
 
     def __init__(self, name: str) -> None:
         super().__init__(f"channel: no channel named {name!r}; create it with"
@@ -266,6 +304,8 @@ class UnknownChannel(BusError):
 
 class StoreFull(BusError):
     """Too many deliveries are waiting or unacknowledged: the send is refused."""
+
+    error_code = "full"
 
     def __init__(self, active: int, limit: int) -> None:
         super().__init__(f"the bus holds {active} unfinished deliveries, the limit is {limit};"
@@ -290,6 +330,8 @@ class Backpressure(BusBusy):
 class StoreCapacity(BusError):
     """The database file is too close to its size limit: the send is refused."""
 
+    error_code = "full"
+
     def __init__(self, size: int, limit: int, reserve: int) -> None:
         super().__init__(f"the bus file is {size} bytes, within {reserve} bytes of its"
                          f" {limit}-byte limit; run `bus compact` or purge dead letters")
@@ -300,6 +342,8 @@ class StoreCapacity(BusError):
 
 class DatabaseCorrupt(BusError):
     """SQLite found the bus file damaged; the bus refuses to write to it from then on."""
+
+    error_code = "corrupt"
 
     def __init__(self, path: str, detail: str) -> None:
         where = path or "the bus database"
@@ -315,6 +359,8 @@ class DatabaseCorrupt(BusError):
 class BusReadOnly(BusError):
     """The bus cannot be written by this process; reads still work."""
 
+    error_code = "read_only"
+
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(
             f"{path or 'the bus database'} cannot be written: {reason}; nothing was written. "
@@ -328,6 +374,8 @@ class BusReadOnly(BusError):
 class DiskFull(BusError):
     """The disk (or quota) holding the bus or its files is full; nothing partial is left."""
 
+    error_code = "full"
+
     def __init__(self, path: str, detail: str) -> None:
         super().__init__(
             f"no space left for {path or 'the bus'} ({detail}); nothing was written. Free "
@@ -339,6 +387,8 @@ class DiskFull(BusError):
 
 class SearchDisabled(ValidationFailed):
     """The bus has no full-text index; `bus search --enable` builds it."""
+
+    error_code = "search_disabled"
 
     def __init__(self) -> None:
         super().__init__("search", "full-text search is not enabled on this bus; run"

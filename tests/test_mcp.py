@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import os
 import signal
 import subprocess
@@ -24,7 +25,9 @@ from mcp import StdioServerParameters
 
 from bus import Bus
 from bus.mcpserver.channel_tools import ChannelTools
+from bus.mcpserver.failures import CODES
 from bus.mcpserver.log_tools import LogTools
+from bus.mcpserver.pump_tools import PumpTools
 from bus.mcpserver.resources import Resources
 from bus.mcpserver.worker_tools import WorkerTools
 from tests.cli_helpers import bad_value
@@ -32,7 +35,7 @@ from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "organism.yaml"
-ALL_TOOLS = set(LogTools.TOOLS + ChannelTools.TOOLS + WorkerTools.TOOLS)
+ALL_TOOLS = {*LogTools.TOOLS, *ChannelTools.TOOLS, *PumpTools.TOOLS, *WorkerTools.TOOLS}
 IDENTITY_ARGUMENTS = {"agent", "from", "from_agent", "sender", "worker_id", "client"}
 
 
@@ -55,9 +58,20 @@ async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
 
 async def refused(client: Client, tool: str, **arguments: Any) -> str:
     """The text of a tool error; fails the test if the call succeeded."""
+    return (await refusal(client, tool, **arguments))["message"]
+
+
+async def refusal(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    """A tool error's {code, argument, message}, checked to be as docs/mcp.md promises: a
+    listed code, the message as the text beside it, no pydantic text, no URL, no CLI flag."""
     result = await client.call_tool(tool, arguments)
     assert result.is_error, result.structured_content
-    return result.content[0].text
+    error = result.structured_content["error"]
+    assert error["code"] in CODES, error
+    assert [c.text for c in result.content] == [error["message"]]
+    for foreign in ("pydantic", "http", "validation error", "Error executing tool", " --"):
+        assert foreign not in error["message"], error
+    return error
 
 
 async def read(client: Client, uri: str) -> dict[str, Any]:
@@ -87,7 +101,16 @@ def test_mcp_lists_every_tool_and_resource_and_none_takes_an_identity(bus: Bus, 
     assert {tool.name for tool in tools} == ALL_TOOLS
     for tool in tools:
         assert tool.description and len(tool.description) > 20, tool.name
+        assert not any(line.startswith(" ") for line in tool.description.splitlines()), tool.name
         assert not IDENTITY_ARGUMENTS & set(tool.input_schema["properties"]), tool.name
+        hints = tool.annotations
+        assert None not in (hints.read_only_hint, hints.idempotent_hint,
+                            hints.destructive_hint), tool.name
+    hints = {tool.name: tool.annotations for tool in tools}
+    assert hints["liveness"].read_only_hint and hints["liveness"].idempotent_hint
+    assert not hints["publish"].read_only_hint and not hints["publish"].idempotent_hint
+    assert hints["ack"].idempotent_hint and not hints["ack"].destructive_hint
+    assert hints["cursor_reset"].destructive_hint and hints["dlq_replay"].destructive_hint
     assert {str(r.uri) for r in resources} == {"bus://status", "bus://inbox"}
     assert {t.uri_template for t in templates} == {"bus://workers/{worker}",
                                                    "bus://threads/{correlation_id}"}
@@ -150,31 +173,58 @@ def test_mcp_invalid_arguments_are_tool_errors_that_change_nothing(bus: Bus, db_
     async def scenario():
         async with connected(db_path, "planner") as client:
             errors = [
-                await refused(client, "publish", type=""),
-                await refused(client, "publish", type="note", to="not an agent!"),
-                await refused(client, "publish", type="note", from_agent="boss"),
-                await refused(client, "ack", seq="abc"),
-                await refused(client, "ack", seq=99),
-                await refused(client, "claim", task="t1", lease_ms=-5),
-                await refused(client, "channel_send", channel="nowhere", type="text",
+                await refusal(client, "publish", type=""),
+                await refusal(client, "publish", type="note", to="not an agent!"),
+                await refusal(client, "publish", type="note", from_agent="boss"),
+                await refusal(client, "ack", seq="abc"),
+                await refusal(client, "ack", seq=99),
+                await refusal(client, "claim", task="t1", lease_ms=-5),
+                await refusal(client, "channel_send", channel="nowhere", type="text",
                               content="hi"),
-                await refused(client, "worker_start"),
-                await refused(client, "no_such_tool"),
+                await refusal(client, "worker_start"),
+                await refusal(client, "no_such_tool"),
+                await refusal(client, "claim"),
+                await refusal(client, "heartbeat", status="sleeping"),
+                await refusal(client, "publish_many", messages=[{"type": "a"}, {"type": ""}]),
+                await refusal(client, "publish_many", messages=[{"type": "a", "from": "x"}]),
+                await refusal(client, "publish_many", messages=[{"type": "a"}] * 101),
+                await refusal(client, "dlq_replay", id=7),
+                await refusal(client, "channel_join", channel="nowhere"),
+                await refusal(client, "search", query="x"),
+                await refusal(client, "cursor_reset", seq=50),
             ]
             still_serving = await call(client, "poll")
             return errors, still_serving
 
     errors, still_serving = asyncio.run(scenario())
-    assert "type: must not be empty" in errors[0]
-    assert "to:" in errors[1]
-    assert "unknown argument(s) from_agent" in errors[2]
-    assert "no tool takes an agent id" in errors[2]
-    assert "seq" in errors[3]
-    assert "no message has seq 99; the last seq is 1" in errors[4]
-    assert "lease_ms" in errors[5]
-    assert "nowhere" in errors[6]
-    assert "no worker 'planner'" in errors[7]
-    assert "no_such_tool" in errors[8]
+    assert [(e["code"], e["argument"]) for e in errors] == [
+        ("invalid_argument", "type"), ("invalid_argument", "to"),
+        ("unknown_argument", "from_agent"), ("invalid_argument", "seq"),
+        ("invalid_argument", "seq"), ("invalid_argument", "lease_ms"),
+        ("not_found", "channel"), ("not_found", None), ("unknown_tool", None),
+        ("missing_argument", "task"), ("invalid_argument", "status"),
+        ("invalid_argument", "messages[1].type"), ("invalid_argument", "messages[0].from"),
+        ("invalid_argument", "messages"), ("invalid_argument", "id"),
+        ("not_found", "channel"), ("search_disabled", "search"), ("invalid_argument", "seq")]
+    messages = [e["message"] for e in errors]
+    assert messages[0] == "type: must not be empty"
+    assert messages[2] == ("from_agent: publish takes no such argument; it takes correlation_id,"
+                           " id, in_reply_to, payload, to, type. You always act as your own"
+                           " agent: no tool takes an agent id")
+    assert messages[3] == "seq: must be an integer, got 'abc'"
+    assert messages[4] == "seq: no message has seq 99; the last seq is 1"
+    assert messages[5] == "lease_ms: must be >= 1, got -5"
+    assert messages[6] == ("channel: no channel named 'nowhere'; create it with channel_create"
+                           " or list them with channel_list")
+    assert messages[7] == "no worker 'planner'; worker_status lists them"
+    assert messages[8].startswith("no tool is named 'no_such_tool'; the tools are ack, ")
+    assert messages[9] == "task: is required; give it (The task's id)"
+    assert messages[10] == "status: must be one of 'idle', 'working', 'blocked' or 'stopped'," \
+                           " got 'sleeping'"
+    assert messages[11] == "messages[1].type: must not be empty"
+    assert messages[13].startswith("messages: must have at most 100 items, got [{'type': 'a'}")
+    assert messages[14] == "id: no dead letter with id 7; list them with dlq_list"
+    assert "channel_search" in messages[16]
     assert [m["type"] for m in still_serving["messages"]] == ["hello"]
     assert snapshot(bus) == before
 
@@ -221,7 +271,8 @@ def test_mcp_search_finds_payload_words_once_search_is_enabled(bus: Bus, db_path
             return before, hits, none
 
     before, hits, none = asyncio.run(scenario())
-    assert "bus search --enable" in before
+    assert before == ("search: full-text search is not enabled on this bus; the bus's operator"
+                      " enables it once; until then use channel_search")
     assert [(h["seq"], h["from"]) for h in hits["hits"]] == [(1, "boss")]
     assert none["hits"] == []
 
@@ -294,7 +345,7 @@ def test_mcp_worker_tools_drive_the_agents_own_worker(bus: Bus, db_path: Path, r
     started, beat, dirty, empty, done, status, state = asyncio.run(scenario())
     assert (started["state"], beat["state"], done["state"]) == ("WORKING", "WORKING", "IN_REVIEW")
     assert "uncommitted changes (auth.py)" in dirty
-    assert empty.endswith("or pass allow_empty=True to review an empty branch")  # its argument
+    assert empty.endswith("or pass allow_empty=true to review an empty branch")  # its argument
     assert [w["worker"] for w in status["workers"]] == ["w1"]
     assert state["state"] == "IN_REVIEW" and state["head_commit"] == done["head_commit"]
     assert rows(bus, "SELECT state, note FROM workers") == [("IN_REVIEW", "login fixed")]
@@ -341,7 +392,7 @@ def test_mcp_resources_status_inbox_and_thread(bus: Bus, db_path: Path):
                     await read(client, f"bus://threads/{query.correlation_id}"), missing.value)
 
     status, inbox, thread, missing = asyncio.run(scenario())
-    assert str(missing) == "no worker 'nobody'; `worker status` lists them"
+    assert str(missing) == "no worker 'nobody'; worker_status lists them"
     assert status["file"]["path"] == str(db_path)
     assert (status["log"]["messages"], status["log"]["last_seq"]) == (4, 4)
     assert [c["name"] for c in status["channels"]] == ["talk"]
@@ -408,8 +459,8 @@ def test_cli_mcp_call_errors_exit_1_and_bad_args_exit_2(bus: Bus, db_path: Path)
     unknown = run(["mcp", "--agent", "worker-1", "--call", "claim", "--args",
                    '{"task": "t1", "agent": "planner"}'], db_path)
     assert (unknown.exit_code, unknown.stderr) == (
-        1, "Error: claim: unknown argument(s) agent; it takes lease_ms, task. You always act as"
-           " the server's own agent: no tool takes an agent id.\n")
+        1, "Error: agent: claim takes no such argument; it takes lease_ms, task. You always act"
+           " as your own agent: no tool takes an agent id\n")
     bad_seq = run(["mcp", "--agent", "worker-1", "--call", "ack", "--args", '{"seq": 5}'], db_path)
     assert (bad_seq.exit_code, bad_seq.stderr) == (
         1, "Error: seq: no message has seq 5; the last seq is 0\n")
@@ -449,3 +500,10 @@ def test_mcp_server_killed_before_the_ack_hands_the_message_out_again(bus: Bus, 
     assert first["messages"] == second["messages"] and len(first["messages"]) == 1
     assert acked == {"cursor": 1}
     assert rows(bus, "SELECT agent_id, last_acked_seq FROM cursors") == [("worker-1", 1)]
+
+
+def test_mcp_error_codes_are_the_documented_list():
+    """docs/mcp.md's table is the list `CODES` gives out, in the same order and words."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "mcp.md").read_text()
+    table = re.findall(r"^\| `([a-z_]+)` \| (.+) \|$", doc, re.M)
+    assert table == list(CODES.items())

@@ -18,6 +18,8 @@ from bus.errors import BusError
 class GitError(BusError):
     """git is missing, the path is not a repository, or a git command failed."""
 
+    error_code = "git"
+
 
 class DirtyWorktree(GitError):
     """Uncommitted changes where a clean tree is needed."""

@@ -1,4 +1,4 @@
-"""Tools over the worker lifecycle (as the agent's own worker) and the pump's send-and-wait."""
+"""Tools over the worker lifecycle, as the agent's own worker."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from pydantic import Field
 
 from bus.heartbeats import STATUSES
 from bus.heartbeats import STOPPED
+from bus.mcpserver.kinds import ADDS
+from bus.mcpserver.kinds import READS
+from bus.mcpserver.kinds import SETS
 from bus.mcpserver.log_tools import LeaseMs
-from bus.mcpserver.log_tools import WAIT_MAX_S
 from bus.mcpserver.session import AgentSession
-from bus.pump import client
 from workers.lifecycle import DEFAULT_LEASE_MS
 
 # `stopped` is the last beat the lifecycle itself writes (done, fail, cancel); a
@@ -25,7 +26,7 @@ WorkerLease = Annotated[LeaseMs, Field(description=(
 
 
 class WorkerTools:
-    """The worker lifecycle for the worker whose id is the session's agent, and the pump."""
+    """The worker lifecycle for the worker whose id is the session's agent."""
 
     def __init__(self, session: AgentSession) -> None:
         self.bus = session.bus
@@ -68,26 +69,5 @@ class WorkerTools:
         """Beat as your worker and renew your task's lease; call it at least every few minutes."""
         return self.workers.heartbeat(self.agent, status, progress, lease_ms).to_json_dict()
 
-    def pump_send_and_wait(
-        self,
-        organism: Annotated[str, Field(description="The organism's name (organism.yaml `name`).")],
-        xml: Annotated[str, Field(description=(
-            "The payload element only, e.g. <add><a>1</a><b>2</b></add>; the pump adds the"
-            " envelope."))],
-        to: Annotated[Optional[str], Field(description=(
-            "The listener to ask; omit to ask every listener of the payload's root tag."))] = None,
-        replies: Annotated[int, Field(ge=1, le=100, description=(
-            "How many replies to wait for (a broadcast can get several)."))] = 1,
-        timeout_seconds: Annotated[float, Field(gt=0, le=WAIT_MAX_S, description=(
-            "The longest to wait for them."))] = 30.0,
-    ) -> dict[str, Any]:
-        """Send an XML request to an organism's running pump and wait for the replies.
-
-        A reply with root tag `huh` explains what was wrong with the request.
-        """
-        sent = client.send(self.bus, organism, xml, to=to, client=self.agent)
-        got = client.wait_replies(self.bus, sent, replies, timeout_seconds)
-        return {"sent": sent.to_json_dict(), "replies": [r.to_json_dict() for r in got]}
-
-    TOOLS = ("worker_status", "worker_start", "worker_done", "worker_heartbeat",
-             "pump_send_and_wait")
+    TOOLS = {"worker_status": READS, "worker_start": ADDS, "worker_done": ADDS,
+             "worker_heartbeat": SETS}

@@ -329,6 +329,7 @@ class Pump:
         root = threads.initialize_root(conn, self.name)
         with write_transaction(conn):
             self._inline = InlineRunner(work.last_inbox_seq(conn, self.name))
+            meta.record_capabilities(conn, self.name, self.table.routes.listeners)
             return Writer(self.bus, conn, self.name, self.table.routes, now_ms()).boot(root.uuid)
 
     def _step(self, finished: list[Finished], capacity: Slots, busy: bool) -> _Step:
