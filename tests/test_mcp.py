@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -401,27 +402,63 @@ def test_mcp_resources_status_inbox_and_thread(bus: Bus, db_path: Path):
         ("boss", "Pool size?"), ("planner", "20")]
 
 
+def wait_until(condition, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
 def test_mcp_pump_send_and_wait_gets_the_organisms_reply(bus: Bus, db_path: Path, python_env):
+    async def before_any_pump():
+        async with connected(db_path, "planner") as client:
+            return (await refusal(client, "pump_send_and_wait", organism="example",
+                                  xml="<add><a>1</a><b>2</b></add>"),
+                    await refusal(client, "organism_capabilities", organism="example"))
+
+    unknown, unknown_capabilities = asyncio.run(before_any_pump())
     pump = subprocess.Popen([sys.executable, "-m", "bus.cli", "--db", str(db_path), "pump", "run",
                              str(EXAMPLE), "--no-oob"], env=python_env, cwd=db_path.parent,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
-    async def scenario():
+    async def running():
         async with connected(db_path, "planner") as client:
-            return await call(client, "pump_send_and_wait", organism="example",
-                              xml="<add><a>1.5</a><b>2</b></add>", to="calculator",
-                              timeout_seconds=60)
+            return (await call(client, "pump_send_and_wait", organism="example",
+                               xml="<add><a>1.5</a><b>2</b></add>", to="calculator",
+                               timeout_seconds=60),
+                    await call(client, "organism_capabilities", organism="example"))
+
+    async def stopped():
+        async with connected(db_path, "planner") as client:
+            return await refusal(client, "pump_send_and_wait", organism="example",
+                                 xml="<add><a>1</a><b>2</b></add>")
 
     try:
-        answered = asyncio.run(scenario())
+        wait_until(lambda: rows(bus, "SELECT count(*) FROM heartbeats"
+                                     " WHERE agent_id = 'pump:example'") == [(1,)], "the boot")
+        answered, capabilities = asyncio.run(running())
     finally:
         pump.send_signal(signal.SIGTERM)
         pump.wait(timeout=30)
-    assert answered["sent"]["client"] == "planner"
+    sent_before = rows(bus, "SELECT count(*) FROM messages")
+    not_running = asyncio.run(stopped())
+    assert (unknown["code"], unknown["argument"]) == ("unknown_organism", "organism")
+    assert unknown["message"].startswith("organism: no pump has booted an organism named"
+                                         " 'example' on this bus (booted: none yet)")
+    assert unknown_capabilities["code"] == "unknown_organism"
+    assert (not_running["code"], not_running["argument"]) == ("organism_not_running", "organism")
+    assert "its pump stopped" in not_running["message"]
+    assert rows(bus, "SELECT count(*) FROM messages") == sent_before  # nothing was sent
+    assert answered["sent"]["client"] == "planner" and not answered["timed_out"]
     assert [(r["from"], r["to"], r["xml"]) for r in answered["replies"]] == [
         ("calculator", "planner", "<sum><value>3.5</value></sum>")]
     assert rows(bus, "SELECT from_agent FROM messages WHERE seq = ?", answered["sent"]["seq"]) == [
         ("planner",)]
+    listeners = {entry["name"]: entry for entry in capabilities["listeners"]}
+    assert capabilities["running"] and set(listeners) == {
+        "greeter", "shouter", "calculator", "search.fast", "search.slow"}
+    assert listeners["calculator"]["root_tag"] == "add"
+    assert listeners["calculator"]["example"].startswith("<add>")
 
 
 def test_cli_mcp_list_prints_tools_and_resources(bus: Bus, db_path: Path):
