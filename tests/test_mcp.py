@@ -544,3 +544,38 @@ def test_mcp_error_codes_are_the_documented_list():
     doc = (Path(__file__).resolve().parent.parent / "docs" / "mcp.md").read_text()
     table = re.findall(r"^\| `([a-z_]+)` \| (.+) \|$", doc, re.M)
     assert table == list(CODES.items())
+
+
+def test_mcp_worker_spawn_diff_and_status(bus: Bus, db_path: Path, repo: Path):
+    params = StdioServerParameters(  # started in the repository, as a project's client does
+        command=sys.executable, cwd=str(repo),
+        args=["-m", "bus.cli", "--db", str(db_path), "mcp", "--agent", "lead"])
+
+    async def scenario():
+        async with Client(params, cache=None) as client:
+            spawned = await call(client, "worker_spawn", task="fix-login", worker="w1")
+            worktree = Path(spawned["worktree"])
+            (worktree / "auth.py").write_text("def login():\n    return True\n")
+            git("add", "auth.py", cwd=worktree)
+            git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "Fix",
+                cwd=worktree)
+            diff = await call(client, "worker_diff", worker="w1")
+            short = await call(client, "worker_diff", worker="w1", max_chars=100)
+            status = await call(client, "worker_status", worker="w1")
+            missing = await refusal(client, "worker_diff")  # lead is no worker
+            taken = await refusal(client, "worker_spawn", task="other", worker="w1")
+            return spawned, diff, short, status, missing, taken
+
+    spawned, diff, short, status, missing, taken = asyncio.run(scenario())
+    assert (spawned["worker"], spawned["state"], spawned["branch"]) == (
+        "w1", "ASSIGNED", "w1/fix-login")
+    assert (diff["base"], diff["branch"]) == ("main", "w1/fix-login")
+    assert [line.split("|")[0].strip() for line in diff["files"]] == ["auth.py"]
+    assert diff["summary"] == "1 file changed, 2 insertions(+)"
+    assert "+def login():" in diff["patch"] and not diff["truncated"]
+    assert short["truncated"] and len(short["patch"]) == 100
+    assert [w["state"] for w in status["workers"]] == ["ASSIGNED"]
+    assert (missing["code"], missing["message"]) == (
+        "not_found", "no worker 'lead'; worker_status lists them")
+    assert taken["code"] == "conflict" and "choose another worker id" in taken["message"]
+    assert rows(bus, "SELECT worker_id, state FROM workers") == [("w1", "ASSIGNED")]

@@ -103,6 +103,14 @@ def commits_beyond(path: Path, base: str, ref: str = "HEAD") -> int:
     return int(git("rev-list", "--count", f"{base}..{ref}", cwd=path).stdout.strip())
 
 
+def diff_against_base(repo: Path, base: str, branch: str) -> tuple[list[str], str]:
+    """What `branch` changed since it left `base` (`git diff base...branch`): the
+    `--stat` lines and the patch."""
+    since = f"{base}...{branch}"
+    stat = git("diff", "--stat", "--no-color", since, cwd=repo).stdout.splitlines()
+    return stat, git("diff", "--no-color", since, cwd=repo).stdout
+
+
 def is_merged(repo: Path, branch: str, base: str) -> bool:
     """True if every commit of `branch` is in `base`."""
     return git("merge-base", "--is-ancestor", branch, base, cwd=repo,

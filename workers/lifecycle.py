@@ -161,6 +161,12 @@ class Workers:
                              if w.worker in beats and w.state not in TERMINAL else None)
                 for w in found]
 
+    def diff(self, worker: str) -> tuple[Worker, list[str], str]:
+        """The worker's branch against its base: (worker, `--stat` lines, patch)."""
+        found = self.get(worker)
+        stat, patch = git.diff_against_base(Path(found.repo), found.base, found.branch)
+        return found, stat, patch
+
     # --- transitions ------------------------------------------------------
 
     def spawn(self, task: str, worker: str | None = None, repo: str | os.PathLike[str] | None = None,

@@ -69,5 +69,37 @@ class WorkerTools:
         """Beat as your worker and renew your task's lease; call it at least every few minutes."""
         return self.workers.heartbeat(self.agent, status, progress, lease_ms).to_json_dict()
 
+    def worker_spawn(
+        self,
+        task: Annotated[str, Field(min_length=1, description=(
+            "The task's id; the branch is <worker>/<task>."))],
+        worker: Annotated[Optional[str], Field(description=(
+            "The new worker's id (the agent that will work as it); omit for a generated one."
+        ))] = None,
+        base: Annotated[Optional[str], Field(description=(
+            "Branch to start from and merge into; omit for the repository's current one."
+        ))] = None,
+    ) -> dict[str, Any]:
+        """Create a worker for a task: a branch and its own worktree, in state ASSIGNED.
+
+        The repository is the one the server runs in. Start an agent in the worktree it
+        returns, with the worker's id as its agent name.
+        """
+        return self.workers.spawn(task, worker, None, base).to_json_dict()
+
+    def worker_diff(
+        self,
+        worker: Annotated[Optional[str], Field(description=(
+            "A worker id; omit for your own worker."))] = None,
+        max_chars: Annotated[int, Field(ge=100, le=1_000_000, description=(
+            "The longest patch to return; a longer one is cut (`truncated` says so)."
+        ))] = 20_000,
+    ) -> dict[str, Any]:
+        """What a worker's branch changed since it left its base: the files, then the patch."""
+        found, stat, patch = self.workers.diff(worker or self.agent)
+        return {"worker": found.worker, "base": found.base, "branch": found.branch,
+                "files": stat[:-1] if stat else [], "summary": stat[-1].strip() if stat else "",
+                "patch": patch[:max_chars], "truncated": len(patch) > max_chars}
+
     TOOLS = {"worker_status": READS, "worker_start": ADDS, "worker_done": ADDS,
-             "worker_heartbeat": SETS}
+             "worker_heartbeat": SETS, "worker_spawn": ADDS, "worker_diff": READS}
