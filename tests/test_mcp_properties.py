@@ -29,10 +29,11 @@ from tests.test_mcp import snapshot
 
 AGENT = "planner"
 WAITING = {"wait_seconds", "timeout_seconds"}  # arbitrary waits would only make the test slow
-# exchange always waits for an answer nobody sends here; the pump's tools have their tests.
+# exchange always waits for an answer nobody sends here; worker_spawn would branch the
+# repository the tests run in; the pump's tools have their own tests.
 TOOLS = {name: frozenset(inspect.signature(getattr(group, name)).parameters) - WAITING - {"self"}
          for group in (LogTools, ChannelTools, WorkerTools) for name in group.TOOLS
-         if name != "exchange"}
+         if name not in ("exchange", "worker_spawn")}
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2, 2**63), st.floats(allow_nan=True),
                     st.text(max_size=20), st.sampled_from(["room", "t1", "note", "completed",
@@ -53,8 +54,9 @@ VALID = {
     "channel_search": {"content_pattern": "h"}, "search": {"query": "hello", "limit": 5},
     "worker_status": {},
     "worker_start": {}, "worker_done": {}, "worker_heartbeat": {"progress": 0.5},
+    "worker_diff": {"worker": "w1"},
     "publish_many": {"messages": [{"type": "note", "to": "worker-1"}, {"type": "done"}]},
-    "cursor_reset": {"seq": 1}, "channel_create": {"name": "den", "type": "direct"},
+    "cursor_reset": {"seq": 1}, "reply": {"seq": 1, "type": "answer", "payload": "ok"}, "channel_create": {"name": "den", "type": "direct"},
     "channel_join": {"channel": "lobby", "role": "observer"}, "channel_list": {},
     "dlq_list": {"limit": 5}, "dlq_replay": {"id": 1},
 }

@@ -26,6 +26,10 @@ def test_mcp_exchange_is_answered_by_a_second_session_in_one_call(bus: Bus, db_p
                    payload={"sum": question["payload"]["a"] + 1}, in_reply_to=question["id"])
         return question
 
+    async def answer_with_reply(bob) -> dict:
+        question = (await call(bob, "poll", wait_seconds=60))["messages"][0]
+        return await call(bob, "reply", seq=question["seq"], type="answer", payload="yes")
+
     async def scenario():
         async with connected(db_path, "alice") as alice, connected(db_path, "bob") as bob:
             answering = asyncio.create_task(answer_one(bob))
@@ -35,17 +39,26 @@ def test_mcp_exchange_is_answered_by_a_second_session_in_one_call(bus: Bus, db_p
             question = await answering
             unanswered = await call(alice, "exchange", to="bob", type="question",
                                     wait_seconds=0.2)
-            return asked, question, unanswered
+            await call(bob, "ack", seq=unanswered["sent"]["seq"])
+            replying = asyncio.create_task(answer_with_reply(bob))
+            replied = await call(alice, "exchange", to="bob", type="question", wait_seconds=60)
+            not_mine = await refusal(bob, "reply", seq=replied["reply"]["seq"], type="answer")
+            return asked, question, unanswered, replied, await replying, not_mine
 
-    asked, question, unanswered = asyncio.run(scenario())
+    asked, question, unanswered, replied, reply, not_mine = asyncio.run(scenario())
     got = asked.structured_content
     assert not asked.is_error and not got["timed_out"] and got["acked"]
     assert got["reply"]["payload"] == {"sum": 42} and got["reply"]["from"] == "bob"
     assert got["reply"]["in_reply_to"] == question["id"] == got["sent"]["id"]
-    assert rows(bus, "SELECT agent_id, last_acked_seq FROM cursors WHERE agent_id = 'alice'") == [
-        ("alice", got["reply"]["seq"])]
+    assert got["reply"]["seq"] == 2  # and alice's cursor moved past it (acked)
     assert unanswered["timed_out"] and unanswered["reply"] is None
     assert not unanswered["acked"]
+    assert replied["reply"]["payload"] == "yes" and replied["acked"]
+    assert rows(bus, "SELECT agent_id, last_acked_seq FROM cursors WHERE agent_id = 'alice'") == [
+        ("alice", replied["reply"]["seq"])]
+    assert replied["reply"]["in_reply_to"] == replied["sent"]["id"]
+    assert reply["messages"] == [] and reply["cursor"] == replied["sent"]["seq"]  # acked
+    assert (not_mine["code"], not_mine["argument"]) == ("invalid_argument", "seq")
 
 
 def test_mcp_exchange_does_not_ack_past_a_message_waiting_before_the_reply(

@@ -14,6 +14,7 @@ from pydantic import Field
 from bus.api import LEASE_MS_MAX
 from bus.api import POLL_LIMIT_MAX
 from bus.api import TASK_ID_MAX
+from bus.errors import ValidationFailed
 from bus.heartbeats import KEEP
 from bus.heartbeats import STATUSES
 from bus.search import LIMIT_MAX as SEARCH_LIMIT_MAX
@@ -127,6 +128,35 @@ class LogTools:
         return {"sent": sent.to_json_dict(), "timed_out": False,
                 "reply": reply[0].to_json_dict(), "acked": self._ack_if_next(reply[0].seq)}
 
+    def reply(
+        self,
+        seq: Annotated[int, Field(ge=1, description="The seq of the message you answer.")],
+        type: Annotated[str, Field(description="Message type of the answer, e.g. answer.")],
+        payload: Annotated[Any, Field(description="Any JSON value: the answer.")] = None,
+        wait_seconds: Wait = 0.0,
+        limit: Limit = 100,
+    ) -> dict[str, Any]:
+        """Answer a message you polled, acknowledge it, then read what waits next: one call.
+
+        The answer goes to the message's sender with in_reply_to (and correlation_id) set,
+        so an `exchange` waiting for it returns. Then, as poll with wait_seconds, the
+        messages waiting for you come back: a responder's whole turn in one call.
+        """
+        question = self._message_for_me(seq)
+        sent = self.bus.publish(self.agent, type, payload, to=question.from_agent,
+                                in_reply_to=question.id, correlation_id=question.correlation_id)
+        self.bus.ack(self.agent, seq)
+        found = wait_for_any(self.bus, lambda: self.bus.poll(self.agent, limit), wait_seconds)
+        return {"sent": sent.to_json_dict(), "messages": [m.to_json_dict() for m in found],
+                "cursor": self.bus.cursor(self.agent)}
+
+    def _message_for_me(self, seq: int) -> Any:
+        found = self.bus.list_messages(seq - 1, 1)
+        if not found or found[0].seq != seq or found[0].to_agent not in (None, self.agent):
+            raise ValidationFailed("seq", f"no message with seq {seq} was sent to you; answer"
+                                          " a seq that poll returned")
+        return found[0]
+
     def _ack_if_next(self, seq: int) -> bool:
         """Ack `seq` when it is the first message waiting: acking never skips another one."""
         first = self.bus.poll(self.agent, 1)
@@ -226,6 +256,7 @@ class LogTools:
         hits = self.bus.search(query, type=type, from_agent=published_by, limit=limit)
         return {"query": query, "hits": [hit.to_json_dict() for hit in hits]}
 
-    TOOLS = {"publish": ADDS, "publish_many": ADDS, "exchange": ADDS, "poll": SETS, "ack": SETS,
+    TOOLS = {"publish": ADDS, "publish_many": ADDS, "exchange": ADDS, "reply": ADDS,
+             "poll": SETS, "ack": SETS,
              "cursor_reset": RESETS, "heartbeat": SETS, "liveness": READS, "claim": SETS,
              "renew": SETS, "release": SETS, "search": READS}
