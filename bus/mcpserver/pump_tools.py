@@ -12,8 +12,6 @@ from bus.mcpserver.kinds import ADDS
 from bus.mcpserver.kinds import READS
 from bus.mcpserver.log_tools import WAIT_MAX_S
 from bus.mcpserver.session import AgentSession
-from bus.pump import client
-from bus.pump import meta
 
 Organism = Annotated[str, Field(description="The organism's name (organism.yaml `name`).")]
 
@@ -36,6 +34,9 @@ class PumpTools:
         From the schemas the organism's pump loaded at its last start: send an example,
         changed to your values, with pump_send_and_wait (to = the listener's name).
         """
+        from bus.pump import client  # the pump's modules (lxml, YAML...): loaded when used
+        from bus.pump import meta
+
         with_schemas = meta.recorded_capabilities(self.bus.conn, organism)
         try:
             client.check_running(self.bus, organism)
@@ -69,6 +70,8 @@ class PumpTools:
         `huh` explains what was wrong with the request. `timed_out` true: fewer replies
         than asked for came within timeout_seconds.
         """
+        from bus.pump import client
+
         client.check_running(self.bus, organism)
         sent = client.send(self.bus, organism, xml, to=to, client=self.agent)
         got = client.wait_replies(self.bus, sent, replies, timeout_seconds)
