@@ -56,7 +56,8 @@ VALID = {
     "worker_start": {}, "worker_done": {}, "worker_heartbeat": {"progress": 0.5},
     "worker_diff": {"worker": "w1"},
     "publish_many": {"messages": [{"type": "note", "to": "worker-1"}, {"type": "done"}]},
-    "cursor_reset": {"seq": 1}, "reply": {"seq": 1, "type": "answer", "payload": "ok"}, "channel_create": {"name": "den", "type": "direct"},
+    "cursor_reset": {"seq": 1}, "reply": {"seq": 1, "type": "answer", "payload": "ok"},
+    "channel_create": {"name": "den", "type": "direct"},
     "channel_join": {"channel": "lobby", "role": "observer"}, "channel_list": {},
     "dlq_list": {"limit": 5}, "dlq_replay": {"id": 1},
 }

@@ -66,9 +66,9 @@ INSTRUCTIONS = (
     "agentbus: a message bus shared by agents, in one SQLite file. You act as agent {agent};"
     " every tool publishes, acks, claims and beats as {agent} and as no one else. Poll for"
     " messages and ack what you handled (or poll with ack_through); ask and get the answer in"
-    " one call with exchange; claim a task before working on it and renew the lease while you"
-    " do; beat with heartbeat so others know you are alive. Errors carry a code and name the"
-    " argument at fault and how to fix it."
+    " one call with exchange, and answer a question with reply; claim a task before working"
+    " on it and renew the lease while you do; beat with heartbeat so others know you are"
+    " alive. Errors carry a code and name the argument at fault and how to fix it."
 )
 JOIN_INSTRUCTIONS = (
     "agentbus: a message bus shared by agents, in one SQLite file. Call join(name) first to"
