@@ -27,6 +27,7 @@ from mcp import StdioServerParameters
 from bus import Bus
 from bus.mcpserver.channel_tools import ChannelTools
 from bus.mcpserver.failures import CODES
+from bus.mcpserver.failures import in_tool_terms
 from bus.mcpserver.log_tools import LogTools
 from bus.mcpserver.pump_tools import PumpTools
 from bus.mcpserver.resources import Resources
@@ -579,3 +580,23 @@ def test_mcp_worker_spawn_diff_and_status(bus: Bus, db_path: Path, repo: Path):
         "not_found", "no worker 'lead'; worker_status lists them")
     assert taken["code"] == "conflict" and "choose another worker id" in taken["message"]
     assert rows(bus, "SELECT worker_id, state FROM workers") == [("w1", "ASSIGNED")]
+
+
+@pytest.mark.parametrize("cli, tool", [
+    ("channel: no channel named 'x'; create it with `bus channel create` or list them with"
+     " `bus channel list`",
+     "channel: no channel named 'x'; create it with channel_create or list them with"
+     " channel_list"),
+    ("task t1 is taken: worker w2 (WORKING) holds it; wait until it finishes, or"
+     " `worker cancel w2`",
+     "task t1 is taken: worker w2 (WORKING) holds it; wait until it finishes, or ask whoever"
+     " leads to cancel worker w2"),
+    ("/r has no commits yet; make a first commit (git commit --allow-empty -m initial) and"
+     " spawn again", "/r has no commits yet; make a first commit and spawn again"),
+    ("/r has a detached HEAD; pass --base with the branch to work from",
+     "/r has a detached HEAD; give base, the branch to work from"),
+    ("or pass allow_empty=True to review an empty branch",
+     "or pass allow_empty=true to review an empty branch"),
+])
+def test_mcp_library_hints_are_rewritten_in_tool_terms(cli: str, tool: str):
+    assert in_tool_terms(cli) == tool

@@ -150,6 +150,13 @@ _TOOL_TERMS = (
     (re.compile(r"run `bus search --enable` \(or Bus\.enable_search\(\)\) once"),
      "the bus's operator enables it once; until then use channel_search"),
     (re.compile(r"choose another --worker id"), "choose another worker id"),
+    (re.compile(r"or `worker cancel ([^`]+)`"), r"or ask whoever leads to cancel worker \1"),
+    (re.compile(r"pass --repo with a git repository"),
+     "start the server in a git repository"),
+    (re.compile(r"pass --repo or run git init"), "start the server in a git repository"),
+    (re.compile(r"pass --base with the branch to work from"), "give base, the branch to work from"),
+    (re.compile(r"make a first commit \(git commit --allow-empty -m initial\)"),
+     "make a first commit"),
     (re.compile(r"pass --force"), "pass force=true"),
     (re.compile(r"\b([a-z_]+)=True\b"), r"\1=true"),
 )
