@@ -600,3 +600,11 @@ def test_mcp_worker_spawn_diff_and_status(bus: Bus, db_path: Path, repo: Path):
 ])
 def test_mcp_library_hints_are_rewritten_in_tool_terms(cli: str, tool: str):
     assert in_tool_terms(cli) == tool
+
+
+def test_cli_mcp_call_error_with_json_names_the_argument(bus: Bus, db_path: Path):
+    refused = run(["mcp", "--agent", "w1", "--call", "ack", "--args", '{"seq": 9}', "--json"],
+                  db_path)
+    assert refused.exit_code == 1
+    assert json.loads(refused.stderr) == {
+        "error": "seq: no message has seq 9; the last seq is 0", "field": "seq"}

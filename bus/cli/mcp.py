@@ -77,8 +77,17 @@ def _call(server: Any, tool: str, arguments: dict[str, Any]) -> None:
 
     failed, result = call_tool(server, tool, arguments)
     if failed:
-        raise click.ClickException(result["error"]["message"])
+        error = result["error"]
+        raise click.ClickException(error["message"]) from _Refused(error["argument"])
     echo_json(result)
+
+
+class _Refused(Exception):
+    """The argument a tool error names: `--json` shows it as the error's field."""
+
+    def __init__(self, field: str | None) -> None:
+        super().__init__(field)
+        self.field = field
 
 
 def _list(server: Any, as_json: bool) -> None:
