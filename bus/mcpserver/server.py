@@ -31,9 +31,12 @@ of names instead of kinds is refused when the server is built.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import sys
 from typing import Any
 from typing import Callable
+from typing import Iterator
 
 import anyio
 import orjson
@@ -95,10 +98,11 @@ def build_server(session: AgentSession) -> MCPServer:
     groups = ([IdentityTools] if session.agent is None else []) + TOOL_GROUPS
     served = _Groups(session)
     gate = _Gate(session)
-    server = MCPServer(
-        name="agentbus", version=__version__, log_level="WARNING", middleware=[gate],
-        instructions=(JOIN_INSTRUCTIONS if session.agent is None
-                      else INSTRUCTIONS.format(agent=session.agent)))
+    with _without_rich():
+        server = MCPServer(
+            name="agentbus", version=__version__, log_level="WARNING", middleware=[gate],
+            instructions=(JOIN_INSTRUCTIONS if session.agent is None
+                          else INSTRUCTIONS.format(agent=session.agent)))
     gate.server = server
     for group in groups:
         for name, kind in _declared(group).items():
@@ -110,6 +114,27 @@ def build_server(session: AgentSession) -> MCPServer:
         server.resource(uri, name=name, mime_type="application/json")(
             served.resource(name))
     return server
+
+
+@contextlib.contextmanager
+def _without_rich() -> Iterator[None]:
+    """The SDK's plain stderr log handler, as with the mcp extra alone.
+
+    MCPServer logs through `rich` when it can import it (the views extra brings it,
+    with textual): that import alone was a quarter of building the server (about
+    5% of the time to the first tool listing), for colours on a stderr nobody reads. A None entry in sys.modules makes
+    the import fail (the SDK then uses logging.StreamHandler); it is put back after.
+    """
+    missing = object()
+    saved = sys.modules.get("rich.console", missing)
+    if saved is not missing:  # rich was loaded already (by `bus top` in this process?)
+        yield
+        return
+    sys.modules["rich.console"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        del sys.modules["rich.console"]
 
 
 def _declared(group: type) -> dict[str, ToolKind]:
