@@ -134,6 +134,7 @@ class Stepper:
         root = threads.initialize_root(conn, self.name)
         with self._batch([], checkpoints.HERE) as batch:
             self._inline = InlineRunner(work.last_inbox_seq(conn, self.name))
+            meta.record_capabilities(conn, self.name, self.table.routes.listeners)
             return batch.boot(root.uuid)
 
     @contextmanager
