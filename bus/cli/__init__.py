@@ -20,6 +20,7 @@ from bus.cli import mcp
 from bus.cli import messaging
 from bus.cli import pump
 from bus.cli import search
+from bus.cli import tokens
 from bus.cli import xml
 from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
@@ -58,7 +59,7 @@ def main(ctx: click.Context, db: str, durability: str, max_payload_bytes: int,
     ctx.obj = BusContext(ctx, db, durability, max_payload_bytes, as_json)
 
 
-for _module in (messaging, coordination, history, channels, pump, xml, search, mcp, admin, live):
+for _module in (messaging, coordination, history, channels, pump, xml, search, mcp, tokens, admin, live):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 add_moved_aliases(main)

@@ -24,7 +24,7 @@ SECTIONS = (
                       "reap")),
     ("Channels", ("channel", "dlq")),
     ("Pump and XML", ("pump", "xml")),
-    ("Agents", ("mcp",)),
+    ("Agents", ("mcp", "token")),
     ("Export and history", ("export", "history")),
     ("Admin", ("status", "check", "top", "serve", "consumers", "consumer", "cursor", "sql",
                "tables", "schema", "migrate", "gc", "compact", "help")),

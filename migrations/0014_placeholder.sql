@@ -1,0 +1,2 @@
+-- 0014_placeholder: holds this number for another branch's migration, so this branch's run 1..n.
+-- readers: unchanged (nothing here; the merge replaces this file with that branch's own)
