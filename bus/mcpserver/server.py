@@ -7,6 +7,7 @@ import importlib.metadata
 import inspect
 from typing import Any
 from typing import Callable
+from typing import Sequence
 
 import anyio
 from mcp import Client
@@ -39,13 +40,17 @@ INSTRUCTIONS = (
 )
 
 
-def build_server(session: AgentSession) -> MCPServer:
-    """An MCPServer whose tools and resources act on `session`'s bus as its agent."""
+def build_server(session: AgentSession, *, middleware: Sequence[Any] = ()) -> MCPServer:
+    """An MCPServer whose tools and resources act on `session`'s bus as its agent.
+
+    `middleware` runs after the server's own (bus/mcpserver/http.py adds the
+    refusal of writes for a read-only token).
+    """
     groups = [group(session) for group in tool_groups()]
     tools = {name: getattr(group, name) for group in groups for name in group.TOOLS}
     server = MCPServer(name="agentbus", version=__version__, log_level="WARNING",
                        instructions=INSTRUCTIONS.format(agent=session.agent),
-                       middleware=[UnknownArguments(tools)])
+                       middleware=[UnknownArguments(tools), *middleware])
     for name, tool in tools.items():
         server.add_tool(_reporting(tool, ToolError), name=name)
     for group in [Resources(session), *groups]:
