@@ -42,11 +42,14 @@ def top(obj: BusContext) -> None:
               help="Serve HTTPS with this certificate (PEM); needs --keyfile.")
 @click.option("--keyfile", type=click.Path(exists=True, dir_okay=False),
               help="The private key of --certfile (PEM).")
+@click.option("--require-token", is_flag=True,
+              help="Require a token for the page too on loopback (always so on another --host).")
 @click.option("--allow-remote", is_flag=True, hidden=True,
               help="Deprecated: a non-loopback --host now needs a token instead.")
 @pass_bus_context
 def serve(obj: BusContext, host: str, port: int, with_mcp: bool, allowed_hosts: tuple[str, ...],
-          certfile: str | None, keyfile: str | None, allow_remote: bool) -> None:
+          certfile: str | None, keyfile: str | None, require_token: bool,
+          allow_remote: bool) -> None:
     """Serve a live status page with charts, and with --mcp the bus to MCP clients.
 
     The page updates as commits land and works offline (Plotly is served
@@ -88,7 +91,7 @@ def serve(obj: BusContext, host: str, port: int, with_mcp: bool, allowed_hosts: 
     try:
         views.serve(obj.db, host, port, durability=obj.durability, ready=ready,
                     checker=TokenChecker(bus), allowed_hosts=allowed_hosts, certfile=certfile,
-                    keyfile=keyfile, **extra)
+                    keyfile=keyfile, require_token=require_token, **extra)
     except KeyboardInterrupt:
         pass  # uvicorn has shut down cleanly and re-raised the Ctrl-C: stopping is the normal end
 

@@ -245,9 +245,14 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def check_host(host: str, checker: TokenChecker | None) -> None:
+def check_host(host: str, checker: TokenChecker | None, require_token: bool = False) -> None:
     """Listen beyond this machine only when a token exists: then every path needs one."""
-    if host not in LOOPBACK and (checker is None or not any_usable_token(checker.bus.conn)):
+    no_token = checker is None or not any_usable_token(checker.bus.conn)
+    if require_token and no_token:
+        raise ValidationFailed("require_token", "no token exists, so nobody could reach the"
+                                                " server; create one with bus token create"
+                                                " --agent ID")
+    if host not in LOOPBACK and no_token:
         raise ValidationFailed(
             "host", f"{host} is reachable from other machines, so every request needs a token,"
                     " and none exists; create one with bus token create --agent ID, or use"
@@ -272,23 +277,24 @@ def listen(host: str, port: int) -> socket.socket:
 def serve(path: str, host: str = "127.0.0.1", port: int = 8765, *,
           durability: str = "normal", ready: Callable[[str], Any] = lambda url: None,
           checker: TokenChecker | None = None, allowed_hosts: Sequence[str] = (),
-          certfile: str | None = None, keyfile: str | None = None,
+          certfile: str | None = None, keyfile: str | None = None, require_token: bool = False,
           extra_routes: Sequence[BaseRoute] = (),
           extra_lifespan: Callable[[], AsyncContextManager[Any]] | None = None) -> None:
     """Serve the page until interrupted; `ready(url)` is called once it listens.
 
     `checker` checks the tokens (bus/tokens.py); a `host` beyond this machine
     needs one and a usable token in the file, and then every path needs a
-    token. `certfile` and `keyfile` serve HTTPS. Raises ValidationFailed for
+    token; `require_token` asks for one on loopback too. `certfile` and
+    `keyfile` serve HTTPS. Raises ValidationFailed for
     a remote host without a token or a port that is taken, and what
     `read_status` raises for a file that cannot be shown.
     """
-    check_host(host, checker)
+    check_host(host, checker, require_token)
     read_status(path, durability)
     tls = certfile is not None
     sock = listen(host, port)
     shown_host = f"[{host}]" if ":" in host else host
-    guard = GuardSettings(host, sock.getsockname()[1], tokens_everywhere=host not in LOOPBACK,
+    guard = GuardSettings(host, sock.getsockname()[1], tokens_everywhere=require_token or host not in LOOPBACK,
                           allowed_hosts=tuple(allowed_hosts), tls=tls, checker=checker)
     app = create_app(path, durability, guard=guard, extra_routes=extra_routes,
                      extra_lifespan=extra_lifespan)
