@@ -73,7 +73,10 @@ def serve(obj: BusContext, host: str, port: int, with_mcp: bool, allowed_hosts: 
         click.echo("note: --allow-remote is no longer needed: a non-loopback --host is served"
                    " when a token exists (bus token create), and every request needs one",
                    err=True)
-    bus = obj.open()
+    # The page alone on loopback reads the file read-only; tokens need the bus
+    # (a token's last use is written), and so do the tools.
+    needs_bus = with_mcp or require_token or host not in views.LOOPBACK
+    bus = obj.open() if needs_bus else None
     extra: dict[str, Any] = {}
     if with_mcp:
         http = import_extra("bus.mcpserver.http", "mcp", "bus serve --mcp")
@@ -90,7 +93,7 @@ def serve(obj: BusContext, host: str, port: int, with_mcp: bool, allowed_hosts: 
 
     try:
         views.serve(obj.db, host, port, durability=obj.durability, ready=ready,
-                    checker=TokenChecker(bus), allowed_hosts=allowed_hosts, certfile=certfile,
+                    checker=TokenChecker(bus) if bus is not None else None, allowed_hosts=allowed_hosts, certfile=certfile,
                     keyfile=keyfile, require_token=require_token, **extra)
     except KeyboardInterrupt:
         pass  # uvicorn has shut down cleanly and re-raised the Ctrl-C: stopping is the normal end
