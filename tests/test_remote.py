@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -284,3 +285,46 @@ def test_serve_page_with_a_token_in_chromium(served, db_path: Path) -> None:
         fresh = browser.new_context().new_page()  # a context of its own: no cookie
         assert fresh.goto(server.url + "api/status").status == 401
         browser.close()
+
+
+# --- beyond loopback, and TLS ------------------------------------------------------------
+
+
+def test_serve_on_every_address_needs_a_token_everywhere_and_warns_without_tls(
+        served, db_path: Path) -> None:
+    _, token = token_for(db_path, "viewer", read_only=True)
+    server = served("--host", "0.0.0.0")
+    port = server.url.rstrip("/").rsplit(":", 1)[1]
+    local = f"http://127.0.0.1:{port}/"
+    for path in ("", "api/status", "events", "mcp"):
+        method = "POST" if path == "mcp" else "GET"
+        status, headers = http_status(local + path, None, method)
+        assert status == 401 and headers["www-authenticate"].startswith("Bearer "), path
+    assert http_status(local + "api/status", token, "GET")[0] == 200
+    server.stop()
+    assert "warning: serving 0.0.0.0 over plain HTTP" in server.proc.stderr.read()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificate")
+def test_serve_with_certfile_and_keyfile_speaks_https(served, db_path: Path,
+                                                      tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    _, token = token_for(db_path, "w1")
+    proc = subprocess.Popen([sys.executable, "-m", "bus.cli", "--db", str(db_path), "serve",
+                             "--mcp", "--port", "0", "--certfile", str(cert), "--keyfile",
+                             str(key)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert " at https://127.0.0.1:" in line, line + proc.stderr.read()
+        url = line.split(" at ")[1].split()[0]
+        context = ssl.create_default_context(cafile=str(cert))
+        context.check_hostname = False  # the certificate names localhost, the URL 127.0.0.1
+        request = urllib.request.Request(url + "api/status")
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            assert response.status == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)

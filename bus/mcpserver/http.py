@@ -21,6 +21,7 @@ from typing import Any
 from typing import AsyncIterator
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.abc import TaskStatus
 from mcp.server.context import CallNext
@@ -42,6 +43,8 @@ from bus.mcpserver.session import AgentSession
 from bus.tokens import Token
 from bus.views.guard import MCP_PATH
 from bus.views.guard import TOKEN_SCOPE_KEY
+
+WORKER_THREADS = 256  # tool calls at once (each a thread; a waiting poll holds one)
 
 # FALLBACK until every tool carries ToolAnnotations (the "mcp" part of issue 34's
 # session adds them): the tools that change nothing, for tools with no annotations.
@@ -96,6 +99,9 @@ class McpEndpoint:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """For as long as the app runs: the managers started on demand live in here."""
+        # Every tool call takes a worker thread, and a poll that waits holds its thread
+        # for up to wait_seconds: anyio's default of 40 would queue the 41st agent.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = WORKER_THREADS
         async with anyio.create_task_group() as tasks:
             self._tasks = tasks
             try:
