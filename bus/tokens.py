@@ -46,7 +46,9 @@ _LIST_SQL = f"SELECT {_COLUMNS} FROM tokens ORDER BY created_ms, id"
 _BY_ID_SQL = f"SELECT {_COLUMNS} FROM tokens WHERE id = ?"
 _BY_HASH_SQL = f"SELECT {_COLUMNS}, secret_sha256 FROM tokens WHERE secret_sha256 = ?"
 _REVOKE_SQL = "UPDATE tokens SET revoked_ms = ? WHERE id = ? AND revoked_ms IS NULL"
-_USED_SQL = "UPDATE tokens SET last_used_ms = ? WHERE id = ? AND coalesce(last_used_ms, 0) < ?"
+# Another server process on the same file may have just written it: then it is fresh enough.
+_USED_SQL = ("UPDATE tokens SET last_used_ms = ? WHERE id = ?"
+             " AND (last_used_ms IS NULL OR last_used_ms <= ?)")
 _ACTIVE_SQL = ("SELECT EXISTS (SELECT 1 FROM tokens WHERE revoked_ms IS NULL"
                " AND (expires_ms IS NULL OR expires_ms > ?))")
 
@@ -162,7 +164,8 @@ class TokenChecker:
 
     def _note_use(self, token_id: str, now: int) -> None:
         with self._lock:
-            if now - self._written.get(token_id, 0) < LAST_USED_GRAIN_MS:
+            last = self._written.get(token_id)
+            if last is not None and now - last < LAST_USED_GRAIN_MS:
                 return
             self._written[token_id] = now
         with write_transaction(self.bus.conn) as conn:
