@@ -328,3 +328,14 @@ def test_serve_with_certfile_and_keyfile_speaks_https(served, db_path: Path,
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
+
+
+def test_read_only_is_the_tools_annotation_then_the_fallback_set() -> None:
+    from mcp.types import ToolAnnotations
+
+    from bus.mcpserver.http import read_only_tool
+
+    assert read_only_tool("publish", ToolAnnotations(readOnlyHint=True))
+    assert not read_only_tool("poll", ToolAnnotations(readOnlyHint=False))
+    assert read_only_tool("poll", None) and read_only_tool("poll", ToolAnnotations())
+    assert not read_only_tool("publish", None)
