@@ -147,7 +147,20 @@ class TokenChecker:
         self._lock = threading.Lock()
 
     def check(self, presented: str | None, now: int | None = None) -> Token | None:
-        """The usable token `presented` is, or None (missing, unknown, revoked, expired)."""
+        """The usable token `presented` is, or None (missing, unknown, revoked, expired).
+
+        Notes its last use as well: a write once a minute per token, which may
+        wait for the write lock. An event loop calls `find` and `note_use_due`
+        itself, and `note_use` in a thread only when one is due.
+        """
+        now = now_ms() if now is None else now
+        token = self.find(presented, now)
+        if token is not None and self.note_use_due(token.id, now):
+            self.note_use(token.id, now)
+        return token
+
+    def find(self, presented: str | None, now: int) -> Token | None:
+        """`check` without the write: one indexed read, which never waits (WAL readers)."""
         if not presented or not presented.startswith(TOKEN_PREFIX):
             return None
         digest = secret_hash(presented)
@@ -156,18 +169,18 @@ class TokenChecker:
         if row is None or not hmac.compare_digest(row[-1], digest):
             return None
         token = _token(row[:-1])
-        now = now_ms() if now is None else now
-        if not token.usable(now):
-            return None
-        self._note_use(token.id, now)
-        return token
+        return token if token.usable(now) else None
 
-    def _note_use(self, token_id: str, now: int) -> None:
+    def note_use_due(self, token_id: str, now: int) -> bool:
+        """Whether this use is to be written; if so, it counts as written from now."""
         with self._lock:
             last = self._written.get(token_id)
             if last is not None and now - last < LAST_USED_GRAIN_MS:
-                return
+                return False
             self._written[token_id] = now
+            return True
+
+    def note_use(self, token_id: str, now: int) -> None:
         with write_transaction(self.bus.conn) as conn:
             conn.execute(_USED_SQL, (now, token_id, now - LAST_USED_GRAIN_MS))
 

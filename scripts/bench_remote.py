@@ -92,7 +92,7 @@ def start_server(db: Path) -> tuple[subprocess.Popen[str], str]:
     return proc, line.split(" at ")[1].split()[0] + "mcp"
 
 
-STARTUP_S = 20.0  # the agents' processes start and connect before this; then all call at once
+STARTUP_S = 60.0  # the agents' processes start and connect before this; then all call at once
 
 
 def many_agents(url: str, tokens: dict[str, str], count: int) -> tuple[float, list[float]]:

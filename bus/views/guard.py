@@ -34,6 +34,7 @@ from starlette.types import Receive
 from starlette.types import Scope
 from starlette.types import Send
 
+from bus.messages import now_ms
 from bus.tokens import TokenChecker
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -119,8 +120,14 @@ class Guard:
         checker = self.settings.checker
         if not presented or checker is None:
             return None
-        # A read of the file (and, once a minute per token, a write): not on the event loop.
-        return await anyio.to_thread.run_sync(checker.check, presented)
+        now = now_ms()
+        # One indexed read, on the loop: a WAL reader never waits, and a hop to a
+        # thread per request cost more than the read. The write of the token's last
+        # use (once a minute) may wait for the write lock: in a thread.
+        token = checker.find(presented, now)
+        if token is not None and checker.note_use_due(token.id, now):
+            await anyio.to_thread.run_sync(checker.note_use, token.id, now)
+        return token
 
     def _set_cookie(self, scope: Scope, token: str) -> RedirectResponse:
         query = {k: v for k, v in parse_qs(scope.get("query_string", b"").decode()).items()
