@@ -38,7 +38,8 @@ async def call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[str
 async def exchange(client: Client, args: dict[str, Any]) -> None:
     errors: list[str] = []
     for n in range(args["count"]):
-        done = await call(client, "publish", {"type": "work", "to": args["to"], "payload": {"n": n}})
+        done = await call(client, "publish", {"type": "work", "to": args["to"],
+                                              "payload": {"n": n}})
         errors += [done["error"]] if "error" in done else []
     granted = []
     for task in args["tasks"]:

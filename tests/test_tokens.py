@@ -16,7 +16,7 @@ from bus.tokens import revoke_token
 
 
 def data_version(bus: Bus) -> int:
-    """Changes when another connection commits (https://sqlite.org/pragma.html#pragma_data_version)."""
+    """Changes when another connection commits (sqlite.org/pragma.html#pragma_data_version)."""
     return bus.conn.execute("PRAGMA data_version").get
 
 

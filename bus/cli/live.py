@@ -61,7 +61,8 @@ def serve(obj: BusContext, host: str, port: int, with_mcp: bool, allowed_hosts: 
     \b
     Example:
       bus serve --port 8765   # then open http://127.0.0.1:8765/
-      bus token create --agent worker-1 && bus serve --mcp --host 0.0.0.0 --certfile c.pem --keyfile k.pem
+      bus token create --agent worker-1
+      bus serve --mcp --host 0.0.0.0 --certfile cert.pem --keyfile key.pem
     """
     # Starlette and uvicorn load only for this command; plotly (whose JS the page
     # loads from the installed package) is checked now, not at the first request.
@@ -93,7 +94,8 @@ def serve(obj: BusContext, host: str, port: int, with_mcp: bool, allowed_hosts: 
 
     try:
         views.serve(obj.db, host, port, durability=obj.durability, ready=ready,
-                    checker=TokenChecker(bus) if bus is not None else None, allowed_hosts=allowed_hosts, certfile=certfile,
+                    checker=TokenChecker(bus) if bus is not None else None,
+                    allowed_hosts=allowed_hosts, certfile=certfile,
                     keyfile=keyfile, require_token=require_token, **extra)
     except KeyboardInterrupt:
         pass  # uvicorn has shut down cleanly and re-raised the Ctrl-C: stopping is the normal end

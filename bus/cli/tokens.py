@@ -70,7 +70,8 @@ def token_list(obj: BusContext, as_json: bool) -> None:
     if not found:
         click.echo("no tokens; create one with bus token create --agent ID")
     for one in found:
-        state = "revoked" if one.revoked_ms is not None else "read-only" if one.read_only else "read-write"
+        state = ("revoked" if one.revoked_ms is not None
+                 else "read-only" if one.read_only else "read-write")
         click.echo(f"{one.id}  {one.agent}  {state}  created {_when(one.created_ms)}"
                    f"  expires {_when(one.expires_ms, 'never')}"
                    f"  last used {_when(one.last_used_ms, 'never')}")

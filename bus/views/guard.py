@@ -61,7 +61,8 @@ class GuardSettings:
             return False
         name, port = _split_host(host_header)
         default_port = 443 if self.tls else 80
-        if self.port and port != str(self.port) and not (port is None and self.port == default_port):
+        implied = port is None and self.port == default_port  # "Host: name" means port 80/443
+        if self.port and port != str(self.port) and not implied:
             return False
         if self.host in LOOPBACK:
             return name in LOOPBACK

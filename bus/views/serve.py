@@ -294,7 +294,8 @@ def serve(path: str, host: str = "127.0.0.1", port: int = 8765, *,
     tls = certfile is not None
     sock = listen(host, port)
     shown_host = f"[{host}]" if ":" in host else host
-    guard = GuardSettings(host, sock.getsockname()[1], tokens_everywhere=require_token or host not in LOOPBACK,
+    guard = GuardSettings(host, sock.getsockname()[1],
+                          tokens_everywhere=require_token or host not in LOOPBACK,
                           allowed_hosts=tuple(allowed_hosts), tls=tls, checker=checker)
     app = create_app(path, durability, guard=guard, extra_routes=extra_routes,
                      extra_lifespan=extra_lifespan)
