@@ -339,3 +339,9 @@ def test_read_only_is_the_tools_annotation_then_the_fallback_set() -> None:
     assert not read_only_tool("poll", ToolAnnotations(readOnlyHint=False))
     assert read_only_tool("poll", None) and read_only_tool("poll", ToolAnnotations())
     assert not read_only_tool("publish", None)
+
+
+def test_serve_allow_remote_is_deprecated_with_a_note(served) -> None:
+    server = served("--allow-remote")
+    server.stop()
+    assert "note: --allow-remote is no longer needed" in server.proc.stderr.read()
