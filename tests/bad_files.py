@@ -40,6 +40,10 @@ def good_bus(path: Path) -> None:
         bus.ack("a", 5)
         bus.heartbeat("a", "working", task="t1")
         bus.claim("t1", "a")
+        bus.add_task("g0", title="a task of the graph")
+        bus.add_task("g1", title="another")
+        bus.claim_next("a")  # g0, fence 1
+        bus.reserve("a", ["src/**"])
         engine = bus.channels
         engine.create_channel("c", "group", "o")
         engine.join_channel("c", "a")
@@ -249,6 +253,19 @@ ARGS: dict[str, list[str]] = {
     "bus pump threads": [],
     "bus reap": [],
     "bus release": ["--task", "t1", "--agent", "a"],
+    "bus reservations": [],
+    "bus reserve": ["--agent", "a", "docs/**"],
+    "bus unreserve": ["--agent", "a"],
+    "bus hooks install": ["--repo", "{dir}"],
+    "bus hooks pre-commit": ["--agent", "a"],
+    "bus task add": ["g2", "--after", "g1"],
+    "bus task cancel": ["g1"],
+    "bus task claim-next": ["--agent", "a"],
+    "bus task depend": ["g1", "--after", "g0"],
+    "bus task done": ["g0", "--agent", "a", "--fence", "1"],
+    "bus task list": [],
+    "bus task ready": [],
+    "bus task show": ["g0"],
     "bus renew": ["--task", "t1", "--agent", "a"],
     "bus schema": [],
     "bus search": ["--enable"],
@@ -287,6 +304,7 @@ STDIN: dict[str, str] = {
 NO_BUS = {
     "bus help": "prints a command's help",
     "bus hook install claude": "writes .claude/settings.json in --project",
+    "bus hooks install": "writes a git pre-commit hook naming the file, which it never opens",
     "bus pump oob keygen": "writes a key pair",
     "bus pump oob send": "talks to a running pump's socket, not to the file",
     "bus pump organism check": "checks organism.yaml",
@@ -298,6 +316,11 @@ NO_BUS = {
 # first start makes its bus) and `worker spawn` (the first worker makes it).
 CREATES = {"bus init", "bus pump run", "bus pump send", "worker spawn"}
 
+# Commands that go on, with a note naming the file, when there is no bus: a git
+# hook must not stop every commit of a repository whose bus was never made.
+GOES_ON_WITHOUT_A_BUS = {"bus hooks pre-commit": "no bus at {db}; nothing is reserved"}
+NOT_REFUSED_WHEN_MISSING = CREATES | set(GOES_ON_WITHOUT_A_BUS)
+
 # Commands that only read: on a read-only bus they work (exit 0).
 READS = {
     "bus alive", "bus channel deliveries", "bus channel list", "bus channel query",
@@ -305,7 +328,8 @@ READS = {
     "bus consumers", "bus dlq list", "bus dlq show", "bus help", "bus inbox", "bus mcp",
     "bus migrate", "bus poll",
     "bus pump dead", "bus pump threads", "bus schema", "bus sql", "bus status", "bus tables",
-    "bus tail", "bus token list", "worker status",
+    "bus tail", "bus token list", "worker status", "bus reservations", "bus task list",
+    "bus task ready", "bus task show", "bus hooks pre-commit",
 }
 
 # Write commands with nothing to write on that bus: they succeed and change nothing.

@@ -23,6 +23,8 @@ from bus.cli import main as bus_main
 from tests import bad_files
 from tests.bad_files import BAD_KINDS
 from tests.bad_files import CREATES
+from tests.bad_files import GOES_ON_WITHOUT_A_BUS
+from tests.bad_files import NOT_REFUSED_WHEN_MISSING
 from tests.bad_files import NAMED
 from tests.bad_files import NAMED_BY_COMMAND
 from tests.bad_files import NO_BUS
@@ -53,7 +55,7 @@ def test_every_command_on_a_bad_file_names_it_and_changes_nothing(tmp_path: Path
                                                                    kind: str) -> None:
     failures = []
     for command in bad_files.command_names():
-        if command in NO_BUS or (kind == "missing" and command in CREATES):
+        if command in NO_BUS or (kind == "missing" and command in NOT_REFUSED_WHEN_MISSING):
             continue
         directory = tmp_path / command.replace(" ", "-")
         db = bad_files.make_kind(kind, directory / "bus")
@@ -68,6 +70,16 @@ def test_every_command_on_a_bad_file_names_it_and_changes_nothing(tmp_path: Path
         if problem:
             failures.append(f"{command}: {problem}")
     assert failures == [], "\n".join(failures)
+
+
+def test_commands_that_go_on_without_a_bus_say_so_and_make_none(tmp_path: Path) -> None:
+    for command, note in GOES_ON_WITHOUT_A_BUS.items():
+        directory = tmp_path / command.replace(" ", "-")
+        db = bad_files.make_kind("missing", directory / "bus")
+        result = invoke(command, db, directory / "scratch")
+        assert result.exit_code == 0, (command, result.output)
+        assert note.format(db=db) in result.output
+        assert not db.exists()
 
 
 def test_commands_that_create_a_missing_bus_make_a_good_one(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ import pytest
 from tests import bad_files
 from tests.bad_files import BAD_KINDS
 from tests.bad_files import CREATES
+from tests.bad_files import NOT_REFUSED_WHEN_MISSING
 from tests.bad_files import NAMED
 from tests.bad_files import NAMED_BY_COMMAND
 from tests.bad_files import NO_BUS
@@ -81,7 +82,8 @@ def check_bad_kind(installed: Installed, root: Path, kind: str, command: str,
 
 def test_every_installed_command_on_every_bad_file(installed: Installed, tmp_path: Path) -> None:
     cases = [(kind, command) for kind in BAD_KINDS for command in bad_files.command_names()
-             if command not in NO_BUS and not (kind == "missing" and command in CREATES)]
+             if command not in NO_BUS
+             and not (kind == "missing" and command in NOT_REFUSED_WHEN_MISSING)]
     missing_extras = {command: f"pip install 'agentbus[{extra}]'"
                       for command, (module, extra) in NEEDS_EXTRA.items()
                       if not has_module(installed, module)}
