@@ -10,7 +10,8 @@ parent to close the barrier pipe (`--go-fd`), works, and reports on stdout.
 - receiver: receives and acknowledges (completed) until the done file exists
   and a receive comes back empty, then prints one JSON line: the
   [seq, correlation_id, attempt] of every message it acknowledged.
-- grabber: receives once, prints the seqs it got, then blocks until killed.
+- grabber: receives once at `--now-ms` (the parent's clock, so the ack
+  timer is the test's to step), prints the seqs it got, then blocks until killed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 from bus import Bus
+from bus.channels import Channels
 
 TOPICS = ("build.web.ok", "build.api.ok", "build.web.fail", "deploy.web.done", "deploy.api.done")
 
@@ -72,8 +74,9 @@ def receiver(args: argparse.Namespace) -> None:
 
 def grabber(args: argparse.Namespace) -> None:
     with Bus.open(args.db) as bus:
+        channels = Channels(bus, clock=lambda: args.now_ms)
         wait_for_go(args.go_fd)
-        got = bus.channels.receive_messages(args.agent)
+        got = channels.receive_messages(args.agent)
         say(json.dumps([m.seq for m in got]))
         time.sleep(3600)  # killed by the parent before it could acknowledge
 
@@ -87,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=0)
     parser.add_argument("--repeat-every", type=int, default=0)
     parser.add_argument("--done-file")
+    parser.add_argument("--now-ms", type=int)
     args = parser.parse_args(argv)
     {"sender": sender, "receiver": receiver, "grabber": grabber}[args.role](args)
     return 0

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from bus import Bus
+from bus.channels import Channels
 from bus.channels.topics import matches
+from conftest import ManualClock
 from tests.children import Children
 
 PROGRAM = Path(__file__).resolve().parent / "procs_channels.py"
@@ -112,27 +113,30 @@ def test_four_senders_four_receivers_every_pair_acknowledged_once(
 
 
 def test_receiver_killed_before_ack_gets_the_message_again_after_the_timeout(
-        children: Children, db_path: Path) -> None:
+        children: Children, db_path: Path, clock: ManualClock) -> None:
+    # Every timer is a stored deadline read against a clock: the test owns the
+    # clock (the grabber receives at a time it is given), so the machine's load
+    # cannot run the ack timeout out a second time before the restart receives.
+    handed_at = clock.now + 100
     with Bus.open(db_path) as bus:
-        bus.channels.create_channel("ps", "pubsub", "owner", ack_timeout=0.3,
-                                    retry_backoff_ms=50)
-        bus.channels.subscribe("ps", "worker", "job.#")
-        sent = bus.channels.publish("ps", "owner", "job.build", {"task": "t1"})
-    [grabber] = start_all(children, db_path, [("grabber", ["grabber", "--agent", "worker"])])
+        channels = Channels(bus, clock=clock)
+        channels.create_channel("ps", "pubsub", "owner", ack_timeout=0.3, retry_backoff_ms=50)
+        channels.subscribe("ps", "worker", "job.#")
+        sent = channels.publish("ps", "owner", "job.build", {"task": "t1"})
+    [grabber] = start_all(children, db_path, [
+        ("grabber", ["grabber", "--agent", "worker", "--now-ms", str(handed_at)])])
     assert json.loads(grabber.read_line(60)) == [sent.seq]
     os.kill(grabber.pid, signal.SIGKILL)
     grabber.wait(30)
     with Bus.open(db_path) as bus:
-        handed_at = bus.conn.execute("SELECT delivered_at_ms FROM deliveries").get
-        got = []
-        deadline = time.monotonic() + 30
-        while not got and time.monotonic() < deadline:
-            got = bus.channels.receive_messages("worker").messages
-            if not got:
-                bus.wait_for_change(0.05)  # the retry is a timer: this just paces the loop
+        channels = Channels(bus, clock=clock)
+        assert bus.conn.execute("SELECT delivered_at_ms FROM deliveries").get == handed_at
+        visible_again = handed_at + 300 + 50  # the ack timeout, then the first backoff
+        clock.now = visible_again - 1
+        assert channels.receive_messages("worker").messages == []
+        clock.now = visible_again
+        got = channels.receive_messages("worker").messages
         assert [(m.seq, m.attempt, m.retry_count, m.content) for m in got] == [
             (sent.seq, 2, 1, {"task": "t1"})]
-        redelivered_at = bus.conn.execute("SELECT delivered_at_ms FROM deliveries").get
-        assert redelivered_at - handed_at >= 300 + 50  # ack timeout, then the backoff
-        bus.channels.acknowledge_message(got[0], "worker", "completed")
-        assert bus.channels.deliveries(sent)[0].status == "completed"
+        channels.acknowledge_message(got[0], "worker", "completed")
+        assert channels.deliveries(sent)[0].status == "completed"
