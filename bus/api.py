@@ -29,8 +29,10 @@ from bus import claims
 from bus import cursors
 from bus import heartbeats
 from bus import messages
+from bus import reservations as file_reservations  # `Bus.reservations` is a method
 from bus import retention
 from bus import search as full_text
+from bus import tasks
 from bus.blob_store import BusBlobStore
 from bus.channels.engine import Channels
 from bus.claims import LEASE_MS_MAX  # noqa: F401 - part of the facade's API
@@ -59,18 +61,25 @@ from bus.messages import clock_ms
 from bus.payloads import BLOB_THRESHOLD
 from bus.payloads import MAX_PAYLOAD_BYTES
 from bus.payloads import PayloadPolicy
-from bus.reservations import FileReservations
+from bus.reservations import DEFAULT_TTL_MS
+from bus.reservations import EXCLUSIVE
+from bus.reservations import Held
+from bus.reservations import Reservation
 from bus.schema import current_version
 from bus.search import SearchHit
+from bus.tasks import PRIORITY_DEFAULT
+from bus.tasks import ClaimedTask
+from bus.tasks import Task
+from bus.tasks import TaskCounts
+from bus.tasks import TaskDetail
 from bus.schema import migrate
-from bus.task_graph import TaskGraph
 from bus.wake import ChangeWatcher
 
 POLL_LIMIT_MAX = 10_000
 GC_GRACE_SECONDS = 3600.0
 
 
-class Bus(TaskGraph, FileReservations):
+class Bus:
     """An open bus database. Create with `Bus.open(path)`; close with `close()`."""
 
     def __init__(self, path: str, durability: str, conn: apsw.Connection, *,
@@ -438,6 +447,120 @@ class Bus(TaskGraph, FileReservations):
         broadcast for it.
         """
         return claims.reap(self.conn, now, thresholds)
+
+    # --- the task graph (bus/tasks.py) -----------------------------------
+
+    def add_task(self, task_id: str, title: str | None = None, *,
+                 after: Iterable[str] = (), priority: int = PRIORITY_DEFAULT,
+                 now: int | None = None) -> Task:
+        """Add an open task that waits on the tasks in `after` (each must exist).
+
+        `priority` runs from 0 (the most urgent, listed first) to 4. Raises
+        ValidationFailed (field `task`) when the id is taken, UnknownTask
+        (field `after`) for a dependency that does not exist.
+        """
+        return tasks.add_task(self.conn, task_id, title, after=after, priority=priority, now=now)
+
+    def add_dependencies(self, task_id: str, after: Iterable[str]) -> list[str]:
+        """Make an open task wait on more tasks; the ids newly added (known ones are skipped).
+
+        Raises TaskCycle (field `after`, with the cycle's path) when one would
+        close a cycle; then nothing is added.
+        """
+        return tasks.add_dependencies(self.conn, task_id, after)
+
+    def ready_tasks(self, limit: int | None = None, *, now: int | None = None) -> list[Task]:
+        """Open tasks whose dependencies are all done and that no live lease holds,
+        most urgent first (priority 0), then oldest."""
+        return tasks.ready_tasks(self.conn, limit, now=now)
+
+    def list_tasks(self, state: str | None = None) -> list[Task]:
+        """Every task (or those in `state`: open, done, cancelled), oldest first."""
+        return tasks.list_tasks(self.conn, state)
+
+    def find_task(self, task_id: str) -> Task | None:
+        """The task, or None when the graph has no such id."""
+        return tasks.find_task(self.conn, task_id)
+
+    def task_detail(self, task_id: str, *, now: int | None = None) -> TaskDetail:
+        """The task with its dependencies, dependents, lease and newest events."""
+        return tasks.task_detail(self.conn, task_id, now=now)
+
+    def task_counts(self, *, now: int | None = None) -> TaskCounts:
+        return tasks.task_counts(self.conn, now=now)
+
+    def claim_next(self, agent: str, lease_ms: int = 60_000, *, max_attempts: int = 5,
+                   now: int | None = None) -> ClaimedTask | None:
+        """Claim the first ready task for `agent`, or None when nothing is ready.
+
+        One write transaction reads the ready list and claims through the
+        same code as `try_claim`, so two agents never get the same task. A
+        ready task whose expired lease has no attempts left is declared dead
+        on the way (`task_dead`, as a claim would) and the next one is tried.
+        """
+        return tasks.claim_next(self.conn, agent, lease_ms, max_attempts=max_attempts, now=now)
+
+    def complete_task(self, task_id: str, agent: str, *, fence: int | None = None,
+                      require_claim: bool = True, now: int | None = None) -> Task:
+        """Mark a task done by `agent`, which must hold its claim (with `fence`, that exact
+        one); its lease ends and its dependents wait on one task less.
+
+        Publishes `task_done` in the same transaction. `require_claim=False`
+        is for a task finished otherwise (a worker's merged branch). Raises
+        StaleFence (field `fence`, naming the current one) when another agent
+        took the task over since `fence` was handed out, UnknownTask,
+        TaskStateConflict (not open, or waiting on others), NotTaskHolder.
+        """
+        return tasks.complete_task(self.conn, task_id, agent, fence=fence,
+                                   require_claim=require_claim, now=now)
+
+    def cancel_task(self, task_id: str, agent: str | None = None,
+                    reason: str | None = None, *, now: int | None = None) -> Task:
+        """Cancel an open task (its lease ends, if any); publishes `task_cancelled`.
+
+        Its dependents stay blocked: a cancelled task is not done.
+        """
+        return tasks.cancel_task(self.conn, task_id, agent, reason, now=now)
+
+    # --- file reservations (bus/reservations.py) --------------------------
+
+    def reserve(self, agent: str, patterns: Sequence[str], *, mode: str = EXCLUSIVE,
+                ttl_ms: int = DEFAULT_TTL_MS, reason: str | None = None, now: int | None = None,
+                thresholds: Thresholds | None = None) -> list[Reservation]:
+        """Reserve every pattern for `agent` for `ttl_ms`, or none of them.
+
+        Raises ReservationConflict (listing each conflict: pattern, holder, mode,
+        expiry and a path both match) when a pattern conflicts with another
+        agent's live reservation. Reserving a pattern the agent holds already
+        renews it with the new mode, TTL and reason.
+        """
+        return file_reservations.reserve(self.conn, agent, patterns, mode=mode, ttl_ms=ttl_ms,
+                                         reason=reason, now=now, thresholds=thresholds)
+
+    def reservations(self, agent: str | None = None, path: str | None = None, *,
+                     now: int | None = None,
+                     thresholds: Thresholds | None = None) -> list[Reservation]:
+        """The live reservations, by pattern: of `agent` only, and/or those whose
+        pattern matches `path` (relative to the repository root)."""
+        return file_reservations.list_reservations(self.conn, agent, path, now=now,
+                                                   thresholds=thresholds)
+
+    def unreserve(self, agent: str, patterns: Sequence[str] | None = None, *,
+                  now: int | None = None,
+                  thresholds: Thresholds | None = None) -> list[Reservation]:
+        """Remove `agent`'s reservations of `patterns` (all of them when None); return those
+        removed. A pattern the agent does not hold raises NotReserved, and nothing
+        is removed."""
+        return file_reservations.unreserve(self.conn, agent, patterns, now=now,
+                                           thresholds=thresholds)
+
+    def check_paths(self, agent: str | None, paths: Sequence[str], *, now: int | None = None,
+                    thresholds: Thresholds | None = None) -> list[Held]:
+        """The paths (relative to the repository root) that live agents other than
+        `agent` hold exclusively, each with its holder; empty when `agent` may change
+        them all. `agent=None` (someone the bus does not know): every holder counts."""
+        return file_reservations.check_paths(self.conn, agent, paths, now=now,
+                                             thresholds=thresholds)
 
     # --- heartbeats -------------------------------------------------------
 

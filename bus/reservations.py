@@ -20,6 +20,12 @@ correctness. Every write deletes the ended ones it sees, and an agent's first
 beat after it was dead ends its reservations first (heartbeats.beat), so one
 that ended stays ended. All times are epoch milliseconds; every call takes
 `now` so tests step the clock instead of sleeping.
+
+Like bus/claims.py, the operations (reserve, list_reservations, unreserve,
+check_paths) take a connection and run in one transaction on it; `Bus`
+(bus/api.py) hands them its thread's connection (`Bus.reservations` is
+`list_reservations`). The functions above them read or sweep inside the
+caller's transaction (the status views read the table so).
 """
 
 from __future__ import annotations
@@ -296,84 +302,70 @@ def _validate_ttl(ttl_ms: object) -> int:
     return ttl_ms
 
 
-class FileReservations:
-    """File reservations on the `Bus` facade (a mixin, like TaskClaims): each method is
-    one transaction on the calling thread's connection."""
+# --- operations: one transaction each on the connection given -------------------
 
-    conn: apsw.Connection
 
-    def reserve(self, agent: str, patterns: Sequence[str], *, mode: str = EXCLUSIVE,
-                ttl_ms: int = DEFAULT_TTL_MS, reason: str | None = None,
-                now: int | None = None,
-                thresholds: Thresholds | None = None) -> list[Reservation]:
-        """Reserve every pattern for `agent` for `ttl_ms`, or none of them.
-
-        Raises ReservationConflict (listing each conflict: pattern, holder, mode,
-        expiry and a path both match) when a pattern conflicts with another
-        agent's live reservation. Reserving a pattern the agent holds already
-        renews it with the new mode, TTL and reason.
-        """
-        agent = messages.validate_agent_id(agent)
-        globs = validate_patterns(patterns)
-        mode, ttl_ms = _validate_mode(mode), _validate_ttl(ttl_ms)
-        reason = messages.validate_text(reason, "reason", REASON_MAX, optional=True)
-        conn = self.conn
-        with write_transaction(conn):
-            at = messages.now_ms() if now is None else now
-            live = sweep(conn, at, thresholds)
-            _refuse_ended_holder(conn, agent, at, thresholds)
-            conflicts = _conflicts(live, agent, globs, mode)
-            if conflicts:
-                raise ReservationConflict(agent, conflicts)
-            return [Reservation(*conn.execute(_UPSERT_SQL, (
-                agent, g.text, mode, reason, at, at + ttl_ms)).fetchone()) for g in globs]
-
-    def reservations(self, agent: str | None = None, path: str | None = None, *,
-                     now: int | None = None,
-                     thresholds: Thresholds | None = None) -> list[Reservation]:
-        """The live reservations, by pattern: of `agent` only, and/or those whose
-        pattern matches `path` (relative to the repository root)."""
-        if agent is not None:
-            agent = messages.validate_agent_id(agent)
-        wanted = normalize_path(path) if path is not None else None
+def reserve(conn: apsw.Connection, agent: str, patterns: Sequence[str], *,
+            mode: str = EXCLUSIVE, ttl_ms: int = DEFAULT_TTL_MS, reason: str | None = None,
+            now: int | None = None, thresholds: Thresholds | None = None) -> list[Reservation]:
+    """See `Bus.reserve`."""
+    agent = messages.validate_agent_id(agent)
+    globs = validate_patterns(patterns)
+    mode, ttl_ms = _validate_mode(mode), _validate_ttl(ttl_ms)
+    reason = messages.validate_text(reason, "reason", REASON_MAX, optional=True)
+    with write_transaction(conn):
         at = messages.now_ms() if now is None else now
-        with translate_errors(self.conn), self.conn:
-            found = live_reservations(self.conn, at, thresholds)
-        return [r for r in found if (agent is None or r.agent == agent)
-                and (wanted is None or r.glob.matches(wanted))]
+        live = sweep(conn, at, thresholds)
+        _refuse_ended_holder(conn, agent, at, thresholds)
+        conflicts = _conflicts(live, agent, globs, mode)
+        if conflicts:
+            raise ReservationConflict(agent, conflicts)
+        return [Reservation(*conn.execute(_UPSERT_SQL, (
+            agent, g.text, mode, reason, at, at + ttl_ms)).fetchone()) for g in globs]
 
-    def unreserve(self, agent: str, patterns: Sequence[str] | None = None, *,
-                  now: int | None = None,
-                  thresholds: Thresholds | None = None) -> list[Reservation]:
-        """Remove `agent`'s reservations of `patterns` (all of them when None); return those
-        removed. A pattern the agent does not hold raises ValidationFailed, and nothing
-        is removed."""
+
+def list_reservations(conn: apsw.Connection, agent: str | None = None,
+                      path: str | None = None, *, now: int | None = None,
+                      thresholds: Thresholds | None = None) -> list[Reservation]:
+    """See `Bus.reservations`."""
+    if agent is not None:
         agent = messages.validate_agent_id(agent)
-        conn = self.conn
-        with write_transaction(conn):
-            at = messages.now_ms() if now is None else now
-            held = {r.pattern: r for r in sweep(conn, at, thresholds) if r.agent == agent}
-            wanted = (list(held) if patterns is None
-                      else [g.text for g in validate_patterns(patterns)])
-            missing = [p for p in wanted if p not in held]
-            if missing:
-                raise NotReserved(agent, missing, list(held))
-            for pattern in wanted:
-                conn.execute(_DELETE_SQL, (held[pattern].id,))
-        return [held[p] for p in wanted]
+    wanted = normalize_path(path) if path is not None else None
+    at = messages.now_ms() if now is None else now
+    with translate_errors(conn), conn:
+        found = live_reservations(conn, at, thresholds)
+    return [r for r in found if (agent is None or r.agent == agent)
+            and (wanted is None or r.glob.matches(wanted))]
 
-    def check_paths(self, agent: str | None, paths: Sequence[str], *, now: int | None = None,
-                    thresholds: Thresholds | None = None) -> list[Held]:
-        """The paths (relative to the repository root) that live agents other than
-        `agent` hold exclusively, each with its holder; empty when `agent` may change
-        them all. `agent=None` (someone the bus does not know): every holder counts."""
-        if agent is not None:
-            agent = messages.validate_agent_id(agent)
-        wanted = validate_paths(paths)
+
+def unreserve(conn: apsw.Connection, agent: str, patterns: Sequence[str] | None = None, *,
+              now: int | None = None,
+              thresholds: Thresholds | None = None) -> list[Reservation]:
+    """See `Bus.unreserve`."""
+    agent = messages.validate_agent_id(agent)
+    with write_transaction(conn):
         at = messages.now_ms() if now is None else now
-        with translate_errors(self.conn), self.conn:
-            found = live_reservations(self.conn, at, thresholds)
-        return held_paths(found, agent, wanted)
+        held = {r.pattern: r for r in sweep(conn, at, thresholds) if r.agent == agent}
+        wanted = (list(held) if patterns is None
+                  else [g.text for g in validate_patterns(patterns)])
+        missing = [p for p in wanted if p not in held]
+        if missing:
+            raise NotReserved(agent, missing, list(held))
+        for pattern in wanted:
+            conn.execute(_DELETE_SQL, (held[pattern].id,))
+    return [held[p] for p in wanted]
+
+
+def check_paths(conn: apsw.Connection, agent: str | None, paths: Sequence[str], *,
+                now: int | None = None, thresholds: Thresholds | None = None) -> list[Held]:
+    """See `Bus.check_paths`."""
+    if agent is not None:
+        agent = messages.validate_agent_id(agent)
+    wanted = validate_paths(paths)
+    at = messages.now_ms() if now is None else now
+    with translate_errors(conn), conn:
+        found = live_reservations(conn, at, thresholds)
+    return held_paths(found, agent, wanted)
 
 
 def _refuse_ended_holder(conn: apsw.Connection, agent: str, now: int,

@@ -9,15 +9,42 @@ some other way; nothing is unblocked by work that did not happen.
 
 Each task keeps `waiting_on`, the count of its dependencies not yet done,
 so the ready list is one scan of a partial index (migration 0014) in its
-own order, checking only the leases of what it returns. Every function here
-runs inside the caller's transaction (bus/task_graph.py holds them).
+own order, checking only the leases of what it returns.
+
+Like bus/claims.py, the operations (add_task ... cancel_task) take a
+connection and run in one transaction on it; `Bus` (bus/api.py) hands them
+its thread's connection under the same names. The functions below them run
+inside the caller's transaction. Leases are the claims of bus/claims.py
+under the same task ids, so `claim_next` takes its task through the very
+code `claim` runs (attempts, takeovers, dead tasks, reaping and heartbeats
+all apply), and a task a live lease holds is not ready. `complete_task` and
+`cancel_task` publish `task_done` and `task_cancelled` (correlation id: the
+task) in their transaction, so the export and the history see every end.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+from typing import Iterable
 from typing import NamedTuple
+
 import apsw
+
+from bus import claims
+from bus import messages
+from bus.claims import SYSTEM_AGENT
+from bus.claims import Claim
+from bus.claims import validate_lease
+from bus.claims import validate_task as validate_task_id
+from bus.db import translate_errors
+from bus.db import write_transaction
+from bus.errors import NotTaskHolder
+from bus.errors import TaskCycle
+from bus.errors import TaskStateConflict
+from bus.errors import UnknownTask
+from bus.errors import ValidationFailed
+from bus.messages import clock_ms
 
 TASKS_SCHEMA_VERSION = 14  # migrations/0014_task_graph.sql: a file before it has no tasks
 PRIORITY_HIGHEST = 0
@@ -27,6 +54,8 @@ OPEN = "open"
 DONE = "done"
 CANCELLED = "cancelled"
 STATES = (OPEN, DONE, CANCELLED)
+TITLE_MAX = 1000
+EVENTS_SHOWN = 50  # the newest messages about a task that `task_detail` returns
 
 _COLUMNS = ("seq, task_id, title, priority, state, waiting_on, created_at_ms,"
             " finished_at_ms, finished_by")
@@ -147,6 +176,214 @@ class TaskCounts:
                 "done": self.done, "cancelled": self.cancelled}
 
 
+@dataclass(frozen=True)
+class ClaimedTask:
+    """What `claim_next` took: the task and the lease it now holds."""
+
+    task: Task
+    claim: Claim
+
+    @property
+    def fence(self) -> int:
+        return self.claim.fence
+
+    def to_json_dict(self) -> dict[str, object]:
+        return {**self.task.to_json_dict(), "agent": self.claim.agent, "fence": self.fence,
+                "lease_until_ms": self.claim.lease_until_ms, "attempts": self.claim.attempts,
+                "max_attempts": self.claim.max_attempts}
+
+
+@dataclass(frozen=True)
+class TaskDetail:
+    """One task with its neighbours, its lease and the newest messages about it."""
+
+    task: Task
+    dependencies: list[Task]
+    dependents: list[Task]
+    claim: Claim | None
+    ready: bool
+    events: list[tuple[int, int, str, str]]  # (seq, ts_ms, from, type), oldest first
+    now_ms: int
+
+    @property
+    def holder(self) -> str | None:
+        """The agent whose lease is live now, if any."""
+        live = self.claim is not None and not self.claim.expired(self.now_ms)
+        return self.claim.agent if live else None
+
+    def to_json_dict(self) -> dict[str, object]:
+        claim = self.claim
+        return {**self.task.to_json_dict(), "ready": self.ready,
+                "dependencies": [_neighbour(t) for t in self.dependencies],
+                "dependents": [_neighbour(t) for t in self.dependents],
+                "holder": self.holder, "fence": claim.fence if claim else None,
+                "lease_until_ms": claim.lease_until_ms if claim else None,
+                "events": [{"seq": seq, "ts_ms": ts, "from": sender, "type": type_}
+                           for seq, ts, sender, type_ in self.events]}
+
+
+# --- operations: one transaction each on the connection given -------------------
+
+
+def add_task(conn: apsw.Connection, task_id: str, title: str | None = None, *,
+             after: Iterable[str] = (), priority: int = PRIORITY_DEFAULT,
+             now: int | None = None) -> Task:
+    """See `Bus.add_task`."""
+    task_id = validate_task_id(task_id)
+    title = messages.validate_text(title, "title", TITLE_MAX, optional=True)
+    _validate_priority(priority)
+    after = _validated_ids(after)
+    with write_transaction(conn):
+        if get(conn, task_id) is not None:
+            raise ValidationFailed("task", f"{task_id} exists already; `bus task depend"
+                                           f" {task_id} --after ...` adds dependencies to it")
+        needed = _existing(conn, after)
+        task = insert(conn, task_id, title, priority, clock_ms(now))
+        for dependency in needed:
+            add_dependency(conn, task, dependency)
+        return get(conn, task_id)
+
+
+def add_dependencies(conn: apsw.Connection, task_id: str, after: Iterable[str]) -> list[str]:
+    """See `Bus.add_dependencies`."""
+    task_id = validate_task_id(task_id)
+    after = _validated_ids(after)
+    with write_transaction(conn):
+        task = _open_task(conn, task_id, "task depend",
+                          "only an open task can wait on others")
+        added = []
+        for dependency in _existing(conn, after):
+            cycle = cycle_through(conn, task, dependency)
+            if cycle is not None:
+                raise TaskCycle(cycle)
+            if add_dependency(conn, task, dependency):
+                added.append(dependency.task_id)
+        return added
+
+
+def ready_tasks(conn: apsw.Connection, limit: int | None = None, *,
+                now: int | None = None) -> list[Task]:
+    """See `Bus.ready_tasks`."""
+    if limit is not None:
+        messages.validate_positive_int(limit, "limit")
+    with translate_errors(conn), conn:  # one read snapshot
+        return ready(conn, clock_ms(now), -1 if limit is None else limit)
+
+
+def list_tasks(conn: apsw.Connection, state: str | None = None) -> list[Task]:
+    """See `Bus.list_tasks`."""
+    if state is not None and state not in STATES:
+        raise ValidationFailed("state", f"must be one of {', '.join(STATES)},"
+                                        f" got {state!r}")
+    with translate_errors(conn):
+        rows = conn.execute(_LIST_STATE_SQL, (state,)) if state else conn.execute(_LIST_SQL)
+        return [Task(*row) for row in rows]
+
+
+def find_task(conn: apsw.Connection, task_id: str) -> Task | None:
+    """See `Bus.find_task`."""
+    with translate_errors(conn):
+        return get(conn, validate_task_id(task_id))
+
+
+def task_detail(conn: apsw.Connection, task_id: str, *, now: int | None = None) -> TaskDetail:
+    """See `Bus.task_detail`."""
+    task_id = validate_task_id(task_id)
+    with translate_errors(conn), conn:
+        at = clock_ms(now)
+        task = _required(conn, task_id)
+        return TaskDetail(task, dependencies(conn, task), dependents(conn, task),
+                          claims.get(conn, task_id), is_ready(conn, task, at),
+                          events(conn, task_id, EVENTS_SHOWN), at)
+
+
+def task_counts(conn: apsw.Connection, *, now: int | None = None) -> TaskCounts:
+    with translate_errors(conn), conn:
+        return counts(conn, clock_ms(now))
+
+
+def claim_next(conn: apsw.Connection, agent: str, lease_ms: int = 60_000, *, max_attempts: int = 5,
+               now: int | None = None) -> ClaimedTask | None:
+    """See `Bus.claim_next`: the ready list and the claim share one transaction."""
+    agent = messages.validate_agent_id(agent)
+    validate_lease(lease_ms)
+    messages.validate_positive_int(max_attempts, "max_attempts")
+    with write_transaction(conn):
+        at = clock_ms(now)
+        refused: set[str] = set()
+        while True:
+            # Nearly always the first is taken: read one, more only past refusals.
+            candidates = [t for t in ready(conn, at, 1 + len(refused))
+                          if t.task_id not in refused]
+            if not candidates:
+                return None
+            for task in candidates:
+                # The claim code of `bus claim`, as a savepoint in this transaction:
+                # the ready list cannot change under it.
+                result = claims.try_claim(conn, task.task_id, agent, lease_ms,
+                                          max_attempts=max_attempts, now=at)
+                if result.granted:
+                    return ClaimedTask(task, result.claim)
+                refused.add(task.task_id)
+
+
+def complete_task(conn: apsw.Connection, task_id: str, agent: str, *, fence: int | None = None,
+                  require_claim: bool = True, now: int | None = None) -> Task:
+    """See `Bus.complete_task`."""
+    task_id, agent = validate_task_id(task_id), messages.validate_agent_id(agent)
+    if fence is not None:
+        messages.validate_positive_int(fence, "fence")
+    with write_transaction(conn):
+        at = clock_ms(now)
+        task = _open_task(conn, task_id, "task done", "nothing is left to do")
+        if task.waiting_on:
+            waits = [t.task_id for t in dependencies(conn, task) if t.state != DONE]
+            raise TaskStateConflict(task_id, f"waiting on {', '.join(waits)}", "task done",
+                                    "finish those first (or `bus task cancel` this one)")
+        if fence is not None:  # first: a paused holder's stale fence says so
+            claims.check_fence(conn, task_id, fence)
+        claim = claims.get(conn, task_id)
+        if require_claim and (claim is None or claim.agent != agent):
+            raise NotTaskHolder(task_id, agent, claim.agent if claim else None)
+        if claim is not None:
+            claims.release(conn, task_id, claim.agent)
+        done, unblocked = finish(conn, task, DONE, agent, at)
+        _task_event(conn, agent, "task_done", {
+            "task": task_id, "agent": agent, "title": task.title,
+            "fence": claim.fence if claim else None, "unblocked": unblocked}, at)
+        return done
+
+
+def cancel_task(conn: apsw.Connection, task_id: str, agent: str | None = None,
+                reason: str | None = None, *, now: int | None = None) -> Task:
+    """See `Bus.cancel_task`."""
+    task_id = validate_task_id(task_id)
+    agent = messages.validate_agent_id(agent) if agent is not None else SYSTEM_AGENT
+    reason = messages.validate_text(reason, "reason", TITLE_MAX, optional=True)
+    with write_transaction(conn):
+        at = clock_ms(now)
+        task = _open_task(conn, task_id, "task cancel", "it cannot be cancelled")
+        claim = claims.get(conn, task_id)
+        if claim is not None:
+            claims.release(conn, task_id, claim.agent)
+        cancelled, _ = finish(conn, task, CANCELLED, agent, at)
+        held = claim.agent if claim is not None and not claim.expired(at) else None
+        _task_event(conn, agent, "task_cancelled", {
+            "task": task_id, "agent": agent, "reason": reason, "holder": held,
+            "blocked": [t.task_id for t in dependents(conn, task)
+                        if t.state == OPEN]}, at)
+        return cancelled
+
+
+def _task_event(conn: apsw.Connection, agent: str, type: str,
+                payload: dict[str, Any], at: int) -> None:
+    row = messages.prepare_row(agent, type, payload, correlation_id=payload["task"])
+    messages.insert_row(conn, row, at)
+
+
+# --- inside the caller's transaction ---------------------------------------------
+
+
 def get(conn: apsw.Connection, task_id: str) -> Task | None:
     row = conn.execute(_GET_SQL, (task_id,)).fetchone()
     return Task(*row) if row else None
@@ -209,11 +446,6 @@ def counts(conn: apsw.Connection, now: int, schema_version: int | None = None) -
                       done=by_state.get(DONE, 0), cancelled=by_state.get(CANCELLED, 0))
 
 
-def list_tasks(conn: apsw.Connection, state: str | None = None) -> list[Task]:
-    rows = conn.execute(_LIST_STATE_SQL, (state,)) if state else conn.execute(_LIST_SQL)
-    return [Task(*row) for row in rows]
-
-
 def dependencies(conn: apsw.Connection, task: Task) -> list[Task]:
     return [Task(*row) for row in conn.execute(_DEPENDENCIES_SQL, (task.seq,))]
 
@@ -244,3 +476,46 @@ def events(conn: apsw.Connection, task_id: str, limit: int) -> list[tuple[int, i
 
 def _task_id_of(conn: apsw.Connection, seq: int) -> str:
     return conn.execute(_GET_BY_SEQ_SQL, (seq,)).fetchone()[1]
+
+
+def _validate_priority(priority: object) -> None:
+    if isinstance(priority, bool) or not isinstance(priority, int) \
+            or not PRIORITY_HIGHEST <= priority <= PRIORITY_LOWEST:
+        raise ValidationFailed("priority", f"must be an integer from {PRIORITY_HIGHEST}"
+                                           f" (most urgent) to {PRIORITY_LOWEST},"
+                                           f" got {priority!r}")
+
+
+def _validated_ids(after: Iterable[str]) -> list[str]:
+    if isinstance(after, str):  # one id given where a list was meant
+        after = [after]
+    seen = dict.fromkeys(messages.validate_text(d, "after", 256) for d in after)
+    return list(seen)
+
+
+def _existing(conn: apsw.Connection, task_ids: list[str]) -> list[Task]:
+    found = []
+    for task_id in task_ids:
+        task = get(conn, task_id)
+        if task is None:
+            raise UnknownTask(task_id, "after")
+        found.append(task)
+    return found
+
+
+def _required(conn: apsw.Connection, task_id: str) -> Task:
+    task = get(conn, task_id)
+    if task is None:
+        raise UnknownTask(task_id)
+    return task
+
+
+def _open_task(conn: apsw.Connection, task_id: str, command: str, fix: str) -> Task:
+    task = _required(conn, task_id)
+    if task.state != OPEN:
+        raise TaskStateConflict(task_id, task.state, command, fix)
+    return task
+
+
+def _neighbour(task: Task) -> dict[str, object]:
+    return {"task": task.task_id, "title": task.title, "state": task.state}

@@ -1,4 +1,4 @@
-"""The task graph (bus/tasks.py, bus/task_graph.py): dependencies, cycles, the ready list,
+"""The task graph (bus/tasks.py): dependencies, cycles, the ready list,
 claim_next, done and cancel, against real files and real processes."""
 
 from __future__ import annotations
