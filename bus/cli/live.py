@@ -12,10 +12,12 @@ from bus.cli.extras import import_extra
 @click.command()
 @pass_bus_context
 def top(obj: BusContext) -> None:
-    """Watch agents, consumers, claims, throughput and lag live; q or Ctrl-C quits.
+    """Watch agents, workers, claims and the message stream live; q or Ctrl-C quits.
 
     The screen changes when something commits to the bus (not on a timer),
-    and reads the file read-only.
+    and reads the file read-only. Keys: a, n, c, w, h switch between agents,
+    consumers, claims, workers and channels; Enter opens the selected row
+    (Escape goes back); s sorts by the next column, r reverses.
 
     Example: bus top
     """
