@@ -59,16 +59,18 @@ from bus.messages import clock_ms
 from bus.payloads import BLOB_THRESHOLD
 from bus.payloads import MAX_PAYLOAD_BYTES
 from bus.payloads import PayloadPolicy
+from bus.reservations import FileReservations
 from bus.schema import current_version
 from bus.search import SearchHit
 from bus.schema import migrate
+from bus.task_graph import TaskGraph
 from bus.wake import ChangeWatcher
 
 POLL_LIMIT_MAX = 10_000
 GC_GRACE_SECONDS = 3600.0
 
 
-class Bus:
+class Bus(TaskGraph, FileReservations):
     """An open bus database. Create with `Bus.open(path)`; close with `close()`."""
 
     def __init__(self, path: str, durability: str, conn: apsw.Connection, *,
@@ -274,6 +276,13 @@ class Bus:
         with translate_errors(self.conn):
             after = cursors.position(conn, agent)
             return messages.select_for_agent(conn, agent, after, limit, self.blobs, preview)
+
+    def reply_to(self, agent: str, message_id: str, after: int) -> Message | None:
+        """The first message for `agent` answering `message_id` (its in_reply_to), above
+        seq `after` (the question's own seq); None while nothing answered. Moves no cursor."""
+        messages.validate_agent_id(agent)
+        with translate_errors(self.conn):
+            return messages.select_reply(self.conn, agent, message_id, after, self.blobs)
 
     def ack(self, agent: str, seq: int) -> int:
         """Mark everything up to `seq` handled for `agent`; return the cursor position.

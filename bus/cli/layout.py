@@ -21,7 +21,7 @@ from bus.cli.context import db_option
 SECTIONS = (
     ("Log", ("init", "publish", "poll", "ack", "tail", "search")),
     ("Coordination", ("heartbeat", "alive", "forget", "claim", "renew", "release", "claims",
-                      "reap")),
+                      "reap", "task", "reserve", "reservations", "unreserve", "hooks")),
     ("Channels", ("channel", "dlq")),
     ("Pump and XML", ("pump", "xml")),
     ("Agents", ("mcp", "hook", "inbox")),

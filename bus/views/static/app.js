@@ -41,7 +41,9 @@ function renderCounts(s) {
   text("last-seq", s.log.last_seq);
   text("agents-alive", s.agents_by_state.alive);
   text("claims-held", s.claims.held);
+  text("tasks", s.tasks.ready + " / " + s.tasks.blocked + " / " + s.tasks.held);
   text("workers", Object.values(s.workers).reduce((a, b) => a + b, 0));
+  text("reservations-live", s.reservations.length);
   text("pump-in-flight", s.pump.in_flight);
   text("export-lag", s.export.lag);
   text("file-size", bytes(s.file.size_bytes) + " / " + bytes(s.file.wal_bytes));
@@ -59,6 +61,9 @@ function renderTables(s) {
                                     c.attempts + "/" + c.max_attempts]));
   table("channels", ["channel", "type", "open", "awaiting ack", "dead letters"],
         s.channels.map((c) => [c.name, c.type, c.open_deliveries, c.awaiting_ack, c.dead_letters]));
+  table("reservations", ["pattern", "holder", "mode", "expires", "reason"],
+        s.reservations.map((r) => [r.pattern, r.agent, r.mode,
+                                   new Date(r.expires_at_ms).toISOString(), r.reason]));
 }
 
 function renderRate(rate) {
