@@ -161,11 +161,7 @@ class TaskGraph:
         task_id = validate_task_id(task_id)
         conn = self.conn
         with translate_errors(conn), conn:
-            at = clock_ms(now)
-            task = _required(conn, task_id)
-            return TaskDetail(task, tasks.dependencies(conn, task), tasks.dependents(conn, task),
-                              claims.get(conn, task_id), tasks.is_ready(conn, task, at),
-                              tasks.events(conn, task_id, EVENTS_SHOWN), at)
+            return task_detail_of(conn, _required(conn, task_id), clock_ms(now))
 
     def task_counts(self, *, now: int | None = None) -> TaskCounts:
         with translate_errors(self.conn), self.conn:
@@ -290,6 +286,14 @@ def _existing(conn: apsw.Connection, task_ids: list[str]) -> list[Task]:
             raise UnknownTask(task_id, "after")
         found.append(task)
     return found
+
+
+def task_detail_of(conn: apsw.Connection, task: Task, at: int) -> TaskDetail:
+    """`task` with its neighbours, lease and events as of `at`, in the caller's transaction
+    (a read-only view's connection too: `bus top` shows this)."""
+    return TaskDetail(task, tasks.dependencies(conn, task), tasks.dependents(conn, task),
+                      claims.get(conn, task.task_id), tasks.is_ready(conn, task, at),
+                      tasks.events(conn, task.task_id, EVENTS_SHOWN), at)
 
 
 def _required(conn: apsw.Connection, task_id: str) -> Task:

@@ -188,7 +188,7 @@ def test_throughput_is_messages_per_second_over_the_window() -> None:
 
 def two_workers(db_path: Path, tmp_path: Path) -> None:
     """w-a WORKING on t-a (it beats, and holds t-a's claim), w-b ASSIGNED to t-b: by
-    name w-a comes first, by state w-b."""
+    name w-a comes first, by state w-b. And a task graph: t-d waits on t-c."""
     repo = make_repo(tmp_path / "repo")
     with Bus.open(db_path) as bus:
         workers = Workers(bus)
@@ -196,6 +196,8 @@ def two_workers(db_path: Path, tmp_path: Path) -> None:
         workers.start("w-a")
         workers.spawn("t-b", "w-b", repo)
         bus.heartbeat("w-a", "working", "t-a")
+        bus.add_task("t-c", "after t-a's task", after=[])
+        bus.add_task("t-d", after=["t-c"])
 
 
 def rows_starting(screen: str, *cells: str) -> list[int]:
@@ -249,6 +251,9 @@ def test_top_fills_the_screen_streams_sorts_opens_details_and_quits(
     terminal.keys("Escape")
     terminal.wait_for(lambda s: "messages, newest last" in s, "the main screen again")
 
+    terminal.keys("t")
+    terminal.wait_for(lambda s: rows_starting(s, "t-d", "blocked", "2", "1", "-"),
+                      "the tasks table")
     terminal.keys("a")
     terminal.wait_for(lambda s: "agent ▲" not in s and rows_starting(s, "w-a", "alive"),
                       "the agents table")
@@ -359,3 +364,32 @@ def test_detail_lines_of_each_table(db_path: Path, tmp_path: Path,
     assert claim[:3] == ["claim t-a", "  task        t-a", "  holder      w-a"]
     assert any("task_claim" in line for line in claim)  # the messages about t-a
     assert gone == ["worker w-z: no longer in the workers table"]
+
+
+def test_task_rows_and_details_say_what_holds_each_task(bus: Bus, db_path: Path) -> None:
+    bus.add_task("build", "Build it", priority=1)
+    bus.add_task("test", after=["build"])
+    bus.add_task("docs")
+    bus.add_task("gone")
+    bus.cancel_task("gone", "lead")
+    claimed = bus.claim_next("w1")
+    assert claimed is not None and claimed.task.task_id == "build"
+    status = read_status(db_path)
+    conn = connect(db_path, readonly=True)
+    try:
+        with conn:
+            rows = details.task_rows(conn, status)
+            build = detail_lines(conn, status, Opened("tasks", "build", rows[0]))
+            test = detail_lines(conn, status, Opened("tasks", "test", rows[1]))
+            gone = detail_lines(conn, status, Opened("tasks", "gone", rows[3]))
+    finally:
+        conn.close()
+    assert rows == [("build", "held", "1", "0", "w1 (fence 1)", "Build it"),
+                    ("test", "blocked", "2", "1", "-", "-"),
+                    ("docs", "ready", "2", "0", "-", "-"),
+                    ("gone", "cancelled", "2", "0", "-", "-")]
+    assert build[:4] == ["task build: Build it", "  state     held", "  priority  1",
+                         "  holder    w1 (fence 1)"]
+    assert build[build.index("needed by (1):") + 1] == "  test  blocked"
+    assert gone[gone.index("events (1, oldest first):") + 1].endswith("lead  task_cancelled")
+    assert test[test.index("depends on (1):") + 1] == "  build  held"

@@ -1,11 +1,12 @@
-"""What `bus top` shows of one row when it is opened: the reads and the lines.
+"""What `bus top` reads beyond the status: the task table, and one row opened.
 
 A worker's state history is its own `state_change` messages (the lifecycle
 publishes one in the transaction of each transition; the views read the log,
 they do not import the lifecycle). An agent's last messages are those it sent
 or was sent among the newest RECENT_WINDOW of the log, so opening an agent
-costs the same on a bus of a million messages. Every read goes through the
-caller's read-only connection, in its transaction.
+costs the same on a bus of a million messages. Tasks come from the task
+graph's own functions (bus/tasks.py). Every read goes through the caller's
+read-only connection, in its transaction.
 
 Plain strings, as bus/views/render.py: the terminal view puts them on a screen.
 """
@@ -20,15 +21,18 @@ import apsw
 import orjson
 
 from bus import messages
+from bus import tasks
 from bus.messages import Message
 from bus.messages import iso_utc
 from bus.messages import row_to_message
+from bus.task_graph import task_detail_of
 from bus.views import render
 from bus.views.status import Status
 
 if TYPE_CHECKING:
     from blobs.store import BlobStore
 
+TASK_COLUMNS = ["task", "state", "priority", "waiting on", "holder", "title"]
 RECENT_WINDOW = 10_000  # messages an agent's last messages are looked for among
 RECENT_MAX = 12  # last messages shown of an agent or a task
 HISTORY_MAX = 200  # state changes shown of a worker (the newest)
@@ -90,6 +94,58 @@ def task_messages(conn: apsw.Connection, task: str,
     """The newest messages about `task` (its id as correlation id), newest first."""
     rows = conn.execute(_TASK_MESSAGES_SQL, (task, RECENT_MAX))
     return [row_to_message(row, blobs, PREVIEW_BYTES) for row in rows]
+
+
+def task_rows(conn: apsw.Connection, status: Status) -> list[tuple[str, ...]]:
+    """Every task of the graph, in the order it was added, with what holds an open one
+    back: `ready`, `held` (a live lease), `blocked` (dependencies not done), or `open`
+    (none of these: a task whose claims ran out). A file older than the graph has none."""
+    if status.file.schema_version < tasks.TASKS_SCHEMA_VERSION:
+        return []
+    ready = {t.task_id for t in tasks.ready(conn, status.now_ms)}
+    holders = _live_holders(status)
+    return [(t.task_id, _task_state(t, ready, holders), str(t.priority), str(t.waiting_on),
+             holders.get(t.task_id, "-"), t.title or "-") for t in tasks.list_tasks(conn)]
+
+
+def _live_holders(status: Status) -> dict[str, str]:
+    return {c.task_id: f"{c.agent} (fence {c.fence})" for c in status.claims.claims
+            if not c.expired(status.now_ms)}
+
+
+def _task_state(task: tasks.Task, ready: set[str], holders: dict[str, str]) -> str:
+    if task.state != tasks.OPEN:
+        return task.state
+    if task.task_id in ready:
+        return "ready"
+    if task.task_id in holders:
+        return "held"
+    return "blocked" if task.blocked else "open"
+
+
+def task_lines(conn: apsw.Connection, status: Status, task_id: str) -> list[str]:
+    """A task as `bus task show` has it (bus/task_graph.py's `task_detail_of`): its state
+    and holder, what it depends on, what waits on it, the newest messages about it."""
+    task = (tasks.get(conn, task_id)
+            if status.file.schema_version >= tasks.TASKS_SCHEMA_VERSION else None)
+    if task is None:
+        return [f"task {task_id}: not in the task graph"]
+    detail = task_detail_of(conn, task, status.now_ms)
+    ready = {t.task_id for t in tasks.ready(conn, status.now_ms)}
+    holders = _live_holders(status)
+    lines = [f"task {task_id}" + (f": {task.title}" if task.title else ""),
+             f"  state     {_task_state(task, ready, holders)}",
+             f"  priority  {task.priority}", f"  holder    {holders.get(task_id, '-')}",
+             f"  added     {iso_utc(task.created_at_ms)}"]
+    if task.finished_at_ms is not None:
+        lines.append(f"  {task.state:9} {iso_utc(task.finished_at_ms)}"
+                     f" by {task.finished_by or '-'}")
+    for title, found in (("depends on", detail.dependencies), ("needed by", detail.dependents)):
+        lines += ["", f"{title} ({len(found)}):"]
+        lines += [f"  {t.task_id}  {_task_state(t, ready, holders)}" for t in found] or ["  none"]
+    lines += ["", f"events ({len(detail.events)}, oldest first):"]
+    return lines + ([f"  {iso_utc(ts)[11:23]}  #{seq:<6} {sender}  {type_}"
+                     for seq, ts, sender, type_ in detail.events] or ["  none"])
 
 
 # --- lines --------------------------------------------------------------------------

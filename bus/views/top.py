@@ -1,11 +1,11 @@
 """`bus top`: the bus live in the terminal (on Textual), to watch and to look into.
 
-One screen: the summary, a table per part of the bus (agents, consumers,
-claims, workers, channels; keys switch between them), and the message
-stream, one line per message as it commits. Enter opens the selected row
-(a worker's state history, an agent's liveness, claims and last messages);
-Escape goes back; `s` cycles the column the table is sorted by, `r`
-reverses it; q or Ctrl-C quits.
+One screen: the summary, a table per part of the bus (agents, workers,
+claims, tasks, consumers, channels, reservations; keys switch between them),
+and the message stream, one line per message as it commits. Enter opens the
+selected row (a worker's state history, an agent's liveness, claims and last
+messages, a task's dependencies and holder); Escape goes back; `s` cycles
+the column the table is sorted by, `r` reverses it; q or Ctrl-C quits.
 
 A thread reads the status and the new messages through its own read-only
 connection after each commit (bus/views/follow.py), so the screen changes
@@ -59,7 +59,7 @@ from bus.views.status import status_of
 if TYPE_CHECKING:
     from blobs.store import BlobStore
 
-# name, columns, rows, key: the tables in the order of their tabs.
+# The tables the status fills (bus/views/render.py makes their rows).
 TABLES = (
     ("agents", render.AGENT_COLUMNS, render.agent_rows),
     ("consumers", render.CONSUMER_COLUMNS, render.consumer_rows),
@@ -68,7 +68,12 @@ TABLES = (
     ("channels", render.CHANNEL_COLUMNS, render.channel_rows),
     ("reservations", render.RESERVATION_COLUMNS, render.reservation_rows),
 )
-TABLE_KEYS = {"agents": "a", "consumers": "n", "claims": "c", "workers": "w", "channels": "h"}
+# The tabs in their order, with the key that shows each: the status's tables, and the
+# task graph's (read beside the status, bus/views/details.py).
+TABS = {"agents": "a", "workers": "w", "claims": "c", "tasks": "t", "consumers": "n",
+        "channels": "h", "reservations": "e"}
+COLUMNS = {name: columns for name, columns, _rows in TABLES} | {"tasks": details.TASK_COLUMNS}
+SHOWN_KEYS = ("agents", "workers", "claims", "tasks")  # in the footer; the README has all
 TABLE_ACTIONS = frozenset({"show_table", "sort", "reverse", "open"})
 STREAM_BACKLOG = 200  # messages the stream starts with, and the most it takes in one read
 STREAM_LINES = 1000  # lines the stream pane keeps
@@ -190,6 +195,17 @@ class MessageStream:
         return lines + [details.message_line(m) for m in found]
 
 
+def row_keys(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    """A key per row that stays with it across refreshes: its first cell (a name), made
+    unique where names repeat (two agents sharing a reservation's pattern)."""
+    seen: dict[str, int] = {}
+    keys = []
+    for row in rows:
+        n = seen[row[0]] = seen.get(row[0], 0) + 1
+        keys.append(row[0] if n == 1 else f"{row[0]}\x00{n}")
+    return keys
+
+
 @dataclass(frozen=True)
 class Opened:
     """The row a detail screen shows: its table, its key (first cell) and its cells."""
@@ -208,13 +224,17 @@ def detail_lines(conn: apsw.Connection, status: Status, opened: Opened,
     if opened.table == "agents":
         return details.agent_lines(status, opened.key,
                                    details.agent_messages(conn, opened.key, blobs))
-    columns = next(c for name, c, _rows in TABLES if name == opened.table)
+    if opened.table == "tasks":
+        return details.task_lines(conn, status, opened.key)
     recent: list[Message] = []
     if opened.table == "claims":
         recent = details.task_messages(conn, opened.key, blobs)
     elif opened.table == "consumers":
         recent = details.agent_messages(conn, opened.key, blobs)
-    return details.row_lines(f"{opened.table[:-1]} {opened.key}", columns, opened.cells, recent)
+    elif opened.table == "reservations":  # a pattern: its holder's messages
+        recent = details.agent_messages(conn, opened.cells[1], blobs)
+    return details.row_lines(f"{opened.table[:-1]} {opened.key}", COLUMNS[opened.table],
+                             opened.cells, recent)
 
 
 @dataclass(frozen=True)
@@ -222,6 +242,7 @@ class Snapshot:
     """One read of the live view: the status, the stream's new lines, the open row's lines."""
 
     status: Status
+    tasks: list[tuple[str, ...]]
     stream: list[str]
     opened: Opened | None
     detail: list[str] | None
@@ -266,8 +287,8 @@ class TopApp(App[None]):
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
-        *[Binding(key, f"show_table('{name}')", name, show=name != "channels")
-          for name, key in TABLE_KEYS.items()],
+        *[Binding(key, f"show_table('{name}')", name, show=name in SHOWN_KEYS)
+          for name, key in TABS.items()],
         Binding("s", "sort", "Sort"),
         Binding("r", "reverse", "Reverse"),
         Binding("enter", "open", "Details"),
@@ -284,13 +305,13 @@ class TopApp(App[None]):
         self.failure: BusError | None = None  # why reading stopped, for run_top to raise
         self.shown: dict[str, list[tuple[str, ...]]] = {}
         self.cells: dict[str, list[tuple[str, ...]]] = {}
-        self.order = {name: SortOrder() for name, _columns, _rows in TABLES}
+        self.order = {name: SortOrder() for name in TABS}
         self.opened: Opened | None = None  # read by the reader thread: set, never mutated
 
     def compose(self) -> ComposeResult:
         yield Static(id="summary", markup=False)
         with TabbedContent(initial="agents"):
-            for name, columns, _rows in TABLES:
+            for name, columns in ((name, COLUMNS[name]) for name in TABS):
                 with TabPane(name, id=name):
                     table: DataTable[str] = DataTable(id=f"{name}-table", cursor_type="row",
                                                       zebra_stripes=True)
@@ -336,9 +357,10 @@ class TopApp(App[None]):
         opened = self.opened
         with translate_busy(conn), conn:
             status = status_of(conn, self.path, self.durability)
+            task_rows = details.task_rows(conn, status)
             stream = self.stream.read_new(conn)
             detail = None if opened is None else detail_lines(conn, status, opened, self.blobs)
-        return Snapshot(status, stream, opened, detail)
+        return Snapshot(status, task_rows, stream, opened, detail)
 
     def _show_soon(self, snapshot: Snapshot) -> None:
         if not self.stopping.is_set():
@@ -366,7 +388,7 @@ class TopApp(App[None]):
         status = snapshot.status
         per_s = self.throughput.add(time.monotonic(), status.log.last_seq)
         self.main.query_one("#summary", Static).update(summary_lines(status, per_s))
-        self.cells = table_cells(status)
+        self.cells = table_cells(status) | {"tasks": snapshot.tasks}
         for name in self.cells:
             self.fill_table(name)
         stream = self.main.query_one("#stream", RichLog)
@@ -384,9 +406,9 @@ class TopApp(App[None]):
         table = self.main.query_one(f"#{name}-table", DataTable)
         selected = self.selected_key(table)
         table.clear()
-        for row in rows:
-            table.add_row(*row, key=row[0])
-        keys = [row[0] for row in rows]
+        keys = row_keys(rows)
+        for row, key in zip(rows, keys):
+            table.add_row(*row, key=key)
         if selected in keys:
             table.move_cursor(row=keys.index(selected), animate=False)
 
@@ -422,7 +444,7 @@ class TopApp(App[None]):
 
     def resort(self, change: Callable[[SortOrder, int], SortOrder]) -> None:
         name, table = self.active_table()
-        columns = next(c for n, c, _rows in TABLES if n == name)
+        columns = COLUMNS[name]
         self.order[name] = change(self.order[name], len(columns))
         table.clear(columns=True)
         table.add_columns(*self.order[name].labels(columns))
@@ -435,7 +457,7 @@ class TopApp(App[None]):
         if key is None:
             return
         cells = tuple(str(cell) for cell in table.get_row(key))
-        opened = self.opened = Opened(name, key, cells)
+        opened = self.opened = Opened(name, cells[0], cells)
         self.push_screen(DetailScreen(opened), callback=self.forget_opened)
         self.read_detail_now(opened)
 
