@@ -18,6 +18,7 @@ from bus.db import connect
 from bus.views import details
 from bus.views.status import read_status
 from bus.views.top import STREAM_BACKLOG
+from bus.views.top import STREAM_BURST
 from bus.views.top import MessageStream
 from bus.views.top import Opened
 from bus.views.top import SortOrder
@@ -316,10 +317,12 @@ def test_message_stream_reads_the_backlog_then_new_ones_then_the_newest_of_a_bur
         bus.publish("p", "next", to="w1")
         [line] = stream.read_new(conn)
         assert line.split()[0] == str(STREAM_BACKLOG + 6) and "p → w1  next" in line
-        bus.publish_many([{"from_agent": "p", "type": "burst"}] * (STREAM_BACKLOG + 7))
+        bus.publish_many([{"from_agent": "p", "type": "many"}] * STREAM_BURST)
+        assert len(stream.read_new(conn)) == STREAM_BURST  # all of them, no line about a burst
+        bus.publish_many([{"from_agent": "p", "type": "burst"}] * (STREAM_BURST + 7))
         burst = stream.read_new(conn)
-        assert burst[0] == "… 7 messages not shown (a burst)" and len(burst) == STREAM_BACKLOG + 1
-        assert burst[-1].split()[0] == str(2 * STREAM_BACKLOG + 13)
+        assert burst[0] == "… 7 messages not shown (a burst)" and len(burst) == STREAM_BURST + 1
+        assert burst[-1].split()[0] == str(STREAM_BACKLOG + 6 + 2 * STREAM_BURST + 7)
     finally:
         conn.close()
 

@@ -75,7 +75,10 @@ TABS = {"agents": "a", "workers": "w", "claims": "c", "tasks": "t", "consumers":
 COLUMNS = {name: columns for name, columns, _rows in TABLES} | {"tasks": details.TASK_COLUMNS}
 SHOWN_KEYS = ("agents", "workers", "claims", "tasks")  # in the footer; the README has all
 TABLE_ACTIONS = frozenset({"show_table", "sort", "reverse", "open"})
-STREAM_BACKLOG = 200  # messages the stream starts with, and the most it takes in one read
+STREAM_BACKLOG = 200  # messages the stream starts with
+# The most a later read adds: more than a person reads in a quarter second, and more
+# than the pane shows; drawing every message of a fast writer cost a core (bench_views).
+STREAM_BURST = 60
 STREAM_LINES = 1000  # lines the stream pane keeps
 
 
@@ -172,8 +175,8 @@ class MessageStream:
     """The messages the stream pane has not shown yet, read after each commit.
 
     The first read takes the newest STREAM_BACKLOG; each later one what came
-    after the last seq shown, and a burst of more than STREAM_BACKLOG is
-    shown by its newest ones, with a line that says how many were skipped.
+    after the last seq shown, and a burst of more than STREAM_BURST is shown
+    by its newest ones, with a line that says how many were skipped.
     """
 
     def __init__(self, blobs: BlobStore | None = None) -> None:
@@ -184,11 +187,12 @@ class MessageStream:
         newest = messages.last_seq(conn)
         if self.last_seq is not None and newest <= self.last_seq:
             return []
-        skipped = 0 if self.last_seq is None else newest - self.last_seq - STREAM_BACKLOG
+        skipped = 0 if self.last_seq is None else newest - self.last_seq - STREAM_BURST
         if self.last_seq is None or skipped > 0:
-            found = messages.select_last(conn, STREAM_BACKLOG, self.blobs, details.PREVIEW_BYTES)
+            count = STREAM_BACKLOG if self.last_seq is None else STREAM_BURST
+            found = messages.select_last(conn, count, self.blobs, details.PREVIEW_BYTES)
         else:
-            found = messages.select_after(conn, self.last_seq, STREAM_BACKLOG, self.blobs,
+            found = messages.select_after(conn, self.last_seq, STREAM_BURST, self.blobs,
                                           details.PREVIEW_BYTES)
         self.last_seq = newest
         lines = [f"… {skipped} messages not shown (a burst)"] if skipped > 0 else []
@@ -392,8 +396,8 @@ class TopApp(App[None]):
         for name in self.cells:
             self.fill_table(name)
         stream = self.main.query_one("#stream", RichLog)
-        for line in snapshot.stream:
-            stream.write(line)
+        if snapshot.stream:  # one write: each is a layout and a repaint
+            stream.write("\n".join(snapshot.stream))
         if snapshot.opened is not None and snapshot.detail is not None:
             self.show_detail(snapshot.opened, snapshot.detail)
 
