@@ -396,3 +396,15 @@ def test_task_rows_and_details_say_what_holds_each_task(bus: Bus, db_path: Path)
     assert build[build.index("needed by (1):") + 1] == "  test  blocked"
     assert gone[gone.index("events (1, oldest first):") + 1].endswith("lead  task_cancelled")
     assert test[test.index("depends on (1):") + 1] == "  build  held"
+
+
+@pytest.mark.parametrize("sql, params", [
+    (details._STATE_CHANGES_SQL, {"task": "t1", "worker": "w1", "limit": 5}),
+    (details._AGENT_MESSAGES_SQL, {"agent": "w1", "floor": 0, "limit": 5}),
+    (details._TASK_MESSAGES_SQL, ("t1", 5)),
+], ids=["worker history", "agent messages", "task messages"])
+def test_detail_reads_walk_an_index_or_a_bounded_range(bus: Bus, sql: str, params: object) -> None:
+    """Opening a row costs the same on a log of a million messages: no plain scan."""
+    plan = [row[-1] for row in bus.conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+    assert "SCAN messages" not in plan, plan
+    assert any(step.startswith("SEARCH messages USING") for step in plan), plan

@@ -43,11 +43,13 @@ _CONTROLS = {code: " " for code in [*range(32), 127]}
 _COLUMNS = (
     "seq, id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to, payload, payload_ref"
 )
-# idx_messages_type_from_ts serves it: the type and the sender lead that index.
+# The lifecycle gives each state_change its task as correlation id, so
+# idx_messages_correlation_seq serves it: no index leads with the type or the
+# sender (each would cost every publish), and a scan would read the whole log.
 _STATE_CHANGES_SQL = (
     "SELECT seq, ts_ms, payload ->> '$.from', payload ->> '$.to', payload ->> '$.command'"
-    " FROM messages WHERE type = 'state_change' AND from_agent = ? AND json_valid(payload)"
-    " ORDER BY seq DESC LIMIT ?"
+    " FROM messages WHERE correlation_id = :task AND type = 'state_change'"
+    " AND from_agent = :worker AND json_valid(payload) ORDER BY seq DESC LIMIT :limit"
 )
 # Sent: the seq range bounds the scan (no index leads with the sender); received:
 # idx_messages_to_seq walks from the newest.
@@ -73,9 +75,10 @@ class StateChange:
     command: str | None
 
 
-def worker_history(conn: apsw.Connection, worker: str) -> list[StateChange]:
-    """The worker's transitions, oldest first (the newest HISTORY_MAX of them)."""
-    rows = conn.execute(_STATE_CHANGES_SQL, (worker, HISTORY_MAX)).fetchall()
+def worker_history(conn: apsw.Connection, worker: str, task: str) -> list[StateChange]:
+    """The transitions of `worker` on `task`, oldest first (the newest HISTORY_MAX)."""
+    rows = conn.execute(_STATE_CHANGES_SQL, {"task": task, "worker": worker,
+                                             "limit": HISTORY_MAX}).fetchall()
     return [StateChange(*row) for row in reversed(rows)]
 
 

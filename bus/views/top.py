@@ -223,7 +223,10 @@ def detail_lines(conn: apsw.Connection, status: Status, opened: Opened,
                  blobs: BlobStore | None = None) -> list[str]:
     """What the detail screen shows of `opened`, read in the caller's transaction."""
     if opened.table == "workers":
-        return details.worker_lines(status, opened.key, details.worker_history(conn, opened.key),
+        worker = next((w for w in status.worker_list if w.worker == opened.key), None)
+        history = [] if worker is None else details.worker_history(conn, worker.worker,
+                                                                   worker.task)
+        return details.worker_lines(status, opened.key, history,
                                     details.agent_messages(conn, opened.key, blobs))
     if opened.table == "agents":
         return details.agent_lines(status, opened.key,
