@@ -290,11 +290,15 @@ def task_detail(conn: apsw.Connection, task_id: str, *, now: int | None = None) 
     """See `Bus.task_detail`."""
     task_id = validate_task_id(task_id)
     with translate_errors(conn), conn:
-        at = clock_ms(now)
-        task = _required(conn, task_id)
-        return TaskDetail(task, dependencies(conn, task), dependents(conn, task),
-                          claims.get(conn, task_id), is_ready(conn, task, at),
-                          events(conn, task_id, EVENTS_SHOWN), at)
+        return task_detail_of(conn, _required(conn, task_id), clock_ms(now))
+
+
+def task_detail_of(conn: apsw.Connection, task: Task, at: int) -> TaskDetail:
+    """`task` with its neighbours, lease and events as of `at`, in the caller's transaction
+    (a read-only view's connection too: `bus top` shows this)."""
+    return TaskDetail(task, dependencies(conn, task), dependents(conn, task),
+                      claims.get(conn, task.task_id), is_ready(conn, task, at),
+                      events(conn, task.task_id, EVENTS_SHOWN), at)
 
 
 def task_counts(conn: apsw.Connection, *, now: int | None = None) -> TaskCounts:

@@ -50,7 +50,10 @@ from bus.views.serve import snapshot
 from bus.views.status import EXPORTER
 from bus.views.status import Status
 from bus.views.status import read_status
+from bus.views.details import task_rows
 from bus.views.top import TABLES
+from bus.views.top import Opened
+from bus.views.top import detail_lines
 from bus.views.top import summary_lines
 from bus.views.top import table_cells
 from tests.cli_helpers import json_lines
@@ -61,6 +64,8 @@ from workers import machine
 from workers.lifecycle import Workers
 
 AGENTS = ("a1", "a2", "a3")
+GRAPH_TASKS = ("g1", "g2", "g3")  # the task graph's, claimed by GRAPH_AGENT only
+GRAPH_AGENT = "g-agent"
 TASKS = ("t1", "t2", "t3")
 WORKERS = {"w1": "job1", "w2": "job2"}  # worker -> its task
 WORKER_COMMANDS = ("start", "done", "approve", "reject", "rework", "merge", "cancel", "fail")
@@ -194,6 +199,25 @@ class ViewsGame(RuleBasedStateMachine):
                 self.claims[task] = (agent, self.now + (lease or own.lease_ms))
         elif self.bus.release(task, agent):
             assert self.claims.pop(task)[0] == agent
+
+    @rule(op=st.sampled_from(("claim-next", "claim-next", "done", "done", "cancel")),
+          task=st.sampled_from(GRAPH_TASKS))
+    def task_graph(self, op: str, task: str) -> None:
+        """Build the graph the first time (g2 waits on g1, g3 on both); then claim-next,
+        done or cancel (a refusal, such as finishing a task not held, is part of the game)."""
+        if self.bus.find_task("g1") is None:
+            for graph_task, after in zip(GRAPH_TASKS, ((), ("g1",), ("g1", "g2"))):
+                self.bus.add_task(graph_task, after=after, now=self.now)
+            return
+        try:
+            if op == "claim-next":
+                self.bus.claim_next(GRAPH_AGENT, now=self.now)
+            elif op == "done":
+                self.bus.complete_task(task, GRAPH_AGENT, now=self.now)
+            else:
+                self.bus.cancel_task(task, GRAPH_AGENT, now=self.now)
+        except BusError:
+            pass
 
     @rule()
     def reap(self) -> None:
@@ -423,6 +447,21 @@ class ViewsGame(RuleBasedStateMachine):
             len(status.worker_list), len(status.channels), len(status.reservations)]
         for name, columns, _rows in TABLES:
             assert all(len(row) == len(columns) for row in cells[name])
+        conn = connect(self.path, readonly=True)
+        try:
+            with conn:
+                cells["tasks"] = task_rows(conn, status)
+                # Each row opens: the details of every state reached are read and rendered.
+                opened = {name: [detail_lines(conn, status, Opened(name, row[0], row))
+                                 for row in rows] for name, rows in cells.items()}
+        finally:
+            conn.close()
+        states = Counter(row[1] for row in cells["tasks"])
+        t = status.tasks
+        assert (states["ready"], states["blocked"], states["held"], states["done"],
+                states["cancelled"]) == (t.ready, t.blocked, t.held, t.done, t.cancelled)
+        for name, lines in opened.items():
+            assert all(lines[i][0].split()[1] == cells[name][i][0] for i in range(len(lines)))
 
     def check_serve(self) -> None:
         conn = connect(self.path, readonly=True)

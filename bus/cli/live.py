@@ -15,10 +15,13 @@ from bus.tokens import TokenChecker
 @click.command()
 @pass_bus_context
 def top(obj: BusContext) -> None:
-    """Watch agents, consumers, claims, throughput and lag live; q or Ctrl-C quits.
+    """Watch agents, workers, claims and the message stream live; q or Ctrl-C quits.
 
     The screen changes when something commits to the bus (not on a timer),
-    and reads the file read-only.
+    and reads the file read-only. Keys: a, w, c, t, n, h, e switch between
+    agents, workers, claims, tasks, consumers, channels and reservations; Enter
+    opens the selected row (Escape goes back); s sorts by the next column, r
+    reverses.
 
     Example: bus top
     """
