@@ -33,6 +33,7 @@ from tests.cli_helpers import iso
 from tests.cli_helpers import json_lines
 from tests.cli_helpers import last_error
 from tests.cli_helpers import run
+from tests.hook_harness import has_inotify_fd
 
 DAY_MS = 86_400_000
 ISO_RE = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
@@ -796,15 +797,6 @@ def process_sleeps(proc: subprocess.Popen, timeout: float = 15.0) -> bool:
         return False
     raise AssertionError(f"the CLI did not start waiting within {timeout} s (wchan: {seen})")
 
-
-def has_inotify_fd(pid: int) -> bool:
-    for name in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{name}") == "anon_inode:inotify":
-                return True
-        except OSError:
-            continue
-    return False
 
 
 class LineReader:
