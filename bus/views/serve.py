@@ -44,9 +44,11 @@ from bus.db import translate_busy
 from bus.errors import BusError
 from bus.errors import ValidationFailed
 from bus.messages import now_ms
+from bus.views.charts import History
 from bus.views.charts import chart_data
 from bus.views.follow import follow
 from bus.views.follow import read_failure
+from bus.views.routes import routes
 from bus.views.status import read_status
 from bus.views.status import status_of
 
@@ -56,12 +58,14 @@ LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 STATIC = Path(__file__).resolve().parent / "static"
 
 
-def snapshot(conn: apsw.Connection, path: str, durability: str) -> bytes:
-    """The status and every chart's series, read in one transaction, as JSON."""
+def snapshot(conn: apsw.Connection, path: str, durability: str,
+             history: History | None = None) -> bytes:
+    """The status and every chart's series, read in one transaction, as JSON
+    (`history`: what the server kept of the charts so far, brought up to date)."""
     with translate_busy(conn), conn:  # an error names the file
         status = status_of(conn, path, durability)
         return orjson.dumps({"status": status.to_json_dict(),
-                             "charts": chart_data(conn, status)})
+                             "charts": chart_data(conn, status, history)})
 
 
 class Broadcaster:
@@ -77,6 +81,7 @@ class Broadcaster:
         self.durability = durability
         self.latest: bytes | None = None
         self.failure: dict[str, Any] | None = None
+        self.history = History()  # only the reader thread touches it, after start()
         self._streams: set[asyncio.Queue[bytes | None]] = set()
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -88,7 +93,7 @@ class Broadcaster:
         try:
             conn = connect(self.path, readonly=True)
             try:
-                self.latest = snapshot(conn, self.path, self.durability)
+                self.latest = snapshot(conn, self.path, self.durability, self.history)
             finally:
                 conn.close()
         except Exception as exc:  # the reader thread goes on trying
@@ -128,7 +133,7 @@ class Broadcaster:
             self._streams.discard(stream)
 
     def _follow(self) -> None:
-        follow(self.path, lambda conn: snapshot(conn, self.path, self.durability),
+        follow(self.path, lambda conn: snapshot(conn, self.path, self.durability, self.history),
                self._publish_soon, self._stop, on_error=self._fail_soon)
 
     def _publish_soon(self, payload: bytes) -> None:
@@ -201,6 +206,7 @@ def create_app(path: str, durability: str = "normal") -> Starlette:
     app = Starlette(lifespan=lifespan, routes=[
         Route("/", page), Route("/api/status", status), Route("/events", events),
         Route("/static/plotly.min.js", plotly), Mount("/static", StaticFiles(directory=STATIC)),
+        *routes(path),
     ])
     app.state.broadcaster = broadcaster
     return app
