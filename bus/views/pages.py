@@ -233,7 +233,10 @@ def message_page(detail: queries.MessageDetail) -> Safe:
         section("deliveries", deliveries),
         section(f"replies (among the next {queries.REPLY_WINDOW:,} messages)",
                 messages_table(detail.replies, "replies")),
-        section("thread (same task / correlation id)", messages_table(detail.thread, "thread")),
+        section(f"thread (same task / correlation id; the first {queries.THREAD_MAX})",
+                messages_table(detail.thread, "thread"),
+                link(messages_href(task=m.correlation_id), "the whole thread, newest first")
+                if m.correlation_id else ""),
         section("more", join([link(messages_href(sender=m.from_agent), f"from {m.from_agent}"),
                               link(messages_href(type=m.type), f"of type {m.type}"),
                               link(messages_href(before=m.seq + 1), "the log from here")],

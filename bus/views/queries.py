@@ -42,7 +42,7 @@ PAGE_SIZE = 50
 PAGE_SIZE_MAX = 500
 SCAN_WINDOW = 200_000  # messages a page without an indexed filter reads at most
 REPLY_WINDOW = 10_000  # replies are looked for among this many messages after their question
-THREAD_MAX = 200
+THREAD_MAX = 50  # of a conversation on a message's page; the browser pages through the rest
 RECENT_MAX = 20
 PREVIEW_BYTES = 4096  # of a payload kept in the blob store
 # The lifecycle's states a worker never leaves (workers/machine.py TERMINAL; the

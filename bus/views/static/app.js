@@ -3,6 +3,7 @@
 // hour), so a page opened now shows what happened before it.
 "use strict";
 
+const BUCKET_MS = 10000;  // the server's bucket (bus/views/charts.py BUCKET_MS)
 const layoutBase = {margin: {t: 40, r: 20, b: 40, l: 90}, legend: {orientation: "h"}};
 // Date axes: at most this many labels, and each zoom level's own format, so
 // labels neither overlap nor repeat the date at every tick.
@@ -87,13 +88,21 @@ function renderTables(s) {
         s.channels.map((c) => [page("channels", c.name), c.type, c.open_deliveries, c.awaiting_ack, c.dead_letters]));
 }
 
+// Plotly reads a date axis' range as strings in the page's own time zone, as its
+// dates are drawn: the window in local time, without the zone.
+function localIso(ms) {
+  const at = new Date(ms);
+  return new Date(ms - at.getTimezoneOffset() * 60000).toISOString().slice(0, 23).replace("T", " ");
+}
+
 function hourAxis(windowMs) {
-  return {...dateAxis, range: windowMs.map((ms) => new Date(ms))};
+  return {...dateAxis, autorange: false, range: windowMs.map(localIso)};
 }
 
 function renderRate(rate, windowMs) {
   const traces = Object.entries(rate).map(([type, series]) => ({
-    name: type, type: "bar", x: series.t.map((t) => new Date(t)), y: series.n}));
+    name: type, type: "bar", x: series.t.map((t) => new Date(t + BUCKET_MS / 2)), y: series.n,
+    width: BUCKET_MS}));
   plot("chart-rate", "messages per 10 s by type, last hour", traces,
        {barmode: "stack", bargap: 0, xaxis: hourAxis(windowMs)});
 }
@@ -109,8 +118,8 @@ function renderLag(lag, windowMs) {
 // (COMPLETED, CANCELLED, FAILED) is a marker where the lane stops.
 function renderSwimlane(segments) {
   const byState = {};
-  const ends = {name: "ended", type: "scatter", mode: "markers+text", x: [], y: [], text: [],
-                textposition: "middle right", marker: {symbol: "line-ns-open", size: 14}};
+  const ends = {name: "ended", type: "scatter", mode: "markers", x: [], y: [], text: [],
+                hoverinfo: "text+x", marker: {symbol: "line-ns-open", size: 14, color: "#222"}};
   for (const seg of segments) {
     if (seg.terminal) {
       ends.x.push(new Date(seg.start_ms));
