@@ -19,6 +19,9 @@ BUCKET_MS = 10_000  # one point per ten seconds: 360 to the hour
 HISTORY_SCAN_MAX = 500_000  # messages the first read of the hour looks at, at most
 SWIMLANE_WINDOW_MS = 24 * 3600 * 1000
 SWIMLANE_SCAN_MAX = 200_000  # messages the first read of the swimlanes looks at, at most
+# Segments sent to a page, the newest: each page gets the whole series at each
+# change, and a busy day's thousands of lanes would be megabytes a second.
+SWIMLANE_SEGMENTS_MAX = 1500
 THREADS_MAX = 500
 # Every query below reads a seq range (the primary key): the first read of a
 # server looks back a bounded window, then each read only the messages
@@ -137,7 +140,7 @@ def worker_swimlane(history: History, now_ms: int) -> list[dict[str, Any]]:
 
     A state lasts until the next change; the last one until now, except a
     terminal state (COMPLETED, CANCELLED, FAILED), which ends where it starts:
-    the worker is gone, its lane stops.
+    the worker is gone, its lane stops. At most the newest SWIMLANE_SEGMENTS_MAX.
     """
     segments: list[dict[str, Any]] = []
     for worker in sorted(history.changes):
@@ -147,6 +150,9 @@ def worker_swimlane(history: History, now_ms: int) -> list[dict[str, Any]]:
             end = following[0] if following else (start if terminal else now_ms)
             segments.append({"worker": worker, "state": state, "start_ms": start,
                              "end_ms": end, "terminal": terminal})
+    if len(segments) > SWIMLANE_SEGMENTS_MAX:
+        newest = sorted(s["start_ms"] for s in segments)[-SWIMLANE_SEGMENTS_MAX]
+        segments = [s for s in segments if s["start_ms"] >= newest]
     return segments
 
 

@@ -62,10 +62,20 @@ def snapshot(conn: apsw.Connection, path: str, durability: str,
              history: History | None = None) -> bytes:
     """The status and every chart's series, read in one transaction, as JSON
     (`history`: what the server kept of the charts so far, brought up to date)."""
+    return snapshots(conn, path, durability, history)[0]
+
+
+def snapshots(conn: apsw.Connection, path: str, durability: str,
+              history: History | None = None) -> tuple[bytes, bytes]:
+    """`snapshot`, and its brief: only the time and the last seq, in the same shape,
+    for the pages that only need to know whether the bus moved on (bus/views/static/live.js)."""
     with translate_busy(conn), conn:  # an error names the file
         status = status_of(conn, path, durability)
-        return orjson.dumps({"status": status.to_json_dict(),
+        full = orjson.dumps({"status": status.to_json_dict(),
                              "charts": chart_data(conn, status, history)})
+        brief = orjson.dumps({"status": {"now_ms": status.now_ms,
+                                         "log": {"last_seq": status.log.last_seq}}})
+        return full, brief
 
 
 class Broadcaster:
@@ -80,9 +90,11 @@ class Broadcaster:
         self.path = path
         self.durability = durability
         self.latest: bytes | None = None
+        self.latest_brief: bytes | None = None
         self.failure: dict[str, Any] | None = None
         self.history = History()  # only the reader thread touches it, after start()
-        self._streams: set[asyncio.Queue[bytes | None]] = set()
+        # each open stream, and whether it wants the brief snapshots only
+        self._streams: dict[asyncio.Queue[bytes | None], bool] = {}
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -93,7 +105,8 @@ class Broadcaster:
         try:
             conn = connect(self.path, readonly=True)
             try:
-                self.latest = snapshot(conn, self.path, self.durability, self.history)
+                self.latest, self.latest_brief = snapshots(conn, self.path, self.durability,
+                                                           self.history)
             finally:
                 conn.close()
         except Exception as exc:  # the reader thread goes on trying
@@ -117,12 +130,14 @@ class Broadcaster:
         for stream in self._streams:
             _put_latest(stream, None)
 
-    async def events(self) -> AsyncIterator[bytes]:
-        """Server-sent events: the latest snapshot and any failure now, then one per change."""
+    async def events(self, brief: bool = False) -> AsyncIterator[bytes]:
+        """Server-sent events: the latest snapshot and any failure now, then one per change
+        (`brief`: the brief snapshots)."""
         stream: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=1)
-        self._streams.add(stream)
+        self._streams[stream] = brief
+        latest = self.latest_brief if brief else self.latest
         try:
-            now = [self.latest] if self.latest is not None else []
+            now = [latest] if latest is not None else []
             if self.failure is not None:
                 now.append(orjson.dumps(self.failure))
             for payload in now:
@@ -130,21 +145,21 @@ class Broadcaster:
             while (payload := await stream.get()) is not None:
                 yield b"data: " + payload + b"\n\n"
         finally:
-            self._streams.discard(stream)
+            self._streams.pop(stream, None)
 
     def _follow(self) -> None:
-        follow(self.path, lambda conn: snapshot(conn, self.path, self.durability, self.history),
+        follow(self.path, lambda conn: snapshots(conn, self.path, self.durability, self.history),
                self._publish_soon, self._stop, on_error=self._fail_soon)
 
-    def _publish_soon(self, payload: bytes) -> None:
+    def _publish_soon(self, payloads: tuple[bytes, bytes]) -> None:
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._publish, payload)
+        self._loop.call_soon_threadsafe(self._publish, payloads)
 
-    def _publish(self, payload: bytes) -> None:
+    def _publish(self, payloads: tuple[bytes, bytes]) -> None:
         if self.failure is not None:
             log.warning("reading %s works again", self.path)
-        self.latest, self.failure = payload, None
-        self._send(payload)
+        (self.latest, self.latest_brief), self.failure = payloads, None
+        self._send(*payloads)
 
     def _fail_soon(self, failure: BusError) -> None:
         assert self._loop is not None
@@ -158,11 +173,12 @@ class Broadcaster:
                         failure)
             self.failure = {"error": str(failure), "field": getattr(failure, "field", None),
                             "since_ms": now_ms()}
-        self._send(orjson.dumps(self.failure))
+        failure = orjson.dumps(self.failure)
+        self._send(failure, failure)
 
-    def _send(self, payload: bytes) -> None:
-        for stream in self._streams:
-            _put_latest(stream, payload)
+    def _send(self, payload: bytes, brief: bytes) -> None:
+        for stream, wants_brief in self._streams.items():
+            _put_latest(stream, brief if wants_brief else payload)
 
 
 def _put_latest(stream: asyncio.Queue[bytes | None], item: bytes | None) -> None:
@@ -196,8 +212,9 @@ def create_app(path: str, durability: str = "normal") -> Starlette:
                             media_type="application/json")
         return Response(broadcaster.latest, media_type="application/json")
 
-    async def events(_request: Request) -> Response:
-        return StreamingResponse(broadcaster.events(), media_type="text/event-stream",
+    async def events(request: Request) -> Response:
+        brief = request.query_params.get("brief") == "1"
+        return StreamingResponse(broadcaster.events(brief), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store"})
 
     async def plotly(_request: Request) -> Response:

@@ -156,7 +156,11 @@ function renderThreads(threads) {
 
 // Counts and tables first, at once; the charts after the browser has painted
 // them (Plotly takes a while), and only for the newest snapshot if several came.
+// The charts are drawn at most every CHARTS_EVERY_MS: their points are ten-second
+// buckets, and redrawing five charts at each commit would take the writers' CPU.
+const CHARTS_EVERY_MS = 2000;
 let chartsDue = null;
+let chartsDrawnAt = -Infinity;
 
 function render(snapshot) {
   const s = snapshot.status;
@@ -165,12 +169,16 @@ function render(snapshot) {
   const live = document.getElementById("live");
   live.textContent = "live, as of " + new Date(s.now_ms).toISOString();
   live.className = "";
-  if (chartsDue === null) { setTimeout(() => renderCharts(chartsDue), 0); }
+  if (chartsDue === null) {
+    const wait = Math.max(0, chartsDrawnAt + CHARTS_EVERY_MS - performance.now());
+    setTimeout(() => renderCharts(chartsDue), wait);
+  }
   chartsDue = snapshot;
 }
 
 function renderCharts(snapshot) {
   chartsDue = null;
+  chartsDrawnAt = performance.now();
   renderRate(snapshot.charts.rate, snapshot.charts.window_ms);
   renderLag(snapshot.charts.lag, snapshot.charts.window_ms);
   renderSwimlane(snapshot.charts.swimlane);

@@ -41,7 +41,7 @@ function expectNews() {
                        SILENCE_MS);
 }
 
-const events = new EventSource("/events");
+const events = new EventSource("/events?brief=1");
 events.onmessage = (event) => {
   expectNews();
   const data = JSON.parse(event.data);
