@@ -26,6 +26,7 @@ from bus.views.charts import claims_by_agent
 from bus.views.charts import message_rate
 from bus.views.charts import worker_swimlane
 from bus.views.queries import MessageFilter
+from bus.views.routes import branch_commits
 from bus.views.status import status_of
 from tests.broken_files import break_the_file
 from tests.conftest import REPO_ROOT
@@ -219,6 +220,7 @@ def test_agent_worker_and_channel_details(console_db: Path) -> None:
     assert agent.channels == [("ops", "member")]
     assert agent.cursor == 1
     assert {m.type for m in agent.sent} >= {"question", "note"}
+    assert not agent.is_worker and read(console_db, queries.agent_detail, "w3", now_ms()).is_worker
     worker = read(console_db, queries.worker_detail, "w3")
     assert [h.to_state for h in worker.history] == ["ASSIGNED", "WORKING", "CANCELLED"]
     assert worker.worker.note == "not needed"
@@ -226,6 +228,19 @@ def test_agent_worker_and_channel_details(console_db: Path) -> None:
     channel = read(console_db, queries.channel_detail, "ops")
     assert [p[0] for p in channel.participants] == ["planner", "w1"]
     assert len(channel.deliveries) == 1
+
+
+def test_worker_commits_from_its_repository_or_why_not(console_db: Path, tmp_path: Path) -> None:
+    worker = read(console_db, queries.worker_detail, "w3").worker
+    repo = Path(worker.repo)
+    subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", "work of w3"], check=True,
+                   cwd=worker.worktree)
+    commits, note = branch_commits(worker)
+    assert len(commits) == 1 and commits[0].endswith(": work of w3") and note == ""
+    shutil.rmtree(repo)
+    commits, note = branch_commits(worker)
+    assert commits is None
+    assert note.startswith(f"the repository {repo} cannot be read from here (")
 
 
 def test_history_swimlane_stops_at_a_terminal_state(console_db: Path) -> None:

@@ -38,8 +38,10 @@ class Resources:
         return {"correlation_id": correlation_id, "messages": [m.to_json_dict() for m in found]}
 
     def message(self, seq: str) -> dict[str, Any]:
-        """One message with what concerns it, as `bus serve`'s message page shows it: the
-        message it answers, its replies, its conversation, its channel and deliveries."""
+        """One message with its question, replies, thread, channel and deliveries.
+
+        The same answer as `bus serve`'s message page (bus/views/queries.py message_detail).
+        """
         if not seq.isdigit():
             raise ValidationFailed("seq", f"must be a message's seq (a whole number), got {seq!r}")
         conn = connect(self.bus.path, readonly=True)

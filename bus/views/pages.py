@@ -250,6 +250,8 @@ def agent_page(detail: queries.AgentDetail, now: int) -> Safe:
              ("silent for", f"{(now - beat.ts_ms) / 1000:.1f} s" if beat else None),
              ("status / task", f"{beat.status} / {beat.task}" if beat else None),
              ("cursor (last acked seq)", detail.cursor)]
+    if detail.is_worker:
+        facts.append(("worker", worker_link(detail.agent)))
     return join([
         pairs(facts),
         section("claims", claims_rows_table(detail.claims, now, "claims")),

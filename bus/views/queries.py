@@ -359,9 +359,10 @@ class AgentDetail:
     channels: list[tuple[str, str]]
     sent: list[Message]
     received: list[Message]
+    is_worker: bool = False  # a worker of the lifecycle has a page of its own too
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {"agent": self.agent,
+        return {"agent": self.agent, "is_worker": self.is_worker,
                 "liveness": self.liveness.to_json_dict() if self.liveness else None,
                 "claims": [c.to_json_dict() for c in self.claims], "cursor": self.cursor,
                 "channels": [{"channel": n, "role": r} for n, r in self.channels],
@@ -381,7 +382,8 @@ def agent_detail(conn: apsw.Connection, agent: str, now: int,
         [c for c in list_claims(conn) if c.agent == agent], cursor[0] if cursor else None,
         conn.execute(_CHANNELS_OF_AGENT_SQL, (agent,)).fetchall(),
         _messages(conn, _FROM_RECENT_SQL, {"agent": agent, "floor": floor, "limit": RECENT_MAX}),
-        _messages(conn, _TO_RECENT_SQL, (agent, RECENT_MAX)))
+        _messages(conn, _TO_RECENT_SQL, (agent, RECENT_MAX)),
+        conn.execute(_WORKER_SQL, (agent,)).fetchone() is not None)
 
 
 # --- workers -------------------------------------------------------------------------

@@ -148,7 +148,7 @@ def branch_commits(worker: queries.Worker) -> tuple[list[str] | None, str]:
     """The worker's commits not on its base (`git log base..branch`), or None and why not:
     the repository may be on another machine, or gone."""
     argv = ["git", "-C", worker.repo, "log", f"--max-count={COMMITS_MAX}",
-            "--format=%h %an %ad %s", "--date=iso-strict", f"{worker.base}..{worker.branch}",
+            "--format=%h %ad %an: %s", "--date=iso-strict", f"{worker.base}..{worker.branch}",
             "--"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=GIT_TIMEOUT_S,
