@@ -59,16 +59,18 @@ from bus.messages import clock_ms
 from bus.payloads import BLOB_THRESHOLD
 from bus.payloads import MAX_PAYLOAD_BYTES
 from bus.payloads import PayloadPolicy
+from bus.reservations import FileReservations
 from bus.schema import current_version
 from bus.search import SearchHit
 from bus.schema import migrate
+from bus.task_graph import TaskGraph
 from bus.wake import ChangeWatcher
 
 POLL_LIMIT_MAX = 10_000
 GC_GRACE_SECONDS = 3600.0
 
 
-class Bus:
+class Bus(TaskGraph, FileReservations):
     """An open bus database. Create with `Bus.open(path)`; close with `close()`."""
 
     def __init__(self, path: str, durability: str, conn: apsw.Connection, *,

@@ -69,6 +69,20 @@ class UnknownConsumer(BusError):
         self.known = known
 
 
+class AgentNotResolved(BusError):
+    """`--agent auto` found no worker, or more than one, whose worktree holds the directory.
+
+    `directory` is where it looked from, `candidates` the worker ids it could
+    not choose between (empty when none matched).
+    """
+
+    def __init__(self, message: str, directory: str, candidates: list[str]) -> None:
+        super().__init__(message)
+        self.field = "agent"
+        self.directory = directory
+        self.candidates = candidates
+
+
 class NotABusDatabase(BusError):
     """The file exists but is not a SQLite database, or not an agentbus one."""
 
@@ -188,6 +202,56 @@ class SearchDisabled(ValidationFailed):
     def __init__(self) -> None:
         super().__init__("search", "full-text search is not enabled on this bus; run"
                                    " `bus search --enable` (or Bus.enable_search()) once")
+
+
+class UnknownTask(BusError):
+    """No task of the graph has the id (`field` says which argument named it)."""
+
+    def __init__(self, task_id: str, field: str = "task") -> None:
+        super().__init__(f"{field}: no task {task_id!r} in the task graph; add it first with"
+                         " `bus task add` (or list them with `bus task list`)")
+        self.field = field
+        self.task_id = task_id
+
+
+class TaskCycle(ValidationFailed):
+    """A dependency would close a cycle; `cycle` is the path, first task repeated last."""
+
+    def __init__(self, cycle: list[str]) -> None:
+        super().__init__("after", f"{cycle[0]} cannot wait on {cycle[1]}: that closes the cycle"
+                                  f" {' -> '.join(cycle)} (each waits on the next); drop one"
+                                  " of these dependencies", cycle=cycle)
+        self.cycle = cycle
+
+
+class TaskStateConflict(BusError):
+    """The task is not in a state that allows the command (done twice, cancel after done...)."""
+
+    refused_by_state = True  # the CLI: exit 1, not a usage error (the id is well formed)
+
+    def __init__(self, task_id: str, state: str, command: str, fix: str) -> None:
+        self.reason = f"{task_id} is {state}, so `{command}` does nothing; {fix}"
+        super().__init__(f"task: {self.reason}")
+        self.field = "task"
+        self.task_id = task_id
+        self.state = state
+        self.command = command
+
+
+class NotTaskHolder(BusError):
+    """`bus task done` by an agent that does not hold the task's claim."""
+
+    refused_by_state = True  # the CLI: exit 1, not a usage error
+
+    def __init__(self, task_id: str, agent: str, holder: str | None) -> None:
+        who = f"{holder} holds it" if holder else "nobody holds it"
+        self.reason = (f"{agent} does not hold {task_id} ({who}); take it with"
+                       " `bus task claim-next` or `bus claim` before marking it done")
+        super().__init__(f"agent: {self.reason}")
+        self.field = "agent"
+        self.task_id = task_id
+        self.agent = agent
+        self.holder = holder
 
 
 # The errors of the parts above the log live with the part that raises them;

@@ -58,8 +58,11 @@ _BEAT_SQL = (
     " current_task = excluded.current_task, progress = excluded.progress"
 )
 _LIST_SQL = "SELECT agent_id, ts_ms, status, current_task, progress FROM heartbeats"
-_LAST_SQL = "SELECT status, current_task, progress FROM heartbeats WHERE agent_id = ?"
+_LAST_SQL = "SELECT status, current_task, progress, ts_ms FROM heartbeats WHERE agent_id = ?"
 _FORGET_SQL = "DELETE FROM heartbeats WHERE agent_id = ? RETURNING agent_id"
+# An agent that was dead (or is forgotten) lost its file reservations (bus/reservations.py):
+# they must not come back to life with its next beat.
+_END_RESERVATIONS_SQL = "DELETE FROM file_reservations WHERE agent_id = ?"
 _HAS_BEATEN_SQL = "SELECT 1 FROM heartbeats WHERE agent_id = ?"
 
 
@@ -164,6 +167,8 @@ def beat(conn: apsw.Connection, agent: str, status: str, task: str | None,
     with write_transaction(conn):
         ts = now_ms() if now is None else now
         last = conn.execute(_LAST_SQL, (agent,)).fetchone()
+        if last is not None and _was_dead(last, ts):
+            conn.execute(_END_RESERVATIONS_SQL, (agent,))
         task, progress = _kept(last, task, progress)
         conn.execute(_BEAT_SQL, (agent, ts, status, task, progress))
         for type_, payload in _changes(last, status, task, progress):
@@ -172,9 +177,15 @@ def beat(conn: apsw.Connection, agent: str, status: str, task: str | None,
     return ts
 
 
+def _was_dead(last: tuple, now: int) -> bool:
+    """Whether the agent's last beat had turned dead (by the default thresholds) by `now`."""
+    status, _task, _progress, ts = last
+    return status != STOPPED and now - ts >= Thresholds.to_ms(Thresholds().dead)
+
+
 def _kept(last: tuple | None, task: Any, progress: Any) -> tuple[str | None, float | None]:
     """A beat's task and progress with KEEP replaced by the last beat's values."""
-    _status, last_task, last_progress = last if last is not None else (None, None, None)
+    _status, last_task, last_progress = last[:3] if last is not None else (None, None, None)
     if task is KEEP:
         task = last_task
     if progress is KEEP:
@@ -185,7 +196,7 @@ def _kept(last: tuple | None, task: Any, progress: Any) -> tuple[str | None, flo
 def _changes(last: tuple | None, status: str, task: str | None,
              progress: float | None) -> list[tuple[str, dict[str, Any]]]:
     """The announcements a beat owes: what changed since the agent's previous beat."""
-    last_status, _task, last_progress = last if last is not None else (None, None, None)
+    last_status, _task, last_progress = last[:3] if last is not None else (None, None, None)
     found = []
     if progress is not None and progress != last_progress:
         found.append(("task_progress", {"task": task, "progress": progress}))
@@ -195,7 +206,9 @@ def _changes(last: tuple | None, status: str, task: str | None,
 
 
 def forget(conn: apsw.Connection, agent: str) -> bool:
-    """Delete the agent's heartbeat row inside the caller's transaction; False if it had none."""
+    """Delete the agent's heartbeat row, and its file reservations, inside the caller's
+    transaction; False if it had no heartbeat."""
+    conn.execute(_END_RESERVATIONS_SQL, (agent,))
     return conn.execute(_FORGET_SQL, (agent,)).get is not None
 
 

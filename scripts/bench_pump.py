@@ -25,7 +25,18 @@
   its own under /tmp, made on first use; skipped with a message when pip
   cannot install it), its figures printed beside ours from the same run.
 
+- pipelines (--scenario pipelines): where the pump runs each unit's pipeline
+  (`checked_input`: parse, C14N, XSD, deserialize), for 1 and 4 listeners
+  of one root tag (each request a broadcast) and payloads from 236 B to 64
+  KB that the XSD checks: on the event loop (as before), on one worker off
+  the loop, on a shared pool of 4, on a worker per listener, and the
+  default (a worker per listener from MIN_BYTES up). The modes alternate
+  in each round; ratios: envelopes/s (best round) and CPU per envelope (all
+  threads, least round) against on the loop, same size. Then whether each
+  pipeline step releases the GIL (a spinning thread beside it, `gil_rows`).
+
     python scripts/bench_pump.py [--rounds 3] [--scale 1.0] [--original]
+    python scripts/bench_pump.py --scenario pipelines [--rounds 3] [--scale 1.0]
     python scripts/bench_pump.py --raw-server DB   # the baseline's server, on its own
     python scripts/bench_pump.py --floor-server DB # the floor's server, on its own
 """
@@ -42,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -57,6 +69,8 @@ from bus.pump import Pump
 from bus.pump import client
 from bus.pump.organism import Organism
 from bus.pump.organism import load_organism
+from bus.pump.pipelines import MIN_BYTES
+from bus.pump.pipelines import Pipelines
 from bus.wake import ChangeWatcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -427,6 +441,191 @@ def print_original(rows: list[dict], original: dict) -> None:
                   f"  (>= {TARGET_ORIGINAL_SPEEDUP:g}x: {'ok' if ok else 'not met'})")
 
 
+# --- pipelines side by side (seed 000): where checked_input runs ---------------------
+
+PIPELINE_LISTENERS = 4
+# (name, lines, characters per line): the envelope is about lines * (chars + 30) bytes.
+PIPELINE_SIZES = (("small", 3, 20), ("2 KB", 20, 70), ("16 KB", 60, 240), ("64 KB", 120, 500))
+
+
+def pipeline_organism(listeners: int) -> str:
+    """`listeners` listeners of <doc> (a payload the XSD checks: not plain): a broadcast."""
+    entries = "".join(f"  - name: reader{i}\n    root_tag: doc\n"
+                      "    payload: bench_pipeline_tools:Doc\n"
+                      "    handler: bench_pipeline_tools:read\n    concurrency: 64\n"
+                      for i in range(listeners))
+    return f"name: bench\nlisteners:\n{entries}"
+
+
+def pipeline_request(lines: int, width: int) -> bytes:
+    items = "".join(f"<item><number>{n}</number><text>{'x' * width}</text></item>"
+                    for n in range(lines))
+    return f"<doc><title>bench</title><line>{items}</line></doc>".encode()
+
+
+def _pipeline_modes() -> dict[str, Callable[[], Pipelines]]:
+    """Where the pump runs checked_input: today's default, and what it was chosen against."""
+
+    class OneWorker(Pipelines):  # every listener's pipelines on one thread off the loop
+        def _worker(self, name: str) -> ThreadPoolExecutor:
+            return super()._worker("*")
+
+    class SharedPool(Pipelines):  # a pool of 4 threads for all (per-listener order lost)
+        def _worker(self, name: str) -> ThreadPoolExecutor:
+            if "*" not in self._workers:
+                self._workers["*"] = ThreadPoolExecutor(4, thread_name_prefix="bench-pool")
+            return self._workers["*"]
+
+    return {"on the loop (before)": lambda: Pipelines(min_bytes=1 << 62),
+            "one worker off the loop": lambda: OneWorker(min_bytes=0),
+            "shared pool of 4": lambda: SharedPool(min_bytes=0),
+            "a worker per listener": lambda: Pipelines(min_bytes=0),
+            f"per listener, >= {MIN_BYTES} B (default)": Pipelines}
+
+
+def pipeline_rows(workdir: Path, rounds: int = 3, scale: float = 1.0) -> list[dict]:
+    """Envelopes/s of each mode, per payload size, best of `rounds` alternating runs."""
+    (workdir / "bench_pipeline_tools.py").write_text(PIPELINE_TOOLS)
+    sys.path.insert(0, str(workdir))
+    modes = _pipeline_modes()
+    rows = []
+    for listeners in (1, PIPELINE_LISTENERS):
+        organism = workdir / f"pipelines-{listeners}.yaml"
+        organism.write_text(pipeline_organism(listeners))
+        for size, lines, width in PIPELINE_SIZES:
+            request = pipeline_request(lines, width)
+            count = max(50, int(400 * scale))
+            best = dict.fromkeys(modes, 0.0)
+            cpu = {mode: float("inf") for mode in modes}
+            for round_ in range(rounds):
+                for index, (mode, make) in enumerate(modes.items()):
+                    path = workdir / f"pipelines-{listeners}-{lines}-{round_}-{index}.db"
+                    with Bus.open(path) as bus:
+                        elapsed, used = _pipeline_throughput(
+                            bus, load_organism(organism), request, count, listeners, make())
+                    best[mode] = max(best[mode], count * listeners / elapsed)
+                    cpu[mode] = min(cpu[mode], used / (count * listeners))
+            before, before_cpu = best["on the loop (before)"], cpu["on the loop (before)"]
+            for mode, per_s in best.items():
+                rows.append({"case": f"{listeners} listener(s), {size} ({len(request)} B)",
+                             "mode": mode, "envelopes": count * listeners,
+                             "per_s": round(per_s), "ratio": round(per_s / before, 3),
+                             "cpu_us": round(cpu[mode] * 1e6, 1),
+                             "cpu_ratio": round(cpu[mode] / before_cpu, 3)})
+    return rows
+
+
+def _pipeline_throughput(bus: Bus, organism: Organism, request: bytes, count: int,
+                         listeners: int, pipelines: Pipelines) -> tuple[float, float]:
+    """Wall and CPU seconds (all the process's threads) of a pump answering the requests."""
+    for _ in range(count):
+        client.send(bus, "bench", request)
+    pump = Pump(bus, organism, oob=False)
+    pump._pipelines = pipelines  # the mode under test (bus/pump/pipelines.py)
+    start, cpu = time.perf_counter(), time.process_time()
+    stats = pump.run(until_idle=True)
+    elapsed, used = time.perf_counter() - start, time.process_time() - cpu
+    assert stats.outcomes == {"replied": count * listeners}, stats.outcomes
+    return elapsed, used
+
+
+def print_pipeline_rows(rows: list[dict]) -> None:
+    """Envelopes/s (best round) and CPU us per envelope, all threads (least round), each
+    with its ratio to the pipelines on the loop: the wall clock shows what running side
+    by side gained, the CPU time what the hops cost (the same on a loaded machine)."""
+    print(f"\n{'pipelines: ratios against on the loop, same size':44} {'mode':34}"
+          f" {'n':>5} {'env/s':>7} {'ratio':>6} {'cpu us':>7} {'ratio':>6}")
+    for r in rows:
+        print(f"{r['case']:44} {r['mode']:34} {r['envelopes']:>5} {r['per_s']:>7}"
+              f" {r['ratio']:>6} {r['cpu_us']:>7} {r['cpu_ratio']:>6}")
+
+
+def gil_rows(workdir: Path, calls: int = 10, interval: float = 0.05) -> list[dict]:
+    """Whether each pipeline step of the largest payload lets another thread run.
+
+    With a switch interval of `interval` and a thread spinning beside it, a call
+    that releases the GIL waits for the spinner to give it back: `calls` calls
+    take about calls x interval (share 1.0). A call that keeps the GIL runs
+    through (share near 0): threads cannot run two of those at once. Time here
+    is the verdict's scale, not a measurement of speed.
+    """
+    sys.path.insert(0, str(workdir))
+    from bench_pipeline_tools import Doc  # written by pipeline_rows
+    from bus.xml.parser import canonicalize
+    from bus.xml.parser import parse
+    request = pipeline_request(*PIPELINE_SIZES[-1][1:])
+    spec, root = Doc.__xmlify__, parse(request)
+    steps = {"parse (hardened parser)": lambda: parse(request),
+             "C14N": lambda: canonicalize(root), "payload XSD": lambda: spec.validate(root),
+             "decode to the dataclass": lambda: spec.decode(root),
+             "time.sleep(0.0001), for scale": lambda: time.sleep(0.0001)}
+    rows, before = [], sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    try:
+        for name, step in steps.items():
+            stop = []
+            spinner = threading.Thread(target=_spin, args=(stop,))
+            spinner.start()
+            start = time.perf_counter()
+            for _ in range(calls):
+                step()
+            share = (time.perf_counter() - start) / (calls * interval)
+            stop.append(True)
+            spinner.join()
+            rows.append({"step": name, "share": round(share, 2),
+                         "gil": "released" if share > 0.5 else "kept"})
+    finally:
+        sys.setswitchinterval(before)
+    return rows
+
+
+def _spin(stop: list) -> None:
+    while not stop:  # bytecode only: the GIL changes hands at the switch interval
+        pass
+
+
+def print_gil_rows(rows: list[dict]) -> None:
+    print("\npipeline steps beside a spinning thread (share ~1: the GIL is released):")
+    for r in rows:
+        print(f"  {r['step']:32} {r['share']:>6}  {r['gil']}")
+
+
+PIPELINE_TOOLS = '''
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bus.pump import Reply
+from bus.xml import xmlify
+
+
+@xmlify(root="line")
+@dataclass
+class Line:
+    number: int
+    text: str
+
+
+@xmlify(root="doc")
+@dataclass
+class Doc:
+    """A document of numbered lines: its XSD checks every line."""
+
+    title: str
+    line: list[Line]
+
+
+@xmlify(root="read")
+@dataclass
+class Read:
+    lines: int
+
+
+async def read(msg: Doc, ctx) -> Reply:
+    return Reply(Read(len(msg.line)))
+'''
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -434,6 +633,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--original", action="store_true",
                         help=f"also run the workload through {ORIGINAL} (pip-installed under"
                              " /tmp) and print its figures beside ours")
+    parser.add_argument("--scenario", choices=("pump", "pipelines", "all"), default="pump",
+                        help="pump: the rows above (default); pipelines: where the pipelines"
+                             " run, by payload size and listeners; all: both")
     parser.add_argument("--raw-server", type=Path, metavar="DB",
                         help="run the round trip baseline's server on DB until terminated")
     parser.add_argument("--floor-server", type=Path, metavar="DB",
@@ -447,14 +649,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     python = original_python() if args.original else None
     workdir = Path(tempfile.mkdtemp(prefix="agentbus-bench-pump-"))
+    rows, pipelines = [], []
     try:
-        rows = pump_rows(workdir, args.rounds, args.scale)
+        if args.scenario in ("pump", "all"):
+            rows = pump_rows(workdir, args.rounds, args.scale)
+        if args.scenario in ("pipelines", "all"):
+            pipelines = pipeline_rows(workdir, args.rounds, args.scale)
+            gil = gil_rows(workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    original = original_row(python, args.scale) if python is not None else None
-    print_rows(rows)
+    original = original_row(python, args.scale) if python is not None and rows else None
+    if rows:
+        print_rows(rows)
     if original is not None:
         print_original(rows, original)
+    if pipelines:
+        print_pipeline_rows(pipelines)
+        print_gil_rows(gil)
     return 0  # a missed target is a figure to read, not an error
 
 

@@ -231,6 +231,9 @@ ARGS: dict[str, list[str]] = {
     "bus gc": [],
     "bus heartbeat": ["--agent", "a"],
     "bus help": ["status"],
+    "bus hook claude": ["--agent", "a"],
+    "bus hook install claude": ["--agent", "a", "--project", "{dir}"],
+    "bus inbox": ["--agent", "a"],
     "bus history": [],
     "bus init": [],
     "bus mcp": ["--agent", "a", "--list"],
@@ -272,9 +275,15 @@ ARGS: dict[str, list[str]] = {
     "worker status": [],
 }
 
+# What a command reads on stdin: a hook command gets one event, as Claude Code sends it.
+STDIN: dict[str, str] = {
+    "bus hook claude": '{"hook_event_name": "SessionStart", "session_id": "s", "cwd": "/"}',
+}
+
 # Commands that never open the bus file: the kind of file does not matter to them.
 NO_BUS = {
     "bus help": "prints a command's help",
+    "bus hook install claude": "writes .claude/settings.json in --project",
     "bus pump oob keygen": "writes a key pair",
     "bus pump oob send": "talks to a running pump's socket, not to the file",
     "bus pump organism check": "checks organism.yaml",
@@ -290,8 +299,8 @@ CREATES = {"bus init", "bus pump run", "bus pump send", "worker spawn"}
 READS = {
     "bus alive", "bus channel deliveries", "bus channel list", "bus channel query",
     "bus channel show", "bus channel thread", "bus check", "bus claims", "bus consumer info",
-    "bus consumers", "bus dlq list", "bus dlq show", "bus help", "bus mcp", "bus migrate",
-    "bus poll",
+    "bus consumers", "bus dlq list", "bus dlq show", "bus help", "bus inbox", "bus mcp",
+    "bus migrate", "bus poll",
     "bus pump dead", "bus pump threads", "bus schema", "bus sql", "bus status", "bus tables",
     "bus tail", "worker status",
 }

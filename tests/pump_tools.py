@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -288,3 +289,33 @@ async def bad_sum(msg: Add, ctx: Context) -> Reply:
     not encode it)."""
     record(ctx.listener, msg, ctx)
     return Reply(etree.fromstring("<sum><value>three</value></sum>"))
+
+
+# Where `Meet`'s pipelines wait for each other (tests/test_pump_pipelines.py): None, or
+# a barrier every pipeline that deserializes a <meet> waits at, and what they did.
+RENDEZVOUS: threading.Barrier | None = None
+PIPELINE_EVENTS: list[tuple[str, str]] = []  # (event, thread name), in the order they happened
+
+
+@xmlify(root="meet")
+@dataclass
+class Meet:
+    """Deserialized in its listener's pipeline: there it waits at RENDEZVOUS, if set."""
+
+    text: str
+
+    def __post_init__(self) -> None:
+        if RENDEZVOUS is None:
+            return
+        PIPELINE_EVENTS.append(("start", threading.current_thread().name))
+        try:
+            RENDEZVOUS.wait()
+        except threading.BrokenBarrierError:
+            raise ValueError("the other listener's pipeline never ran beside this one") \
+                from None
+        PIPELINE_EVENTS.append(("end", threading.current_thread().name))
+
+
+async def meet(msg: Meet, ctx: Context) -> Reply:
+    record(ctx.listener, msg, ctx)
+    return Reply(Result(ctx.listener, f"met {len(msg.text)}"))

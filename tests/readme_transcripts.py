@@ -119,7 +119,7 @@ def scratch_env(scratch: Path) -> dict[str, str]:
     home.mkdir(exist_ok=True)
     bin_dir = str(Path(sys.executable).parent)
     env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("BUS_", "GIT_"))}
+           if not key.startswith(("BUS_", "GIT_", "CLAUDE_"))}
     env.update({
         "PATH": os.pathsep.join([bin_dir, env.get("PATH", "")]),
         "HOME": str(home), "GIT_CONFIG_GLOBAL": str(home / "gitconfig"),

@@ -37,7 +37,8 @@ def invoke(command: str, db: Path, scratch: Path):
     program, *words = command.split()
     main = bus_main if program == "bus" else worker_main
     argv = ["--db", str(db), *words, *bad_files.arguments(command, scratch)]
-    return CliRunner().invoke(main, argv, env={"BUS_DB": None, "BUS_DURABILITY": None})
+    return CliRunner().invoke(main, argv, env={"BUS_DB": None, "BUS_DURABILITY": None},
+                              input=bad_files.STDIN.get(command))
 
 
 def test_every_command_has_arguments_and_a_place_in_the_table() -> None:

@@ -18,6 +18,7 @@ from bus.channels.engine import Channels
 from bus.channels.engine import StoreLimits
 from bus.errors import StoreFull
 from bus.errors import ValidationFailed
+from conftest import LATEST_VERSION
 from conftest import ManualClock
 
 T0 = 1_700_000_000_000
@@ -338,7 +339,7 @@ def test_migration_11_keeps_dead_letters_and_their_ids_are_not_reused_after(
         assert [bury_one(ch, clock, "a"), bury_one(ch, clock, "b")] == [1, 2]
     monkeypatch.undo()
     with Bus.open(db_path) as bus:
-        assert bus.schema_version() == 11
+        assert bus.schema_version() == LATEST_VERSION
         ch = Channels(bus, clock=clock)
         assert [(d.id, d.message.content) for d in ch.dead_letters()] == [(1, "a"), (2, "b")]
         ch.discard_dead_letter(2)

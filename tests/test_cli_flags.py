@@ -24,6 +24,7 @@ FIELD = re.compile(r"[a-z_]+(\.[a-z_]+)?")
 
 # Fields the library raises that no command takes as a value: each with where it comes from.
 NOT_ON_THE_COMMAND_LINE = {
+    "mode": "Bus.reserve(mode=...): bus reserve gives it by --exclusive/--shared, never a bad one",
     "blob_threshold": "Bus.open(blob_threshold=...): no flag",
     "handler": "process_loop's handler: a Python callable, no command",
     "max_messages": "process_loop(max_messages=...): no command runs the loop",
@@ -31,10 +32,8 @@ NOT_ON_THE_COMMAND_LINE = {
     "filter.topic_pattern": "MessageFilter from Python; the CLI has no topic filter",
     "max_payload_bytes": "bus --max-payload-bytes is an IntRange",
     "now": "an injected clock (tests, the pump)",
-    "path": "the thread registry's path, from the pump",
     "search": "bus search without --enable first: a state of the bus",
     "since_ms": "bus search --since is parsed by its own click type",
-    "state": "the channel's state: bus channel resume of a closed channel",
     "thresholds": "bus alive --warn/--stale/--dead together: no single flag",
     "thread": "pump threads: XML envelopes and the registry",
     "thread_id": "pump threads: a caller-chosen UUID, from Python",
@@ -42,6 +41,8 @@ NOT_ON_THE_COMMAND_LINE = {
     "echo": "channel settings from Python (bus channel create has --echo as a flag)",
     "organism": "an organism's name, read from organism.yaml",
     "recipient": "a dead letter's recipient who left its channel (bus dlq replay)",
+    "stdin": "bus hook claude: the event Claude Code sends on stdin",
+    "hooks": "bus hook install claude: a .claude/settings.json whose hooks is no object",
 }
 
 

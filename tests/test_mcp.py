@@ -26,14 +26,17 @@ from bus import Bus
 from bus.mcpserver.channel_tools import ChannelTools
 from bus.mcpserver.log_tools import LogTools
 from bus.mcpserver.pump_tools import PumpTools
+from bus.mcpserver.reservation_tools import ReservationTools
 from bus.mcpserver.resources import Resources
+from bus.mcpserver.task_tools import TaskTools
 from tests.cli_helpers import bad_value
 from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 from workers.mcp_tools import WorkerTools
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "organism.yaml"
-ALL_TOOLS = set(LogTools.TOOLS + ChannelTools.TOOLS + PumpTools.TOOLS + WorkerTools.TOOLS)
+ALL_TOOLS = set(LogTools.TOOLS + ChannelTools.TOOLS + PumpTools.TOOLS + TaskTools.TOOLS
+                + ReservationTools.TOOLS + WorkerTools.TOOLS)
 IDENTITY_ARGUMENTS = {"agent", "from", "from_agent", "sender", "worker_id", "client"}
 
 

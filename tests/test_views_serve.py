@@ -40,7 +40,10 @@ PAGE_TIMEOUT_MS = 20_000  # generous: the machine may be loaded; tests never ass
 
 
 def seed(bus: Bus) -> None:
-    """Something for every chart: types, a consumer, worker transitions, claims, threads."""
+    """Something for every chart: types, a consumer, worker transitions, claims, threads;
+    and a task graph: t1 held (its claim below), t3 ready, t4 blocked on t3."""
+    for task, after in (("t1", []), ("t3", []), ("t4", ["t3"])):
+        bus.add_task(task, after=after)
     for type_ in ("task_assign", "task_assign", "note", "heartbeat_note"):
         bus.publish("planner", type_, {"n": 1})
     bus.ack("w1", 2)
@@ -273,6 +276,7 @@ def test_serve_page_in_chromium(server: Server, seeded_db: Path, python_env: dic
             "#claims tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
         assert cells[0] == ["task", "holder", "fence", "lease left s", "attempt"]
         assert [row[:3] for row in cells[1:]] == [["t1", "w1", "1"], ["t2", "w1", "2"]]
+        assert page.text_content("#tasks") == "1 / 1 / 1"  # ready / blocked / held
         assert "w1" in page.text_content("#consumers")
         for chart in CHARTS:
             page.wait_for_function(f"(document.getElementById('{chart}').data || []).length > 0",

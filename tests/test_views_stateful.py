@@ -33,15 +33,18 @@ from bus import Bus
 from bus.channels.engine import Channels
 from bus.db import connect
 from bus.errors import BusError
+from bus.errors import ValidationFailed
 from bus.heartbeats import LIVENESS_STATES
 from bus.heartbeats import STATUSES
 from bus.heartbeats import AgentHoldsClaims
+from bus.heartbeats import Thresholds
 from bus.heartbeats import beat
 from bus.messages import now_ms
 from bus.pump import Pump
 from bus.pump import client
 from bus.pump.organism import parse_organism
 from bus.pump.threads import ThreadRegistry
+from bus.reservations import ReservationConflict
 from bus.views.render import status_lines
 from bus.views.serve import snapshot
 from bus.views.status import EXPORTER
@@ -79,6 +82,8 @@ listeners:
     max_attempts: 1
 """
 SECONDS = st.sampled_from([0.5, 2, 31, 70, 101, 301, 3600])
+RESERVE_PATTERNS = ("src/**", "src/a.py", "*.md", "/docs/", "src/[ab]*")
+DEAD_MS = Thresholds.to_ms(Thresholds().dead)
 
 
 class ViewsGame(RuleBasedStateMachine):
@@ -196,6 +201,25 @@ class ViewsGame(RuleBasedStateMachine):
             if reaped.task_id in self.claims:
                 self.claims[reaped.task_id] = (reaped.agent, self.now)
 
+    @rule(agent=st.sampled_from(AGENTS + tuple(sorted(WORKERS))),
+          patterns=st.lists(st.sampled_from(RESERVE_PATTERNS), min_size=1, max_size=2),
+          shared=st.booleans(), ttl_s=st.sampled_from([1, 60, 7200]), release=st.booleans())
+    def reserve(self, agent: str, patterns: list[str], shared: bool, ttl_s: int,
+                release: bool) -> None:
+        if release:
+            self.bus.unreserve(agent, now=self.now)
+            return
+        try:
+            self.bus.reserve(agent, patterns, mode="shared" if shared else "exclusive",
+                             ttl_ms=ttl_s * 1000, now=self.now)
+        except ReservationConflict as exc:
+            assert all(c.held.agent != agent for c in exc.conflicts)
+        except ValidationFailed as exc:  # a holder whose reservation would end at once
+            assert exc.field == "agent"
+            beat_ts, beat_status = self.beats.get(agent, (self.now, "idle"))
+            assert self.workers.get(agent) in machine.TERMINAL or agent in WORKERS or (
+                beat_status != "stopped" and self.now - beat_ts >= DEAD_MS)
+
     # --- workers -----------------------------------------------------------------------
 
     @rule(worker=st.sampled_from(sorted(WORKERS)),
@@ -308,6 +332,7 @@ class ViewsGame(RuleBasedStateMachine):
         assert status.workers == dict(Counter(self.workers.values()))
         assert {w.worker: w.state for w in status.worker_list} == self.workers
         self.check_channel(status)
+        self.check_reservations(status)
         assert status.pump.organisms == ["org"] * self.pump_ran
         # Each run went until idle, and only a pump killed mid-unit leaves a dead one.
         assert status.pump.queued == status.pump.in_flight == status.pump.dead == 0
@@ -364,6 +389,21 @@ class ViewsGame(RuleBasedStateMachine):
                 channel.dead_letters) == (CHANNEL, states["pending"] + states["handed"],
                                           states["handed"], states["dead"])
 
+    def check_reservations(self, status: Status) -> None:
+        """What the views show is what the bus calls live: unexpired, of holders not dead
+        and whose worker has not finished; and no two of them conflict."""
+        shown = status.reservations
+        assert shown == self.bus.reservations(now=self.now)
+        for r in shown:
+            assert r.expires_at_ms > self.now
+            beat_ts, beat_status = self.beats.get(r.agent, (self.now, "idle"))
+            assert beat_status == "stopped" or self.now - beat_ts < DEAD_MS
+            assert self.workers.get(r.agent) not in machine.TERMINAL
+        for a in shown:
+            for b in shown:
+                if a.agent != b.agent and (a.exclusive or b.exclusive):
+                    assert a.glob.overlap(b.glob) is None, (a, b)
+
     def check_text_and_json(self, status: Status) -> None:
         lines = status_lines(status)
         agents_line = next(line for line in lines if line.startswith("agents: "))
@@ -380,7 +420,7 @@ class ViewsGame(RuleBasedStateMachine):
         assert list(cells) == [name for name, _columns, _rows in TABLES]
         assert [len(cells[name]) for name in cells] == [
             len(status.agents), len(status.consumers), len(status.claims.claims),
-            len(status.worker_list), len(status.channels)]
+            len(status.worker_list), len(status.channels), len(status.reservations)]
         for name, columns, _rows in TABLES:
             assert all(len(row) == len(columns) for row in cells[name])
 

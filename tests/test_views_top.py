@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -26,7 +27,9 @@ class Terminal:
     """A tmux server of its own (no user config) with one window running a command."""
 
     def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
-        self.base = [TMUX, "-L", f"bustop-{tmp_path.name}", "-f", "/dev/null"]
+        # The pid too: tmp_path's name repeats in every pytest run, and two runs at
+        # once (other checkouts on the machine) would share, and kill, one server.
+        self.base = [TMUX, "-L", f"bustop-{os.getpid()}-{tmp_path.name}", "-f", "/dev/null"]
         self.env = env
 
     def start(self, command: str) -> None:
@@ -90,6 +93,11 @@ def test_top_shows_a_beating_agent_updates_on_publish_and_quits(
         subprocess.run([*other, "publish", "--from", "p", "--type", "t"], env=python_env,
                        check=True, capture_output=True)
     terminal.wait_for(lambda s: "log: 3 messages, last seq 3" in s, "the published messages")
+    for task in (["a"], ["b", "--after", "a"]):
+        subprocess.run([*other, "task", "add", *task], env=python_env, check=True,
+                       capture_output=True)
+    terminal.wait_for(lambda s: "tasks: 1 ready, 1 blocked, 0 held, 0 done, 0 cancelled" in s,
+                      "the task graph's counts")
     terminal.keys(quit_key)
     terminal.wait_for(lambda s: "EXITED-0" in s, "bus top exiting with status 0")
 

@@ -101,6 +101,12 @@ def commits_beyond(path: Path, base: str, ref: str = "HEAD") -> int:
     return int(git("rev-list", "--count", f"{base}..{ref}", cwd=path).stdout.strip())
 
 
+def changed_paths(path: Path, base: str, ref: str = "HEAD") -> list[str]:
+    """The paths `ref` changes since it left `base` (base...ref; a rename as both paths)."""
+    out = git("diff", "--name-only", "--no-renames", "-z", f"{base}...{ref}", cwd=path).stdout
+    return [p for p in out.split("\0") if p]
+
+
 def is_merged(repo: Path, branch: str, base: str) -> bool:
     """True if every commit of `branch` is in `base`."""
     return git("merge-base", "--is-ancestor", branch, base, cwd=repo,

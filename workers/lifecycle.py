@@ -30,12 +30,16 @@ from bus.claims import Claim
 from bus.claims import ClaimResult
 from bus.db import write_transaction
 from bus.errors import BusError
+from bus.errors import TaskStateConflict
 from bus.heartbeats import KEEP
 from bus.heartbeats import STOPPED
 from bus.heartbeats import Heartbeat
 from bus.messages import now_ms
 from bus.messages import validate_agent_id
 from bus.messages import validate_text
+from bus.tasks import OPEN
+from bus.tasks import Task
+from bus.reservations import PathsReserved
 from workers import git
 from workers import registry
 from workers.machine import APPROVED
@@ -168,6 +172,7 @@ class Workers:
         branch = f"{worker}/{task}"
         git.check_branch_name(root, branch)
         self._refuse_rival(task, worker)
+        registered = self._registered_task(task)
         worktree = self.worktrees / worker
         git.add_worktree(root, worktree, branch, base)
         at = now_ms()
@@ -181,7 +186,8 @@ class Workers:
                                  correlation_id=task)
                 self.bus.publish(ORCHESTRATOR, "task_assign",
                                  {"task": task, "branch": branch, "base": base,
-                                  "worktree": str(worktree)}, to=worker, correlation_id=task)
+                                  "worktree": str(worktree), **_title_of(registered)},
+                                 to=worker, correlation_id=task)
         except BaseException:
             _undo_spawn(root, worktree, branch)
             raise
@@ -219,12 +225,15 @@ class Workers:
         claim gave), StaleFence unless it is still the task's current fence,
         checked in the transaction of the change: a worker paused past its
         lease while another agent took the task cannot hand in its work.
+        A branch that changes paths another live agent holds exclusively is
+        refused too (PathsReserved, as the git hook).
         """
         current = self._expect(worker, "done")
         git.require_clean(Path(current.worktree))
         if not allow_empty and git.commits_beyond(Path(current.worktree), current.base) == 0:
             raise EmptyWork(current)
         head = git.head_commit(Path(current.worktree))
+        self._refuse_reserved(current, Path(current.worktree), head)
         details = {"branch": current.branch, "commit": head, "message": message}
         return self._transition(
             worker, "done", head_commit=head, note=message,
@@ -262,7 +271,8 @@ class Workers:
         No bus lock is held while git works (a merge and its hooks may take
         minutes; other writers would get BusBusy after 5 s):
 
-        1. the worker is read; a branch that moved since review is refused (BranchMoved);
+        1. the worker is read; a branch that moved since review is refused (BranchMoved),
+           and one that changes paths another live agent holds exclusively (PathsReserved);
         2. the merge is built in a scratch worktree (`git.prepare_merge`), hooks
            and all, with the base branch left where it was; on a conflict it is
            aborted and git.MergeConflict names the files;
@@ -280,6 +290,7 @@ class Workers:
         current = self._expect(worker, "merge")
         repo = Path(current.repo)
         _require_reviewed_head(current)
+        self._refuse_reserved(current, repo, current.head_commit)
         scratch = self.worktrees / f".merge-{worker}-{os.urandom(4).hex()}"  # one per attempt
         try:
             try:
@@ -299,6 +310,7 @@ class Workers:
         """Step 3 of `merge`: the compare-and-set, the messages, then the base branch."""
         def release(w: Worker) -> dict[str, Any]:
             self._release(w)
+            self._finish_registered(w)
             return {"merge_commit": merged.commit}
 
         moved = False
@@ -436,8 +448,32 @@ class Workers:
                              to=to_agent, correlation_id=current.task)
         return new
 
+    def _refuse_reserved(self, worker: Worker, where: Path, ref: str) -> None:
+        """PathsReserved when `ref` changes (since its base) paths that live agents other
+        than the worker hold exclusively (`bus reserve`); the message is the hook's."""
+        paths = git.changed_paths(where, worker.base, ref)
+        held = self.bus.check_paths(worker.worker, paths) if paths else []
+        if held:
+            raise PathsReserved(held)
+
     def _release(self, worker: Worker, fence: int | None = None) -> None:
         self.bus.release(worker.task, worker.worker, fence=fence)
+
+    def _registered_task(self, task: str) -> Task | None:
+        """The task graph's task of this id, if one is registered; one that is done or
+        cancelled already is refused (TaskStateConflict): there is nothing left to do."""
+        registered = self.bus.find_task(task)
+        if registered is not None and registered.state != OPEN:
+            raise TaskStateConflict(task, registered.state, "worker spawn",
+                                    "add a new task (`bus task add`) for more work")
+        return registered
+
+    def _finish_registered(self, worker: Worker) -> None:
+        """A merged worker's task, when the task graph has it, is done (`task_done`), and the
+        tasks waiting on it may become ready. One still waiting on others stays open."""
+        registered = self.bus.find_task(worker.task)
+        if registered is not None and registered.state == OPEN and not registered.waiting_on:
+            self.bus.complete_task(worker.task, worker.worker, require_claim=False)
 
     def _stop(self, worker: Worker, fence: int | None = None) -> None:
         """Leaving for review or for good: release the task (StaleFence, before
@@ -547,6 +583,11 @@ def _require_clean_for_cleanup(worktree: Path) -> None:
         if changes:
             raise git.DirtyWorktree(worktree, changes, "commit them on the branch first, or"
                                     " pass --force to discard them")
+
+
+def _title_of(task: Task | None) -> dict[str, str]:
+    """What task_assign says of a registered task: its title, when it has one."""
+    return {"title": task.title} if task is not None and task.title else {}
 
 
 def _new_worker_id() -> str:

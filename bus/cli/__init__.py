@@ -14,12 +14,15 @@ from bus.api import MAX_PAYLOAD_BYTES
 from bus.cli import admin
 from bus.cli import channels
 from bus.cli import coordination
+from bus.cli import harness
 from bus.cli import history
 from bus.cli import live
 from bus.cli import mcp
 from bus.cli import messaging
 from bus.cli import pump
+from bus.cli import reservations
 from bus.cli import search
+from bus.cli import tasks
 from bus.cli import xml
 from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
@@ -58,7 +61,8 @@ def main(ctx: click.Context, db: str, durability: str, max_payload_bytes: int,
     ctx.obj = BusContext(ctx, db, durability, max_payload_bytes, as_json)
 
 
-for _module in (messaging, coordination, history, channels, pump, xml, search, mcp, admin, live):
+for _module in (messaging, coordination, tasks, reservations, history, channels, pump, xml,
+                search, mcp, harness, admin, live):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 add_moved_aliases(main)

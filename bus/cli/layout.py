@@ -21,10 +21,10 @@ from bus.cli.context import db_option
 SECTIONS = (
     ("Log", ("init", "publish", "poll", "ack", "tail", "search")),
     ("Coordination", ("heartbeat", "alive", "forget", "claim", "renew", "release", "claims",
-                      "reap")),
+                      "reap", "task", "reserve", "reservations", "unreserve", "hooks")),
     ("Channels", ("channel", "dlq")),
     ("Pump and XML", ("pump", "xml")),
-    ("Agents", ("mcp",)),
+    ("Agents", ("mcp", "hook", "inbox")),
     ("Export and history", ("export", "history")),
     ("Admin", ("status", "check", "top", "serve", "consumers", "consumer", "cursor", "sql",
                "tables", "schema", "migrate", "gc", "compact", "help")),

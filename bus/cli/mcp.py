@@ -11,12 +11,14 @@ from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.extras import import_extra
+from bus.cli.harness import resolve_agent
 from bus.cli.output import echo_json
 
 
 @click.command()
 @click.option("--agent", required=True,
-              help="The agent every tool acts as: it publishes, acks and claims as this id only.")
+              help="The agent every tool acts as: it publishes, acks and claims as this id only;"
+                   " `auto`: the worker whose worktree contains the working directory.")
 @click.option("--list", "list_only", is_flag=True,
               help="Print the tools and resources instead of serving.")
 @click.option("--call", "tool", metavar="TOOL",
@@ -38,6 +40,7 @@ def mcp(obj: BusContext, agent: str, list_only: bool, tool: str | None, argument
     Example:
       bus --db .worker-state/bus.db mcp --agent planner
       bus mcp --agent planner --list
+      bus mcp --agent auto   # started in a worker's worktree: that worker
       bus mcp --agent planner --call publish --args '{"type": "note", "to": "worker-1"}'
     """
     # Imported here: the SDK takes most of a second to load, and no other command needs it.
@@ -46,7 +49,8 @@ def mcp(obj: BusContext, agent: str, list_only: bool, tool: str | None, argument
     from bus.mcpserver import AgentSession
     from bus.mcpserver import build_server
 
-    server = build_server(AgentSession.open_on(obj.open(), agent))
+    bus = obj.open()
+    server = build_server(AgentSession.open_on(bus, resolve_agent(bus, agent)))
     if tool is not None:
         _call(server, tool, _arguments(arguments))
     elif list_only:

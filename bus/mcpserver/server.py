@@ -23,8 +23,10 @@ from bus.errors import BusError
 from bus.mcpserver.channel_tools import ChannelTools
 from bus.mcpserver.log_tools import LogTools
 from bus.mcpserver.pump_tools import PumpTools
+from bus.mcpserver.reservation_tools import ReservationTools
 from bus.mcpserver.resources import Resources
 from bus.mcpserver.session import AgentSession
+from bus.mcpserver.task_tools import TaskTools
 
 # Tool groups of packages above `bus` (the worker lifecycle): each entry point
 # names a class built on the session, with TOOLS and optionally URIS, like ours.
@@ -59,7 +61,7 @@ def tool_groups() -> list[type]:
     """Our own tool groups, then those registered under TOOL_GROUPS_ENTRY_POINT by name."""
     registered = {point.name: point for point in
                   importlib.metadata.entry_points(group=TOOL_GROUPS_ENTRY_POINT)}
-    return [LogTools, ChannelTools, PumpTools,
+    return [LogTools, ChannelTools, PumpTools, TaskTools, ReservationTools,
             *(registered[name].load() for name in sorted(registered))]
 
 

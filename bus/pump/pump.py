@@ -9,13 +9,14 @@ whose handlers finished, `commit_batch` per `BEGIN IMMEDIATE` (each unit in a
 savepoint, only if its claim is still ours), and in its last transaction
 also routes client envelopes from the inbox, buries units out of attempts
 and claims as many units as the concurrency limits allow. The
-pipeline and the handler run outside any transaction: pipelines on the
-event loop's thread (lxml parsers and schemas are per thread), async
-handlers on the loop, sync ones in a thread pool, each with the listener's
-timeout. A heartbeat thread renews the leases of running units (and beats
-for the pump), so a long handler keeps its claim; a killed pump's units are
-claimed again once their leases run out, and since reply ids derive from the
-input id, listener and index, a retried commit cannot duplicate anything.
+pipeline and the handler run outside any transaction: pipelines on a
+worker thread per listener, side by side (small inputs on the event loop's
+thread: bus/pump/pipelines.py), async handlers on the loop, sync ones in a
+thread pool, each with the listener's timeout. A heartbeat thread renews
+the leases of running units (and beats for the pump), so a long handler
+keeps its claim; a killed pump's units are claimed again once their leases
+run out, and since reply ids derive from the input id, listener and index, a
+retried commit cannot duplicate anything.
 
 With nothing to do, the database thread itself waits (`Pump._idle`): for
 another connection's commit that left something to take (`Bus.wait_for_change`,
@@ -52,7 +53,6 @@ from bus.pump import work
 from bus.pump.commit import EncodedMemory
 from bus.pump.commit import Finished
 from bus.pump.commit import Writer
-from bus.pump.commit import checked_input
 from bus.pump.envelopes import envelope_xml
 from bus.pump.envelopes import huh_element
 from bus.pump.handlers import Context
@@ -62,6 +62,7 @@ from bus.pump.handlers import outputs_of
 from bus.pump.inline import InlineRunner
 from bus.pump.organism import META_ROOT_TAGS
 from bus.pump.organism import Organism
+from bus.pump.pipelines import Pipelines
 from bus.pump.routing import Listener
 from bus.pump.routing import Routes
 from bus.pump.routing import RoutingTable
@@ -159,6 +160,7 @@ class Pump:
         self._fair = FairShare()  # who gets free global slots first (_claim_fresh)
         self._inline = InlineRunner(0)  # set at boot: what waits in the inbox goes leased
         self._encoded = EncodedMemory(ENCODED_MAX)  # see _after_commit
+        self._pipelines = Pipelines()  # a worker thread per listener (bus/pump/pipelines.py)
         self._tasks: set[asyncio.Task] = set()
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -192,6 +194,7 @@ class Pump:
                     self._until_idle = until_idle
                     asyncio.run(self._main(until_idle))
             finally:
+                self._pipelines.close()
                 os.close(self._wake_r)
                 os.close(self._wake_w)
                 self._wake_r, self._wake_w = -1, -1
@@ -593,7 +596,8 @@ class Pump:
 
     async def _process(self, unit: Unit, message: Message, listener: Listener) -> Finished:
         """Pipeline, then handler: the unit's outputs or the `<huh>` for its sender."""
-        checked = checked_input(unit, message, listener, self._encoded.take(message.id))
+        checked = await self._pipelines.check(unit, message, listener,
+                                              self._encoded.take(message.id))
         if isinstance(checked, Finished):
             return checked
         spec = listener.spec

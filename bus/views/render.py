@@ -17,6 +17,7 @@ CONSUMER_COLUMNS = ["consumer", "kind", "cursor", "pending", "lag", "last ack"]
 AGENT_COLUMNS = ["agent", "state", "silent", "status", "task"]
 CLAIM_COLUMNS = ["task", "holder", "fence", "lease left", "attempt"]
 WORKER_COLUMNS = ["worker", "task", "state", "branch", "changed"]
+RESERVATION_COLUMNS = ["pattern", "holder", "mode", "left", "reason"]
 CHANNEL_COLUMNS = ["channel", "type", "state", "open", "awaiting ack", "dead letters"]
 
 
@@ -32,8 +33,11 @@ def status_lines(status: Status) -> list[str]:
     lines += _section("agents", counts(status.agents_by_state) or "none has sent a heartbeat",
                       AGENT_COLUMNS, agent_rows(status))
     lines += _section("claims", claims_summary(status), CLAIM_COLUMNS, claim_rows(status))
+    lines.append(f"tasks: {tasks_summary(status)}")
     lines += _section("workers", counts(status.workers) or "none", WORKER_COLUMNS,
                       worker_rows(status))
+    lines += _section("reservations", reservations_summary(status), RESERVATION_COLUMNS,
+                      reservation_rows(status))
     lines += _section("channels", str(len(status.channels)) if status.channels else "none",
                       CHANNEL_COLUMNS, channel_rows(status))
     lines.append(f"pump: {pump_summary(status)}")
@@ -67,6 +71,19 @@ def worker_rows(status: Status) -> list[tuple[Any, ...]]:
              f"{seconds((status.now_ms - w.updated_ms) / 1000)} ago") for w in status.worker_list]
 
 
+def reservation_rows(status: Status) -> list[tuple[Any, ...]]:
+    return [(r.pattern, r.agent, r.mode, seconds((r.expires_at_ms - status.now_ms) / 1000),
+             r.reason or "-") for r in status.reservations]
+
+
+def reservations_summary(status: Status) -> str:
+    """`3 live (2 exclusive)`, or `none`."""
+    if not status.reservations:
+        return "none"
+    exclusive = sum(r.exclusive for r in status.reservations)
+    return f"{len(status.reservations)} live ({exclusive} exclusive)"
+
+
 def channel_rows(status: Status) -> list[tuple[Any, ...]]:
     return [(c.name, c.type, c.state, c.open_deliveries, c.awaiting_ack, c.dead_letters)
             for c in status.channels]
@@ -76,6 +93,12 @@ def claims_summary(status: Status) -> str:
     c = status.claims
     return (f"{c.held} held, {c.expiring_soon} expiring soon, {c.expired} expired,"
             f" {c.taken_over} taken over, {c.dead} dead")
+
+
+def tasks_summary(status: Status) -> str:
+    t = status.tasks
+    return (f"{t.ready} ready, {t.blocked} blocked, {t.held} held, {t.done} done,"
+            f" {t.cancelled} cancelled")
 
 
 def pump_summary(status: Status) -> str:

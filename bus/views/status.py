@@ -29,7 +29,12 @@ from bus.heartbeats import LIVENESS_STATES
 from bus.heartbeats import Liveness
 from bus.heartbeats import Thresholds
 from bus.heartbeats import liveness
+from bus.reservations import Reservation
+from bus.reservations import has_reservations_table
+from bus.reservations import live_reservations
 from bus.schema import schema_status
+from bus.tasks import TaskCounts
+from bus.tasks import counts as task_counts
 
 EXPIRING_SOON_MS = 10_000  # a lease with less than this left is about to be taken over
 EXPORTER = "(export)"  # the exporter's name among the consumers: no agent id has parentheses
@@ -154,9 +159,11 @@ class Status:
     claims: ClaimsInfo
     workers: dict[str, int]  # how many in each state
     worker_list: list[WorkerInfo]
+    reservations: list[Reservation]  # the live file reservations, by pattern
     channels: list[ChannelInfo]
     pump: PumpInfo
     export: ExportInfo
+    tasks: TaskCounts  # the task graph: open tasks ready, blocked, held; done, cancelled
     agents_by_state: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -207,8 +214,10 @@ def status_of(conn: apsw.Connection, path: str, durability: str = "normal", *,
             agents=liveness(conn, at, thresholds or Thresholds()),
             claims=_claims(conn, at, schema.current), workers=dict(conn.execute(_WORKERS_SQL).fetchall()),
             worker_list=[WorkerInfo(*row) for row in conn.execute(_WORKER_LIST_SQL)],
+            reservations=(live_reservations(conn, at, thresholds)
+                          if has_reservations_table(conn) else []),
             channels=[ChannelInfo(*row) for row in conn.execute(_CHANNELS_SQL)],
-            pump=_pump(conn, at), export=export)
+            pump=_pump(conn, at), export=export, tasks=task_counts(conn, at, schema.current))
 
 
 def _file(path: str, schema_version: int, schema_latest: int, durability: str) -> FileInfo:

@@ -17,6 +17,8 @@ PURPOSES = {
     "heartbeats": "each agent's last beat: time, status (idle/working/blocked), task, progress",
     "task_claims": "leases on tasks: holder, fence, lease end, attempts and their limit",
     "task_fences": "the highest fence handed out per task (kept after release, never reused)",
+    "tasks": "the task graph: title, priority, state, dependencies not yet done",
+    "task_dependencies": "the task graph's edges: which task waits on which",
     "dead_claims": "tasks that ran out of claim attempts, with their last holder",
     "workers": "the worker lifecycle: state, branch, worktree, commits (see `worker status`)",
     "meta": "key/value facts about the file (schema_version)",

@@ -35,6 +35,7 @@ TABLES = (
     ("claims", render.CLAIM_COLUMNS, render.claim_rows),
     ("workers", render.WORKER_COLUMNS, render.worker_rows),
     ("channels", render.CHANNEL_COLUMNS, render.channel_rows),
+    ("reservations", render.RESERVATION_COLUMNS, render.reservation_rows),
 )
 
 
@@ -66,6 +67,8 @@ def summary_lines(status: Status, per_s: float) -> str:
         f"agents: {render.counts(status.agents_by_state) or 'none'}"
         f"   workers: {render.counts(status.workers) or 'none'}",
         f"claims: {render.claims_summary(status)}",
+        f"tasks: {render.tasks_summary(status)}",
+        f"reservations: {render.reservations_summary(status)}",
         f"pump: {render.pump_summary(status)}",
         f"export: {render.export_summary(status)}",
     ])

@@ -43,7 +43,7 @@ def run_installed(installed: Installed, command: str, db: Path,
                   scratch: Path) -> subprocess.CompletedProcess[str]:
     program, *words = command.split()
     argv = [program, "--db", str(db), *words, *bad_files.arguments(command, scratch)]
-    return installed.run(*argv, cwd=scratch, timeout=180)
+    return installed.run(*argv, cwd=scratch, timeout=180, input=bad_files.STDIN.get(command))
 
 
 def error_problem(result: subprocess.CompletedProcess[str], db: Path | None,

@@ -66,7 +66,9 @@ function renderCounts(s) {
   text("last-seq", s.log.last_seq);
   text("agents-alive", s.agents_by_state.alive);
   text("claims-held", s.claims.held);
+  text("tasks", s.tasks.ready + " / " + s.tasks.blocked + " / " + s.tasks.held);
   text("workers", Object.values(s.workers).reduce((a, b) => a + b, 0));
+  text("reservations-live", s.reservations.length);
   text("pump-in-flight", s.pump.in_flight);
   text("export-lag", s.export.lag);
   text("file-size", bytes(s.file.size_bytes) + " / " + bytes(s.file.wal_bytes));
@@ -86,6 +88,9 @@ function renderTables(s) {
                                     c.attempts + "/" + c.max_attempts]));
   table("channels", ["channel", "type", "open", "awaiting ack", "dead letters"],
         s.channels.map((c) => [page("channels", c.name), c.type, c.open_deliveries, c.awaiting_ack, c.dead_letters]));
+  table("reservations", ["pattern", "holder", "mode", "expires", "reason"],
+        s.reservations.map((r) => [r.pattern, page("agents", r.agent), r.mode,
+                                   new Date(r.expires_at_ms).toISOString(), r.reason]));
 }
 
 // Plotly reads a date axis' range as strings in the page's own time zone, as its

@@ -1,0 +1,251 @@
+"""`bus` commands for agent harnesses: `hook claude`, `hook install claude`, `inbox`.
+
+An LLM session that has finished its turn calls no tool, so it never polls.
+Harnesses run hooks at their own moments; these commands answer them with the
+agent's waiting messages (bus/claude_code.py has Claude Code's contract),
+and acknowledge what they showed only once it is written out. `--agent auto`
+is the worker whose worktree contains the directory (bus/identity.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from bus import claude_code
+from bus.api import Bus
+from bus.cli.context import BusContext
+from bus.cli.context import json_option
+from bus.cli.context import pass_bus_context
+from bus.cli.output import echo_json
+from bus.identity import AUTO
+from bus.identity import agent_for_directory
+from bus.inbox import Inbox
+from bus.inbox import TEXT_BUDGET
+from bus.inbox import render
+from bus.messages import validate_agent_id
+
+AGENT_HELP = ("The agent to act as; `auto`: the worker whose worktree contains the working"
+              " directory (as `worker spawn` set it up).")
+DEFAULT_LIMIT = 20
+DEFAULT_MAX_CONTINUES = 5
+BLOB_PREVIEW = 2000  # characters read of a payload in the blob store
+
+
+def resolve_agent(bus: Bus, agent: str, directory: str | None = None) -> str:
+    """`agent` itself, or for `auto` the worker whose worktree holds `directory` (default: cwd)."""
+    if agent != AUTO:
+        return agent
+    return agent_for_directory(bus.conn, directory if directory is not None else os.getcwd())
+
+
+def pending(bus: Bus, agent: str, limit: int, wait: float = 0.0,
+            preview: int = BLOB_PREVIEW) -> Inbox:
+    """The messages waiting for `agent`, waiting up to `wait` s (woken by commits) for one.
+
+    `preview`: characters read of a payload in the blob store (0: all of it).
+    """
+    deadline = time.monotonic() + wait
+    found = bus.poll(agent, limit + 1, preview=preview)
+    while not found and time.monotonic() < deadline:
+        bus.wait_for_change(deadline - time.monotonic())
+        found = bus.poll(agent, limit + 1, preview=preview)
+    return render(agent, found[:limit], more=len(found) > limit, budget=TEXT_BUDGET)
+
+
+def acknowledge(bus: Bus, inbox: Inbox) -> None:
+    """Ack what was shown, once stdout has it: a crash before this shows it again."""
+    if inbox.last_seq is None:
+        return
+    sys.stdout.flush()
+    bus.ack(inbox.agent, inbox.last_seq)
+
+
+class NonBlockingCommand(click.Command):
+    """A hook command: every failure exits 1, never 2, which Claude Code reads as "block"."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as exc:
+            raise _non_blocking(exc) from exc
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise _non_blocking(exc) from exc
+
+
+def _non_blocking(exc: click.UsageError) -> click.ClickException:
+    return click.ClickException(exc.format_message())
+
+
+@click.group()
+def hook() -> None:
+    """Answer an agent harness's hooks with the agent's messages (Claude Code).
+
+    \b
+    Example:
+      bus hook install claude --agent auto --project .
+      echo '{"hook_event_name": "Stop", "session_id": "s1"}' | bus hook claude --agent w1
+    """
+
+
+@hook.command("claude", cls=NonBlockingCommand)
+@click.option("--agent", required=True, help=AGENT_HELP)
+@click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="Stop: seconds to wait for a message before letting the session stop.")
+@click.option("--max-continues", default=DEFAULT_MAX_CONTINUES, show_default=True,
+              type=click.IntRange(0),
+              help="Stop: the most stops in a row this hook turns into more work.")
+@click.option("--limit", default=DEFAULT_LIMIT, show_default=True, type=click.IntRange(1, 1000),
+              help="Most messages shown per hook call; the rest come next time.")
+@json_option
+@pass_bus_context
+def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: int,
+           as_json: bool) -> None:
+    """Read one Claude Code hook event on stdin and answer on stdout.
+
+    SessionStart and UserPromptSubmit: the waiting messages join the session as
+    context. PostToolUse: they are shown to Claude (decision block). Stop: when
+    messages wait, or arrive within --wait, Claude goes on with them as its
+    next input; otherwise the session stops. With stop_hook_active, at most
+    --max-continues stops in a row are turned into work. Other events: nothing.
+    Messages shown are acknowledged. Errors exit 1 (Claude Code goes on), never 2.
+
+    Example: bus hook claude --agent auto --wait 300   (as a Stop hook)
+    """
+    event = claude_code.parse_event(sys.stdin.buffer.read())
+    if not event.known:
+        return
+    bus = obj.open()
+    # The session's project directory (Claude Code sets it for hooks), not where Claude has
+    # cd'ed to since; then the event's cwd.
+    who = resolve_agent(bus, agent, os.environ.get("CLAUDE_PROJECT_DIR") or event.cwd)
+    if event.name == claude_code.STOP:
+        _answer_stop(bus, obj.db, who, event, wait, max_continues, limit)
+        return
+    inbox = pending(bus, who, limit)
+    if not inbox.shown:
+        return
+    if event.name == claude_code.POST_TOOL_USE:
+        echo_json(claude_code.block_output(inbox.text))
+    else:
+        echo_json(claude_code.context_output(event.name, inbox.text))
+    acknowledge(bus, inbox)
+
+
+def _answer_stop(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: float,
+                 max_continues: int, limit: int) -> None:
+    counter = claude_code.ContinueCounter(db, event.session_id)
+    streak = counter.count() if event.stop_hook_active else 0
+    if streak >= max_continues:
+        counter.reset()  # let it stop; what waits comes with the next prompt
+        return
+    inbox = pending(bus, agent, limit, wait)
+    if not inbox.shown:
+        counter.reset()
+        return
+    counter.record(streak + 1)
+    echo_json(claude_code.block_output(inbox.text))
+    acknowledge(bus, inbox)
+
+
+@hook.group("install")
+def install() -> None:
+    """Register `bus hook claude` in a harness's settings."""
+
+
+@install.command("claude")
+@click.option("--agent", required=True, help=AGENT_HELP)
+@click.option("--project", default=".", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="The project whose .claude/settings.json gets the hooks.")
+@click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="The Stop hook's --wait: seconds an idle session waits for a message.")
+@click.option("--max-continues", default=DEFAULT_MAX_CONTINUES, show_default=True,
+              type=click.IntRange(0), help="The Stop hook's --max-continues.")
+@click.option("--command", "program", metavar="PROGRAM",
+              help="How the hooks start bus (default: the absolute path of this one).")
+@json_option
+@pass_bus_context
+def install_claude(obj: BusContext, agent: str, project: Path, wait: float, max_continues: int,
+                   program: str | None, as_json: bool) -> None:
+    """Merge the hooks into PROJECT/.claude/settings.json (created if missing).
+
+    Every other setting and hook is kept; an earlier `bus hook claude` entry is
+    replaced, so running it twice gives the same file. The hooks name this
+    bus database by its absolute path.
+
+    Example: bus hook install claude --agent auto --project . --wait 300
+    """
+    if agent != AUTO:
+        validate_agent_id(agent, "agent")  # refused now, not at each hook call
+    path = project / ".claude" / "settings.json"
+    db = str(Path(obj.db).absolute())
+    base = [program or _this_program(), "--db", db]
+    commands = claude_code.hook_commands(base, agent, wait, max_continues)
+    timeouts = {event: claude_code.DEFAULT_TIMEOUT_S for event in commands}
+    timeouts[claude_code.STOP] = claude_code.stop_timeout(wait)
+    merged = claude_code.merge_settings(claude_code.read_settings(path), commands, timeouts)
+    changed = claude_code.write_settings(path, merged)
+    if as_json:
+        echo_json({"settings": str(path), "changed": changed, "events": list(commands)})
+    elif changed:
+        click.echo(f"hooks for {', '.join(commands)} written to {path}")
+    else:
+        click.echo(f"{path} already has these hooks; nothing changed")
+
+
+def _this_program() -> str:
+    """The `bus` being run, as an absolute path when it is a file (a venv's script)."""
+    argv0 = sys.argv[0]
+    if os.path.basename(argv0) == "bus" and os.path.isfile(argv0):
+        return os.path.abspath(argv0)
+    return "bus"
+
+
+@click.command()
+@click.option("--agent", required=True, help=AGENT_HELP)
+@click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds to wait for a message when none is waiting.")
+@click.option("--format", "shape", default="text", show_default=True,
+              type=click.Choice(["text", "json"]),
+              help="text: a headline, then each message's header line and body; json: one object.")
+@click.option("--ack", is_flag=True, help="Acknowledge the messages shown, once printed.")
+@click.option("--limit", default=DEFAULT_LIMIT, show_default=True, type=click.IntRange(1, 1000),
+              help="Most messages shown; the rest come next time.")
+@json_option
+@pass_bus_context
+def inbox(obj: BusContext, agent: str, wait: float, shape: str, ack: bool, limit: int,
+          as_json: bool) -> None:
+    """Print an agent's waiting messages for any harness: compact text, or JSON.
+
+    Text is what the Claude Code hooks show a model; nothing is printed when
+    nothing waits. JSON (--format json or --json) is one object:
+    {"agent", "messages", "more", "acked_through"}. Without --ack the cursor
+    stays where it is, as with `bus poll`.
+
+    Example: bus inbox --agent w1 --wait 30 --ack
+    """
+    bus = obj.open()
+    who = resolve_agent(bus, agent)
+    as_json = as_json or shape == "json"
+    found = pending(bus, who, limit, wait, preview=0 if as_json else BLOB_PREVIEW)
+    if as_json:
+        echo_json({"agent": who, "messages": [m.to_json_dict() for m in found.shown],
+                   "more": found.more, "acked_through": found.last_seq if ack else None})
+    elif found.text:
+        click.echo(found.text)
+    if ack:
+        acknowledge(bus, found)
+
+
+COMMANDS = [hook, inbox]

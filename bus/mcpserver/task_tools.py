@@ -1,0 +1,96 @@
+"""Tools over the task graph: add tasks, see what is ready, claim the next, finish it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from typing import Any
+from typing import Literal
+from typing import Optional
+
+from pydantic import Field
+
+from bus.mcpserver.log_tools import LeaseMs
+from bus.mcpserver.log_tools import Task
+from bus.mcpserver.session import AgentSession
+from bus.task_graph import TITLE_MAX
+from bus.tasks import PRIORITY_DEFAULT
+from bus.tasks import PRIORITY_HIGHEST
+from bus.tasks import PRIORITY_LOWEST
+from bus.tasks import STATES
+
+Priority = Annotated[int, Field(ge=PRIORITY_HIGHEST, le=PRIORITY_LOWEST, description=(
+    "0 is the most urgent (listed and claimed first), 4 the least."))]
+After = Annotated[list[str], Field(description=(
+    "Ids of the tasks this one waits on; each must exist. It is ready once all are done."))]
+
+
+class TaskTools:
+    """The task graph, each operation as the session's agent."""
+
+    def __init__(self, session: AgentSession) -> None:
+        self.bus = session.bus
+        self.agent = session.agent
+
+    def task_add(
+        self,
+        task: Task,
+        title: Annotated[Optional[str], Field(max_length=TITLE_MAX, description=(
+            "What the task is, for people and agents."))] = None,
+        after: Optional[After] = None,
+        priority: Priority = PRIORITY_DEFAULT,
+    ) -> dict[str, Any]:
+        """Add a task to the graph. An unknown dependency is refused; nothing is added."""
+        return self.bus.add_task(task, title, after=after or (), priority=priority).to_json_dict()
+
+    def task_depend(self, task: Task, after: After) -> dict[str, Any]:
+        """Make an open task wait on more tasks (refused if that closes a cycle).
+
+        The refusal names the cycle, and then nothing is added.
+        """
+        return {"task": task, "added": self.bus.add_dependencies(task, after)}
+
+    def task_ready(self, limit: Annotated[int, Field(ge=1, le=1000, description=(
+            "The most tasks to return."))] = 20) -> dict[str, Any]:
+        """Tasks you could take now, most urgent first, then oldest.
+
+        Ready: open, every dependency done, and no live lease holds it.
+        """
+        return {"tasks": [t.to_json_dict() for t in self.bus.ready_tasks(limit)]}
+
+    def task_list(self, state: Annotated[Optional[Literal[STATES]], Field(description=(
+            "Only tasks in this state; omit for all."))] = None) -> dict[str, Any]:
+        """Every task of the graph (or those in one state), oldest first."""
+        return {"tasks": [t.to_json_dict() for t in self.bus.list_tasks(state)]}
+
+    def task_show(self, task: Task) -> dict[str, Any]:
+        """One task: state, dependencies, dependents, holder, fence and its newest events."""
+        return self.bus.task_detail(task).to_json_dict()
+
+    def task_claim_next(self, lease_ms: LeaseMs = 60_000) -> dict[str, Any]:
+        """Claim the first ready task for yourself; returns it with its fence.
+
+        Pass the fence to task_done. `claimed` is false when nothing is ready.
+        Renew the lease (`renew`) while you work, or another agent may take
+        the task over.
+        """
+        claimed = self.bus.claim_next(self.agent, lease_ms)
+        if claimed is None:
+            return {"claimed": False, "task": None}
+        return {"claimed": True, **claimed.to_json_dict()}
+
+    def task_done(self, task: Task, fence: Annotated[Optional[int], Field(ge=1, description=(
+            "The fence task_claim_next gave you; refused if another agent took the task"
+            " over since."))] = None) -> dict[str, Any]:
+        """Mark a task you hold done; the tasks waiting on it may become ready.
+
+        Its lease ends, and a `task_done` message tells everyone.
+        """
+        return self.bus.complete_task(task, self.agent, fence=fence).to_json_dict()
+
+    def task_cancel(self, task: Task, reason: Annotated[Optional[str], Field(
+            max_length=TITLE_MAX, description="Why, for the log.")] = None) -> dict[str, Any]:
+        """Cancel an open task. Tasks waiting on it stay blocked (cancelled is not done)."""
+        return self.bus.cancel_task(task, self.agent, reason).to_json_dict()
+
+    TOOLS = ("task_add", "task_depend", "task_ready", "task_list", "task_show",
+             "task_claim_next", "task_done", "task_cancel")

@@ -1,0 +1,423 @@
+"""`bus hook claude`, `bus hook install claude` and `bus inbox`, through the installed `bus`.
+
+Contract tests send each documented event's JSON on stdin and check the JSON
+on stdout (bus/claude_code.py cites Claude Code's hooks reference). A scripted
+session (tests/hook_harness.py) follows the documented Stop behaviour end to
+end, with the hooks `bus hook install claude` wrote. Waits are conditions with
+deadlines; nothing asserts a duration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bus import Bus
+from tests.hook_harness import ClaudeSession
+from tests.hook_harness import child_env
+from tests.hook_harness import has_inotify_fd
+from tests.hook_harness import installed
+from tests.hook_harness import run
+from tests.hook_harness import wait_until
+from tests.procs_workers import make_repo
+
+WAIT_S = 30  # a Stop hook's --wait, far above how long a wake takes
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return child_env(tmp_path)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "state" / "bus.db"
+    path.parent.mkdir()
+    Bus.open(path).close()
+    return path
+
+
+def hook(db: Path, env: dict, event: dict, *flags: str, agent: str = "w1", cwd: Path | None = None,
+         raw: bytes | None = None) -> subprocess.CompletedProcess:
+    stdin = raw if raw is not None else json.dumps(event).encode()
+    return run("bus", ["--db", str(db), "hook", "claude", "--agent", agent, *flags], env,
+               cwd or db.parent, input=stdin, check=False)
+
+
+def event(name: str, **extra) -> dict:
+    return {"session_id": "0b6a1f52-3f6e-4f1c-9d55-6c1f0b3c9a10", "transcript_path": "/t.jsonl",
+            "cwd": "/", "hook_event_name": name, **extra}
+
+
+def publish(db: Path, *messages: tuple[str, object], to: str = "w1") -> list[int]:
+    with Bus.open(db) as bus:
+        return [bus.publish("planner", kind, payload, to=to).seq for kind, payload in messages]
+
+
+def cursor(db: Path, agent: str = "w1") -> int:
+    with Bus.open(db) as bus:
+        return bus.cursor(agent)
+
+
+def answer(done: subprocess.CompletedProcess) -> dict:
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == b""
+    return json.loads(done.stdout)
+
+
+# --- the contract, event by event ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["SessionStart", "UserPromptSubmit"])
+def test_hook_context_events_add_the_messages_as_context_and_ack_them(db, env, name):
+    seqs = publish(db, ("task_assign", {"task": "t1"}), ("note", "read the README first"))
+    out = answer(hook(db, env, event(name)))
+    assert set(out) == {"hookSpecificOutput"}
+    assert out["hookSpecificOutput"]["hookEventName"] == name
+    text = out["hookSpecificOutput"]["additionalContext"]
+    lines = text.splitlines()
+    assert lines[0] == "agentbus: 2 messages for w1:"
+    assert lines[1].startswith(f"#{seqs[0]} planner -> w1 task_assign id=")
+    assert lines[2] == '{"task":"t1"}'
+    assert lines[3].startswith(f"#{seqs[1]} planner -> w1 note id=")
+    assert lines[4] == "read the README first"
+    assert cursor(db) == seqs[-1]
+    again = hook(db, env, event(name))
+    assert (again.returncode, again.stdout, again.stderr) == (0, b"", b"")
+
+
+def test_hook_post_tool_use_blocks_with_the_messages_as_reason(db, env):
+    [seq] = publish(db, ("review", {"file": "a.py", "verdict": "fix the typo"}))
+    out = answer(hook(db, env, event("PostToolUse", tool_name="Edit", tool_input={},
+                                     tool_response={})))
+    assert set(out) == {"decision", "reason"} and out["decision"] == "block"
+    assert out["reason"].startswith("agentbus: 1 message for w1:\n#")
+    assert '{"file":"a.py","verdict":"fix the typo"}' in out["reason"]
+    assert cursor(db) == seq
+    quiet = hook(db, env, event("PostToolUse", tool_name="Edit"))
+    assert (quiet.returncode, quiet.stdout) == (0, b"")
+
+
+def test_hook_stop_with_messages_blocks_and_without_lets_the_session_stop(db, env):
+    quiet = hook(db, env, event("Stop", stop_hook_active=False))
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, b"", b"")
+    [seq] = publish(db, ("question", "which branch?"))
+    out = answer(hook(db, env, event("Stop", stop_hook_active=False)))
+    assert out["decision"] == "block" and "which branch?" in out["reason"]
+    assert cursor(db) == seq
+
+
+def test_hook_stop_continues_at_most_max_continues_times_in_a_row(db, env):
+    def stop(active: bool) -> subprocess.CompletedProcess:
+        publish(db, ("ping", None))
+        return hook(db, env, event("Stop", stop_hook_active=active), "--max-continues", "2")
+
+    assert answer(stop(False))["decision"] == "block"
+    assert answer(stop(True))["decision"] == "block"
+    acked = cursor(db)
+    third = stop(True)  # a third continue in a row: the session may stop
+    assert (third.returncode, third.stdout) == (0, b"")
+    assert cursor(db) == acked  # the message it did not show waits for the next turn
+    assert answer(stop(False))["decision"] == "block"  # a new turn starts a new count
+
+
+def test_hook_stop_streak_file_exists_only_during_a_streak(db, env):
+    publish(db, ("ping", None))
+    answer(hook(db, env, event("Stop", stop_hook_active=False)))
+    [state] = list((db.parent / "claude-hooks").iterdir())
+    assert json.loads(state.read_text()) == {"continues": 1}
+    quiet = hook(db, env, event("Stop", stop_hook_active=True))
+    assert quiet.stdout == b""
+    assert list((db.parent / "claude-hooks").iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["Notification", "PreCompact", "SessionEnd", "SubagentStop",
+                                  "PreToolUse"])
+def test_hook_unknown_events_are_a_no_op(db, env, name):
+    [seq] = publish(db, ("note", "x"))
+    done = hook(db, env, event(name))
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    assert cursor(db) == 0 and seq == 1
+
+
+@pytest.mark.parametrize("raw, says", [
+    (b"not json", "is not JSON"),
+    (b"[1, 2]", "is JSON list, not the object"),
+    (b'{"session_id": "s"}', "has no hook_event_name"),
+    (b"", "is not JSON"),
+])
+def test_hook_malformed_stdin_is_a_non_blocking_error(db, env, raw, says):
+    publish(db, ("note", "x"))
+    done = hook(db, env, {}, raw=raw)
+    assert done.returncode == 1  # not 2: Claude Code reads 2 as "block"
+    assert done.stdout == b""
+    assert done.stderr.decode().startswith("Error: stdin: ") and says in done.stderr.decode()
+    assert cursor(db) == 0
+
+
+def test_hook_usage_errors_exit_1_not_2(db, env):
+    done = run("bus", ["--db", str(db), "hook", "claude", "--agent", "w1", "--wait", "-1"], env,
+               db.parent, input=b"{}", check=False)
+    assert done.returncode == 1 and b"--wait" in done.stderr
+    missing = run("bus", ["--db", str(db), "hook", "claude"], env, db.parent, input=b"{}",
+                  check=False)
+    assert missing.returncode == 1 and b"--agent" in missing.stderr
+
+
+def test_hook_shows_what_fits_and_acks_only_that(db, env):
+    seqs = publish(db, *[("note", f"n{i}") for i in range(3)])
+    out = answer(hook(db, env, event("UserPromptSubmit"), "--limit", "2"))
+    text = out["hookSpecificOutput"]["additionalContext"]
+    assert "n0" in text and "n1" in text and "n2" not in text
+    assert text.splitlines()[-1].startswith("More messages wait for w1")
+    assert cursor(db) == seqs[1]
+    rest = answer(hook(db, env, event("UserPromptSubmit")))
+    assert "n2" in rest["hookSpecificOutput"]["additionalContext"]
+
+
+def test_hook_long_bodies_are_cut_and_the_text_keeps_its_budget(db, env):
+    publish(db, ("inline", "y" * 3000), *[("blob", "x" * 5000) for _ in range(8)])
+    out = answer(hook(db, env, event("SessionStart")))
+    text = out["hookSpecificOutput"]["additionalContext"]
+    assert len(text) < 10_000
+    assert "y" * 2000 + "... (cut; 3000 bytes in all)" in text
+    assert "... (cut; 5002 bytes in all)" in text  # in the blob store: its JSON, read in part
+    assert cursor(db) < 9  # the rest wait for the next hook
+
+
+# --- the documented Stop behaviour, end to end --------------------------------------------------
+
+
+def installed_session(tmp_path: Path, db: Path, env: dict, cwd: Path, *flags: str
+                      ) -> ClaudeSession:
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    run("bus", ["--db", str(db), "hook", "install", "claude", "--agent", "w1", "--project",
+                str(project), *flags], env, tmp_path)
+    settings = json.loads((project / ".claude" / "settings.json").read_text())
+    commands = {name: entries[0]["hooks"][0]["command"]
+                for name, entries in settings["hooks"].items()}
+    return ClaudeSession(commands, cwd, env)
+
+
+def test_hook_session_waiting_in_stop_hears_a_message_published_meanwhile(tmp_path, db, env):
+    session = installed_session(tmp_path, db, env, tmp_path, "--wait", str(WAIT_S))
+    publish(db, ("task_assign", {"task": "t1"}))
+    session.session_start()
+    assert '{"task":"t1"}' in session.inputs[-1]
+    session.prompt("go")
+    assert session.tool().output is None  # nothing new after the tool
+    proc = session.start_stop()
+    try:
+        # The hook looked, found nothing, and now waits on the bus (its inotify watch).
+        wait_until(lambda: has_inotify_fd(proc.pid) or proc.poll() is not None, 20,
+                   "the Stop hook to start waiting")
+        assert proc.poll() is None, "the Stop hook returned before anything was published"
+        sent = run("bus", ["--db", str(db), "publish", "--from", "planner", "--to", "w1",
+                           "--type", "review", "--payload", '{"verdict": "redo"}'], env, tmp_path)
+        assert sent.returncode == 0
+        # It answers long before its --wait ends: woken by the commit, not by its timer.
+        stopped = session.finish_stop(proc, timeout=WAIT_S - 5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert not stopped
+    assert '{"verdict":"redo"}' in session.inputs[-1]
+    assert session.stop_hook_active
+
+
+def test_hook_session_with_nothing_pending_stops(tmp_path, db, env):
+    session = installed_session(tmp_path, db, env, tmp_path)
+    session.session_start()
+    session.prompt("hello")
+    assert session.stop()
+    assert session.inputs == ["hello"]
+
+
+def test_hook_session_continues_then_stops_when_the_work_is_done(tmp_path, db, env):
+    session = installed_session(tmp_path, db, env, tmp_path, "--max-continues", "3")
+    session.prompt("start")
+    publish(db, ("task", "one"))
+    assert not session.stop()
+    assert session.stop()  # nothing more: the streak ends, the session stops
+    assert session.inputs[-1].endswith("\none")
+
+
+# --- --agent auto from a worker's worktree -------------------------------------------------------
+
+
+def test_hook_agent_auto_in_a_spawned_worktree_is_that_worker(tmp_path, env):
+    repo = make_repo(tmp_path / "repo")
+    db = tmp_path / "state" / "bus.db"
+    spawned = run("worker", ["--db", str(db), "spawn", "--task", "t1", "--worker", "w7",
+                             "--json"], env, repo)
+    worktree = Path(json.loads(spawned.stdout)["worktree"])
+    publish(db, ("hint", "look at src/"), to="w7")
+    # The event's cwd decides, wherever Claude Code started the hook process.
+    out = answer(run("bus", ["--db", str(db), "hook", "claude", "--agent", "auto"], env,
+                     tmp_path, input=json.dumps(event("SessionStart") | {
+                         "cwd": str(worktree)}).encode(), check=False))
+    text = out["hookSpecificOutput"]["additionalContext"]
+    assert text.startswith("agentbus: ") and " for w7:" in text.splitlines()[0]
+    assert "look at src/" in text
+    publish(db, ("hint", "and tests/"), to="w7")
+    listed = run("bus", ["--db", str(db), "inbox", "--agent", "auto", "--format", "json"], env,
+                 worktree)
+    assert json.loads(listed.stdout)["agent"] == "w7"
+    outside = run("bus", ["--db", str(db), "hook", "claude", "--agent", "auto"], env, tmp_path,
+                  input=json.dumps(event("SessionStart") | {"cwd": str(repo)}).encode(),
+                  check=False)
+    assert outside.returncode == 1 and outside.stdout == b""
+    assert b"auto found no worker whose worktree contains" in outside.stderr
+    # Claude Code names the session's project directory; Claude may have cd'ed out of it.
+    publish(db, ("hint", "third"), to="w7")
+    moved = answer(run("bus", ["--db", str(db), "hook", "claude", "--agent", "auto"],
+                       env | {"CLAUDE_PROJECT_DIR": str(worktree)}, tmp_path,
+                       input=json.dumps(event("UserPromptSubmit") | {"cwd": str(repo)}).encode(),
+                       check=False))
+    assert "third" in moved["hookSpecificOutput"]["additionalContext"]
+
+
+# --- install ----------------------------------------------------------------------------------
+
+
+EXISTING = {
+    "permissions": {"allow": ["Bash(npm test)"]},
+    "env": {"FOO": "1"},
+    "hooks": {
+        "PostToolUse": [{"matcher": "Edit|Write",
+                         "hooks": [{"type": "command", "command": "npx prettier --write"}]}],
+        "Stop": [{"hooks": [{"type": "command", "command": "./check.sh", "timeout": 5}]}],
+        "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "guard"}]}],
+    },
+}
+
+
+def install(db: Path, env: dict, project: Path, *flags: str) -> subprocess.CompletedProcess:
+    return run("bus", ["--db", str(db), "hook", "install", "claude", "--agent", "auto",
+                       "--project", str(project), *flags], env, project)
+
+
+def test_install_creates_the_settings_file(tmp_path, db, env):
+    done = install(db, env, tmp_path, "--wait", "300")
+    path = tmp_path / ".claude" / "settings.json"
+    assert done.stdout.decode() == (f"hooks for SessionStart, UserPromptSubmit, PostToolUse,"
+                                    f" Stop written to {path}\n")
+    hooks = json.loads(path.read_text())["hooks"]
+    assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop"}
+    assert hooks["PostToolUse"][0]["matcher"] == "*"
+    assert "matcher" not in hooks["Stop"][0]
+    stop = hooks["Stop"][0]["hooks"][0]
+    assert stop["type"] == "command" and stop["timeout"] >= 300
+    words = shlex.split(stop["command"])
+    assert words[1:] == ["--db", str(db), "hook", "claude", "--agent", "auto", "--wait", "300",
+                         "--max-continues", "5"]
+    assert os.path.isabs(words[0]) and os.path.basename(words[0]) == "bus"
+
+
+def test_install_merges_without_loss_and_twice_gives_the_same_file(tmp_path, db, env):
+    path = tmp_path / ".claude" / "settings.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(EXISTING, indent=4))
+    install(db, env, tmp_path)
+    first = path.read_bytes()
+    merged = json.loads(first)
+    assert merged["permissions"] == EXISTING["permissions"] and merged["env"] == {"FOO": "1"}
+    assert merged["hooks"]["PreToolUse"] == EXISTING["hooks"]["PreToolUse"]
+    assert merged["hooks"]["PostToolUse"][0] == EXISTING["hooks"]["PostToolUse"][0]
+    assert merged["hooks"]["Stop"][0] == EXISTING["hooks"]["Stop"][0]
+    assert len(merged["hooks"]["Stop"]) == len(merged["hooks"]["PostToolUse"]) == 2
+    again = install(db, env, tmp_path)
+    assert again.stdout.decode() == f"{path} already has these hooks; nothing changed\n"
+    assert path.read_bytes() == first
+    changed = install(db, env, tmp_path, "--wait", "60")  # new flags replace ours in place
+    stops = json.loads(path.read_text())["hooks"]["Stop"]
+    assert len(stops) == 2 and "--wait 60" in stops[1]["hooks"][0]["command"]
+    assert changed.returncode == 0
+
+
+def test_install_refuses_a_settings_file_that_is_not_json_and_changes_nothing(tmp_path, db, env):
+    path = tmp_path / ".claude" / "settings.json"
+    path.parent.mkdir()
+    path.write_text("{ not json")
+    done = run("bus", ["--db", str(db), "hook", "install", "claude", "--agent", "w1",
+                       "--project", str(tmp_path)], env, tmp_path, check=False)
+    assert done.returncode == 2 and b"is not valid JSON" in done.stderr
+    assert path.read_text() == "{ not json"
+    assert [p.name for p in path.parent.iterdir()] == ["settings.json"]
+
+
+def test_install_json_reports_what_it_did(tmp_path, db, env):
+    done = install(db, env, tmp_path, "--json")
+    assert json.loads(done.stdout) == {
+        "settings": str(tmp_path / ".claude" / "settings.json"), "changed": True,
+        "events": ["SessionStart", "UserPromptSubmit", "PostToolUse", "Stop"]}
+
+
+# --- inbox ------------------------------------------------------------------------------------
+
+
+def test_inbox_text_json_and_ack(db, env):
+    seqs = publish(db, ("note", "first"), ("note", {"n": 2}))
+    text = run("bus", ["--db", str(db), "inbox", "--agent", "w1"], env, db.parent)
+    lines = text.stdout.decode().splitlines()
+    assert lines[0] == "agentbus: 2 messages for w1:" and lines[2] == "first"
+    assert cursor(db) == 0  # no --ack: the cursor stays
+    listed = json.loads(run("bus", ["--db", str(db), "inbox", "--agent", "w1", "--format",
+                                    "json", "--ack"], env, db.parent).stdout)
+    assert [m["seq"] for m in listed["messages"]] == seqs
+    assert listed["messages"][1]["payload"] == {"n": 2}
+    assert (listed["agent"], listed["more"], listed["acked_through"]) == ("w1", False, seqs[-1])
+    assert cursor(db) == seqs[-1]
+    empty = run("bus", ["--db", str(db), "inbox", "--agent", "w1"], env, db.parent)
+    assert empty.stdout == b""
+
+
+def test_inbox_wait_wakes_on_a_publish_from_another_process(tmp_path, db, env):
+    proc = subprocess.Popen([installed("bus"), "--db", str(db),
+                             "inbox", "--agent", "w1", "--wait", str(WAIT_S), "--json"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: has_inotify_fd(proc.pid) or proc.poll() is not None, 20,
+                   "inbox to start waiting")
+        assert proc.poll() is None
+        run("bus", ["--db", str(db), "publish", "--from", "p", "--to", "w1", "--type", "go"],
+            env, tmp_path)
+        stdout, stderr = proc.communicate(timeout=WAIT_S - 5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr
+    assert [m["type"] for m in json.loads(stdout)["messages"]] == ["go"]
+
+
+def test_hook_acks_only_what_reached_stdout(db, env):
+    """A hook whose answer cannot be written (Claude Code gone) acknowledges nothing."""
+    publish(db, ("note", "unseen"))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to stdout fails (EPIPE)
+    try:
+        done = subprocess.run([installed("bus"), "--db", str(db), "hook", "claude", "--agent",
+                               "w1"], input=json.dumps(event("SessionStart")).encode(),
+                              stdout=write_end, stderr=subprocess.PIPE, env=env, timeout=60)
+    finally:
+        os.close(write_end)
+    assert done.returncode not in (0, 2)
+    assert cursor(db) == 0
+    again = answer(hook(db, env, event("SessionStart")))
+    assert "unseen" in again["hookSpecificOutput"]["additionalContext"]
+
+
+def test_install_refuses_an_agent_id_the_bus_would_refuse(tmp_path, db, env):
+    done = run("bus", ["--db", str(db), "hook", "install", "claude", "--agent", "a b",
+                       "--project", str(tmp_path)], env, tmp_path, check=False)
+    assert done.returncode == 2
+    assert b"Invalid value for '--agent': contains ' '" in done.stderr
+    assert not (tmp_path / ".claude").exists()
