@@ -58,6 +58,10 @@ def seed_console(bus: Bus, repo: Path) -> None:
     assert bus.claim("t2", "w1")  # the expired lease is taken over: task_reclaimed
     bus.heartbeat("w1", "working", "t1")
     bus.ack("w1", 1)
+    bus.add_task("build", "build the thing")
+    bus.add_task("ship", after=["build"])
+    assert bus.claim("build", "w1")
+    bus.reserve("w1", ["src/**"], reason="refactor")
     workers = Workers(bus)
     workers.spawn("t3", "w3", repo=repo)
     workers.start("w3")
@@ -213,10 +217,21 @@ def test_message_detail_has_its_reply_thread_blob_and_deliveries(console_db: Pat
     assert read(console_db, queries.message_detail, 10_000) is None
 
 
+def test_task_rows_and_detail(console_db: Path) -> None:
+    rows = {t.task_id: t for t in read(console_db, queries.list_task_rows, now_ms())}
+    assert (rows["build"].status, rows["build"].holder, rows["build"].fence) == ("held", "w1", 1)
+    assert rows["ship"].status == "blocked"
+    detail = read(console_db, queries.task_detail, "ship", now_ms())
+    assert [t.task_id for t in detail.dependencies] == ["build"]
+    assert read(console_db, queries.task_detail, "t2", now_ms()) is None  # leased only
+    assert [m.type for m in read(console_db, queries.claim_events, "t2")] == ["task_reclaimed"]
+
+
 def test_agent_worker_and_channel_details(console_db: Path) -> None:
     agent = read(console_db, queries.agent_detail, "w1", now_ms())
     assert agent.liveness.status == "working"
-    assert [c.task_id for c in agent.claims] == ["t2"]
+    assert [c.task_id for c in agent.claims] == ["build", "t2"]
+    assert [r.pattern for r in agent.reservations] == ["src/**"]
     assert agent.channels == [("ops", "member")]
     assert agent.cursor == 1
     assert {m.type for m in agent.sent} >= {"question", "note"}
@@ -310,16 +325,27 @@ def links(html: str) -> list[str]:
 def test_console_pages_answer_and_link_what_they_name(console: Server) -> None:
     for path in ("/messages", "/messages?type=note&since=1h", "/messages/2", "/agents",
                  "/agents/w1", "/workers", "/workers/w3", "/claims", "/channels",
-                 "/channels/ops", "/dead-letters", "/pump", "/messages?sort=x"):
+                 "/channels/ops", "/dead-letters", "/pump", "/messages?sort=x", "/tasks",
+                 "/tasks?status=ready", "/tasks/ship", "/tasks/t2", "/reservations"):
         code, html = get(console, path)
         assert code == 200, (path, html)
         assert 'id="live"' in html and "/static/live.js" in html
     _code, html = get(console, "/messages/2")
     found = set(links(html))
-    assert {"/agents/w1", "/agents/planner", "/messages?type=question", "/messages?task=t1",
+    assert {"/agents/w1", "/agents/planner", "/messages?type=question", "/tasks/t1",
             "/messages/3"} <= found
     _code, html = get(console, "/workers/w3")
     assert "CANCELLED" in html and "not needed" in html and 'id="commits"' in html
+    _code, html = get(console, "/tasks/ship")
+    assert {"/tasks/build", "/messages?task=ship"} <= set(links(html))
+    _code, html = get(console, "/tasks/build")
+    assert {"/tasks/ship", "/agents/w1"} <= set(links(html)) and "<th>fence</th><td>1</td>" in html
+    _code, html = get(console, "/tasks/t2")  # leased, not in the graph: its takeover shows
+    assert 'id="not-in-graph"' in html and "task_reclaimed" in html
+    _code, html = get(console, "/tasks?status=blocked")
+    assert "/tasks/ship" in links(html) and "/tasks/build" not in links(html)
+    _code, html = get(console, "/reservations")
+    assert "src/**" in html and "/agents/w1" in links(html)
     _code, html = get(console, "/claims?sort=holder&order=desc")
     assert "/agents/w1" in html and "▼" in html
 
@@ -329,6 +355,7 @@ def test_console_says_what_is_missing_or_wrong(console: Server) -> None:
     assert get(console, "/messages/999")[0] == 404
     assert get(console, "/workers/nobody")[0] == 404
     assert get(console, "/channels/nothing")[0] == 404
+    assert get(console, "/tasks/nothing")[0] == 404
     code, html = get(console, "/messages?since=yesterday")
     assert code == 200 and "since: must be a number and a unit" in html
     code, html = get(console, "/messages?text=deploy")
@@ -398,7 +425,7 @@ def test_console_every_link_of_a_message_page_resolves(generated, tmp_path: Path
         page.goto(first)  # an answer: it has a question, a task, a thread
         page.wait_for_selector("#payload")
         hrefs = page.eval_on_selector_all("a", "links => links.map(a => a.href)")
-        assert any("/agents/" in h for h in hrefs) and any("task=" in h for h in hrefs)
+        assert any("/agents/" in h for h in hrefs) and any("/tasks/" in h for h in hrefs)
         screenshot(page, tmp_path, "console-message")
         for href in sorted(set(hrefs)):
             answer = page.request.get(href)

@@ -26,7 +26,8 @@ from bus.views.queries import MessageFilter
 from bus.views.queries import MessagePage
 
 NAV = (("/", "overview"), ("/messages", "messages"), ("/agents", "agents"),
-       ("/workers", "workers"), ("/claims", "claims"), ("/channels", "channels"),
+       ("/workers", "workers"), ("/tasks", "tasks"), ("/claims", "claims"),
+       ("/reservations", "reservations"), ("/channels", "channels"),
        ("/dead-letters", "dead letters"), ("/pump", "pump units"))
 PREVIEW_CHARS = 120
 
@@ -76,7 +77,8 @@ def type_link(type_: str) -> Safe:
 
 
 def task_link(task: str | None) -> Safe:
-    return link(messages_href(task=task), task) if task else esc(None)
+    """A task's page: its place in the graph, its lease, and a link to its messages."""
+    return link(f"/tasks/{quote(task, safe='')}", task) if task else esc(None)
 
 
 def when(ts_ms: int | None) -> Safe:
@@ -255,6 +257,9 @@ def agent_page(detail: queries.AgentDetail, now: int) -> Safe:
     return join([
         pairs(facts),
         section("claims", claims_rows_table(detail.claims, now, "claims")),
+        section("file reservations", table(("pattern", "mode", "expires", "reason"), [
+            [r.pattern, r.mode, when(r.expires_at_ms), r.reason] for r in detail.reservations],
+            id="reservations")),
         section("channels", table(("channel", "role"), [[channel_link(n), r]
                                                         for n, r in detail.channels])),
         section("newest messages sent", messages_table(detail.sent, "sent"),
@@ -327,3 +332,39 @@ def tally(values: Iterable[str]) -> dict[str, int]:
     for value in values:
         found[value] = found.get(value, 0) + 1
     return found
+
+
+def task_page(task_id: str, detail: Any, claim: Any, events: list[Message], now: int) -> Safe:
+    """A task: in the graph (`detail`, a bus.task_graph.TaskDetail) or only leased."""
+    parts = []
+    if detail is None:
+        parts.append(Safe('<p class="note" id="not-in-graph">not in the task graph'
+                          ' (`bus task add` puts it there): a correlation id or a lease;'
+                          ' its lease and messages:</p>'))
+    else:
+        t = detail.task
+        parts.append(pairs([("title", t.title), ("state", t.state), ("priority", t.priority),
+                            ("ready", "yes" if detail.ready else "no"),
+                            ("waiting on", f"{t.waiting_on} tasks"),
+                            ("created", when(t.created_at_ms)),
+                            ("finished", when(t.finished_at_ms)),
+                            ("finished by", agent_link(t.finished_by) if t.finished_by
+                             else None)]))
+        neighbours = ("task", "title", "state")
+        parts.append(section("depends on", table(neighbours, [
+            [task_link(d.task_id), d.title, d.state] for d in detail.dependencies],
+            id="dependencies")))
+        parts.append(section("dependents", table(neighbours, [
+            [task_link(d.task_id), d.title, d.state] for d in detail.dependents],
+            id="dependents")))
+    lease = ([("holder", agent_link(claim.agent)), ("fence", claim.fence),
+              ("lease", "expired" if claim.expired(now)
+               else f"{(claim.lease_until_ms - now) / 1000:.1f} s left"),
+              ("attempt", f"{claim.attempts}/{claim.max_attempts}")]
+             if claim is not None else [("holder", "nobody holds its lease")])
+    parts.append(section("lease", pairs(lease)))
+    parts.append(section("takeovers, releases, death (the bus's announcements)",
+                         messages_table(events, "claim-events")))
+    parts.append(section("messages", link(messages_href(task=task_id),
+                                          f"every message about {task_id}", id="task-messages")))
+    return join(parts)

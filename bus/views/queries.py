@@ -27,6 +27,8 @@ import apsw
 
 from bus import messages
 from bus import search
+from bus import claims
+from bus import tasks
 from bus.claims import Claim
 from bus.claims import DeadClaim
 from bus.claims import list_claims
@@ -37,6 +39,12 @@ from bus.heartbeats import Thresholds
 from bus.heartbeats import liveness
 from bus.messages import Message
 from bus.messages import row_to_message
+from bus.reservations import Reservation
+from bus.reservations import has_reservations_table
+from bus.reservations import live_reservations
+from bus.task_graph import EVENTS_SHOWN
+from bus.task_graph import TaskDetail
+from bus.tasks import Task
 
 PAGE_SIZE = 50
 PAGE_SIZE_MAX = 500
@@ -129,6 +137,8 @@ _PUMP_UNITS_SQL = (
     " lease_owner, lease_until_ms, created_at_ms, finished_at_ms, outcome FROM pump_work"
     " ORDER BY id DESC LIMIT ?"
 )
+_ANY_ABOUT_SQL = "SELECT 1 FROM messages WHERE correlation_id = ? LIMIT 1"
+_TASKS_TABLE_SQL = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tasks'"
 _CLAIM_EVENTS_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE correlation_id = :task"
                      " AND type IN ('task_reclaimed', 'task_released', 'task_dead')"
                      " ORDER BY seq DESC LIMIT :limit")
@@ -360,9 +370,11 @@ class AgentDetail:
     sent: list[Message]
     received: list[Message]
     is_worker: bool = False  # a worker of the lifecycle has a page of its own too
+    reservations: list[Reservation] = field(default_factory=list)
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"agent": self.agent, "is_worker": self.is_worker,
+                "reservations": [dataclasses.asdict(r) for r in self.reservations],
                 "liveness": self.liveness.to_json_dict() if self.liveness else None,
                 "claims": [c.to_json_dict() for c in self.claims], "cursor": self.cursor,
                 "channels": [{"channel": n, "role": r} for n, r in self.channels],
@@ -383,7 +395,8 @@ def agent_detail(conn: apsw.Connection, agent: str, now: int,
         conn.execute(_CHANNELS_OF_AGENT_SQL, (agent,)).fetchall(),
         _messages(conn, _FROM_RECENT_SQL, {"agent": agent, "floor": floor, "limit": RECENT_MAX}),
         _messages(conn, _TO_RECENT_SQL, (agent, RECENT_MAX)),
-        conn.execute(_WORKER_SQL, (agent,)).fetchone() is not None)
+        conn.execute(_WORKER_SQL, (agent,)).fetchone() is not None,
+        [r for r in list_reservations(conn, now) if r.agent == agent])
 
 
 # --- workers -------------------------------------------------------------------------
@@ -544,6 +557,79 @@ def claims_table(conn: apsw.Connection) -> ClaimsTable:
     return ClaimsTable(list_claims(conn), list_dead(conn))
 
 
+def has_messages_about(conn: apsw.Connection, task: str) -> bool:
+    """Whether any message carries `task` as its correlation id (its index answers)."""
+    return conn.execute(_ANY_ABOUT_SQL, (task,)).fetchone() is not None
+
+
 def claim_events(conn: apsw.Connection, task: str, limit: int = RECENT_MAX) -> list[Message]:
     """The bus's announcements about a task's lease (takeovers, releases, death), newest first."""
     return _messages(conn, _CLAIM_EVENTS_SQL, {"task": task, "limit": limit})
+
+
+# --- tasks and reservations (migrations 13 and 14; an older file has none) -----------------
+
+
+TASK_FILTERS = ("ready", "blocked", "held", "open", "done", "cancelled")
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """A task of the graph with what stops it now: `status` is ready, blocked, held,
+    done or cancelled; `holder` and `fence` are its live lease's."""
+
+    task: Task
+    status: str
+    holder: str | None
+    fence: int | None
+
+    @property
+    def task_id(self) -> str:
+        return self.task.task_id
+
+    @property
+    def priority(self) -> int:
+        return self.task.priority
+
+    @property
+    def created_ms(self) -> int:
+        return self.task.created_at_ms
+
+
+def has_task_graph(conn: apsw.Connection) -> bool:
+    return conn.execute(_TASKS_TABLE_SQL).get is not None
+
+
+def list_task_rows(conn: apsw.Connection, now: int) -> list[TaskRow]:
+    """Every task of the graph, oldest first, with its status now (none in an older file)."""
+    if not has_task_graph(conn):
+        return []
+    held = {c.task_id: c for c in list_claims(conn) if not c.expired(now)}
+    found = []
+    for task in tasks.list_tasks(conn):
+        claim = held.get(task.task_id)
+        if task.state != tasks.OPEN:
+            status = task.state
+        elif claim is not None:
+            status = "held"
+        else:
+            status = "blocked" if task.waiting_on else "ready"
+        found.append(TaskRow(task, status, claim.agent if claim else None,
+                             claim.fence if claim else None))
+    return found
+
+
+def task_detail(conn: apsw.Connection, task_id: str, now: int) -> TaskDetail | None:
+    """The task's dependencies, dependents, lease and newest events, as `bus task show`
+    reads them; None if the graph has no such task."""
+    task = tasks.get(conn, task_id) if has_task_graph(conn) else None
+    if task is None:
+        return None
+    return TaskDetail(task, tasks.dependencies(conn, task), tasks.dependents(conn, task),
+                      claims.get(conn, task_id), tasks.is_ready(conn, task, now),
+                      tasks.events(conn, task_id, EVENTS_SHOWN), now)
+
+
+def list_reservations(conn: apsw.Connection, now: int) -> list[Reservation]:
+    """The live file reservations (none in a file older than migration 13)."""
+    return live_reservations(conn, now) if has_reservations_table(conn) else []

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
+from bus import claims
 from bus import messages
 from bus.blob_store import BusBlobStore
 from bus.db import connect
@@ -124,6 +125,19 @@ def routes(path: str) -> list[Route]:
             return pages.channel_page(detail)
         return reader.page(f"channel {name}", render)
 
+    def task(request: Request) -> HTMLResponse:
+        name = request.path_params["name"]
+
+        def render(conn: apsw.Connection, now: int) -> Safe:
+            detail = queries.task_detail(conn, name, now)
+            claim = claims.get(conn, name)
+            found = queries.claim_events(conn, name)
+            if detail is None and claim is None and not queries.has_messages_about(conn, name):
+                raise NotFound(f"no task {name!r}: not in the task graph, not leased, in no"
+                               " message's correlation id (see the tasks and claims tables)")
+            return pages.task_page(name, detail, claim, found, now)
+        return reader.page(f"task {name}", render)
+
     def table_page(title: str, render: Callable[[apsw.Connection, int, dict[str, str]], Safe]):
         def endpoint(request: Request) -> HTMLResponse:
             params = dict(request.query_params)
@@ -138,7 +152,10 @@ def routes(path: str) -> list[Route]:
         Route("/workers/{name:path}", worker),
         Route("/channels", table_page("channels", channels_table)),
         Route("/channels/{name:path}", channel),
+        Route("/tasks", table_page("tasks", tasks_table)),
+        Route("/tasks/{name:path}", task),
         Route("/claims", table_page("claims", claims_table)),
+        Route("/reservations", table_page("reservations", reservations_table)),
         Route("/dead-letters", table_page("dead letters", dead_letters_table)),
         Route("/pump", table_page("pump units", pump_table)),
     ]
@@ -248,3 +265,39 @@ def pump_table(conn: apsw.Connection, _now: int, params: dict[str, str]) -> Safe
           u.status, f"{u.attempts}/{u.max_attempts}", pages.agent_link(u.lease_owner)
           if u.lease_owner else None, pages.when(u.created_ms), u.outcome] for u in rows],
         id="pump", sort=sort, sortable=tuple(_PUMP_SORT))])
+
+
+_TASK_SORT = {"task": "task_id", "status": "status", "priority": "priority", "holder": "holder",
+              "fence": "fence", "created": "created_ms"}
+
+
+def tasks_table(conn: apsw.Connection, now: int, params: dict[str, str]) -> Safe:
+    """The task graph; `?status=ready` (blocked, held, done, cancelled) shows those only."""
+    found = queries.list_task_rows(conn, now)
+    wanted = params.get("status")
+    shown = [t for t in found if wanted in (None, "", t.status)]
+    rows, sort = pages.sort_rows(shown, params, _TASK_SORT, "task")
+    filters = pages.join([pages.link("/tasks", "all")] + [
+        pages.link(f"/tasks?status={s}", s) for s in ("ready", "blocked", "held", "done",
+                                                      "cancelled")], " · ")
+    return pages.join([pages.counts("tasks", pages.tally(t.status for t in found)),
+                       Safe(f'<p id="task-filters">{filters}</p>'), pages.table(
+        ("task", "title", "status", "priority", "waiting on", "holder", "fence", "created"),
+        [[pages.task_link(t.task_id), t.task.title, t.status, t.priority, t.task.waiting_on,
+          pages.agent_link(t.holder) if t.holder else None, t.fence, pages.when(t.created_ms)]
+         for t in rows], id="tasks", sort=sort, sortable=tuple(_TASK_SORT))])
+
+
+_RESERVATION_SORT = {"pattern": "pattern", "holder": "agent", "mode": "mode",
+                     "expires": "expires_at_ms", "created": "created_at_ms"}
+
+
+def reservations_table(conn: apsw.Connection, now: int, params: dict[str, str]) -> Safe:
+    found = queries.list_reservations(conn, now)
+    rows, sort = pages.sort_rows(found, params, _RESERVATION_SORT, "pattern")
+    return pages.join([pages.counts("reservations", pages.tally(r.mode for r in found)),
+                       pages.table(
+        ("pattern", "holder", "mode", "expires", "created", "reason"),
+        [[r.pattern, pages.agent_link(r.agent), r.mode, pages.when(r.expires_at_ms),
+          pages.when(r.created_at_ms), r.reason] for r in rows], id="reservations", sort=sort,
+        sortable=tuple(_RESERVATION_SORT))])

@@ -43,7 +43,7 @@ function page(kind, name) {
 
 function task(name) {
   return name === null || name === undefined ? null
-    : {href: "/messages?task=" + encodeURIComponent(name), text: name};
+    : {href: "/tasks/" + encodeURIComponent(name), text: name};
 }
 
 function escape(value) {
