@@ -277,6 +277,13 @@ class Bus(TaskGraph, FileReservations):
             after = cursors.position(conn, agent)
             return messages.select_for_agent(conn, agent, after, limit, self.blobs, preview)
 
+    def reply_to(self, agent: str, message_id: str, after: int) -> Message | None:
+        """The first message for `agent` answering `message_id` (its in_reply_to), above
+        seq `after` (the question's own seq); None while nothing answered. Moves no cursor."""
+        messages.validate_agent_id(agent)
+        with translate_errors(self.conn):
+            return messages.select_reply(self.conn, agent, message_id, after, self.blobs)
+
     def ack(self, agent: str, seq: int) -> int:
         """Mark everything up to `seq` handled for `agent`; return the cursor position.
 

@@ -15,7 +15,13 @@ import blobs.errors
 
 
 class BusError(Exception):
-    """Base class of every error the bus library raises on purpose."""
+    """Base class of every error the bus library raises on purpose.
+
+    `error_code` is a short, stable name of the kind of failure, for programs (the
+    MCP server puts it in a tool error's `error.code`; docs/mcp.md lists them).
+    """
+
+    error_code = "refused"
 
 
 class ValidationFailed(BusError):
@@ -24,6 +30,8 @@ class ValidationFailed(BusError):
     `field` names the offending argument (e.g. ``"from_agent"`` or
     ``"messages[3].type"``), `reason` says what is wrong and how to fix it.
     """
+
+    error_code = "invalid_argument"
 
     def __init__(self, field: str, reason: str, **details: object) -> None:
         super().__init__(f"{field}: {reason}")
@@ -34,6 +42,8 @@ class ValidationFailed(BusError):
 
 class SchemaTooNew(BusError):
     """The database was migrated by a newer agentbus than this one."""
+
+    error_code = "schema"
 
     def __init__(self, found: int, supported: int, path: str = "") -> None:
         where = f" {path}" if path else ""
@@ -48,6 +58,8 @@ class SchemaTooNew(BusError):
 class SchemaOutdated(BusError):
     """A read-only view found a database older than this code (it cannot migrate it)."""
 
+    error_code = "schema"
+
     def __init__(self, found: int, latest: int, path: str = "") -> None:
         where = f" {path}" if path else ""
         super().__init__(
@@ -60,6 +72,8 @@ class SchemaOutdated(BusError):
 
 class UnknownConsumer(BusError):
     """A cursor command named an agent that has no cursor (nor, for set, a heartbeat)."""
+
+    error_code = "not_found"
 
     def __init__(self, agent: str, known: list[str], hint: str) -> None:
         listed = ", ".join(known) if known else "none yet"
@@ -86,6 +100,8 @@ class AgentNotResolved(BusError):
 class NotABusDatabase(BusError):
     """The file exists but is not a SQLite database, or not an agentbus one."""
 
+    error_code = "not_a_bus"
+
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(
             f"{path} is {reason}; it was left untouched. "
@@ -98,6 +114,8 @@ class NotABusDatabase(BusError):
 class BusNotFound(BusError):
     """No database exists at the path and creating one was not asked for."""
 
+    error_code = "not_found"
+
     def __init__(self, path: str) -> None:
         super().__init__(
             f"no bus database at {path}; create it with `bus init` "
@@ -108,6 +126,8 @@ class BusNotFound(BusError):
 
 class UnsupportedFilesystem(BusError):
     """The database path is on a network filesystem, where WAL is unsafe."""
+
+    error_code = "refused"
 
     def __init__(self, path: str, fstype: str) -> None:
         super().__init__(
@@ -122,9 +142,13 @@ class UnsupportedFilesystem(BusError):
 class BusBusy(BusError):
     """The database stayed locked by another writer past the busy timeout."""
 
+    error_code = "busy"
+
 
 class BusClosed(BusError):
     """The Bus was used after close()."""
+
+    error_code = "closed"
 
 
 
@@ -145,9 +169,13 @@ class BusClosed(BusError):
 class BlobMissing(BusError, blobs.errors.BlobMissing):
     """No blob is stored under the reference."""
 
+    error_code = "blob_missing"
+
 
 class BlobCorrupt(BusError, blobs.errors.BlobCorrupt):
     """The stored bytes no longer hash to the reference."""
+
+    error_code = "corrupt"
 
 
 class BlobRefInvalid(ValidationFailed, blobs.errors.BlobRefInvalid):
@@ -159,6 +187,8 @@ class BlobRefInvalid(ValidationFailed, blobs.errors.BlobRefInvalid):
 
 class DatabaseCorrupt(BusError):
     """SQLite found the bus file damaged; the bus refuses to write to it from then on."""
+
+    error_code = "corrupt"
 
     def __init__(self, path: str, detail: str) -> None:
         where = path or "the bus database"
@@ -174,6 +204,8 @@ class DatabaseCorrupt(BusError):
 class BusReadOnly(BusError):
     """The bus cannot be written by this process; reads still work."""
 
+    error_code = "read_only"
+
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(
             f"{path or 'the bus database'} cannot be written: {reason}; nothing was written. "
@@ -187,6 +219,8 @@ class BusReadOnly(BusError):
 class DiskFull(BusError):
     """The disk (or quota) holding the bus or its files is full; nothing partial is left."""
 
+    error_code = "full"
+
     def __init__(self, path: str, detail: str) -> None:
         super().__init__(
             f"no space left for {path or 'the bus'} ({detail}); nothing was written. Free "
@@ -198,6 +232,8 @@ class DiskFull(BusError):
 
 class SearchDisabled(ValidationFailed):
     """The bus has no full-text index; `bus search --enable` builds it."""
+
+    error_code = "search_disabled"
 
     def __init__(self) -> None:
         super().__init__("search", "full-text search is not enabled on this bus; run"

@@ -69,6 +69,8 @@ _HAS_BEATEN_SQL = "SELECT 1 FROM heartbeats WHERE agent_id = ?"
 class AgentHoldsClaims(BusError):
     """`forget` refused: the agent still holds task claims."""
 
+    error_code = "conflict"
+
     def __init__(self, agent: str, tasks: list[str]) -> None:
         super().__init__(f"agent {agent} holds claims on {', '.join(tasks)}; release them"
                          f" (bus release --task T --agent {agent}) or let another agent take"

@@ -63,6 +63,9 @@ _PENDING_COUNT_SQL = (
 )
 _LIST_SQL = f"SELECT {_COLUMNS} FROM messages WHERE seq > ? ORDER BY seq LIMIT ?"
 _TAIL_SQL = f"SELECT {_COLUMNS} FROM messages ORDER BY seq DESC LIMIT ?"
+# Only the rows published since the question are read (the seq range is the primary key).
+_REPLY_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE seq > :after AND in_reply_to = :id"
+              " AND (to_agent = :agent OR to_agent IS NULL) ORDER BY seq LIMIT 1")
 _LAST_SEQ_SQL = "SELECT max(seq) FROM messages"  # the newest row is never deleted
 _COUNT_SQL = "SELECT count(*) FROM messages"
 _REFERENCED_BLOBS_SQL = "SELECT DISTINCT payload_ref FROM messages WHERE payload_ref IS NOT NULL"
@@ -376,6 +379,13 @@ def select_after(conn: apsw.Connection, after: int, limit: int,
     """Every message with seq above `after`, whoever it is for, in seq order."""
     rows = conn.execute(_LIST_SQL, (after, limit))
     return [row_to_message(row, blobs, preview) for row in rows]
+
+
+def select_reply(conn: apsw.Connection, agent: str, message_id: str, after: int,
+                 blobs: BlobStore | None = None) -> Message | None:
+    """The first message for `agent` (or broadcast) in reply to `message_id`, above `after`."""
+    row = conn.execute(_REPLY_SQL, {"agent": agent, "id": message_id, "after": after}).fetchone()
+    return None if row is None else row_to_message(row, blobs)
 
 
 def select_last(conn: apsw.Connection, count: int, blobs: BlobStore | None = None,

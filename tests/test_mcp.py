@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import os
 import signal
 import subprocess
 import sys
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ from mcp import StdioServerParameters
 
 from bus import Bus
 from bus.mcpserver.channel_tools import ChannelTools
+from bus.mcpserver.failures import CODES
+from bus.mcpserver.failures import in_tool_terms
 from bus.mcpserver.log_tools import LogTools
 from bus.mcpserver.pump_tools import PumpTools
 from bus.mcpserver.reservation_tools import ReservationTools
@@ -35,8 +39,8 @@ from tests.cli_helpers import run
 from workers.mcp_tools import WorkerTools
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "organism.yaml"
-ALL_TOOLS = set(LogTools.TOOLS + ChannelTools.TOOLS + PumpTools.TOOLS + TaskTools.TOOLS
-                + ReservationTools.TOOLS + WorkerTools.TOOLS)
+ALL_TOOLS = {*LogTools.TOOLS, *ChannelTools.TOOLS, *PumpTools.TOOLS, *TaskTools.TOOLS,
+             *ReservationTools.TOOLS, *WorkerTools.TOOLS}
 IDENTITY_ARGUMENTS = {"agent", "from", "from_agent", "sender", "worker_id", "client"}
 
 
@@ -59,9 +63,20 @@ async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
 
 async def refused(client: Client, tool: str, **arguments: Any) -> str:
     """The text of a tool error; fails the test if the call succeeded."""
+    return (await refusal(client, tool, **arguments))["message"]
+
+
+async def refusal(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    """A tool error's {code, argument, message}, checked to be as docs/mcp.md promises: a
+    listed code, the message as the text beside it, no pydantic text, no URL, no CLI flag."""
     result = await client.call_tool(tool, arguments)
     assert result.is_error, result.structured_content
-    return result.content[0].text
+    error = result.structured_content["error"]
+    assert error["code"] in CODES, error
+    assert [c.text for c in result.content] == [error["message"]]
+    for foreign in ("pydantic", "http", "validation error", "Error executing tool", " --"):
+        assert foreign not in error["message"], error
+    return error
 
 
 async def read(client: Client, uri: str) -> dict[str, Any]:
@@ -91,7 +106,16 @@ def test_mcp_lists_every_tool_and_resource_and_none_takes_an_identity(bus: Bus, 
     assert {tool.name for tool in tools} == ALL_TOOLS
     for tool in tools:
         assert tool.description and len(tool.description) > 20, tool.name
+        assert not any(line.startswith(" ") for line in tool.description.splitlines()), tool.name
         assert not IDENTITY_ARGUMENTS & set(tool.input_schema["properties"]), tool.name
+        hints = tool.annotations
+        assert None not in (hints.read_only_hint, hints.idempotent_hint,
+                            hints.destructive_hint), tool.name
+    hints = {tool.name: tool.annotations for tool in tools}
+    assert hints["liveness"].read_only_hint and hints["liveness"].idempotent_hint
+    assert not hints["publish"].read_only_hint and not hints["publish"].idempotent_hint
+    assert hints["ack"].idempotent_hint and not hints["ack"].destructive_hint
+    assert hints["cursor_reset"].destructive_hint and hints["dlq_replay"].destructive_hint
     assert {str(r.uri) for r in resources} == {"bus://status", "bus://inbox"}
     assert {t.uri_template for t in templates} == {"bus://workers/{worker}",
                                                    "bus://threads/{correlation_id}",
@@ -155,31 +179,58 @@ def test_mcp_invalid_arguments_are_tool_errors_that_change_nothing(bus: Bus, db_
     async def scenario():
         async with connected(db_path, "planner") as client:
             errors = [
-                await refused(client, "publish", type=""),
-                await refused(client, "publish", type="note", to="not an agent!"),
-                await refused(client, "publish", type="note", from_agent="boss"),
-                await refused(client, "ack", seq="abc"),
-                await refused(client, "ack", seq=99),
-                await refused(client, "claim", task="t1", lease_ms=-5),
-                await refused(client, "channel_send", channel="nowhere", type="text",
+                await refusal(client, "publish", type=""),
+                await refusal(client, "publish", type="note", to="not an agent!"),
+                await refusal(client, "publish", type="note", from_agent="boss"),
+                await refusal(client, "ack", seq="abc"),
+                await refusal(client, "ack", seq=99),
+                await refusal(client, "claim", task="t1", lease_ms=-5),
+                await refusal(client, "channel_send", channel="nowhere", type="text",
                               content="hi"),
-                await refused(client, "worker_start"),
-                await refused(client, "no_such_tool"),
+                await refusal(client, "worker_start"),
+                await refusal(client, "no_such_tool"),
+                await refusal(client, "claim"),
+                await refusal(client, "heartbeat", status="sleeping"),
+                await refusal(client, "publish_many", messages=[{"type": "a"}, {"type": ""}]),
+                await refusal(client, "publish_many", messages=[{"type": "a", "from": "x"}]),
+                await refusal(client, "publish_many", messages=[{"type": "a"}] * 101),
+                await refusal(client, "dlq_replay", id=7),
+                await refusal(client, "channel_join", channel="nowhere"),
+                await refusal(client, "search", query="x"),
+                await refusal(client, "cursor_reset", seq=50),
             ]
             still_serving = await call(client, "poll")
             return errors, still_serving
 
     errors, still_serving = asyncio.run(scenario())
-    assert "type: must not be empty" in errors[0]
-    assert "to:" in errors[1]
-    assert "unknown argument(s) from_agent" in errors[2]
-    assert "no tool takes an agent id" in errors[2]
-    assert "seq" in errors[3]
-    assert "no message has seq 99; the last seq is 1" in errors[4]
-    assert "lease_ms" in errors[5]
-    assert "nowhere" in errors[6]
-    assert "no worker 'planner'" in errors[7]
-    assert "no_such_tool" in errors[8]
+    assert [(e["code"], e["argument"]) for e in errors] == [
+        ("invalid_argument", "type"), ("invalid_argument", "to"),
+        ("unknown_argument", "from_agent"), ("invalid_argument", "seq"),
+        ("invalid_argument", "seq"), ("invalid_argument", "lease_ms"),
+        ("not_found", "channel"), ("not_found", None), ("unknown_tool", None),
+        ("missing_argument", "task"), ("invalid_argument", "status"),
+        ("invalid_argument", "messages[1].type"), ("invalid_argument", "messages[0].from"),
+        ("invalid_argument", "messages"), ("invalid_argument", "id"),
+        ("not_found", "channel"), ("search_disabled", "search"), ("invalid_argument", "seq")]
+    messages = [e["message"] for e in errors]
+    assert messages[0] == "type: must not be empty"
+    assert messages[2] == ("from_agent: publish takes no such argument; it takes correlation_id,"
+                           " id, in_reply_to, payload, to, type. You always act as your own"
+                           " agent: no tool takes an agent id")
+    assert messages[3] == "seq: must be an integer, got 'abc'"
+    assert messages[4] == "seq: no message has seq 99; the last seq is 1"
+    assert messages[5] == "lease_ms: must be >= 1, got -5"
+    assert messages[6] == ("channel: no channel named 'nowhere'; create it with channel_create"
+                           " or list them with channel_list")
+    assert messages[7] == "no worker 'planner'; worker_status lists them"
+    assert messages[8].startswith("no tool is named 'no_such_tool'; the tools are ack, ")
+    assert messages[9] == "task: is required; give it (The task's id)"
+    assert messages[10] == "status: must be one of 'idle', 'working', 'blocked' or 'stopped'," \
+                           " got 'sleeping'"
+    assert messages[11] == "messages[1].type: must not be empty"
+    assert messages[13].startswith("messages: must have at most 100 items, got [{'type': 'a'}")
+    assert messages[14] == "id: no dead letter with id 7; list them with dlq_list"
+    assert "channel_search" in messages[16]
     assert [m["type"] for m in still_serving["messages"]] == ["hello"]
     assert snapshot(bus) == before
 
@@ -226,7 +277,8 @@ def test_mcp_search_finds_payload_words_once_search_is_enabled(bus: Bus, db_path
             return before, hits, none
 
     before, hits, none = asyncio.run(scenario())
-    assert "bus search --enable" in before
+    assert before == ("search: full-text search is not enabled on this bus; the bus's operator"
+                      " enables it once; until then use channel_search")
     assert [(h["seq"], h["from"]) for h in hits["hits"]] == [(1, "boss")]
     assert none["hits"] == []
 
@@ -299,7 +351,7 @@ def test_mcp_worker_tools_drive_the_agents_own_worker(bus: Bus, db_path: Path, r
     started, beat, dirty, empty, done, status, state = asyncio.run(scenario())
     assert (started["state"], beat["state"], done["state"]) == ("WORKING", "WORKING", "IN_REVIEW")
     assert "uncommitted changes (auth.py)" in dirty
-    assert empty.endswith("or pass allow_empty=True to review an empty branch")  # its argument
+    assert empty.endswith("or pass allow_empty=true to review an empty branch")  # its argument
     assert [w["worker"] for w in status["workers"]] == ["w1"]
     assert state["state"] == "IN_REVIEW" and state["head_commit"] == done["head_commit"]
     assert rows(bus, "SELECT state, note FROM workers") == [("IN_REVIEW", "login fixed")]
@@ -353,7 +405,7 @@ def test_mcp_resources_status_inbox_and_thread(bus: Bus, db_path: Path):
     assert [d["recipient"] for d in message["deliveries"]] == ["planner"]
     assert [m["type"] for m in message["thread"]] == ["query", "response"]
     assert str(no_message) == "seq: no message with seq 99; bus://status has the last seq"
-    assert str(missing) == "no worker 'nobody'; `worker status` lists them"
+    assert str(missing) == "no worker 'nobody'; worker_status lists them"
     assert status["file"]["path"] == str(db_path)
     assert (status["log"]["messages"], status["log"]["last_seq"]) == (4, 4)
     assert [c["name"] for c in status["channels"]] == ["talk"]
@@ -362,27 +414,63 @@ def test_mcp_resources_status_inbox_and_thread(bus: Bus, db_path: Path):
         ("boss", "Pool size?"), ("planner", "20")]
 
 
+def wait_until(condition, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
 def test_mcp_pump_send_and_wait_gets_the_organisms_reply(bus: Bus, db_path: Path, python_env):
+    async def before_any_pump():
+        async with connected(db_path, "planner") as client:
+            return (await refusal(client, "pump_send_and_wait", organism="example",
+                                  xml="<add><a>1</a><b>2</b></add>"),
+                    await refusal(client, "organism_capabilities", organism="example"))
+
+    unknown, unknown_capabilities = asyncio.run(before_any_pump())
     pump = subprocess.Popen([sys.executable, "-m", "bus.cli", "--db", str(db_path), "pump", "run",
                              str(EXAMPLE), "--no-oob"], env=python_env, cwd=db_path.parent,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
-    async def scenario():
+    async def running():
         async with connected(db_path, "planner") as client:
-            return await call(client, "pump_send_and_wait", organism="example",
-                              xml="<add><a>1.5</a><b>2</b></add>", to="calculator",
-                              timeout_seconds=60)
+            return (await call(client, "pump_send_and_wait", organism="example",
+                               xml="<add><a>1.5</a><b>2</b></add>", to="calculator",
+                               timeout_seconds=60),
+                    await call(client, "organism_capabilities", organism="example"))
+
+    async def stopped():
+        async with connected(db_path, "planner") as client:
+            return await refusal(client, "pump_send_and_wait", organism="example",
+                                 xml="<add><a>1</a><b>2</b></add>")
 
     try:
-        answered = asyncio.run(scenario())
+        wait_until(lambda: rows(bus, "SELECT count(*) FROM heartbeats"
+                                     " WHERE agent_id = 'pump:example'") == [(1,)], "the boot")
+        answered, capabilities = asyncio.run(running())
     finally:
         pump.send_signal(signal.SIGTERM)
         pump.wait(timeout=30)
-    assert answered["sent"]["client"] == "planner"
+    sent_before = rows(bus, "SELECT count(*) FROM messages")
+    not_running = asyncio.run(stopped())
+    assert (unknown["code"], unknown["argument"]) == ("unknown_organism", "organism")
+    assert unknown["message"].startswith("organism: no pump has booted an organism named"
+                                         " 'example' on this bus (booted: none yet)")
+    assert unknown_capabilities["code"] == "unknown_organism"
+    assert (not_running["code"], not_running["argument"]) == ("organism_not_running", "organism")
+    assert "its pump stopped" in not_running["message"]
+    assert rows(bus, "SELECT count(*) FROM messages") == sent_before  # nothing was sent
+    assert answered["sent"]["client"] == "planner" and not answered["timed_out"]
     assert [(r["from"], r["to"], r["xml"]) for r in answered["replies"]] == [
         ("calculator", "planner", "<sum><value>3.5</value></sum>")]
     assert rows(bus, "SELECT from_agent FROM messages WHERE seq = ?", answered["sent"]["seq"]) == [
         ("planner",)]
+    listeners = {entry["name"]: entry for entry in capabilities["listeners"]}
+    assert capabilities["running"] and set(listeners) == {
+        "greeter", "shouter", "calculator", "search.fast", "search.slow"}
+    assert listeners["calculator"]["root_tag"] == "add"
+    assert listeners["calculator"]["example"].startswith("<add>")
 
 
 def test_cli_mcp_list_prints_tools_and_resources(bus: Bus, db_path: Path):
@@ -421,8 +509,8 @@ def test_cli_mcp_call_errors_exit_1_and_bad_args_exit_2(bus: Bus, db_path: Path)
     unknown = run(["mcp", "--agent", "worker-1", "--call", "claim", "--args",
                    '{"task": "t1", "agent": "planner"}'], db_path)
     assert (unknown.exit_code, unknown.stderr) == (
-        1, "Error: claim: unknown argument(s) agent; it takes lease_ms, task. You always act as"
-           " the server's own agent: no tool takes an agent id.\n")
+        1, "Error: agent: claim takes no such argument; it takes lease_ms, task. You always act"
+           " as your own agent: no tool takes an agent id\n")
     bad_seq = run(["mcp", "--agent", "worker-1", "--call", "ack", "--args", '{"seq": 5}'], db_path)
     assert (bad_seq.exit_code, bad_seq.stderr) == (
         1, "Error: seq: no message has seq 5; the last seq is 0\n")
@@ -462,3 +550,73 @@ def test_mcp_server_killed_before_the_ack_hands_the_message_out_again(bus: Bus, 
     assert first["messages"] == second["messages"] and len(first["messages"]) == 1
     assert acked == {"cursor": 1}
     assert rows(bus, "SELECT agent_id, last_acked_seq FROM cursors") == [("worker-1", 1)]
+
+
+def test_mcp_error_codes_are_the_documented_list():
+    """docs/mcp.md's table is the list `CODES` gives out, in the same order and words."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "mcp.md").read_text()
+    table = re.findall(r"^\| `([a-z_]+)` \| (.+) \|$", doc, re.M)
+    assert table == list(CODES.items())
+
+
+def test_mcp_worker_spawn_diff_and_status(bus: Bus, db_path: Path, repo: Path):
+    params = StdioServerParameters(  # started in the repository, as a project's client does
+        command=sys.executable, cwd=str(repo),
+        args=["-m", "bus.cli", "--db", str(db_path), "mcp", "--agent", "lead"])
+
+    async def scenario():
+        async with Client(params, cache=None) as client:
+            spawned = await call(client, "worker_spawn", task="fix-login", worker="w1")
+            worktree = Path(spawned["worktree"])
+            (worktree / "auth.py").write_text("def login():\n    return True\n")
+            git("add", "auth.py", cwd=worktree)
+            git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "Fix",
+                cwd=worktree)
+            diff = await call(client, "worker_diff", worker="w1")
+            short = await call(client, "worker_diff", worker="w1", max_chars=100)
+            status = await call(client, "worker_status", worker="w1")
+            missing = await refusal(client, "worker_diff")  # lead is no worker
+            taken = await refusal(client, "worker_spawn", task="other", worker="w1")
+            return spawned, diff, short, status, missing, taken
+
+    spawned, diff, short, status, missing, taken = asyncio.run(scenario())
+    assert (spawned["worker"], spawned["state"], spawned["branch"]) == (
+        "w1", "ASSIGNED", "w1/fix-login")
+    assert (diff["base"], diff["branch"]) == ("main", "w1/fix-login")
+    assert [line.split("|")[0].strip() for line in diff["files"]] == ["auth.py"]
+    assert diff["summary"] == "1 file changed, 2 insertions(+)"
+    assert "+def login():" in diff["patch"] and not diff["truncated"]
+    assert short["truncated"] and len(short["patch"]) == 100
+    assert [w["state"] for w in status["workers"]] == ["ASSIGNED"]
+    assert (missing["code"], missing["message"]) == (
+        "not_found", "no worker 'lead'; worker_status lists them")
+    assert taken["code"] == "conflict" and "choose another worker id" in taken["message"]
+    assert rows(bus, "SELECT worker_id, state FROM workers") == [("w1", "ASSIGNED")]
+
+
+@pytest.mark.parametrize("cli, tool", [
+    ("channel: no channel named 'x'; create it with `bus channel create` or list them with"
+     " `bus channel list`",
+     "channel: no channel named 'x'; create it with channel_create or list them with"
+     " channel_list"),
+    ("task t1 is taken: worker w2 (WORKING) holds it; wait until it finishes, or"
+     " `worker cancel w2`",
+     "task t1 is taken: worker w2 (WORKING) holds it; wait until it finishes, or ask whoever"
+     " leads to cancel worker w2"),
+    ("/r has no commits yet; make a first commit (git commit --allow-empty -m initial) and"
+     " spawn again", "/r has no commits yet; make a first commit and spawn again"),
+    ("/r has a detached HEAD; pass --base with the branch to work from",
+     "/r has a detached HEAD; give base, the branch to work from"),
+    ("or pass allow_empty=True to review an empty branch",
+     "or pass allow_empty=true to review an empty branch"),
+])
+def test_mcp_library_hints_are_rewritten_in_tool_terms(cli: str, tool: str):
+    assert in_tool_terms(cli) == tool
+
+
+def test_cli_mcp_call_error_with_json_names_the_argument(bus: Bus, db_path: Path):
+    refused = run(["mcp", "--agent", "w1", "--call", "ack", "--args", '{"seq": 9}', "--json"],
+                  db_path)
+    assert refused.exit_code == 1
+    assert json.loads(refused.stderr) == {
+        "error": "seq: no message has seq 9; the last seq is 0", "field": "seq"}

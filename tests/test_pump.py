@@ -309,12 +309,12 @@ def test_a_handler_returning_an_envelope_gets_bad_reply_at_once(bus, tmp_path):
 
 
 def test_a_reply_the_commit_refuses_becomes_bad_reply_not_retries(bus, tmp_path, monkeypatch):
-    from bus.pump.commit import Writer
+    from bus.pump.commit import Batch
 
     def refused(self, done, caller=None) -> str:
         raise ValidationFailed("payload", "refused by the commit")
 
-    monkeypatch.setattr(Writer, "_replies", refused)
+    monkeypatch.setattr(Batch, "_replies", refused)
     organism = write_organism(tmp_path, "calculator")
     sent = client.send(bus, "org", b"<add><a>1</a><b>2</b></add>")
     pump = run_pump(bus, organism, lease_ms=200)
@@ -552,6 +552,47 @@ def test_a_claim_reads_its_listener_s_units_in_order_and_stops(bus: Bus) -> None
     assert "TEMP B-TREE" not in plan, plan
 
 
+def test_a_lone_reply_commits_without_a_look_that_could_find_nothing(bus, tmp_path):
+    """A serving pump commits a lone request's reply in a transaction of its own when no
+    other connection committed since the look that claimed the request, and that look
+    left nothing to claim: no inbox, dead-unit or claim statement holds the reply back.
+    (A pump running until idle looks in that transaction: every test above. With one
+    slot, the claim took all it asked for and may have left units: it claims again.)"""
+    path = tmp_path / "organism.yaml"
+    path.write_text(f"name: org\nlisteners:\n  - name: calculator\n    {ADD}\n"
+                    "    concurrency: 4\n")
+    organism = load_organism(path)
+    statements: list[str] = []
+
+    def trace(finished: list) -> None:  # on the database thread, before its first commit
+        if not statements:
+            bus.conn.exec_trace = lambda cursor, sql, bindings: statements.append(sql) or True
+
+    # A long lease: the pump's heartbeat (every third of it) commits no beat meanwhile.
+    pump = Pump(bus, organism, oob=False, lease_ms=120_000, before_commit=trace)
+    runner = threading.Thread(target=pump.run, daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10  # its first beat is in: no other commit follows
+        while not any(alive.agent == "pump:org" for alive in bus.liveness()):
+            assert time.monotonic() < deadline, "the pump never beat"
+            time.sleep(0.01)
+        for a in (1, 2):  # the first also makes sure the tracer is on for the second
+            sent = client.send(bus, "org", f"<add><a>{a}</a><b>2</b></add>".encode(),
+                               to="calculator")
+            assert [got.root_tag for got in client.wait_replies(bus, sent, timeout=10)] \
+                == ["sum"]
+    finally:
+        pump.stop()
+        runner.join(10)
+    text = "\n".join(statements)  # each transaction: from its BEGIN to its COMMIT
+    transactions = [part.split("\nCOMMIT")[0].split("\n")[1:]
+                    for part in text.split("BEGIN IMMEDIATE")[1:]]
+    replies = [one for one in transactions if any("status = 'done'" in sql for sql in one)]
+    assert len(replies) == 2, transactions
+    assert not [sql for sql in replies[-1] if "pump_inbox" in sql or "lease_until_ms" in sql]
+
+
 def test_a_sleeping_pump_takes_over_when_another_pump_s_lease_runs_out(
         bus: Bus, db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pump B claims a request with a short lease and dies before its commit.
@@ -571,7 +612,7 @@ def test_a_sleeping_pump_takes_over_when_another_pump_s_lease_runs_out(
             with write_transaction(other.conn):  # one commit: A never sees the inbox row
                 sent = client.send(other, "org", b"<add><a>1</a><b>2</b></add>",
                                    to="calculator")
-                step = b._step([], b._capacity(), False)  # B claims it ...
+                step = b.steps.step([], b._capacity(), {})  # B claims it ...
             assert [unit.listener for unit, _ in step.claimed] == ["calculator"]
             # ... and never commits: A must answer once B's lease has run out, not
             # at its next heartbeat (10 s) or IDLE_WAKE_S. 5 s: loose on purpose.

@@ -90,7 +90,7 @@ def test_an_answer_the_pump_did_not_encode_is_checked_and_typed_for_its_caller(b
     organism = write_organism(tmp_path, "asker", "calc.add")
     sent = client.send(bus, "org", b"<ask><text>1 + 2?</text></ask>")
     pump = Pump(bus, load_organism(organism), oob=False)
-    pump._encoded = EncodedMemory(0)
+    pump.steps.encoded = EncodedMemory(0)
     pump.run(until_idle=True)
     got, = answers(bus, sent)
     assert got.payload_xml.endswith("<text>calc.add said 3</text></result>")
@@ -106,7 +106,7 @@ def test_an_answer_its_payload_class_refuses_is_a_huh_not_a_call(bus, tmp_path):
                                                      "tests.pump_tools:bad_sum"))
     sent = client.send(bus, "org", b"<ask><text>1 + 2?</text></ask>")
     pump = Pump(bus, load_organism(organism), oob=False)
-    pump._encoded = EncodedMemory(0)
+    pump.steps.encoded = EncodedMemory(0)
     pump.run(until_idle=True)
     got, = answers(bus, sent)
     assert got.root_tag == "huh" and 'code="payload-invalid"' in got.payload_xml

@@ -18,6 +18,8 @@ from bus.errors import BusError
 class GitError(BusError):
     """git is missing, the path is not a repository, or a git command failed."""
 
+    error_code = "git"
+
 
 class DirtyWorktree(GitError):
     """Uncommitted changes where a clean tree is needed."""
@@ -105,6 +107,14 @@ def changed_paths(path: Path, base: str, ref: str = "HEAD") -> list[str]:
     """The paths `ref` changes since it left `base` (base...ref; a rename as both paths)."""
     out = git("diff", "--name-only", "--no-renames", "-z", f"{base}...{ref}", cwd=path).stdout
     return [p for p in out.split("\0") if p]
+
+
+def diff_against_base(repo: Path, base: str, branch: str) -> tuple[list[str], str]:
+    """What `branch` changed since it left `base` (`git diff base...branch`): the
+    `--stat` lines and the patch."""
+    since = f"{base}...{branch}"
+    stat = git("diff", "--stat", "--no-color", since, cwd=repo).stdout.splitlines()
+    return stat, git("diff", "--no-color", since, cwd=repo).stdout
 
 
 def is_merged(repo: Path, branch: str, base: str) -> bool:

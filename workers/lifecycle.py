@@ -66,9 +66,13 @@ Announcements = Union[list[Announcement], Callable[[Worker], list[Announcement]]
 class BranchMoved(BusError):
     """The branch has commits that were not reviewed; merge refuses them."""
 
+    error_code = "conflict"
+
 
 class WorkerChanged(BusError):
     """The worker changed between a command's first read and its transaction."""
+
+    error_code = "conflict"
 
     def __init__(self, command: str, before: Worker, after: Worker) -> None:
         changed = [f"state {before.state} -> {after.state}"] if before.state != after.state else []
@@ -87,6 +91,8 @@ class WorkerChanged(BusError):
 class ClaimRefused(BusError):
     """`start` could not take the task's lease: another worker holds it, or it is dead."""
 
+    error_code = "conflict"
+
 
 class TaskTaken(ClaimRefused):
     """Another live worker holds the task, or has it in review."""
@@ -101,6 +107,8 @@ class TaskTaken(ClaimRefused):
 
 class EmptyWork(BusError):
     """`done` on a branch with no commit beyond its base."""
+
+    error_code = "conflict"
 
     def __init__(self, worker: Worker) -> None:
         super().__init__(f"{worker.branch} has no commit beyond {worker.base}; commit the work in"
@@ -156,6 +164,12 @@ class Workers:
                              beats[w.worker].state
                              if w.worker in beats and w.state not in TERMINAL else None)
                 for w in found]
+
+    def diff(self, worker: str) -> tuple[Worker, list[str], str]:
+        """The worker's branch against its base: (worker, `--stat` lines, patch)."""
+        found = self.get(worker)
+        stat, patch = git.diff_against_base(Path(found.repo), found.base, found.branch)
+        return found, stat, patch
 
     # --- transitions ------------------------------------------------------
 

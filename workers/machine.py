@@ -54,6 +54,8 @@ COMMANDS = tuple(dict.fromkeys([c for _, c in TRANSITIONS] + list(IN_PLACE)))
 class InvalidTransition(BusError):
     """A command that the worker's current state does not allow; nothing changed."""
 
+    error_code = "conflict"
+
     def __init__(self, worker: str, state: str, command: str) -> None:
         allowed = ", ".join(allowed_commands(state))
         super().__init__(f"worker {worker} is {state}; allowed: {allowed}")

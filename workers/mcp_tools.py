@@ -15,6 +15,9 @@ from pydantic import Field
 
 from bus.heartbeats import STATUSES
 from bus.heartbeats import STOPPED
+from bus.mcpserver.kinds import ADDS
+from bus.mcpserver.kinds import READS
+from bus.mcpserver.kinds import SETS
 from bus.mcpserver.log_tools import Fence
 from bus.mcpserver.log_tools import LeaseMs
 from bus.mcpserver.session import AgentSession
@@ -76,6 +79,40 @@ class WorkerTools:
         """One worker's state, task, branch, worktree, heartbeat age and liveness."""
         return self.workers.status(worker)[0].to_json_dict()
 
-    TOOLS = ("worker_status", "worker_start", "worker_done", "worker_heartbeat")
+
+    def worker_spawn(
+        self,
+        task: Annotated[str, Field(min_length=1, description=(
+            "The task's id; the branch is <worker>/<task>."))],
+        worker: Annotated[Optional[str], Field(description=(
+            "The new worker's id (the agent that will work as it); omit for a generated one."
+        ))] = None,
+        base: Annotated[Optional[str], Field(description=(
+            "Branch to start from and merge into; omit for the repository's current one."
+        ))] = None,
+    ) -> dict[str, Any]:
+        """Create a worker for a task: a branch and its own worktree, in state ASSIGNED.
+
+        The repository is the one the server runs in. Start an agent in the worktree it
+        returns, with the worker's id as its agent name.
+        """
+        return self.workers.spawn(task, worker, None, base).to_json_dict()
+
+    def worker_diff(
+        self,
+        worker: Annotated[Optional[str], Field(description=(
+            "A worker id; omit for your own worker."))] = None,
+        max_chars: Annotated[int, Field(ge=100, le=1_000_000, description=(
+            "The longest patch to return; a longer one is cut (`truncated` says so)."
+        ))] = 20_000,
+    ) -> dict[str, Any]:
+        """What a worker's branch changed since it left its base: the files, then the patch."""
+        found, stat, patch = self.workers.diff(worker or self.agent)
+        return {"worker": found.worker, "base": found.base, "branch": found.branch,
+                "files": stat[:-1] if stat else [], "summary": stat[-1].strip() if stat else "",
+                "patch": patch[:max_chars], "truncated": len(patch) > max_chars}
+
+    TOOLS = {"worker_status": READS, "worker_start": ADDS, "worker_done": ADDS,
+             "worker_heartbeat": SETS, "worker_spawn": ADDS, "worker_diff": READS}
     # URI -> method name: the resources this group serves.
     URIS = {"bus://workers/{worker}": "worker"}

@@ -33,12 +33,16 @@ _UPDATE_SQL = (
 
 
 class UnknownWorker(BusError):
+    error_code = "not_found"
+
     def __init__(self, worker: str) -> None:
         super().__init__(f"no worker {worker!r}; `worker status` lists them")
         self.worker = worker
 
 
 class WorkerExists(BusError):
+    error_code = "conflict"
+
     def __init__(self, worker: str) -> None:
         super().__init__(f"worker {worker!r} exists already; choose another --worker id")
         self.worker = worker

@@ -11,6 +11,8 @@ from bus.errors import BusError
 class UnknownChannel(BusError):
     """No channel has the name."""
 
+    error_code = "not_found"
+
     def __init__(self, name: str) -> None:
         super().__init__(f"channel: no channel named {name!r}; create it with"
                          " `bus channel create` or list them with `bus channel list`")
@@ -20,6 +22,8 @@ class UnknownChannel(BusError):
 
 class StoreFull(BusError):
     """Too many deliveries are waiting or unacknowledged: the send is refused."""
+
+    error_code = "full"
 
     def __init__(self, active: int, limit: int) -> None:
         super().__init__(f"the bus holds {active} unfinished deliveries, the limit is {limit};"
@@ -31,6 +35,8 @@ class StoreFull(BusError):
 
 class StoreCapacity(BusError):
     """The database file is too close to its size limit: the send is refused."""
+
+    error_code = "full"
 
     def __init__(self, size: int, limit: int, reserve: int) -> None:
         super().__init__(f"the bus file is {size} bytes, within {reserve} bytes of its"

@@ -38,7 +38,7 @@ DEFAULT_MAX_CONTINUES = 5
 BLOB_PREVIEW = 2000  # characters read of a payload in the blob store
 
 
-def resolve_agent(bus: Bus, agent: str, directory: str | None = None) -> str:
+def resolve_agent(bus: Bus, agent: str | None, directory: str | None = None) -> str | None:
     """`agent` itself, or for `auto` the worker whose worktree holds `directory` (default: cwd)."""
     if agent != AUTO:
         return agent

@@ -16,9 +16,10 @@ from bus.cli.output import echo_json
 
 
 @click.command()
-@click.option("--agent", required=True,
+@click.option("--agent", default=None,
               help="The agent every tool acts as: it publishes, acks and claims as this id only;"
-                   " `auto`: the worker whose worktree contains the working directory.")
+                   " `auto`: the worker whose worktree contains the working directory. Without"
+                   " it the agent chooses its name with the join tool.")
 @click.option("--list", "list_only", is_flag=True,
               help="Print the tools and resources instead of serving.")
 @click.option("--call", "tool", metavar="TOOL",
@@ -27,7 +28,7 @@ from bus.cli.output import echo_json
               help="The arguments of --call, a JSON object.")
 @json_option
 @pass_bus_context
-def mcp(obj: BusContext, agent: str, list_only: bool, tool: str | None, arguments: str,
+def mcp(obj: BusContext, agent: str | None, list_only: bool, tool: str | None, arguments: str,
         as_json: bool) -> None:
     """Serve the bus to an MCP client (an LLM agent) over stdin/stdout.
 
@@ -36,9 +37,14 @@ def mcp(obj: BusContext, agent: str, list_only: bool, tool: str | None, argument
     prints the tools and resources; --call runs one tool through the same
     server, to see what an agent would get.
 
+    Without --agent, the agent calls join(name) first (one configuration
+    serves every session of a project); join's reclaim_token takes the name
+    back after a restart.
+
     \b
     Example:
       bus --db .worker-state/bus.db mcp --agent planner
+      bus mcp                        # the agent joins under a name of its own
       bus mcp --agent planner --list
       bus mcp --agent auto   # started in a worker's worktree: that worker
       bus mcp --agent planner --call publish --args '{"type": "note", "to": "worker-1"}'
@@ -74,9 +80,18 @@ def _call(server: Any, tool: str, arguments: dict[str, Any]) -> None:
     from bus.mcpserver import call_tool
 
     failed, result = call_tool(server, tool, arguments)
-    if failed:  # the SDK's prefix says which tool failed: --call named it already
-        raise click.ClickException(result.removeprefix(f"Error executing tool {tool}: "))
+    if failed:
+        error = result["error"]
+        raise click.ClickException(error["message"]) from _Refused(error["argument"])
     echo_json(result)
+
+
+class _Refused(Exception):
+    """The argument a tool error names: `--json` shows it as the error's field."""
+
+    def __init__(self, field: str | None) -> None:
+        super().__init__(field)
+        self.field = field
 
 
 def _list(server: Any, as_json: bool) -> None:

@@ -12,7 +12,13 @@ from pydantic import Field
 from bus.channels.delivery import ACK_STATUSES
 from bus.channels.queries import MESSAGE_TYPES
 from bus.channels.queries import QueryResult
+from bus.channels.store import CHANNEL_TYPES
+from bus.channels.store import JOIN_ROLES
 from bus.mcpserver.log_tools import Wait
+from bus.mcpserver.kinds import ADDS
+from bus.mcpserver.kinds import DISCARDS
+from bus.mcpserver.kinds import READS
+from bus.mcpserver.kinds import SETS
 from bus.mcpserver.session import AgentSession
 from bus.mcpserver.session import wait_for_any
 
@@ -93,7 +99,60 @@ class ChannelTools:
             ("topic", topic), ("correlation_id", correlation_id)) if value is not None}
         return _Page(self.bus.channels.query_messages({**flt, "limit": limit})).to_json_dict()
 
-    TOOLS = ("channel_send", "channel_receive", "channel_acknowledge", "channel_search")
+    def channel_create(
+        self,
+        name: ChannelName,
+        type: Annotated[Literal[CHANNEL_TYPES], Field(description=(
+            "direct: each message to one member; group: to every member; broadcast: the owner"
+            " speaks, members listen; pubsub: to the subscribers of its topic."))],
+        ack_timeout_seconds: Annotated[Optional[float], Field(gt=0, description=(
+            "Seconds a receiver has to acknowledge before the message is delivered again;"
+            " default 30."))] = None,
+        max_retries: Annotated[Optional[int], Field(ge=0, description=(
+            "Deliveries again before the message goes to the dead letters; default 3."))] = None,
+    ) -> dict[str, Any]:
+        """Create a channel that you own (and are a participant of)."""
+        settings = {key: value for key, value in (("ack_timeout", ack_timeout_seconds),
+                                                  ("max_retries", max_retries))
+                    if value is not None}
+        return self.bus.channels.create_channel(name, type, self.agent,
+                                                **settings).to_json_dict()
+
+    def channel_join(
+        self,
+        channel: ChannelName,
+        role: Annotated[Literal[JOIN_ROLES], Field(description=(
+            "member sends and receives; observer only receives."))] = "member",
+        topic_pattern: Annotated[Optional[str], Field(description=(
+            "On a pubsub channel: subscribe to this topic pattern, e.g. build.* or build.#."
+        ))] = None,
+    ) -> dict[str, Any]:
+        """Join a channel, so you receive its messages (and may send on it as a member)."""
+        channels = self.bus.channels
+        channels.join_channel(channel, self.agent, role)
+        if topic_pattern is not None:
+            channels.subscribe(channel, self.agent, topic_pattern)
+        return {"channel": channel, "agent": self.agent, "role": role,
+                "topic_pattern": topic_pattern}
+
+    def channel_list(self) -> dict[str, Any]:
+        """Every channel: its name, type, owner, state and settings."""
+        return {"channels": [c.to_json_dict() for c in self.bus.channels.list_channels()]}
+
+    def dlq_list(self, limit: PageLimit = 100) -> dict[str, Any]:
+        """The dead letters: channel messages a recipient never acknowledged, and why."""
+        return {"dead_letters": [d.to_json_dict()
+                                 for d in self.bus.channels.dead_letters(limit)]}
+
+    def dlq_replay(self, id: Annotated[int, Field(ge=1, description=(
+            "The dead letter's id, from dlq_list."))]) -> dict[str, Any]:
+        """Deliver a dead letter to its recipient again, with its retries reset."""
+        seq, recipient = self.bus.channels.replay_dead_letter(id)
+        return {"id": id, "seq": seq, "recipient": recipient}
+
+    TOOLS = {"channel_send": ADDS, "channel_receive": ADDS, "channel_acknowledge": SETS,
+             "channel_search": READS, "channel_create": ADDS, "channel_join": SETS,
+             "channel_list": READS, "dlq_list": READS, "dlq_replay": DISCARDS}
 
 
 class _Page:

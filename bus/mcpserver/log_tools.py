@@ -7,14 +7,21 @@ from typing import Any
 from typing import Literal
 from typing import Optional
 
+from pydantic import BaseModel
+from pydantic import ConfigDict
 from pydantic import Field
 
 from bus.api import LEASE_MS_MAX
 from bus.api import POLL_LIMIT_MAX
 from bus.api import TASK_ID_MAX
+from bus.errors import ValidationFailed
 from bus.heartbeats import KEEP
 from bus.heartbeats import STATUSES
 from bus.search import LIMIT_MAX as SEARCH_LIMIT_MAX
+from bus.mcpserver.kinds import ADDS
+from bus.mcpserver.kinds import READS
+from bus.mcpserver.kinds import RESETS
+from bus.mcpserver.kinds import SETS
 from bus.mcpserver.session import AgentSession
 from bus.mcpserver.session import wait_for_any
 
@@ -28,6 +35,28 @@ LeaseMs = Annotated[int, Field(ge=1, le=LEASE_MS_MAX, description=(
 Fence = Annotated[Optional[int], Field(ge=1, description=(
     "The fence your claim of the task returned: refused, changing nothing, once another agent"
     " took the task over (the error says the current fence)."))]
+
+
+PUBLISH_MANY_MAX = 100
+
+
+class Outgoing(BaseModel):
+    """One message of publish_many: publish's arguments."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Annotated[str, Field(description="Message type, e.g. task_assign, note, result.")]
+    payload: Annotated[Any, Field(description="Any JSON value.")] = None
+    to: Annotated[Optional[str], Field(description=(
+        "Recipient agent id; omit to broadcast to all."))] = None
+    correlation_id: Optional[str] = None
+    in_reply_to: Optional[str] = None
+    id: Annotated[Optional[str], Field(description=(
+        "Your own UUID: publishing the same id again is a no-op."))] = None
+
+
+def _found(message: Any) -> list[Any]:
+    return [] if message is None else [message]
 
 
 class LogTools:
@@ -65,15 +94,108 @@ class LogTools:
                                   task=task, fence=fence)
         return result.to_json_dict()
 
-    def poll(self, limit: Limit = 100, wait_seconds: Wait = 0.0) -> dict[str, Any]:
+    def poll(self, limit: Limit = 100, wait_seconds: Wait = 0.0,
+             ack_through: Annotated[Optional[int], Field(ge=1, description=(
+                 "Acknowledge every message up to this seq first (the last seq you handled"
+                 " from your previous poll), then read: ack and poll in one call."))] = None,
+             ) -> dict[str, Any]:
         """Read the messages waiting for you (addressed to you or broadcast), oldest first.
 
-        Polling does not consume them: call `ack` with the last seq you handled, or they
-        come back on the next poll.
+        Polling does not consume them: pass the last seq you handled as ack_through on
+        your next poll (or call `ack`), or they come back.
         """
+        if ack_through is not None:
+            self.bus.ack(self.agent, ack_through)
         found = wait_for_any(self.bus, lambda: self.bus.poll(self.agent, limit), wait_seconds)
         return {"messages": [m.to_json_dict() for m in found],
                 "cursor": self.bus.cursor(self.agent)}
+
+    def exchange(
+        self,
+        to: Annotated[str, Field(min_length=1, description="The agent to ask.")],
+        type: Annotated[str, Field(description="Message type of the question, e.g. question.")],
+        payload: Annotated[Any, Field(description="Any JSON value: the question.")] = None,
+        wait_seconds: Annotated[float, Field(gt=0, le=WAIT_MAX_S, description=(
+            "The longest to wait for the answer."))] = 30.0,
+        correlation_id: Annotated[Optional[str], Field(description=(
+            "Ties messages of one conversation or task together."))] = None,
+    ) -> dict[str, Any]:
+        """Ask an agent and wait for its answer, in one call: publish, then wait for the reply.
+
+        The reply is the first message to you whose in_reply_to is the question's id (the
+        other agent publishes with in_reply_to set). It is acknowledged for you when
+        nothing else waits before it (`acked`). `timed_out` true: no answer within
+        wait_seconds; it may still come, and poll returns it then.
+        """
+        sent = self.bus.publish(self.agent, type, payload, to=to, correlation_id=correlation_id)
+        reply = wait_for_any(self.bus, lambda: _found(self.bus.reply_to(
+            self.agent, sent.id, sent.seq)), wait_seconds)
+        if not reply:
+            return {"sent": sent.to_json_dict(), "timed_out": True, "reply": None,
+                    "acked": False}
+        return {"sent": sent.to_json_dict(), "timed_out": False,
+                "reply": reply[0].to_json_dict(), "acked": self._ack_if_next(reply[0].seq)}
+
+    def reply(
+        self,
+        seq: Annotated[int, Field(ge=1, description="The seq of the message you answer.")],
+        type: Annotated[str, Field(description="Message type of the answer, e.g. answer.")],
+        payload: Annotated[Any, Field(description="Any JSON value: the answer.")] = None,
+        wait_seconds: Wait = 0.0,
+        limit: Limit = 100,
+    ) -> dict[str, Any]:
+        """Answer a message you polled, acknowledge it, then read what waits next: one call.
+
+        The answer goes to the message's sender with in_reply_to (and correlation_id) set,
+        so an `exchange` waiting for it returns. Then, as poll with wait_seconds, the
+        messages waiting for you come back: a responder's whole turn in one call.
+        """
+        question = self._message_for_me(seq)
+        sent = self.bus.publish(self.agent, type, payload, to=question.from_agent,
+                                in_reply_to=question.id, correlation_id=question.correlation_id)
+        self.bus.ack(self.agent, seq)
+        found = wait_for_any(self.bus, lambda: self.bus.poll(self.agent, limit), wait_seconds)
+        return {"sent": sent.to_json_dict(), "messages": [m.to_json_dict() for m in found],
+                "cursor": self.bus.cursor(self.agent)}
+
+    def _message_for_me(self, seq: int) -> Any:
+        found = self.bus.list_messages(seq - 1, 1)
+        if not found or found[0].seq != seq or found[0].to_agent not in (None, self.agent):
+            raise ValidationFailed("seq", f"no message with seq {seq} was sent to you; answer"
+                                          " a seq that poll returned")
+        return found[0]
+
+    def _ack_if_next(self, seq: int) -> bool:
+        """Ack `seq` when it is the first message waiting: acking never skips another one."""
+        first = self.bus.poll(self.agent, 1)
+        if first and first[0].seq == seq:
+            self.bus.ack(self.agent, seq)
+            return True
+        return False
+
+    def publish_many(
+        self,
+        messages: Annotated[list[Outgoing], Field(min_length=1, max_length=PUBLISH_MANY_MAX,
+                                                  description=(
+            "The messages, each like publish's arguments; all are written or none."))],
+    ) -> dict[str, Any]:
+        """Publish up to 100 messages in one call and one transaction: all or nothing.
+
+        Returns each one's seq and id, in order. A bad message refuses the whole batch and
+        its error names it (messages[3].type).
+        """
+        batch = [{"from_agent": self.agent, **m.model_dump(exclude_none=True)}
+                 for m in messages]
+        return {"published": [result.to_json_dict() for result in self.bus.publish_many(batch)]}
+
+    def cursor_reset(self, seq: Annotated[Optional[int], Field(ge=0, description=(
+            "Where to put your cursor: 0 reads everything again; omit to skip everything"
+            " waiting (the last seq)."))] = None) -> dict[str, Any]:
+        """Move your own cursor to `seq`, backwards (to read again) or forwards (to skip).
+
+        Skipped messages are never polled again; messages read again come back.
+        """
+        return {"cursor": self.bus.set_cursor(self.agent, seq, force=True, create=True)}
 
     def ack(self, seq: Annotated[int, Field(ge=1, description=(
             "The seq of the last message you handled; everything up to it is done."))]
@@ -144,5 +266,7 @@ class LogTools:
         hits = self.bus.search(query, type=type, from_agent=published_by, limit=limit)
         return {"query": query, "hits": [hit.to_json_dict() for hit in hits]}
 
-    TOOLS = ("publish", "poll", "ack", "heartbeat", "liveness", "claim", "renew", "release",
-             "search")
+    TOOLS = {"publish": ADDS, "publish_many": ADDS, "exchange": ADDS, "reply": ADDS,
+             "poll": SETS, "ack": SETS,
+             "cursor_reset": RESETS, "heartbeat": SETS, "liveness": READS, "claim": SETS,
+             "renew": SETS, "release": SETS, "search": READS}

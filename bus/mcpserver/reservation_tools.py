@@ -8,6 +8,9 @@ from typing import Optional
 
 from pydantic import Field
 
+from bus.mcpserver.kinds import ADDS
+from bus.mcpserver.kinds import DISCARDS
+from bus.mcpserver.kinds import READS
 from bus.mcpserver.session import AgentSession
 from bus.reservations import DEFAULT_TTL_MS
 from bus.reservations import EXCLUSIVE
@@ -81,4 +84,5 @@ class ReservationTools:
         held = self.bus.check_paths(self.agent, paths)
         return {"ok": not held, "held": [h.to_json_dict() for h in held]}
 
-    TOOLS = ("reserve", "reservations", "unreserve", "reserve_check")
+    TOOLS = {"reserve": ADDS, "reservations": READS, "unreserve": DISCARDS,
+             "reserve_check": READS}

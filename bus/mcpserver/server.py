@@ -1,26 +1,68 @@
-"""The MCP server itself: tools and resources on the official SDK, served over stdio."""
+"""The MCP server itself: tool groups and resources on the official SDK, served over stdio.
+
+Adding a tool group
+-------------------
+A group is a class built on the session (`Group(session)`), whose tools are
+its methods, typed with `Annotated[..., Field(description=...)]` arguments and
+returning a JSON-able dict, and which declares each tool with what it does:
+
+    from bus.mcpserver.kinds import ADDS, READS
+
+    class ReservationTools:
+        def __init__(self, session: AgentSession) -> None:
+            self.bus = session.bus
+            self.agent = session.agent       # the joined name: the group is built after join
+
+        def reserve(self, paths: ...) -> dict[str, Any]:
+            \"\"\"One line for the model. Then what a caller must know.\"\"\"
+
+        TOOLS = {"reserve": ADDS, "reservation_list": READS}
+
+and is registered with one line: an entry in `TOOL_GROUPS` below for a group
+of this package, or, for a package above bus (which bus may not import), an
+entry point in the `agentbus.mcp_tools` group naming the class (workers
+registers its worker tools so; setup.cfg). A group may also serve resources:
+`URIS = {uri_template: method_name}`. The server then gives every tool of the group,
+with nothing more to write: MCP annotations from its kind (kinds.py); its
+docstring without indentation as the description; argument errors, unknown
+arguments and the library's `BusError`s as `{"error": {"code", "argument",
+"message"}}` in the argument's words (failures.py); a refusal until the
+session has joined; and a compact text beside the structured result (a summary
+line, then one JSON line per item of each list). A group that declares a tuple
+of names instead of kinds is refused when the server is built.
+"""
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import importlib.metadata
 import inspect
+import sys
 from typing import Any
 from typing import Callable
+from typing import Iterator
 
 import anyio
+import orjson
 from mcp import Client
 from mcp.server.context import CallNext
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult
 from mcp.types import TextContent
+from mcp.types import ToolAnnotations
+from pydantic import ValidationError
 
 from bus import __version__
 from bus.errors import BusError
 from bus.mcpserver.channel_tools import ChannelTools
+from bus.mcpserver.failures import Failure
+from bus.mcpserver.failures import failure_of
+from bus.mcpserver.failures import invalid_arguments
+from bus.mcpserver.failures import unexpected
+from bus.mcpserver.identity_tools import IdentityTools
+from bus.mcpserver.kinds import ToolKind
 from bus.mcpserver.log_tools import LogTools
 from bus.mcpserver.pump_tools import PumpTools
 from bus.mcpserver.reservation_tools import ReservationTools
@@ -28,41 +70,221 @@ from bus.mcpserver.resources import Resources
 from bus.mcpserver.session import AgentSession
 from bus.mcpserver.task_tools import TaskTools
 
-# Tool groups of packages above `bus` (the worker lifecycle): each entry point
-# names a class built on the session, with TOOLS and optionally URIS, like ours.
-TOOL_GROUPS_ENTRY_POINT = "agentbus.mcp_tools"
-
 INSTRUCTIONS = (
     "agentbus: a message bus shared by agents, in one SQLite file. You act as agent {agent};"
     " every tool publishes, acks, claims and beats as {agent} and as no one else. Poll for"
-    " messages and ack what you handled; claim a task before working on it and renew the"
-    " lease while you do; beat with heartbeat so others know you are alive. Errors name the"
-    " argument at fault and how to fix it."
+    " messages and ack what you handled (or poll with ack_through); ask and get the answer in"
+    " one call with exchange, and answer a question with reply; claim a task before working"
+    " on it and renew the lease while you do; beat with heartbeat so others know you are"
+    " alive. Errors carry a code and name the argument at fault and how to fix it."
+)
+JOIN_INSTRUCTIONS = (
+    "agentbus: a message bus shared by agents, in one SQLite file. Call join(name) first to"
+    " choose your agent name (keep the reclaim_token it returns: after a restart,"
+    " join(name, reclaim_token) takes the name back); every other tool is refused until then."
+    " Errors carry a code and name the argument at fault and how to fix it."
 )
 
-
-def build_server(session: AgentSession) -> MCPServer:
-    """An MCPServer whose tools and resources act on `session`'s bus as its agent."""
-    groups = [group(session) for group in tool_groups()]
-    tools = {name: getattr(group, name) for group in groups for name in group.TOOLS}
-    server = MCPServer(name="agentbus", version=__version__, log_level="WARNING",
-                       instructions=INSTRUCTIONS.format(agent=session.agent),
-                       middleware=[UnknownArguments(tools)])
-    for name, tool in tools.items():
-        server.add_tool(_reporting(tool, ToolError), name=name)
-    for group in [Resources(session), *groups]:
-        for uri, name in getattr(group, "URIS", {}).items():
-            server.resource(uri, name=name, mime_type="application/json")(
-                _reporting(getattr(group, name), ResourceError))
-    return server
+TOOL_GROUPS: list[type] = [LogTools, ChannelTools, PumpTools, TaskTools, ReservationTools]
+# Packages above bus (workers) register their tool groups under this entry-point group;
+# each entry names a class built on the session, with TOOLS and optionally URIS, like ours.
+TOOL_GROUPS_ENTRY_POINT = "agentbus.mcp_tools"
 
 
 def tool_groups() -> list[type]:
     """Our own tool groups, then those registered under TOOL_GROUPS_ENTRY_POINT by name."""
     registered = {point.name: point for point in
                   importlib.metadata.entry_points(group=TOOL_GROUPS_ENTRY_POINT)}
-    return [LogTools, ChannelTools, PumpTools, TaskTools, ReservationTools,
-            *(registered[name].load() for name in sorted(registered))]
+    return [*TOOL_GROUPS, *(registered[name].load() for name in sorted(registered))]
+
+
+def build_server(session: AgentSession) -> MCPServer:
+    """An MCPServer whose tools and resources act on `session`'s bus as its agent.
+
+    A session without an agent yet serves `join` too, and refuses every other
+    tool until join has named it.
+    """
+    groups = ([IdentityTools] if session.agent is None else []) + tool_groups()
+    served = _Groups(session)
+    gate = _Gate(session)
+    with _without_rich():
+        server = MCPServer(
+            name="agentbus", version=__version__, log_level="WARNING", middleware=[gate],
+            instructions=(JOIN_INSTRUCTIONS if session.agent is None
+                          else INSTRUCTIONS.format(agent=session.agent)))
+    gate.server = server
+    for group in groups:
+        for name, kind in _declared(group).items():
+            method = getattr(group, name)
+            server.add_tool(served.tool(group, name), name=name,
+                            description=inspect.cleandoc(method.__doc__ or ""),
+                            annotations=_annotations(kind), structured_output=True)
+    for group in [Resources, *groups]:
+        for uri, name in getattr(group, "URIS", {}).items():
+            server.resource(uri, name=name, mime_type="application/json")(
+                served.resource(group, name))
+    return server
+
+
+@contextlib.contextmanager
+def _without_rich() -> Iterator[None]:
+    """The SDK's plain stderr log handler, as with the mcp extra alone.
+
+    MCPServer logs through `rich` when it can import it (the views extra brings it,
+    with textual): that import alone was a quarter of building the server (about
+    5% of the time to the first tool listing), for colours on a stderr nobody reads. A None entry in sys.modules makes
+    the import fail (the SDK then uses logging.StreamHandler); it is put back after.
+    """
+    missing = object()
+    saved = sys.modules.get("rich.console", missing)
+    if saved is not missing:  # rich was loaded already (by `bus top` in this process?)
+        yield
+        return
+    sys.modules["rich.console"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        del sys.modules["rich.console"]
+
+
+def _declared(group: type) -> dict[str, ToolKind]:
+    tools = getattr(group, "TOOLS", None)
+    if not isinstance(tools, dict) or not all(isinstance(k, ToolKind) for k in tools.values()):
+        raise TypeError(f"{group.__name__}.TOOLS must map each tool name to its kind"
+                        " (bus.mcpserver.kinds: READS, ADDS, SETS, DISCARDS, RESETS)")
+    return tools
+
+
+def _annotations(kind: ToolKind) -> ToolAnnotations:
+    return ToolAnnotations(read_only_hint=kind.read_only, idempotent_hint=kind.idempotent,
+                           destructive_hint=kind.destructive, open_world_hint=False)
+
+
+class _Groups:
+    """Each tool group built once, on first use: after join, so it sees the joined name."""
+
+    def __init__(self, session: AgentSession) -> None:
+        self.session = session
+        self.built: dict[type, Any] = {}
+
+    def instance(self, group: type) -> Any:
+        if group not in self.built:
+            self.built[group] = group(self.session)
+        return self.built[group]
+
+    def tool(self, group: type, name: str) -> Callable[..., Any]:
+        """A function with the method's signature (less self) that calls it and reports."""
+        def called(**arguments: Any) -> Any:
+            try:
+                value = getattr(self.instance(group), name)(**arguments)
+            except BusError as exc:
+                return failed(failure_of(exc))
+            except Exception as exc:  # noqa: BLE001 - the agent gets a code, not a traceback
+                return failed(unexpected(exc))
+            return succeeded(name, value)
+
+        return _as_method(called, getattr(group, name))
+
+    def resource(self, group: type, name: str) -> Callable[..., Any]:
+        def read(**arguments: Any) -> Any:
+            if self.session.agent is None:
+                raise ResourceError("not_joined: call the join tool first")
+            try:
+                return getattr(self.instance(group), name)(**arguments)
+            except BusError as exc:
+                raise ResourceError(failure_of(exc).message) from exc
+
+        return _as_method(read, getattr(group, name))
+
+
+def _as_method(function: Callable[..., Any], method: Callable[..., Any]) -> Callable[..., Any]:
+    """`function(**arguments)` dressed as the bound `method`: its name, description,
+    signature less `self` and evaluated annotations, which the SDK reads for the schema."""
+    signature = inspect.signature(method, eval_str=True)
+    parameters = list(signature.parameters.values())[1:]
+    function.__name__ = method.__name__
+    function.__doc__ = inspect.cleandoc(method.__doc__ or "")
+    function.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    function.__annotations__ = {p.name: p.annotation for p in parameters}
+    function.__annotations__["return"] = signature.return_annotation
+    return function
+
+
+def succeeded(tool: str, value: dict[str, Any]) -> CallToolResult:
+    """The structured result, and beside it the same in short text for the model."""
+    return CallToolResult(content=[TextContent(type="text", text=compact_text(tool, value))],
+                          structured_content=value)
+
+
+def failed(failure: Failure) -> CallToolResult:
+    return CallToolResult(is_error=True, structured_content=failure.to_json_dict(),
+                          content=[TextContent(type="text", text=failure.message)])
+
+
+def compact_text(tool: str, value: dict[str, Any]) -> str:
+    """One summary line (scalars as key=value, lists by their length), then each list's items,
+    one compact JSON line each: what the model reads, in far fewer tokens than indented JSON."""
+    summary, bodies = [], []
+    for key, item in value.items():
+        if isinstance(item, list):
+            summary.append(f"{len(item)} {key}")
+            bodies += [_json(entry) for entry in item]
+        else:
+            summary.append(f"{key}={_json(item)}")
+    return "\n".join([f"{tool}: {', '.join(summary)}", *bodies])
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value, default=str).decode()
+
+
+class _Gate:
+    """Middleware: what the SDK would report as its own text, reported as our coded errors.
+
+    The SDK drops unknown arguments silently (so `publish` with `"from": "other"`
+    would publish as this agent anyway) and reports bad ones as pydantic's text
+    with a URL; unknown tools and an unjoined session are refused here too.
+    """
+
+    def __init__(self, session: AgentSession) -> None:
+        self.session = session
+        self.server: MCPServer | None = None  # set once the server exists
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> Any:
+        refusal = self.refusal(ctx.params) if ctx.method == "tools/call" else None
+        if refusal is not None:
+            return failed(refusal)
+        return await call_next(ctx)
+
+    def refusal(self, params: Any) -> Failure | None:
+        """Why a tools/call request is refused, or None to let the SDK call the tool."""
+        name = params.get("name") if isinstance(params, dict) else None
+        arguments = params.get("arguments") if isinstance(params, dict) else None
+        if not isinstance(name, str):
+            return None  # a malformed request: the SDK's protocol error
+        # The SDK's own registry: it validates the same arguments again when it calls the tool.
+        tools = self.server._tool_manager  # type: ignore[union-attr]
+        tool = tools.get_tool(name)
+        if tool is None:
+            known = ", ".join(sorted(t.name for t in tools.list_tools()))
+            return Failure("unknown_tool", None, f"no tool is named {name!r}; the tools are"
+                                                 f" {known}")
+        if self.session.agent is None and name != IdentityTools.JOIN:
+            return Failure("not_joined", None, f"{name}: you have no agent name yet; call"
+                                               " join(name) first, then call this again")
+        arguments = arguments if isinstance(arguments, dict) else {}
+        properties = tool.parameters.get("properties", {})
+        unknown = sorted(set(arguments) - set(properties))
+        if unknown:
+            return Failure("unknown_argument", unknown[0], (
+                f"{', '.join(unknown)}: {name} takes no such argument; it takes"
+                f" {', '.join(sorted(properties)) or 'none'}. You always act as your own"
+                " agent: no tool takes an agent id"))
+        try:
+            tool.fn_metadata.validate_arguments(arguments)
+        except ValidationError as exc:
+            return invalid_arguments(exc.errors(), properties)
+        return None
 
 
 def catalog(server: MCPServer) -> dict[str, list[dict[str, Any]]]:
@@ -75,60 +297,16 @@ def catalog(server: MCPServer) -> dict[str, list[dict[str, Any]]]:
 
 
 def call_tool(server: MCPServer, name: str, arguments: dict[str, Any]) -> tuple[bool, Any]:
-    """Call one tool in-process, as a client would; (is_error, JSON result or error text)."""
+    """Call one tool in-process, as a client would; (is_error, JSON result or error object)."""
     async def called() -> tuple[bool, Any]:
         async with Client(server, cache=None) as client:
             result = await client.call_tool(name, arguments)
-        if result.is_error:
-            return True, " ".join(c.text for c in result.content if isinstance(c, TextContent))
-        return False, result.structured_content
+        if result.is_error and result.structured_content is None:  # an SDK error, as text
+            text = " ".join(c.text for c in result.content if isinstance(c, TextContent))
+            return True, Failure("internal", None, text).to_json_dict()
+        return result.is_error, result.structured_content
     return anyio.run(called)
 
 
 def _summary(item: Any, key: str) -> dict[str, Any]:
     return {"name": getattr(item, key), "description": inspect.cleandoc(item.description or "")}
-
-
-class UnknownArguments:
-    """Middleware: a tool call with an argument the tool does not take is a tool error.
-
-    The SDK drops unknown arguments silently, so `publish` with `"from": "other"`
-    would publish as this agent anyway; refusing says so and writes nothing.
-    """
-
-    def __init__(self, tools: dict[str, Callable[..., Any]]) -> None:
-        self.parameters = {name: frozenset(inspect.signature(tool).parameters)
-                           for name, tool in tools.items()}
-
-    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> Any:
-        refusal = self.refusal(ctx.params) if ctx.method == "tools/call" else None
-        if refusal is not None:
-            return CallToolResult(is_error=True, content=[TextContent(type="text", text=refusal)])
-        return await call_next(ctx)
-
-    def refusal(self, params: Any) -> str | None:
-        """Why a tools/call request is refused, or None to let the SDK handle it."""
-        name = params.get("name") if isinstance(params, dict) else None
-        arguments = params.get("arguments") if isinstance(params, dict) else None
-        known = self.parameters.get(name) if isinstance(name, str) else None
-        if known is None or not isinstance(arguments, dict) or not set(arguments) - known:
-            return None  # unknown tools and malformed requests: the SDK's own errors
-        return (f"{name}: unknown argument(s) {', '.join(sorted(set(arguments) - known))};"
-                f" it takes {', '.join(sorted(known)) or 'none'}. You always act as the"
-                " server's own agent: no tool takes an agent id.")
-
-
-def _reporting(call: Callable[..., Any], error: type[Exception]) -> Callable[..., Any]:
-    """`call`, with the bus's own errors raised as the SDK's anticipated `error`.
-
-    The SDK shows an anticipated error's message to the model, but only
-    "Error executing tool" for anything else; the bus's messages name the
-    argument and the fix, so they must get through.
-    """
-    @functools.wraps(call)
-    def reported(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return call(*args, **kwargs)
-        except BusError as exc:
-            raise error(str(exc)) from exc
-    return reported

@@ -1,4 +1,4 @@
-"""Who the server acts as, and on which bus: fixed when the server starts."""
+"""Who the server acts as, and on which bus: fixed when the server starts, or by join."""
 
 from __future__ import annotations
 
@@ -12,21 +12,23 @@ from bus.api import Bus
 from bus.messages import validate_agent_id
 
 
-@dataclass(frozen=True)
+@dataclass
 class AgentSession:
     """The open bus and the one agent id every tool acts as.
 
     No tool takes an agent argument: identity comes from here only, so an
-    LLM cannot publish, ack or claim as anyone else.
+    LLM cannot publish, ack or claim as anyone else. `agent` is None until the
+    `join` tool names it (a server started without --agent); it is set once.
     """
 
     bus: Bus
-    agent: str
+    agent: str | None
 
     @classmethod
-    def open_on(cls, bus: Bus, agent: str) -> AgentSession:
-        """A session for `agent` on an open bus; raises ValidationFailed for a bad agent id."""
-        return cls(bus, validate_agent_id(agent, "agent"))
+    def open_on(cls, bus: Bus, agent: str | None) -> AgentSession:
+        """A session for `agent` (None: to be joined) on an open bus; raises
+        ValidationFailed for a bad agent id."""
+        return cls(bus, None if agent is None else validate_agent_id(agent, "agent"))
 
 
 WAIT_SLICE_S = 1.0  # wake at least this often while waiting, in case a change went unnoticed

@@ -9,6 +9,10 @@ from typing import Optional
 
 from pydantic import Field
 
+from bus.mcpserver.kinds import ADDS
+from bus.mcpserver.kinds import DISCARDS
+from bus.mcpserver.kinds import READS
+from bus.mcpserver.kinds import SETS
 from bus.mcpserver.log_tools import LeaseMs
 from bus.mcpserver.log_tools import Task
 from bus.mcpserver.session import AgentSession
@@ -92,5 +96,6 @@ class TaskTools:
         """Cancel an open task. Tasks waiting on it stay blocked (cancelled is not done)."""
         return self.bus.cancel_task(task, self.agent, reason).to_json_dict()
 
-    TOOLS = ("task_add", "task_depend", "task_ready", "task_list", "task_show",
-             "task_claim_next", "task_done", "task_cancel")
+    TOOLS = {"task_add": ADDS, "task_depend": SETS, "task_ready": READS, "task_list": READS,
+             "task_show": READS, "task_claim_next": ADDS, "task_done": SETS,
+             "task_cancel": DISCARDS}

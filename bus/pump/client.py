@@ -24,6 +24,8 @@ from lxml import etree
 
 from bus.db import translate_busy
 from bus.db import write_transaction
+from bus.errors import BusError
+from bus.heartbeats import STOPPED
 from bus.errors import ValidationFailed
 from bus.messages import Message
 from bus.messages import insert_row
@@ -91,6 +93,57 @@ class Received:
                 "to": self.to, "thread": self.message.correlation_id,
                 "in_reply_to": self.message.in_reply_to, "root_tag": self.root_tag,
                 "xml": self.payload_xml}
+
+
+# A pump beats every lease/3 seconds while it runs (bus/pump/services.py) and `stopped`
+# when it ends cleanly; silent this long, it is taken for gone (liveness's "stale").
+PUMP_SILENT_MS = 100_000
+_BOOTED_SQL = "SELECT name FROM pump_organisms ORDER BY name"
+_PUMP_BEAT_SQL = "SELECT ts_ms, status FROM heartbeats WHERE agent_id = ?"
+
+
+class UnknownOrganism(ValidationFailed):
+    """No pump ever booted an organism of this name on the bus."""
+
+    error_code = "unknown_organism"
+
+    def __init__(self, organism: str, booted: list[str]) -> None:
+        listed = ", ".join(booted) if booted else "none yet"
+        super().__init__("organism", f"no pump has booted an organism named {organism!r} on"
+                                     f" this bus (booted: {listed}); check the name, which is"
+                                     " organism.yaml's `name`")
+
+
+class OrganismNotRunning(BusError):
+    """The organism's pump is not running: a request would wait with nobody to answer it."""
+
+    error_code = "organism_not_running"
+
+    def __init__(self, organism: str, why: str) -> None:
+        super().__init__(f"organism: the pump of {organism!r} is not running ({why}); nothing"
+                         " was sent. Ask whoever runs it to start its pump, then send again")
+        self.field = "organism"
+        self.organism = organism
+
+
+def check_running(bus: Bus, organism: str, now: int | None = None) -> None:
+    """Raise UnknownOrganism or OrganismNotRunning unless a pump of `organism` runs now.
+
+    The pump records its boot in pump_organisms and beats as `pump:<organism>`.
+    """
+    organism = validate_agent_id(organism, "organism")
+    with translate_busy():
+        booted = [row[0] for row in bus.conn.execute(_BOOTED_SQL)]
+        beat = bus.conn.execute(_PUMP_BEAT_SQL, (f"pump:{organism}",)).fetchone()
+    if organism not in booted:
+        raise UnknownOrganism(organism, booted)
+    now = now_ms() if now is None else now
+    if beat is None:
+        raise OrganismNotRunning(organism, "its pump never beat")
+    if beat[1] == STOPPED:
+        raise OrganismNotRunning(organism, "its pump stopped")
+    if now - beat[0] >= PUMP_SILENT_MS:
+        raise OrganismNotRunning(organism, f"its pump last beat {(now - beat[0]) // 1000} s ago")
 
 
 def send(bus: Bus, organism: str, xml: bytes | str, *, to: str | None = None,

@@ -1,11 +1,13 @@
-"""What the pump writes, inside its one BEGIN IMMEDIATE per step.
+"""What the pump writes: the batch of one write transaction, from routing to commit.
 
-`Writer` holds the transaction's connection and clock. It routes envelopes
-(work units for every listener that receives them, or a `<huh>` when none
-does), finishes claimed units (check the claim is still ours, insert every
-reply envelope, record the thread rows, mark the unit done: all or nothing,
-in a savepoint of its own) and buries dead units with a `<huh>` for their
-sender.
+A `Batch` holds the transaction's connection, clock and routing table, and
+what the transaction did. It routes envelopes (work units for every
+listener that receives them, or a `<huh>` when none does), commits units
+whose handlers are done (`Batch.commit`: claimed units whose claim is
+still ours, and inline units, every reply envelope, the thread rows, the
+unit marked done: all or nothing per unit) and buries dead units with a
+`<huh>` for their sender. A batch is made for one transaction and read by
+the pump once that committed; nothing in it is reset or reused.
 
 Threads: an envelope's `<thread>` is the sender's thread. A call to listener
 L runs on a new thread under it (`extend_uuid`); L's answer goes to the
@@ -75,8 +77,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bus.pump")
 ANSWER_PIPELINE = answer_pipeline()  # envelope checks only: for the answers a caller gets
-# Handles a call to a listener in the routing transaction; True if it did (Writer.route).
+# Handles a call to a listener in the routing transaction; True if it did (Batch.route).
 Inline = Callable[[Listener, str], bool]
+# A call `route` leaves to `open_calls`: (seq, id, sender, listener, thread).
+Call = tuple[int, str, str, Listener, str]
 # An envelope the pump routed to a listener: the payload class that encoded its element.
 Encoded = tuple[type, etree._Element]
 
@@ -91,13 +95,18 @@ class Finished:
     huh: etree._Element | None = None
 
 
+# A unit to commit: its results, the owner of its claim (None: an inline unit, which has
+# no work row) and, for an inline unit, the thread its own is opened under.
+Item = tuple[Finished, str | None, str | None]
+
+
 def checked_input(unit: Unit, message: Message, listener: Listener,
                   encoded: Encoded | None = None) -> Envelope | Finished:
     """The input through its pipeline: the typed envelope, or the unit finished with the
     `<huh>` its sender gets. An answer to a call the listener made comes in its peer's
     payload, whatever its root tag (`_typed_answer`); a `<huh>` reaches the handler as a Huh.
 
-    `encoded`: what the pump knows of the input because it wrote it (`Writer.encoded`).
+    `encoded`: what the pump knows of the input because it wrote it (`Batch.encoded`).
     When the listener's payload class encoded it (or, for an answer, any class),
     the element is valid by construction and only decoded: parsing, C14N and the
     schema would find nothing to refuse. Client input never gets here (it is always
@@ -146,12 +155,8 @@ def _only_answers(done: Finished) -> bool:
         output.to is not None or output.final for output in done.outputs)
 
 
-class _NotAClient(BusError):
-    """A unit's thread is not under a client's conversation (Writer._write_client_answers)."""
-
-
 class _NotOpen(BusError):
-    """A thread a call was routed on is not open (Writer.open_calls)."""
+    """A thread a call was routed on is not open (Batch.open_calls)."""
 
 
 class EncodedMemory:
@@ -175,21 +180,36 @@ class EncodedMemory:
             return self._items.pop(message_id, None)
 
 
-class Writer:
-    """Writes of one transaction: `conn` is in a write transaction, `now` its clock."""
+class Batch:
+    """The pump units of one write transaction, from routing to commit, and what it wrote.
+
+    `conn` is in a write transaction, `now` its clock, `routes` the table it
+    routes by. A batch lives for one transaction and is never reused: the pump
+    reads `settled` and `encoded` once it committed (`Stepper._batch`, bus/pump/step.py).
+    """
 
     def __init__(self, bus: Bus, conn: apsw.Connection, organism: str, routes: Routes,
                  now: int) -> None:
         self.bus, self.conn, self.organism, self.routes, self.now = (bus, conn, organism,
                                                                      routes, now)
-        self.inlined: list[tuple[Finished, str]] = []  # units handled inline, with outcomes
-        self._handled: list[tuple[Finished, str]] = []  # ... and their parents, until written
+        # Every unit this transaction committed (claimed or inline), with its outcome:
+        # counted by the pump once the transaction committed, not before.
+        self.settled: list[tuple[Finished, str]] = []
         # Envelopes routed to listeners, by message id, from an @xmlify payload (for
         # checked_input once the transaction committed); a rolled back unit drops its own.
         self.encoded: list[tuple[str, Encoded]] = []
-        # Calls `route` leaves to `open_calls` while not None: (seq, id, sender, listener,
-        # thread) of each.
-        self.calls: list[tuple[int, str, str, Listener, str]] | None = None
+        # Whether it made work units: the pump may claim them at once (its own commit is
+        # no change its scan would notice).
+        self.made_units = False
+        self._messages: dict[int, Message] = {}  # read in this transaction, by seq
+
+    def messages(self, seqs: list[int]) -> dict[int, Message]:
+        """The messages at `seqs` that exist, each read once per batch: a request the
+        batch routes is the input of the unit it claims for it."""
+        missing = [seq for seq in seqs if seq not in self._messages]
+        if missing:
+            self._messages.update(work.messages_by_seq(self.conn, missing, self.bus.blobs))
+        return {seq: self._messages[seq] for seq in seqs if seq in self._messages}
 
     # --- envelopes -------------------------------------------------------------------
 
@@ -222,12 +242,13 @@ class Writer:
 
     def route(self, seq: int, message_id: str, sender: str, root_tag: str, to: str | None,
               thread: str, kind: str = "call", in_reply_to: str | None = None,
-              inline: Inline | None = None) -> int:
+              inline: Inline | None = None, calls: list[Call] | None = None) -> int:
         """Make the work units of an envelope; a `<huh>` to its sender if nobody takes it.
 
         `inline(listener, thread)`, if given, may handle a call to a listener
         here and now, in this transaction, on a thread under `thread` (True:
-        no work unit is needed).
+        no work unit is needed). `calls`, if given, collects the calls for
+        `open_calls` to write together.
         """
         # An answer goes to the calling handler whatever its root tag (seeds 001, 002).
         targets = self.routes.caller(to) if kind == "answer" else \
@@ -237,9 +258,9 @@ class Writer:
             return 0
         for listener in targets:
             if inline is not None and inline(listener, thread):
-                continue  # written with its thread by finish_inline
-            if kind == "call" and self.calls is not None:  # written by open_calls
-                self.calls.append((seq, message_id, sender, listener, thread))
+                continue  # committed with its thread by the router (`commit`)
+            if kind == "call" and calls is not None:  # written by open_calls
+                calls.append((seq, message_id, sender, listener, thread))
                 continue
             try:
                 self._open_call(seq, listener, kind, thread)
@@ -256,19 +277,14 @@ class Writer:
         its sender's `thread`, an answer on the thread it answers."""
         unit_thread = thread if kind == "answer" else \
             threads.extend_uuid(self.conn, thread, listener.name, self.now)
+        self.made_units = True
         work.insert_unit(self.conn, self.organism, seq, listener.name, kind, unit_thread,
                          listener.spec.max_attempts, self.now)
 
-    def finish_routing(self) -> None:
-        """Write what routing left to the end: the leased calls, then the inline units."""
-        self.open_calls()
-        self.finish_inline()
-
-    def open_calls(self) -> None:
-        """Write the calls `route` left (see `calls`): together when there are several, else
-        (or when a sender's thread is not open) one by one, refusing a call whose sender's
-        thread is not open (`_refuse_closed`)."""
-        calls, self.calls = self.calls or [], None
+    def open_calls(self, calls: list[Call]) -> None:
+        """Write the calls `route` left: together when there are several, else (or when a
+        sender's thread is not open) one by one, refusing a call whose sender's thread is
+        not open (`_refuse_closed`)."""
         if len(calls) > 1 and self._open_calls_together(calls):
             return
         for seq, message_id, sender, listener, thread in calls:
@@ -277,7 +293,7 @@ class Writer:
             except (ThreadNotFound, ThreadClosed) as exc:
                 self._refuse_closed(message_id, sender, listener.name, thread, exc)
 
-    def _open_calls_together(self, calls: list[tuple[int, str, str, Listener, str]]) -> bool:
+    def _open_calls_together(self, calls: list[Call]) -> bool:
         """The calls' threads, then their units, a statement each for all of them; False,
         with nothing written, when a sender's thread is not open."""
         children = [(new_message_id(), listener.name, thread)
@@ -286,6 +302,7 @@ class Writer:
             with write_transaction(self.conn):  # a savepoint
                 if len(threads.add_children(self.conn, children, self.now)) < len(calls):
                     raise _NotOpen("a thread a call was routed on is not open")
+                self.made_units = True
                 work.insert_calls(self.conn, self.organism, [
                     (seq, listener.name, child, listener.spec.max_attempts)
                     for (seq, _, _, listener, _), (child, _, _) in zip(calls, children)],
@@ -336,126 +353,114 @@ class Writer:
                 and encoded_from is not None:
             self.encoded.append((id, (encoded_from, payload)))
 
-    # --- finishing units ---------------------------------------------------------------
+    # --- committing units ----------------------------------------------------------------
 
-    def finish(self, batch: list[Finished], owner: str) -> list[str]:
-        """Commit the results of units `owner` still holds; the outcome of each.
+    def commit(self, items: list[Item]) -> list[str]:
+        """Write the results of units, claimed or inline, in one savepoint; the outcome of
+        each, also added to `settled`.
 
-        "lost" when another pump took the unit over (nothing is written), or
-        "failed" when writing failed (rolled back; the lease will expire and
-        the unit is tried again, and finally buried). Calls that only answered
-        their clients are written together (`_answer_clients_held`); otherwise
-        the batch shares one savepoint, and when a unit fails in it, the batch
-        is rolled back and written again one savepoint per unit, so only that
-        unit fails.
+        The one path for any number of units: a batch of one is the per-unit
+        case. When writing fails, the savepoint rolls back and each half is
+        committed on its own, down to the one unit that fails: only it
+        fails (`_failed`). A claimed unit another pump took over is "lost"
+        (nothing is written for it); one that fails is "failed" (its lease
+        expires and it is tried again, and finally buried).
         """
-        if len(batch) > 1 and all(_only_answers(done) and done.unit.kind == "call"
-                                  for done in batch):
-            outcomes = self._answer_clients_held(batch, owner)
-            if outcomes is not None:
-                return outcomes
-        return self._finish_all([(done, owner, None) for done in batch])
-
-    def _answer_clients_held(self, batch: list[Finished], owner: str) -> list[str] | None:
-        """`finish` for claimed calls whose handlers only answered their clients, all at
-        once (see `_write_client_answers`): the units still held done, their threads
-        closed, their replies written. None, with nothing written, when one of them is
-        not that case after all."""
+        mark = len(self.encoded)
         try:
             with write_transaction(self.conn):  # a savepoint
-                held = work.finish_all_held(self.conn, [done.unit for done in batch], owner,
-                                            "replied", self.now)
-                mine = [done for done in batch if done.unit.id in held]
-                callers = threads.close_calls(self.conn, [done.unit.thread for done in mine],
-                                              self.now)
-                self._write_client_answers([(done, callers.get(done.unit.thread))
-                                            for done in mine])
-        except BusError:  # ValidationFailed, XmlRejected and _NotAClient among them
-            return None
-        return ["replied" if done.unit.id in held else "lost" for done in batch]
+                outcomes = self._write(items)
+        except BusError as exc:
+            del self.encoded[mark:]  # a rolled back unit drops its own
+            if len(items) == 1:
+                return self._failed(items[0], exc)
+            half = len(items) // 2
+            return self.commit(items[:half]) + self.commit(items[half:])
+        self.settled += zip([done for done, _, _ in items], outcomes)
+        return outcomes
 
-    def handled_inline(self, done: Finished, parent: str) -> None:
-        """A unit handled in this transaction, its thread to be opened under `parent`:
-        `finish_inline` writes it."""
-        self._handled.append((done, parent))
-
-    def finish_inline(self) -> None:
-        """Write what the units handled in this transaction returned (no work rows to ack)
-        and their threads (`done.unit.thread`, not written yet); the units and their
-        outcomes go to `inlined`. One savepoint for all of them, as in `finish`."""
-        handled, self._handled = self._handled, []
-        if len(handled) > 1 and all(_only_answers(done) for done, _ in handled) \
-                and self._answer_clients(handled):
-            outcomes = ["replied"] * len(handled)
+    def _failed(self, item: Item, exc: BusError) -> list[str]:
+        """A unit whose results could not be written: a reply no retry could write becomes
+        the `bad-reply` `<huh>` its handler hears at once (committed as any unit);
+        anything else fails, and the unit is tried again after its lease."""
+        done, owner, parent = item
+        if isinstance(exc, (ValidationFailed, XmlRejected)) and done.huh is None:
+            return self.commit([(replace(done, outputs=(), huh=huh_element(
+                "bad-reply", f"the pump cannot send the handler's reply: {exc}", "handler")),
+                owner, parent)])
+        if isinstance(exc, (ValidationFailed, XmlRejected)):
+            log.error("committing the <huh> of unit %s failed: %s", done.unit.id, exc)
         else:
-            outcomes = self._finish_all([(done, None, parent) for done, parent in handled])
-        self.inlined += zip([done for done, _ in handled], outcomes)
+            log.error("committing unit %s (input %s, listener %s) failed: %s",
+                      done.unit.id, done.input.id, done.unit.listener, exc)
+        self.settled.append((done, "failed"))
+        return ["failed"]
 
-    def _answer_clients(self, handled: list[tuple[Finished, str]]) -> bool:
-        """Write inline units that only answered their clients, all at once (see
-        `_write_client_answers`), their threads written closed. False, with nothing
-        written, when one of them is not that case after all: then `_finish_all` writes
-        each on its own, as for any unit."""
-        calls = [(done.unit.thread, done.unit.listener, parent) for done, parent in handled]
-        try:
-            with write_transaction(self.conn):  # a savepoint
-                callers = threads.add_children(self.conn, calls, self.now, closed=True)
-                self._write_client_answers([(done, callers.get(done.unit.thread))
-                                            for done, _ in handled])
-        except BusError:  # ValidationFailed, XmlRejected and _NotAClient among them
-            return False
-        return True
+    def _write(self, items: list[Item]) -> list[str]:
+        """Each unit's results, in order; calls that only answered (`_write_answers`) as a
+        set when there are several."""
+        answered = {index: item for index, item in enumerate(items)
+                    if item[0].unit.kind == "call" and _only_answers(item[0])}
+        owners = {owner for _, owner, _ in answered.values() if owner is not None}
+        outcomes = self._write_answers(answered) if len(answered) > 1 and len(owners) <= 1 \
+            else {}
+        return [outcomes[index] if index in outcomes else self._finish_with_thread(*item)
+                for index, item in enumerate(items)]
 
-    def _write_client_answers(self, answered: list[tuple[Finished, Caller | None]]) -> None:
+    def _write_answers(self, answered: dict[int, Item]) -> dict[int, str]:
+        """Calls whose handlers only answered, all at once: the claimed ones still held done
+        and their threads closed, the inline ones' threads written closed, a statement
+        each; then the replies to clients (`_write_client_answers`). A unit whose caller
+        is no client (a listener, or a thread not open) is written on its own, as the
+        per-unit path would after those statements. The outcome of each, by index."""
+        claimed = {index: item for index, item in answered.items() if item[1] is not None}
+        outcomes, callers = {}, {}
+        if claimed:
+            owner = next(iter(claimed.values()))[1]
+            held = work.finish_all_held(self.conn, [done.unit for done, _, _ in claimed.values()],
+                                        owner, "replied", self.now)
+            outcomes = {index: "lost" for index, (done, _, _) in claimed.items()
+                        if done.unit.id not in held}
+            callers = threads.close_calls(self.conn, [
+                done.unit.thread for index, (done, _, _) in claimed.items()
+                if index not in outcomes], self.now)
+        inline = [(done.unit.thread, done.unit.listener, parent)
+                  for done, owner, parent in answered.values() if owner is None]
+        if inline:
+            callers.update(threads.add_children(self.conn, inline, self.now, closed=True))
+        to_clients = []
+        for index, (done, owner, parent) in answered.items():
+            if index in outcomes:
+                continue
+            caller = callers.get(done.unit.thread)
+            if caller is not None and caller.depth == CONVERSATION_DEPTH:
+                to_clients.append((done, caller))
+                outcomes[index] = "replied"
+            elif caller is None and owner is None:  # its thread was not written
+                outcomes[index] = self._finish_with_thread(done, None, parent)
+            else:
+                outcomes[index] = self._replies(done, caller)
+        if to_clients:
+            self._write_client_answers(to_clients)
+        return outcomes
+
+    def _write_client_answers(self, answered: list[tuple[Finished, Caller]]) -> None:
         """The replies of units that answered a client's request (the caller of each unit's
         thread, now closed), then those clients' conversations closed: a statement for
-        all of them where the per-unit path takes two per unit. Raises _NotAClient for a
-        unit whose caller is no open client conversation (a call between listeners)."""
+        all of them where the per-unit path takes two per unit."""
         rows = [self._client_reply(done, caller, index, output.element)
                 for done, caller in answered for index, output in enumerate(done.outputs)]
         insert_rows(self.conn, rows)
         threads.close_all_if_done(self.conn, [caller.uuid for _, caller in answered], self.now)
 
-    def _client_reply(self, done: Finished, caller: Caller | None, index: int,
+    def _client_reply(self, done: Finished, caller: Caller, index: int,
                       element: etree._Element) -> Row:
         """The row of answer `index` of a unit to the client `caller`."""
-        if caller is None or caller.depth != CONVERSATION_DEPTH:
-            raise _NotAClient(done.unit.thread)
         message = done.input
         row = envelope_row(element, id=derived_id(message.id, done.unit.listener, index),
                            sender=done.unit.listener, thread=caller.uuid, to=caller.name,
                            organism=self.organism, in_reply_to=message.id)
         return self.bus.payloads.place(row)
-
-    def _finish_all(self, items: list[tuple[Finished, str | None, str | None]]) -> list[str]:
-        """`_finish_alone` each (unit, owner, parent), in one savepoint while none fails."""
-        if len(items) > 1:
-            mark = len(self.encoded)
-            try:
-                with write_transaction(self.conn):
-                    return [self._finish_with_thread(*item) for item in items]
-            except BusError:
-                del self.encoded[mark:]  # which unit failed is found below, one each
-        return [self._finish_alone(*item) for item in items]
-
-    def _finish_alone(self, done: Finished, owner: str | None, parent: str | None) -> str:
-        mark = len(self.encoded)
-        try:
-            with write_transaction(self.conn):  # a savepoint: this unit or nothing
-                return self._finish_with_thread(done, owner, parent)
-        except (ValidationFailed, XmlRejected) as exc:
-            del self.encoded[mark:]
-            if done.huh is None:  # a reply no retry could write: the handler hears why now
-                return self._finish_alone(replace(done, outputs=(), huh=huh_element(
-                    "bad-reply", f"the pump cannot send the handler's reply: {exc}",
-                    "handler")), owner, parent)
-            log.error("committing the <huh> of unit %s failed: %s", done.unit.id, exc)
-            return "failed"
-        except BusError as exc:
-            del self.encoded[mark:]
-            log.error("committing unit %s (input %s, listener %s) failed: %s",
-                      done.unit.id, done.input.id, done.unit.listener, exc)
-            return "failed"
 
     def _finish_with_thread(self, done: Finished, owner: str | None,
                             parent: str | None) -> str:
@@ -611,8 +616,7 @@ class Writer:
 
     def bury(self, units: list[Unit], reason: Callable[[Unit], str]) -> None:
         """Tell the senders of dead units why (a `<huh>` each), close their call threads."""
-        inputs = work.messages_by_seq(self.conn, [unit.input_seq for unit in units],
-                                      self.bus.blobs)
+        inputs = self.messages([unit.input_seq for unit in units])
         for unit in units:
             message = inputs.get(unit.input_seq)
             if message is None:  # compacted away: nobody left to tell

@@ -13,6 +13,8 @@ from bus.errors import ValidationFailed
 class ThreadNotFound(BusError):
     """No thread has this UUID in the registry."""
 
+    error_code = "not_found"
+
     def __init__(self, uuid: str) -> None:
         super().__init__(
             f"thread: no thread has UUID {uuid}; list known threads with `bus pump threads`"
@@ -22,6 +24,8 @@ class ThreadNotFound(BusError):
 
 class ThreadClosed(BusError):
     """The thread was closed (it answered, or was cleaned up) and takes no more calls."""
+
+    error_code = "conflict"
 
     def __init__(self, uuid: str, closed_at_ms: int) -> None:
         super().__init__(
@@ -35,6 +39,8 @@ class ThreadClosed(BusError):
 class ThreadAmbiguous(BusError):
     """Several open threads share a path, so a path cannot name one of them."""
 
+    error_code = "conflict"
+
     def __init__(self, path: tuple[str, ...], count: int) -> None:
         super().__init__(
             f"path: {count} open conversations share the path {'/'.join(path)}; "
@@ -46,6 +52,8 @@ class ThreadAmbiguous(BusError):
 
 class ThreadConflict(BusError):
     """A caller-chosen thread UUID is already registered on another path."""
+
+    error_code = "conflict"
 
     def __init__(self, uuid: str, existing: tuple[str, ...], wanted: tuple[str, ...]) -> None:
         super().__init__(

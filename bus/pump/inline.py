@@ -37,7 +37,6 @@ from bus.messages import Message
 from bus.messages import new_message_id
 from bus.pump.commit import Finished
 from bus.pump.commit import Inline
-from bus.pump.commit import Writer
 from bus.pump.commit import checked_input
 from bus.pump.envelopes import huh_element
 from bus.pump.handlers import Context
@@ -45,6 +44,7 @@ from bus.pump.handlers import HandlerFailed
 from bus.pump.handlers import call_inline
 from bus.pump.handlers import outputs_of
 from bus.pump.routing import Listener
+from bus.pump.routing import Routes
 from bus.pump.work import Unit
 
 log = logging.getLogger("bus.pump")
@@ -58,16 +58,18 @@ class InlineRunner:
         self.after = after
         self.demoted: set[str] = set()  # listeners that overran their timeout inline
 
-    def runner(self, writer: Writer, message: Message) -> Inline | None:
-        """What runs a client's request to inline listeners in `writer`'s transaction
-        (for `Writer.route`); `writer.finish_inline` writes the units it ran."""
-        if not writer.routes.has_inline:
+    def runner(self, routes: Routes, message: Message,
+               handled: list[tuple[Finished, str]]) -> Inline | None:
+        """What runs a client's request to inline listeners in the routing transaction (for
+        `Batch.route`): each unit it ran goes to `handled` with the thread its own is
+        opened under, for the router to commit (`Batch.commit`)."""
+        if not routes.has_inline:
             return None
 
         def inline(listener: Listener, parent: str) -> bool:
             if not self.takes(listener, message.seq):
                 return False
-            writer.handled_inline(self.handle(listener, message), parent)
+            handled.append((self.handle(listener, message), parent))
             return True
         return inline
 

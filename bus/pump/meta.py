@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 from typing import Mapping
 
+import orjson
 from lxml import etree
 
 from bus.errors import ValidationFailed
@@ -31,6 +32,8 @@ SWITCHES = {LIST_CAPABILITIES: "allow_list_capabilities",
 
 class MetaDenied(ValidationFailed):
     """organism.yaml's `meta` does not allow this request by this route."""
+
+    error_code = "denied"
 
     def __init__(self, root_tag: str, level: str) -> None:
         fix = ("it is allowed to nobody" if level == "none" else
@@ -68,6 +71,28 @@ def schema(listeners: Mapping[str, Any], name: str) -> dict[str, str]:
     spec = listener.pipeline.spec
     return {"listener": name, "root_tag": listener.spec.root_tag, "xsd": spec.xsd.decode(),
             "example": spec.example.decode(), "usage": spec.usage}
+
+
+# The listeners a running pump serves, for clients that cannot ask it (the MCP server's
+# organism_capabilities): written at every pump start into `meta`, as other small
+# per-bus state is, so it needs no schema version of its own.
+_CAPABILITIES_KEY = "organism_capabilities:"
+_PUT_SQL = ("INSERT INTO meta (key, value) VALUES (?, ?)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+_GET_SQL = "SELECT value FROM meta WHERE key = ?"
+
+
+def record_capabilities(conn: Any, organism: str, listeners: Mapping[str, Any]) -> None:
+    """Store each listener's tool entry, payload XSD and example under the organism's name."""
+    entries = [{**tool_of(listener), **schema(listeners, name)}
+               for name, listener in listeners.items()]
+    conn.execute(_PUT_SQL, (_CAPABILITIES_KEY + organism, orjson.dumps(entries).decode()))
+
+
+def recorded_capabilities(conn: Any, organism: str) -> list[dict[str, Any]] | None:
+    """What the organism's pump recorded at its last start; None if it never did."""
+    row = conn.execute(_GET_SQL, (_CAPABILITIES_KEY + organism,)).fetchone()
+    return None if row is None else orjson.loads(row[0])
 
 
 def answer_element(listeners: Mapping[str, Any], request: etree._Element) -> etree._Element:

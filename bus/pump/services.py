@@ -1,8 +1,10 @@
 """The pump's side threads: lease renewal (with heartbeats), OOB server, checkpoints.
 
-`Pump.run` opens them around its loop (`with Services(pump):`). They read
-the pump's private state (its finished units, where its next checkpoint
-goes): they are part of the pump, in a module of their own for its length.
+`Pump.run` opens them around its loop (`with Services(pump):`) and closes
+them after it: threads that run beside the pump's two (the loop and the
+database thread) and outlive neither. They read the pump's state (its
+running units to renew, its finished units waiting for a commit) and the
+step's (where the commit under way checkpoints: `step.checkpoint_place`).
 The pump is typed `Any` here: importing bus.pump.pump for its type would be
 an import cycle.
 """
@@ -22,6 +24,7 @@ from bus.heartbeats import Heartbeat
 from bus.pump.oob import OobServer
 from bus.pump.oob import load_public_key
 from bus.pump.oob import socket_path_for
+from bus.pump.step import checkpoint_place
 
 log = logging.getLogger("bus.pump")
 
@@ -54,7 +57,7 @@ class Services:
         # grew to the backstop, all commits past 1000 pages checkpointing); after a
         # claim, the reply's commit finds the log copied and starts it over.
         self.checkpointer = Checkpointer(pump.bus, where=lambda: (
-            checkpoints.THREAD if pump._finished else pump._checkpoint)).__enter__()
+            checkpoints.THREAD if pump._finished else checkpoint_place())).__enter__()
         pump._db_pool.submit(lambda: self.checkpointer.attach(pump.bus.conn)).result()
         self.heartbeat = Heartbeat(pump.bus.path, f"pump:{pump.name}",
                                    interval=pump.lease_ms / 3000, status="working",

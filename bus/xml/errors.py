@@ -13,6 +13,8 @@ from bus.errors import BusError
 class XmlRejected(BusError):
     """Input the XML side refuses; `code` is stable, the message is for people."""
 
+    error_code = "invalid_xml"
+
     code = "rejected"
 
     def __init__(self, reason: str, line: int = 0, column: int = 0) -> None:

@@ -1,0 +1,79 @@
+"""`join`: the agent name of a server started without --agent, chosen by the agent itself."""
+
+from __future__ import annotations
+
+import threading
+from typing import Annotated
+from typing import Any
+from typing import Optional
+
+from pydantic import Field
+
+from bus.api import Bus
+from bus.errors import BusError
+from bus.identities import HOLD_MS
+from bus.identities import join_name
+from bus.identities import renew_name
+from bus.mcpserver.kinds import SETS
+from bus.mcpserver.session import AgentSession
+
+
+class AlreadyJoined(BusError):
+    error_code = "already_joined"
+
+    def __init__(self, agent: str) -> None:
+        super().__init__(f"name: this session is agent {agent!r} already; one session is one"
+                         " agent (start another server for another name)")
+        self.field = "name"
+
+
+class IdentityTools:
+    """The one tool a session without a name may call."""
+
+    JOIN = "join"
+
+    def __init__(self, session: AgentSession) -> None:
+        self.session = session
+
+    def join(
+        self,
+        name: Annotated[str, Field(min_length=1, description=(
+            "Your agent name: letters, digits and . _ : - (e.g. planner, worker-2)."))],
+        reclaim_token: Annotated[Optional[str], Field(min_length=1, description=(
+            "The token an earlier join returned for this name: takes the name back after a"
+            " restart."))] = None,
+    ) -> dict[str, Any]:
+        """Choose your agent name; call this first, every other tool is refused until then.
+
+        A name a live agent has is refused. Keep the reclaim_token: after a restart,
+        join(name, reclaim_token) makes you that agent again.
+        """
+        if self.session.agent is not None:
+            raise AlreadyJoined(self.session.agent)
+        token = join_name(self.session.bus.conn, name, reclaim_token)
+        self.session.agent = name
+        _Holder(self.session.bus.path, name, token).start()
+        return {"agent": name, "reclaim_token": token}
+
+    TOOLS = {JOIN: SETS}
+
+
+class _Holder(threading.Thread):
+    """Renews the name's hold while the server runs, on a connection of its own (one per thread).
+
+    A daemon: the hold ends HOLD_MS after the process does, however it ends.
+    """
+
+    def __init__(self, path: str, name: str, token: str) -> None:
+        super().__init__(name=f"hold {name}", daemon=True)
+        self.path, self.name_held, self.token = path, name, token
+
+    def run(self) -> None:
+        stop = threading.Event()
+        with Bus.open(self.path) as bus:
+            while not stop.wait(HOLD_MS / 4000):
+                try:
+                    if not renew_name(bus.conn, self.name_held, self.token):
+                        return
+                except BusError:  # busy or read-only for a moment: the next turn retries
+                    continue
