@@ -12,6 +12,7 @@ import urllib.error
 import urllib.parse
 from html.parser import HTMLParser
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -25,6 +26,7 @@ from bus.views.charts import History
 from bus.views.charts import claims_by_agent
 from bus.views.charts import message_rate
 from bus.views.charts import worker_swimlane
+from bus.views.pages import sort_rows
 from bus.views.queries import MessageFilter
 from bus.views.routes import branch_commits
 from bus.views.status import status_of
@@ -182,7 +184,6 @@ def test_list_messages_full_text_when_enabled(mixed_db: Path) -> None:
 def plan(db: Path, filt: MessageFilter) -> str:
     def explain(conn):
         params = queries.message_page_params(conn, filt, now_ms())
-        params.pop("start")
         rows = conn.execute("EXPLAIN QUERY PLAN " + queries.message_page_sql(filt), params)
         return " | ".join(row[-1] for row in rows)
     return read(db, explain)
@@ -515,3 +516,15 @@ def test_console_overview_shows_the_last_hour_on_a_new_page(generated, tmp_path:
         screenshot(page, tmp_path, "console-overview")
         browser.close()
     assert elsewhere == []
+
+
+def test_sort_rows_by_a_column_either_way_missing_values_last() -> None:
+    rows = [SimpleNamespace(name="b", n=2), SimpleNamespace(name="a", n=None),
+            SimpleNamespace(name="c", n=10)]
+    columns = {"name": "name", "count": "n"}
+    ordered, sort = sort_rows(rows, {"sort": "count"}, columns, "name")
+    assert [r.name for r in ordered] == ["b", "c", "a"] and sort == ("count", False)
+    ordered, _ = sort_rows(rows, {"sort": "count", "order": "desc"}, columns, "name")
+    assert [r.name for r in ordered] == ["c", "b", "a"]
+    ordered, sort = sort_rows(rows, {"sort": "nonsense"}, columns, "name")
+    assert [r.name for r in ordered] == ["a", "b", "c"] and sort == ("name", False)

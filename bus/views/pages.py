@@ -112,12 +112,18 @@ def sort_rows(rows: list[Any], params: dict[str, str], columns: dict[str, str],
         column = default
     descending = params.get("order") == "desc"
     attribute = columns[column]
-    ordered = sorted(rows, key=lambda r: (getattr(r, attribute) is None,
-                                          getattr(r, attribute) or 0
-                                          if not isinstance(getattr(r, attribute), str)
-                                          else getattr(r, attribute)),
-                     reverse=descending)
+    present = [row for row in rows if getattr(row, attribute) is not None]
+    missing = [row for row in rows if getattr(row, attribute) is None]  # last either way
+    ordered = sorted(present, key=lambda row: _sort_key(getattr(row, attribute)),
+                     reverse=descending) + missing
     return ordered, (column, descending)
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    """Numbers by value, before anything else by its text."""
+    if isinstance(value, (int, float)):
+        return (0, value)
+    return (1, str(value))
 
 
 def shell(title: str, body: str, read_ms: int, last_seq: int) -> str:

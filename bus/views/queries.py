@@ -228,23 +228,27 @@ def message_page_sql(filt: MessageFilter) -> str:
 
 
 def message_page_params(conn: apsw.Connection, filt: MessageFilter, now: int) -> dict[str, Any]:
-    """The bound values of message_page_sql: the filter's, and the seq range to walk.
-
-    `start` is where the filter's range begins (the first message of `since`,
-    or the oldest); `floor` where this page stops: `start` when an index
-    serves the filter, else at most SCAN_WINDOW below `before`.
-    """
-    before = filt.before if filt.before is not None else messages.last_seq(conn) + 1
+    """The values message_page_sql binds: the filter's, and the seq range to walk
+    (`floor`: where this page stops, see page_range)."""
     params: dict[str, Any] = {name: getattr(filt, name) for name in filt.conditions()}
     if filt.since is not None:
         params["since"] = now - since_ms(filt.since)
-        start = first_seq_at(conn, params["since"])  # seq orders time: no scan for it
-    else:
-        start = _min_seq(conn)
-    indexed = bool(_INDEXED & set(filt.conditions()))
-    floor = start if indexed else max(start, before - SCAN_WINDOW)
-    params.update(before=before, limit=filt.limit, floor=floor, start=start)
+    before, floor, _start = page_range(conn, filt, params.get("since"))
+    params.update(before=before, floor=floor, limit=filt.limit)
     return params
+
+
+def page_range(conn: apsw.Connection, filt: MessageFilter,
+               since: int | None) -> tuple[int, int, int]:
+    """(before, floor, start) of a page: it shows seqs below `before` and at or above
+    `floor`; the filter's range begins at `start` (the first message of `since`, or
+    the oldest). `floor` is `start` when an index serves the filter, else at most
+    SCAN_WINDOW below `before`."""
+    before = filt.before if filt.before is not None else messages.last_seq(conn) + 1
+    # seq orders time: the first message of the range is found by bisection, not a scan
+    start = first_seq_at(conn, since) if since is not None else _min_seq(conn)
+    indexed = bool(_INDEXED & set(filt.conditions()))
+    return before, start if indexed else max(start, before - SCAN_WINDOW), start
 
 
 def list_messages(conn: apsw.Connection, filt: MessageFilter, now: int,
@@ -259,16 +263,16 @@ def list_messages(conn: apsw.Connection, filt: MessageFilter, now: int,
         raise search.SearchDisabled()
     params = message_page_params(conn, filt, now)
     try:
-        rows = conn.execute(message_page_sql(filt),
-                            {k: v for k, v in params.items() if k != "start"}).fetchall()
+        rows = conn.execute(message_page_sql(filt), params).fetchall()
     except apsw.SQLError as exc:  # only the FTS5 query can be malformed here
         raise ValidationFailed("text", f"{exc}; use words, \"a phrase\", OR, NOT or prefix*"
                                        " (FTS5 syntax)") from None
     found = [row_to_message(row, blobs, preview=200) for row in rows]
     if len(found) == filt.limit:
         return MessagePage(found, found[-1].seq, None, enabled)
-    if params["floor"] > params["start"]:  # stopped at the window: the next page goes on
-        return MessagePage(found, params["floor"], params["floor"], enabled)
+    _before, floor, start = page_range(conn, filt, params.get("since"))
+    if floor > start:  # stopped at the window: the next page goes on from there
+        return MessagePage(found, floor, floor, enabled)
     return MessagePage(found, None, None, enabled)
 
 
