@@ -301,6 +301,17 @@ def test_history_swimlane_stops_at_a_terminal_state(console_db: Path) -> None:
     assert lanes[1]["end_ms"] == lanes[2]["start_ms"]
 
 
+def test_history_records_each_liveness_change_it_sees(console_db: Path) -> None:
+    history = History()
+    beat = read(console_db, lambda conn: conn.execute(
+        "SELECT ts_ms FROM heartbeats WHERE agent_id = 'w1'").get)
+    for after_s in (1, 5, 40, 45, 200, 400):  # alive, alive, warn, warn, stale, dead
+        read(console_db, lambda conn: history.update(
+            conn, status_of(conn, str(console_db), now=beat + after_s * 1000)))
+    assert [(ts - beat, state) for ts, state in history.liveness["w1"]] == [
+        (1000, "alive"), (40_000, "warn"), (200_000, "stale"), (400_000, "dead")]
+
+
 def test_history_keeps_the_hour_and_reads_only_what_is_new(console_db: Path) -> None:
     history = History()
 
@@ -368,6 +379,8 @@ def test_console_pages_answer_and_link_what_they_name(console: Server) -> None:
             "/messages/3"} <= found
     _code, html = get(console, "/workers/w3")
     assert "CANCELLED" in html and "not needed" in html and 'id="commits"' in html
+    _code, html = get(console, "/agents/w1")
+    assert re.search(r'<table id="liveness">.*<td>alive</td>', html)
     _code, html = get(console, "/tasks/ship")
     assert {"/tasks/build", "/messages?task=ship"} <= set(links(html))
     _code, html = get(console, "/tasks/build")

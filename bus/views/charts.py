@@ -53,8 +53,9 @@ _THREADS_SQL = (
 class History:
     """What the charts show over time, kept by the server so a page opened now shows
     the last hour: messages per bucket by type and takeovers (from the log), each
-    consumer's lag (sampled at each read: a cursor keeps no history in the file),
-    and each worker's state changes (from its state_change messages).
+    consumer's lag and each agent's liveness (sampled at each read: the file keeps
+    only the last cursor and beat), and each worker's state changes (from its
+    state_change messages).
 
     `update(conn, status)` reads only the messages committed since the last
     call; a log whose last seq went down (the file was replaced) starts over.
@@ -66,6 +67,9 @@ class History:
         self.lag: dict[str, dict[int, int]] = {}
         self.changes: dict[str, list[tuple[int, str]]] = {}
         self.takeovers: list[tuple[int, str, str]] = []
+        # agent -> ((since_ms, liveness state), ...), each change the server saw. A
+        # tuple replaced whole at each change, so a page's thread reads it without a lock.
+        self.liveness: dict[str, tuple[tuple[int, str], ...]] = {}
 
     def update(self, conn: apsw.Connection, status: Status) -> None:
         now, last = status.now_ms, conn.execute(_LAST_SEQ_SQL).get or 0
@@ -84,6 +88,10 @@ class History:
         self.takeovers.extend(conn.execute(_TAKEOVERS_SQL, {"after": after_rate, "since": since}))
         for consumer in status.consumers:
             self.lag.setdefault(consumer.agent, {})[now // BUCKET_MS] = consumer.lag
+        for agent in status.agents:
+            seen = self.liveness.get(agent.agent, ())
+            if not seen or seen[-1][1] != agent.state:
+                self.liveness[agent.agent] = (*seen, (now, agent.state))
         self.last_seq = last
         self._forget_before(now)
 
@@ -94,6 +102,12 @@ class History:
             for bucket in [b for b in points if b < oldest]:
                 del points[bucket]
         self.takeovers = [t for t in self.takeovers if t[0] >= now - HISTORY_WINDOW_MS]
+        for agent, seen in list(self.liveness.items()):
+            # the last change before the window says what the agent was at its start
+            kept = [i for i, (ts, _state) in enumerate(seen) if ts >= now - HISTORY_WINDOW_MS]
+            first = max(0, (kept[0] if kept else len(seen)) - 1)
+            if first:
+                self.liveness[agent] = seen[first:]
         cutoff = now - SWIMLANE_WINDOW_MS
         for worker in list(self.changes):
             kept = self.changes[worker]

@@ -251,7 +251,9 @@ def message_page(detail: queries.MessageDetail) -> Safe:
                              " · "))])
 
 
-def agent_page(detail: queries.AgentDetail, now: int) -> Safe:
+def agent_page(detail: queries.AgentDetail, now: int,
+               seen: Sequence[tuple[int, str]] = ()) -> Safe:
+    """`seen`: the liveness changes the server saw (the file keeps only the last beat)."""
     beat = detail.liveness
     facts = [("liveness", beat.state if beat else "never beat"),
              ("last beat", when(beat.ts_ms) if beat else None),
@@ -262,6 +264,9 @@ def agent_page(detail: queries.AgentDetail, now: int) -> Safe:
         facts.append(("worker", worker_link(detail.agent)))
     return join([
         pairs(facts),
+        section("liveness as this server saw it (the last hour)", table(
+            ("since", "state"), [[when(ts), state] for ts, state in reversed(seen)],
+            id="liveness")),
         section("claims", claims_rows_table(detail.claims, now, "claims")),
         section("file reservations", table(("pattern", "mode", "expires", "reason"), [
             [r.pattern, r.mode, when(r.expires_at_ms), r.reason] for r in detail.reservations],

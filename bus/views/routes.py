@@ -30,6 +30,7 @@ from bus.heartbeats import Thresholds
 from bus.heartbeats import liveness
 from bus.views import pages
 from bus.views import queries
+from bus.views.charts import History
 from bus.views.follow import read_failure
 from bus.views.pages import Safe
 from bus.views.queries import MessageFilter
@@ -69,7 +70,9 @@ class PageReader:
         return HTMLResponse(pages.shell(title, body, now, last))
 
 
-def routes(path: str) -> list[Route]:
+def routes(path: str, history: History | None = None) -> list[Route]:
+    """The console's routes on the bus at `path`; `history`, the server's (the agent page
+    shows the liveness changes it saw), None for none."""
     reader = PageReader(path)
 
     def browse(request: Request) -> HTMLResponse:
@@ -100,8 +103,9 @@ def routes(path: str) -> list[Route]:
 
     def agent(request: Request) -> HTMLResponse:
         name = request.path_params["name"]
+        seen = history.liveness.get(name, ()) if history is not None else ()
         return reader.page(f"agent {name}", lambda conn, now: pages.agent_page(
-            queries.agent_detail(conn, name, now), now))
+            queries.agent_detail(conn, name, now), now, seen))
 
     def worker(request: Request) -> HTMLResponse:
         name = request.path_params["name"]

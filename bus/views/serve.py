@@ -223,7 +223,7 @@ def create_app(path: str, durability: str = "normal") -> Starlette:
     app = Starlette(lifespan=lifespan, routes=[
         Route("/", page), Route("/api/status", status), Route("/events", events),
         Route("/static/plotly.min.js", plotly), Mount("/static", StaticFiles(directory=STATIC)),
-        *routes(path),
+        *routes(path, broadcaster.history),
     ])
     app.state.broadcaster = broadcaster
     return app
