@@ -162,6 +162,8 @@ class StaleFence(BusError):
     and `holder` the claim that has it, if any.
     """
 
+    error_code = "stale_fence"
+
     refused_by_state = True  # the CLI: exit 1 naming --fence, not a usage error
 
     def __init__(self, task: str, given: int, current: int | None, holder: Claim | None) -> None:

@@ -90,6 +90,8 @@ class AgentNotResolved(BusError):
     not choose between (empty when none matched).
     """
 
+    error_code = "not_found"
+
     def __init__(self, message: str, directory: str, candidates: list[str]) -> None:
         super().__init__(message)
         self.field = "agent"
@@ -243,6 +245,8 @@ class SearchDisabled(ValidationFailed):
 class UnknownTask(BusError):
     """No task of the graph has the id (`field` says which argument named it)."""
 
+    error_code = "not_found"
+
     def __init__(self, task_id: str, field: str = "task") -> None:
         super().__init__(f"{field}: no task {task_id!r} in the task graph; add it first with"
                          " `bus task add` (or list them with `bus task list`)")
@@ -263,6 +267,8 @@ class TaskCycle(ValidationFailed):
 class TaskStateConflict(BusError):
     """The task is not in a state that allows the command (done twice, cancel after done...)."""
 
+    error_code = "conflict"
+
     refused_by_state = True  # the CLI: exit 1, not a usage error (the id is well formed)
 
     def __init__(self, task_id: str, state: str, command: str, fix: str) -> None:
@@ -276,6 +282,8 @@ class TaskStateConflict(BusError):
 
 class NotTaskHolder(BusError):
     """`bus task done` by an agent that does not hold the task's claim."""
+
+    error_code = "conflict"
 
     refused_by_state = True  # the CLI: exit 1, not a usage error
 

@@ -150,6 +150,8 @@ class ReservationConflict(BusError):
     """`reserve` refused: some pattern conflicts with another agent's live reservation.
     Nothing was reserved."""
 
+    error_code = "reserved"
+
     def __init__(self, agent: str, conflicts: list[Conflict]) -> None:
         lines = [f"  {c.pattern} conflicts with: {c.held.holder_line()} (both match"
                  f" {c.example_path})" for c in conflicts]
@@ -167,6 +169,8 @@ class ReservationConflict(BusError):
 class NotReserved(BusError):
     """`unreserve` of a pattern the agent does not hold; nothing was removed."""
 
+    error_code = "not_found"
+
     def __init__(self, agent: str, missing: list[str], held: list[str]) -> None:
         super().__init__(f"{agent} holds no reservation of {', '.join(missing)}; it holds:"
                          f" {', '.join(held) or 'none'} (bus reservations --agent {agent});"
@@ -179,6 +183,8 @@ class NotReserved(BusError):
 class PathsReserved(BusError):
     """Paths another live agent holds exclusively: the git hook, `worker done`,
     `worker merge` and `bus reserve --check` refuse with this same message."""
+
+    error_code = "reserved"
 
     def __init__(self, held: list[Held]) -> None:
         lines = [f"  {h.path}: {h.held.holder_line()}" for h in held]

@@ -256,6 +256,9 @@ ARGS: dict[str, list[str]] = {
     "bus sql": ["SELECT count(*) FROM messages"],
     "bus status": [],
     "bus tables": [],
+    "bus token create": ["--agent", "a"],
+    "bus token list": [],
+    "bus token revoke": ["tok-00000000"],
     "bus tail": [],
     "bus top": [],
     "bus xml check": ["--schema", "{dir}/schema.xsd", "{dir}/doc.xml"],
@@ -302,7 +305,7 @@ READS = {
     "bus consumers", "bus dlq list", "bus dlq show", "bus help", "bus inbox", "bus mcp",
     "bus migrate", "bus poll",
     "bus pump dead", "bus pump threads", "bus schema", "bus sql", "bus status", "bus tables",
-    "bus tail", "worker status",
+    "bus tail", "bus token list", "worker status",
 }
 
 # Write commands with nothing to write on that bus: they succeed and change nothing.

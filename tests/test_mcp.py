@@ -215,8 +215,8 @@ def test_mcp_invalid_arguments_are_tool_errors_that_change_nothing(bus: Bus, db_
     messages = [e["message"] for e in errors]
     assert messages[0] == "type: must not be empty"
     assert messages[2] == ("from_agent: publish takes no such argument; it takes correlation_id,"
-                           " id, in_reply_to, payload, to, type. You always act as your own"
-                           " agent: no tool takes an agent id")
+                           " fence, id, in_reply_to, payload, task, to, type. You always act as"
+                           " your own agent: no tool takes an agent id")
     assert messages[3] == "seq: must be an integer, got 'abc'"
     assert messages[4] == "seq: no message has seq 99; the last seq is 1"
     assert messages[5] == "lease_ms: must be >= 1, got -5"

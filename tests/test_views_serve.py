@@ -166,12 +166,12 @@ def test_serve_stops_on_ctrl_c(server: Server) -> None:
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.1", "::"])
-def test_serve_refuses_a_remote_host_without_the_flag(seeded_db: Path, host: str) -> None:
+def test_serve_refuses_a_remote_host_without_a_token(seeded_db: Path, host: str) -> None:
     result = run(["serve", "--host", host], seeded_db)
     assert result.exit_code == 2
     assert last_error(result.stderr) == bad_value(
-        "--host", f"{host} would show the bus to anyone who can reach this machine (the page"
-        " has no login); use 127.0.0.1, or pass --allow-remote to mean it")
+        "--host", f"{host} is reachable from other machines, so every request needs a token,"
+        " and none exists; create one with bus token create --agent ID, or use 127.0.0.1")
 
 
 def test_serve_refuses_a_port_in_use(seeded_db: Path, server: Server) -> None:

@@ -24,7 +24,7 @@ SECTIONS = (
                       "reap", "task", "reserve", "reservations", "unreserve", "hooks")),
     ("Channels", ("channel", "dlq")),
     ("Pump and XML", ("pump", "xml")),
-    ("Agents", ("mcp", "hook", "inbox")),
+    ("Agents", ("mcp", "hook", "inbox", "token")),
     ("Export and history", ("export", "history")),
     ("Admin", ("status", "check", "top", "serve", "consumers", "consumer", "cursor", "sql",
                "tables", "schema", "migrate", "gc", "compact", "help")),

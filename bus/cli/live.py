@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from bus.cli.context import BusContext
 from bus.cli.context import pass_bus_context
 from bus.cli.extras import import_extra
+from bus.tokens import TokenChecker
 
 
 @click.command()
@@ -26,31 +29,74 @@ def top(obj: BusContext) -> None:
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on; only this machine's unless --allow-remote.")
+              help="Address to listen on; another than this machine's needs a token"
+                   " (bus token create), and then every request needs one.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
               help="Port to listen on (0: any free port; the URL is printed).")
-@click.option("--allow-remote", is_flag=True,
-              help="Allow a --host other machines can reach (the page has no login).")
+@click.option("--mcp", "with_mcp", is_flag=True,
+              help="Also serve MCP over Streamable HTTP at /mcp (a bearer token per agent).")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="A name clients use to reach a non-loopback --host (the Host header);"
+                   " repeat for more.")
+@click.option("--certfile", type=click.Path(exists=True, dir_okay=False),
+              help="Serve HTTPS with this certificate (PEM); needs --keyfile.")
+@click.option("--keyfile", type=click.Path(exists=True, dir_okay=False),
+              help="The private key of --certfile (PEM).")
+@click.option("--require-token", is_flag=True,
+              help="Require a token for the page too on loopback (always so on another --host).")
+@click.option("--allow-remote", is_flag=True, hidden=True,
+              help="Deprecated: a non-loopback --host now needs a token instead.")
 @pass_bus_context
-def serve(obj: BusContext, host: str, port: int, allow_remote: bool) -> None:
-    """Serve a live, read-only status page with charts; Ctrl-C stops.
+def serve(obj: BusContext, host: str, port: int, with_mcp: bool, allowed_hosts: tuple[str, ...],
+          certfile: str | None, keyfile: str | None, require_token: bool,
+          allow_remote: bool) -> None:
+    """Serve a live status page with charts, and with --mcp the bus to MCP clients.
 
     The page updates as commits land and works offline (Plotly is served
-    from the installed package). It reads the file read-only.
+    from the installed package). It listens on 127.0.0.1 unless --host says
+    otherwise; beyond this machine every request needs a token (a browser
+    opens the page once with ?token=...). /mcp always needs one: a request
+    acts as its token's agent. See docs/remote.md.
 
-    Example: bus serve --port 8765   # then open http://127.0.0.1:8765/
+    \b
+    Example:
+      bus serve --port 8765   # then open http://127.0.0.1:8765/
+      bus token create --agent worker-1
+      bus serve --mcp --host 0.0.0.0 --certfile cert.pem --keyfile key.pem
     """
     # Starlette and uvicorn load only for this command; plotly (whose JS the page
     # loads from the installed package) is checked now, not at the first request.
-    run_server = import_extra("bus.views.serve", "views", "bus serve").serve
+    views = import_extra("bus.views.serve", "views", "bus serve")
     import_extra("plotly", "views", "bus serve")
+    if (certfile is None) != (keyfile is None):
+        raise click.UsageError("--certfile and --keyfile go together; give both or neither")
+    if allow_remote:
+        click.echo("note: --allow-remote is no longer needed: a non-loopback --host is served"
+                   " when a token exists (bus token create), and every request needs one",
+                   err=True)
+    # The page alone on loopback reads the file read-only; tokens need the bus
+    # (a token's last use is written), and so do the tools.
+    needs_bus = with_mcp or require_token or host not in views.LOOPBACK
+    bus = obj.open() if needs_bus else None
+    extra: dict[str, Any] = {}
+    if with_mcp:
+        http = import_extra("bus.mcpserver.http", "mcp", "bus serve --mcp")
+        endpoint = http.McpEndpoint(bus)
+        extra = {"extra_routes": [endpoint.route()], "extra_lifespan": endpoint.running}
 
     def ready(url: str) -> None:
-        click.echo(f"serving {obj.db} read-only at {url} (Ctrl-C stops)")
+        if host not in views.LOOPBACK and certfile is None:
+            click.echo(f"warning: serving {host} over plain HTTP: tokens and the bus cross the"
+                       " network readable by anyone on the path; give --certfile and --keyfile",
+                       err=True)
+        mcp_note = f" and MCP at {url}mcp" if with_mcp else ""
+        click.echo(f"serving {obj.db} at {url}{mcp_note} (Ctrl-C stops)")
 
     try:
-        run_server(obj.db, host, port, allow_remote=allow_remote, durability=obj.durability,
-                   ready=ready)
+        views.serve(obj.db, host, port, durability=obj.durability, ready=ready,
+                    checker=TokenChecker(bus) if bus is not None else None,
+                    allowed_hosts=allowed_hosts, certfile=certfile,
+                    keyfile=keyfile, require_token=require_token, **extra)
     except KeyboardInterrupt:
         pass  # uvicorn has shut down cleanly and re-raised the Ctrl-C: stopping is the normal end
 

@@ -41,6 +41,7 @@ import sys
 from typing import Any
 from typing import Callable
 from typing import Iterator
+from typing import Sequence
 
 import anyio
 import orjson
@@ -98,18 +99,20 @@ def tool_groups() -> list[type]:
     return [*TOOL_GROUPS, *(registered[name].load() for name in sorted(registered))]
 
 
-def build_server(session: AgentSession) -> MCPServer:
+def build_server(session: AgentSession, *, middleware: Sequence[Any] = ()) -> MCPServer:
     """An MCPServer whose tools and resources act on `session`'s bus as its agent.
 
     A session without an agent yet serves `join` too, and refuses every other
-    tool until join has named it.
+    tool until join has named it. `middleware` runs after the server's own
+    (bus/mcpserver/http.py adds the refusal of writes for a read-only token).
     """
     groups = ([IdentityTools] if session.agent is None else []) + tool_groups()
     served = _Groups(session)
     gate = _Gate(session)
     with _without_rich():
         server = MCPServer(
-            name="agentbus", version=__version__, log_level="WARNING", middleware=[gate],
+            name="agentbus", version=__version__, log_level="WARNING",
+            middleware=[gate, *middleware],
             instructions=(JOIN_INSTRUCTIONS if session.agent is None
                           else INSTRUCTIONS.format(agent=session.agent)))
     gate.server = server

@@ -1,4 +1,4 @@
-"""`bus serve`: the status as a live, read-only local web page (Starlette on uvicorn).
+"""`bus serve`: the status as a live, read-only web page (Starlette on uvicorn).
 
 One reader thread per server (bus/views/follow.py) holds a read-only
 connection, wakes on commits, and reads the status and the chart series in
@@ -9,7 +9,10 @@ page is told so and marks what it shows stale, `/api/status` answers 503
 with the error, and the reader tries again until reading works.
 
 Read-only by construction: the connection is opened read-only (and refuses
-writes at prepare time), and the app has only GET routes. Plotly's own
+writes at prepare time), and the page has only GET routes (the only writes
+are a token's last use, bus/tokens.py, and what the MCP endpoint of
+`bus serve --mcp` does, bus/mcpserver/http.py). bus/views/guard.py checks
+Host, Origin and tokens before any route. Plotly's own
 `plotly.min.js`, shipped inside the plotly package, is served from the
 installed package: the page needs no network.
 """
@@ -24,17 +27,21 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from typing import AsyncContextManager
 from typing import AsyncIterator
 from typing import Callable
+from typing import Sequence
 
 import apsw
 import orjson
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse
 from starlette.responses import Response
 from starlette.responses import StreamingResponse
+from starlette.routing import BaseRoute
 from starlette.routing import Mount
 from starlette.routing import Route
 from starlette.staticfiles import StaticFiles
@@ -47,14 +54,18 @@ from bus.messages import now_ms
 from bus.views.charts import History
 from bus.views.charts import chart_data
 from bus.views.follow import follow
+from bus.tokens import TokenChecker
+from bus.tokens import any_usable_token
 from bus.views.follow import read_failure
+from bus.views.guard import LOOPBACK
+from bus.views.guard import Guard
+from bus.views.guard import GuardSettings
 from bus.views.routes import routes
 from bus.views.status import read_status
 from bus.views.status import status_of
 
 log = logging.getLogger("bus.views")
 
-LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 STATIC = Path(__file__).resolve().parent / "static"
 
 
@@ -193,15 +204,28 @@ def plotly_js() -> Path:
     return Path(str(resources.files("plotly") / "package_data" / "plotly.min.js"))
 
 
-def create_app(path: str, durability: str = "normal") -> Starlette:
-    """The web app for the bus at `path`: the page, its files, the status and its events."""
+def create_app(path: str, durability: str = "normal", *, guard: GuardSettings | None = None,
+               extra_routes: Sequence[BaseRoute] = (),
+               extra_lifespan: Callable[[], AsyncContextManager[Any]] | None = None) -> Starlette:
+    """The web app for the bus at `path`: the page, its files, the status and its events.
+
+    `guard` checks Host, Origin and tokens before every route (bus/views/guard.py);
+    `extra_routes` (the MCP endpoint) are served beside the page, and
+    `extra_lifespan()` runs for as long as the app does.
+    """
     broadcaster = Broadcaster(path, durability)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         broadcaster.start()
-        yield
-        broadcaster.stop()
+        try:
+            if extra_lifespan is None:
+                yield
+            else:
+                async with extra_lifespan():
+                    yield
+        finally:
+            broadcaster.stop()
 
     async def page(_request: Request) -> Response:
         return FileResponse(STATIC / "index.html")
@@ -220,10 +244,11 @@ def create_app(path: str, durability: str = "normal") -> Starlette:
     async def plotly(_request: Request) -> Response:
         return FileResponse(plotly_js(), media_type="text/javascript")
 
-    app = Starlette(lifespan=lifespan, routes=[
+    middleware = [Middleware(Guard, settings=guard)] if guard is not None else []
+    app = Starlette(lifespan=lifespan, middleware=middleware, routes=[
         Route("/", page), Route("/api/status", status), Route("/events", events),
         Route("/static/plotly.min.js", plotly), Mount("/static", StaticFiles(directory=STATIC)),
-        *routes(path, broadcaster.history),
+        *routes(path, broadcaster.history), *extra_routes,
     ])
     app.state.broadcaster = broadcaster
     return app
@@ -242,12 +267,18 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def check_host(host: str, allow_remote: bool) -> None:
-    """Refuse to listen beyond this machine unless asked to: the page has no login."""
-    if host not in LOOPBACK and not allow_remote:
+def check_host(host: str, checker: TokenChecker | None, require_token: bool = False) -> None:
+    """Listen beyond this machine only when a token exists: then every path needs one."""
+    no_token = checker is None or not any_usable_token(checker.bus.conn)
+    if require_token and no_token:
+        raise ValidationFailed("require_token", "no token exists, so nobody could reach the"
+                                                " server; create one with bus token create"
+                                                " --agent ID")
+    if host not in LOOPBACK and no_token:
         raise ValidationFailed(
-            "host", f"{host} would show the bus to anyone who can reach this machine (the page"
-                    " has no login); use 127.0.0.1, or pass allow_remote=True to mean it")
+            "host", f"{host} is reachable from other machines, so every request needs a token,"
+                    " and none exists; create one with bus token create --agent ID, or use"
+                    " 127.0.0.1")
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -265,20 +296,33 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(path: str, host: str = "127.0.0.1", port: int = 8765, *, allow_remote: bool = False,
-          durability: str = "normal", ready: Callable[[str], Any] = lambda url: None) -> None:
+def serve(path: str, host: str = "127.0.0.1", port: int = 8765, *,
+          durability: str = "normal", ready: Callable[[str], Any] = lambda url: None,
+          checker: TokenChecker | None = None, allowed_hosts: Sequence[str] = (),
+          certfile: str | None = None, keyfile: str | None = None, require_token: bool = False,
+          extra_routes: Sequence[BaseRoute] = (),
+          extra_lifespan: Callable[[], AsyncContextManager[Any]] | None = None) -> None:
     """Serve the page until interrupted; `ready(url)` is called once it listens.
 
-    Raises ValidationFailed for a host beyond this machine without
-    `allow_remote` or a port that is taken, and what `read_status` raises for
-    a file that cannot be shown.
+    `checker` checks the tokens (bus/tokens.py); a `host` beyond this machine
+    needs one and a usable token in the file, and then every path needs a
+    token; `require_token` asks for one on loopback too. `certfile` and
+    `keyfile` serve HTTPS. Raises ValidationFailed for
+    a remote host without a token or a port that is taken, and what
+    `read_status` raises for a file that cannot be shown.
     """
-    check_host(host, allow_remote)
+    check_host(host, checker, require_token)
     read_status(path, durability)
+    tls = certfile is not None
     sock = listen(host, port)
     shown_host = f"[{host}]" if ":" in host else host
-    app = create_app(path, durability)
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+    guard = GuardSettings(host, sock.getsockname()[1],
+                          tokens_everywhere=require_token or host not in LOOPBACK,
+                          allowed_hosts=tuple(allowed_hosts), tls=tls, checker=checker)
+    app = create_app(path, durability, guard=guard, extra_routes=extra_routes,
+                     extra_lifespan=extra_lifespan)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                            ssl_certfile=certfile, ssl_keyfile=keyfile)
     server = _Server(config, app.state.broadcaster)
-    ready(f"http://{shown_host}:{sock.getsockname()[1]}/")
+    ready(f"{'https' if tls else 'http'}://{shown_host}:{guard.port}/")
     server.run(sockets=[sock])
