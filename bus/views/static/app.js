@@ -8,8 +8,8 @@ const layoutBase = {margin: {t: 40, r: 20, b: 40, l: 90}, legend: {orientation: 
 // Date axes: at most this many labels, and each zoom level's own format, so
 // labels neither overlap nor repeat the date at every tick.
 const dateAxis = {type: "date", nticks: 8, automargin: true, tickformatstops: [
-  {dtickrange: [null, 1000], value: "%H:%M:%S.%L"},
-  {dtickrange: [1000, 60000], value: "%H:%M:%S"},
+  {dtickrange: [null, 999], value: "%H:%M:%S.%L"},
+  {dtickrange: [999, 60000], value: "%H:%M:%S"},
   {dtickrange: [60000, 86400000], value: "%H:%M"},
   {dtickrange: [86400000, null], value: "%b %d"}]};
 
