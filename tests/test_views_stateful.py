@@ -469,8 +469,8 @@ class ViewsGame(RuleBasedStateMachine):
         """Every page of the console answers 200 for every thing the status names."""
         app = Starlette(routes=console_routes(str(self.path)))
         newest = [f"/messages/{status.log.last_seq}"] if status.log.messages else []
-        things = (["/messages", "/messages?since=1h", *newest, "/agents", "/workers", "/tasks", "/claims", "/reservations", "/channels",
-                   "/dead-letters", "/pump"]
+        things = (["/messages", "/messages?since=1h", *newest, "/agents", "/workers", "/tasks",
+                   "/claims", "/reservations", "/channels", "/dead-letters", "/pump"]
                   + [f"/agents/{a.agent}" for a in status.agents]
                   + [f"/workers/{w.worker}" for w in status.worker_list]
                   + [f"/channels/{c.name}" for c in status.channels]

@@ -144,9 +144,13 @@ def message_rate(history: History) -> dict[str, dict[str, list[int]]]:
 def consumer_lag(history: History, status: Status) -> dict[str, dict[str, list[int]]]:
     """consumer -> {"t": epoch ms, "lag": messages behind}, one point per bucket it was
     sampled in; only the consumers there are now."""
-    return {c.agent: {"t": [b * BUCKET_MS for b in sorted(history.lag.get(c.agent, {}))],
-                      "lag": [history.lag[c.agent][b] for b in sorted(history.lag.get(c.agent, {}))]}
-            for c in status.consumers}
+    series = {}
+    for consumer in status.consumers:
+        points = history.lag.get(consumer.agent, {})
+        buckets = sorted(points)
+        series[consumer.agent] = {"t": [b * BUCKET_MS for b in buckets],
+                                  "lag": [points[b] for b in buckets]}
+    return series
 
 
 def worker_swimlane(history: History, now_ms: int) -> list[dict[str, Any]]:

@@ -216,8 +216,9 @@ def section(title: str, *parts: Any) -> Safe:
 
 def message_page(detail: queries.MessageDetail) -> Safe:
     m = detail.message
-    facts = [("seq", m.seq), ("id", m.id), ("time", when(m.ts_ms)), ("from", agent_link(m.from_agent)),
-             ("to", agent_link(m.to_agent)), ("type", type_link(m.type)),
+    facts = [("seq", m.seq), ("id", m.id), ("time", when(m.ts_ms)),
+             ("from", agent_link(m.from_agent)), ("to", agent_link(m.to_agent)),
+             ("type", type_link(m.type)),
              ("task / correlation id", task_link(m.correlation_id)),
              ("in reply to", link(f"/messages/{detail.answers.seq}", m.in_reply_to)
               if detail.answers else m.in_reply_to)]

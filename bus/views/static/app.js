@@ -87,7 +87,8 @@ function renderTables(s) {
                                     ((c.lease_until_ms - s.now_ms) / 1000).toFixed(1),
                                     c.attempts + "/" + c.max_attempts]));
   table("channels", ["channel", "type", "open", "awaiting ack", "dead letters"],
-        s.channels.map((c) => [page("channels", c.name), c.type, c.open_deliveries, c.awaiting_ack, c.dead_letters]));
+        s.channels.map((c) => [page("channels", c.name), c.type, c.open_deliveries,
+                               c.awaiting_ack, c.dead_letters]));
   table("reservations", ["pattern", "holder", "mode", "expires", "reason"],
         s.reservations.map((r) => [r.pattern, page("agents", r.agent), r.mode,
                                    new Date(r.expires_at_ms).toISOString(), r.reason]));
@@ -148,7 +149,8 @@ function renderClaims(claims) {
   const agents = Object.keys(claims);
   plot("chart-claims", "claims held now, and takeovers in the last hour, by holder", [
     {name: "held", type: "bar", x: agents, y: agents.map((a) => claims[a].held)},
-    {name: "takeovers (task_reclaimed)", type: "bar", x: agents, y: agents.map((a) => claims[a].taken_over)},
+    {name: "takeovers (task_reclaimed)", type: "bar", x: agents,
+     y: agents.map((a) => claims[a].taken_over)},
   ], {barmode: "group"});
 }
 
