@@ -17,6 +17,16 @@ against the other (`time.thread_time`; 1.0 = the views cost it nothing),
 and the CPU the two view processes used meanwhile, as a share of one core.
 
     python scripts/bench_views.py [--rounds 3] [--scale 1.0]
+
+With --browse, the message browser instead, on a generated bus of --messages
+(1,000,000 by default; scripts/gen_history.py writes it, or --db reuses one):
+each page loaded in headless Chromium with the network off (navigation to
+the load event, median of --repeat), against the same SQL run alone in this
+process (open a read-only connection, run the page's query, fetch; median).
+Target: each page <= 3x its SQL. The writers' side (publish with the browser
+open) is the first benchmark's, with a page of the browser open meanwhile.
+
+    python scripts/bench_views.py --browse [--messages 1000000] [--db PATH] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -74,9 +84,19 @@ def _drain(read: Callable[[], bytes]) -> None:
         pass
 
 
+def _count(db: Path) -> int:
+    from bus.db import connect
+    conn = connect(db, readonly=True)
+    try:
+        return conn.execute("SELECT count(*) FROM messages").get
+    finally:
+        conn.close()
+
+
 @contextmanager
-def serving(path: Path) -> Iterator[int]:
-    """`bus serve` with one page's event stream being read, as a browser would."""
+def serving(path: Path) -> Iterator[tuple[int, str]]:
+    """`bus serve` with one page's event stream being read, as a browser would: its pid
+    and URL."""
     server = subprocess.Popen(bus_argv(path, "serve", "--port", "0"), stdout=subprocess.PIPE,
                               text=True)
     try:
@@ -84,7 +104,7 @@ def serving(path: Path) -> Iterator[int]:
         stream = urllib.request.urlopen(url + "events", timeout=STARTUP_TIMEOUT_S)
         stream.readline()  # the first snapshot: the server is up
         threading.Thread(target=_drain, args=(lambda: stream.read1(65536),), daemon=True).start()
-        yield server.pid
+        yield server.pid, url
     finally:
         server.send_signal(2)
         server.wait(timeout=STARTUP_TIMEOUT_S)
@@ -117,9 +137,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def watching(path: Path) -> Iterator[tuple[int, int]]:
-    """Both views open on `path`, read by a helper process (`--watch`): their pids."""
-    helper = subprocess.Popen([sys.executable, __file__, "--watch", str(path)],
+def watching(path: Path, browser: bool = False) -> Iterator[tuple[int, int]]:
+    """Both views open on `path`, read by a helper process (`--watch`): their pids.
+    With `browser`, headless Chromium has the overview and the message browser open too."""
+    helper = subprocess.Popen([sys.executable, __file__, "--watch", str(path),
+                               *(["--with-browser"] if browser else [])],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         pids = helper.stdout.readline().split()
@@ -131,19 +153,40 @@ def watching(path: Path) -> Iterator[tuple[int, int]]:
         helper.wait(timeout=STARTUP_TIMEOUT_S)
 
 
-def watch(path: Path) -> None:
+def watch(path: Path, browser: bool) -> None:
     """The helper: open both views, say their pids, read them until stdin closes."""
-    with serving(path) as server, topping(path) as top:
-        print(server, top, flush=True)
-        sys.stdin.read()
+    with serving(path) as (server, url), topping(path) as top:
+        if browser:
+            with pages_open(url):
+                print(server, top, flush=True)
+                sys.stdin.read()
+        else:
+            print(server, top, flush=True)
+            sys.stdin.read()
 
 
-def views_round(workdir: Path, count: int) -> tuple[dict[str, list[float]], float]:
+@contextmanager
+def pages_open(url: str) -> Iterator[None]:
+    """Headless Chromium with the overview (its live charts) and the message browser."""
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=shutil.which("chromium"))
+        overview, browse = browser.new_page(), browser.new_page()
+        overview.goto(url)
+        overview.wait_for_function("document.getElementById('live').className === ''",
+                                   timeout=STARTUP_TIMEOUT_S * 1000)
+        browse.goto(url + "messages")
+        yield
+        browser.close()
+
+
+def views_round(workdir: Path, count: int, browser: bool = False
+                ) -> tuple[dict[str, list[float]], float]:
     """One round on fresh files: publish_in_turns, and the CPU seconds the views used."""
     alone, watched = workdir / "alone" / "bus.db", workdir / "watched" / "bus.db"
     for path in (alone, watched):
         Bus.open(path).close()
-    with watching(watched) as views:
+    with watching(watched, browser) as views:
         time.sleep(SETTLE_S)
         before = sum(map(cpu_seconds, views))
         spent = publish_in_turns(alone, watched, count)
@@ -151,19 +194,20 @@ def views_round(workdir: Path, count: int) -> tuple[dict[str, list[float]], floa
     return spent, used
 
 
-def views_rows(workdir: Path, rounds: int, scale: float) -> list[dict]:
+def views_rows(workdir: Path, rounds: int, scale: float, browser: bool = False) -> list[dict]:
     count = max(200, int(MESSAGES * scale))
     totals = {"alone": [0.0, 0.0], "watched": [0.0, 0.0]}
     views_cpu = 0.0
     for r in range(rounds):
-        spent, used = views_round(workdir / f"round-{r}", count)
+        spent, used = views_round(workdir / f"round-{r}", count, browser)
         views_cpu += used
         for kind, (wall, cpu) in spent.items():
             totals[kind][0] += wall
             totals[kind][1] += cpu
     (alone_wall, alone_cpu), (watched_wall, watched_cpu) = totals["alone"], totals["watched"]
     ratio = alone_wall / watched_wall
-    return [{"case": "publish 1/txn with serve + top open", "messages": count * rounds,
+    case = "serve + top + 2 Chromium pages" if browser else "publish 1/txn with serve + top open"
+    return [{"case": case, "messages": count * rounds,
              "alone_per_s": round(count * rounds / alone_wall),
              "watched_per_s": round(count * rounds / watched_wall), "ratio": round(ratio, 3),
              "writer_cpu_ratio": round(watched_cpu / alone_cpu, 3),
@@ -182,18 +226,126 @@ def print_rows(rows: list[dict]) -> None:
           " the CPU the serve and top processes used while publishing, as a share of one core)")
 
 
+# --- the message browser ---------------------------------------------------------------
+
+BROWSE_TARGET = 3.0
+# The pages timed: the first page, a page filtered on columns without an index
+# (it walks the log back, at most SCAN_WINDOW messages), and one on a task (its index).
+BROWSE_PAGES = (("first page", {}),
+                ("filtered: type + sender + since", {"type": "state_change",
+                                                     "sender": "worker-03", "since": "1d"}),
+                ("filtered: task", {"task": "task-000100"}))
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def sql_alone(path: Path, params: dict[str, str], repeat: int) -> tuple[float, int]:
+    """Seconds to open the file read-only, run the page's SQL and fetch it (median), and
+    how many rows it gives."""
+    from bus.db import connect
+    from bus.messages import now_ms
+    from bus.views.queries import MessageFilter
+    from bus.views.queries import message_page_params
+    from bus.views.queries import message_page_sql
+    filt = MessageFilter.from_params(params)
+    spent, rows = [], 0
+    for _ in range(repeat):
+        started = time.perf_counter()
+        conn = connect(path, readonly=True)
+        with conn:
+            bound = message_page_params(conn, filt, now_ms())
+            rows = len(conn.execute(message_page_sql(filt), bound).fetchall())
+        conn.close()
+        spent.append(time.perf_counter() - started)
+    return median(spent), rows
+
+
+def page_loads(url: str, paths: list[str], repeat: int) -> list[tuple[float, int]]:
+    """For each path: seconds from navigation to the load event in headless Chromium with
+    the network off (median of `repeat`, after one load to warm up), and rows shown."""
+    from playwright.sync_api import sync_playwright
+    found = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=shutil.which("chromium"), args=[
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"])
+        page = browser.new_page()
+        for path in paths:
+            page.goto(url + path)
+            spent = []
+            for _ in range(repeat):
+                started = time.perf_counter()
+                page.goto(url + path, wait_until="load")
+                spent.append(time.perf_counter() - started)
+            rows = max(0, page.eval_on_selector_all("#messages tr", "rows => rows.length") - 1)
+            found.append((median(spent), rows))
+        browser.close()
+    return found
+
+
+def browse_rows(db: Path, repeat: int) -> list[dict]:
+    from urllib.parse import urlencode
+    paths = [("/messages?" + urlencode(params)).rstrip("?").lstrip("/")
+             for _name, params in BROWSE_PAGES]
+    with serving(db) as (_pid, url):
+        floor, *loads = page_loads(url, ["static/style.css", *paths], repeat)
+    rows = [{"case": "floor: a static file", "sql_ms": 0.0, "page_ms": round(floor[0] * 1000, 2),
+             "rows": 0, "shown": 0, "ratio": "-", "ok": True}]
+    for (name, params), (page_s, shown) in zip(BROWSE_PAGES, loads):
+        sql_s, found = sql_alone(db, params, repeat)
+        rows.append({"case": name, "sql_ms": round(sql_s * 1000, 2),
+                     "page_ms": round(page_s * 1000, 2), "rows": found, "shown": shown,
+                     "ratio": round(page_s / sql_s, 2), "ok": page_s <= BROWSE_TARGET * sql_s})
+    return rows
+
+
+def print_browse(rows: list[dict], messages: int) -> None:
+    print(f"browser on {messages:,} messages {'sql alone ms':>14} {'page ms':>9} {'rows':>5}"
+          f" {'ratio':>7}  target")
+    for r in rows:
+        print(f"{r['case']:32} {r['sql_ms']:>14} {r['page_ms']:>9} {r['shown']:>5}"
+              f" {r['ratio']:>7}  <={BROWSE_TARGET} {'ok' if r['ok'] else 'ABOVE'}")
+    print("(page: navigation to the load event in headless Chromium, network off; the floor is"
+          " what any navigation costs here, whatever the page)")
+
+
+def generate(db: Path, messages: int) -> None:
+    script = Path(__file__).resolve().parent / "gen_history.py"
+    subprocess.run([sys.executable, str(script), "--bus", str(db), "-n", str(messages),
+                    "--seed", "7"], check=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds on fresh files; all count")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
+    parser.add_argument("--browse", action="store_true", help="time the message browser")
+    parser.add_argument("--messages", type=int, default=1_000_000, help="with --browse")
+    parser.add_argument("--db", type=Path, help="with --browse: a generated bus to reuse")
+    parser.add_argument("--repeat", type=int, default=5, help="with --browse: loads per page")
+    parser.add_argument("--with-browser", action="store_true",
+                        help="Chromium has the overview and the message browser open too")
     parser.add_argument("--watch", type=Path, help=argparse.SUPPRESS)  # the helper process
     args = parser.parse_args(argv)
     if args.watch:
-        watch(args.watch)
+        watch(args.watch, args.with_browser)
         return 0
+    if args.browse:
+        workdir = Path(tempfile.mkdtemp(prefix="agentbus-bench-browse-"))
+        try:
+            db = args.db or workdir / "bus.db"
+            if args.db is None:
+                generate(db, args.messages)
+            rows = browse_rows(db, args.repeat)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        print_browse(rows, args.messages if args.db is None else _count(db))
+        return 0 if all(r["ok"] for r in rows) else 1
     workdir = Path(tempfile.mkdtemp(prefix="agentbus-bench-views-"))
     try:
-        rows = views_rows(workdir, args.rounds, args.scale)
+        rows = views_rows(workdir, args.rounds, args.scale, args.with_browser)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print_rows(rows)

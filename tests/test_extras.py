@@ -24,8 +24,8 @@ MCP = ("mcp",)
 SPARK = ("pyspark", "py4j", "pyarrow", "matplotlib")
 EVERY_EXTRA = VIEWS + MCP + SPARK
 # Our modules that exist to use an extra: everything else must import without any.
-EXTRA_MODULES = ("bus.views.top", "bus.views.serve", "bus.views.guard", "bus.mcpserver",
-                 "workers.mcp_tools", "bus.history")
+EXTRA_MODULES = ("bus.views.top", "bus.views.serve", "bus.views.guard", "bus.views.routes",
+                 "bus.mcpserver", "workers.mcp_tools", "bus.history")
 
 # Hides every top-level module named in argv[1] (comma-separated) from every finder, so
 # importing one fails and `importlib.util.find_spec` says None, as where it is not

@@ -118,7 +118,8 @@ def test_mcp_lists_every_tool_and_resource_and_none_takes_an_identity(bus: Bus, 
     assert hints["cursor_reset"].destructive_hint and hints["dlq_replay"].destructive_hint
     assert {str(r.uri) for r in resources} == {"bus://status", "bus://inbox"}
     assert {t.uri_template for t in templates} == {"bus://workers/{worker}",
-                                                   "bus://threads/{correlation_id}"}
+                                                   "bus://threads/{correlation_id}",
+                                                   "bus://messages/{seq}"}
 
 
 def test_mcp_log_tools_act_as_the_agent(bus: Bus, db_path: Path):
@@ -393,10 +394,17 @@ def test_mcp_resources_status_inbox_and_thread(bus: Bus, db_path: Path):
         async with connected(db_path, "planner") as client:
             with pytest.raises(MCPError) as missing:
                 await read(client, "bus://workers/nobody")
+            with pytest.raises(MCPError) as no_message:
+                await read(client, "bus://messages/99")
             return (await read(client, "bus://status"), await read(client, "bus://inbox"),
-                    await read(client, f"bus://threads/{query.correlation_id}"), missing.value)
+                    await read(client, f"bus://threads/{query.correlation_id}"), missing.value,
+                    await read(client, f"bus://messages/{query.seq}"), no_message.value)
 
-    status, inbox, thread, missing = asyncio.run(scenario())
+    status, inbox, thread, missing, message, no_message = asyncio.run(scenario())
+    assert message["message"]["seq"] == query.seq and message["channel"]["name"] == "talk"
+    assert [d["recipient"] for d in message["deliveries"]] == ["planner"]
+    assert [m["type"] for m in message["thread"]] == ["query", "response"]
+    assert str(no_message) == "seq: no message with seq 99; bus://status has the last seq"
     assert str(missing) == "no worker 'nobody'; worker_status lists them"
     assert status["file"]["path"] == str(db_path)
     assert (status["log"]["messages"], status["log"]["last_seq"]) == (4, 4)

@@ -24,8 +24,10 @@ from bus.db import connect
 from bus.messages import now_ms
 from bus.pump.threads import ThreadRegistry
 from bus.views.charts import call_trees
+from bus.views.charts import History
 from bus.views.charts import worker_swimlane
 from bus.views.serve import plotly_js
+from bus.views.status import status_of
 from tests.broken_files import break_the_file
 from tests.cli_helpers import bad_value
 from tests.cli_helpers import last_error
@@ -99,11 +101,20 @@ def server(seeded_db: Path, python_env: dict[str, str]):
 # --- the chart series ----------------------------------------------------------
 
 
+def history_of(db: Path, now: int | None = None) -> History:
+    conn = connect(db, readonly=True)
+    try:
+        with conn:
+            history = History()
+            history.update(conn, status_of(conn, str(db), now=now))
+            return history
+    finally:
+        conn.close()
+
+
 def test_swimlane_segments_follow_state_changes(seeded_db: Path) -> None:
-    conn = connect(seeded_db, readonly=True)
     now = now_ms() + 3_600_000  # an hour on: every state still open until now
-    segments = worker_swimlane(conn, now)
-    conn.close()
+    segments = worker_swimlane(history_of(seeded_db, now), now)
     assert [(s["worker"], s["state"]) for s in segments] == [
         ("w1", "ASSIGNED"), ("w1", "WORKING"), ("w1", "IN_REVIEW"),
         ("w2", "ASSIGNED"), ("w2", "WORKING")]
@@ -131,7 +142,7 @@ def test_call_trees_are_a_forest(seeded_db: Path) -> None:
 def test_serve_status_plotly_and_events(server: Server, seeded_db: Path) -> None:
     snapshot = json.loads(server.get("/api/status"))
     assert snapshot["status"]["log"]["last_seq"] == 10  # 9, and task_reclaimed for t2
-    assert set(snapshot["charts"]) == {"rate", "lag", "swimlane", "claims", "threads"}
+    assert set(snapshot["charts"]) == {"rate", "lag", "swimlane", "claims", "threads", "window_ms"}
     assert server.get("/static/plotly.min.js") == plotly_js().read_bytes()
     assert b"/static/plotly.min.js" in server.get("/")
     assert b"EventSource" in server.get("/static/app.js")

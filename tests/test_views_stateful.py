@@ -13,6 +13,8 @@ add up, with each other and with a model of what the rules did.
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 import shutil
 import tempfile
@@ -28,6 +30,7 @@ from hypothesis.stateful import invariant
 from hypothesis.stateful import precondition
 from hypothesis.stateful import rule
 from hypothesis.stateful import run_state_machine_as_test
+from starlette.applications import Starlette
 
 from bus import Bus
 from bus.channels.engine import Channels
@@ -46,6 +49,7 @@ from bus.pump.organism import parse_organism
 from bus.pump.threads import ThreadRegistry
 from bus.reservations import ReservationConflict
 from bus.views.render import status_lines
+from bus.views.routes import routes as console_routes
 from bus.views.serve import snapshot
 from bus.views.status import EXPORTER
 from bus.views.status import Status
@@ -89,6 +93,26 @@ listeners:
 SECONDS = st.sampled_from([0.5, 2, 31, 70, 101, 301, 3600])
 RESERVE_PATTERNS = ("src/**", "src/a.py", "*.md", "/docs/", "src/[ab]*")
 DEAD_MS = Thresholds.to_ms(Thresholds().dead)
+
+
+def asgi_get(app: Starlette, path: str) -> tuple[int, str]:
+    """GET `path` from the ASGI `app` in this process: (status, body)."""
+    target, _, query = path.partition("?")
+    scope = {"type": "http", "method": "GET", "path": target, "raw_path": target.encode(),
+             "query_string": query.encode(), "headers": [], "scheme": "http",
+             "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1), "root_path": "",
+             "http_version": "1.1", "asgi": {"version": "3.0"}}
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], body.decode()
 
 
 class ViewsGame(RuleBasedStateMachine):
@@ -363,6 +387,7 @@ class ViewsGame(RuleBasedStateMachine):
         self.check_text_and_json(status)
         self.check_top(status)
         self.check_serve()
+        self.check_console(status)
         self.check_cli(status)
 
     def check_agents(self, status: Status) -> None:
@@ -478,6 +503,20 @@ class ViewsGame(RuleBasedStateMachine):
         assert all(labels[uuid].endswith("(closed)") for uuid in self.closed_threads)
         assert all(not labels[uuid].endswith("(closed)") for uuid in self.open_threads)
         assert {s["worker"] for s in charts["swimlane"]} == set(self.workers)
+
+    def check_console(self, status: Status) -> None:
+        """Every page of the console answers 200 for every thing the status names."""
+        app = Starlette(routes=console_routes(str(self.path)))
+        newest = [f"/messages/{status.log.last_seq}"] if status.log.messages else []
+        things = (["/messages", "/messages?since=1h", *newest, "/agents", "/workers", "/tasks",
+                   "/claims", "/reservations", "/channels", "/dead-letters", "/pump"]
+                  + [f"/agents/{a.agent}" for a in status.agents]
+                  + [f"/workers/{w.worker}" for w in status.worker_list]
+                  + [f"/channels/{c.name}" for c in status.channels]
+                  + [f"/tasks/{c.task_id}" for c in status.claims.claims])
+        for path in things:
+            code, body = asgi_get(app, path)
+            assert code == 200, (path, body[:2000])
 
     def check_cli(self, status: Status) -> None:
         text = run(["status"], self.path)

@@ -56,7 +56,9 @@ def serve(obj: BusContext, host: str, port: int, with_mcp: bool, allowed_hosts: 
     """Serve a live status page with charts, and with --mcp the bus to MCP clients.
 
     The page updates as commits land and works offline (Plotly is served
-    from the installed package). It listens on 127.0.0.1 unless --host says
+    from the installed package). /messages browses the log (filters in the
+    URL: type, sender, to, task, since, text), and every agent, worker, task
+    and channel has a page of its own. It listens on 127.0.0.1 unless --host says
     otherwise; beyond this machine every request needs a token (a browser
     opens the page once with ?token=...). /mcp always needs one: a request
     acts as its token's agent. See docs/remote.md.

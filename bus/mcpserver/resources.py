@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from bus.db import connect
+from bus.errors import ValidationFailed
 from bus.mcpserver.session import AgentSession
+from bus.views import queries
 from bus.views.status import read_status
 
 INBOX_LIMIT = 100
@@ -34,6 +37,24 @@ class Resources:
         found = self.bus.channels.get_thread(correlation_id)
         return {"correlation_id": correlation_id, "messages": [m.to_json_dict() for m in found]}
 
+    def message(self, seq: str) -> dict[str, Any]:
+        """One message with its question, replies, thread, channel and deliveries.
+
+        The same answer as `bus serve`'s message page (bus/views/queries.py message_detail).
+        """
+        if not seq.isdigit():
+            raise ValidationFailed("seq", f"must be a message's seq (a whole number), got {seq!r}")
+        conn = connect(self.bus.path, readonly=True)
+        try:
+            with conn:
+                detail = queries.message_detail(conn, int(seq), self.bus.blobs)
+        finally:
+            conn.close()
+        if detail is None:
+            raise ValidationFailed("seq", f"no message with seq {seq}; bus://status has the"
+                                          " last seq")
+        return detail.to_json_dict()
+
     # URI -> method name: what `bus mcp` serves.
     URIS = {"bus://status": "status", "bus://inbox": "inbox",
-            "bus://threads/{correlation_id}": "thread"}
+            "bus://threads/{correlation_id}": "thread", "bus://messages/{seq}": "message"}

@@ -51,6 +51,7 @@ from bus.db import translate_busy
 from bus.errors import BusError
 from bus.errors import ValidationFailed
 from bus.messages import now_ms
+from bus.views.charts import History
 from bus.views.charts import chart_data
 from bus.views.follow import follow
 from bus.tokens import TokenChecker
@@ -59,6 +60,7 @@ from bus.views.follow import read_failure
 from bus.views.guard import LOOPBACK
 from bus.views.guard import Guard
 from bus.views.guard import GuardSettings
+from bus.views.routes import routes
 from bus.views.status import read_status
 from bus.views.status import status_of
 
@@ -67,12 +69,24 @@ log = logging.getLogger("bus.views")
 STATIC = Path(__file__).resolve().parent / "static"
 
 
-def snapshot(conn: apsw.Connection, path: str, durability: str) -> bytes:
-    """The status and every chart's series, read in one transaction, as JSON."""
+def snapshot(conn: apsw.Connection, path: str, durability: str,
+             history: History | None = None) -> bytes:
+    """The status and every chart's series, read in one transaction, as JSON
+    (`history`: what the server kept of the charts so far, brought up to date)."""
+    return snapshots(conn, path, durability, history)[0]
+
+
+def snapshots(conn: apsw.Connection, path: str, durability: str,
+              history: History | None = None) -> tuple[bytes, bytes]:
+    """`snapshot`, and its brief: only the time and the last seq, in the same shape,
+    for the pages that only need to know whether the bus moved on (bus/views/static/live.js)."""
     with translate_busy(conn), conn:  # an error names the file
         status = status_of(conn, path, durability)
-        return orjson.dumps({"status": status.to_json_dict(),
-                             "charts": chart_data(conn, status)})
+        full = orjson.dumps({"status": status.to_json_dict(),
+                             "charts": chart_data(conn, status, history)})
+        brief = orjson.dumps({"status": {"now_ms": status.now_ms,
+                                         "log": {"last_seq": status.log.last_seq}}})
+        return full, brief
 
 
 class Broadcaster:
@@ -87,8 +101,11 @@ class Broadcaster:
         self.path = path
         self.durability = durability
         self.latest: bytes | None = None
+        self.latest_brief: bytes | None = None
         self.failure: dict[str, Any] | None = None
-        self._streams: set[asyncio.Queue[bytes | None]] = set()
+        self.history = History()  # only the reader thread touches it, after start()
+        # each open stream, and whether it wants the brief snapshots only
+        self._streams: dict[asyncio.Queue[bytes | None], bool] = {}
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -99,7 +116,8 @@ class Broadcaster:
         try:
             conn = connect(self.path, readonly=True)
             try:
-                self.latest = snapshot(conn, self.path, self.durability)
+                self.latest, self.latest_brief = snapshots(conn, self.path, self.durability,
+                                                           self.history)
             finally:
                 conn.close()
         except Exception as exc:  # the reader thread goes on trying
@@ -123,12 +141,14 @@ class Broadcaster:
         for stream in self._streams:
             _put_latest(stream, None)
 
-    async def events(self) -> AsyncIterator[bytes]:
-        """Server-sent events: the latest snapshot and any failure now, then one per change."""
+    async def events(self, brief: bool = False) -> AsyncIterator[bytes]:
+        """Server-sent events: the latest snapshot and any failure now, then one per change
+        (`brief`: the brief snapshots)."""
         stream: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=1)
-        self._streams.add(stream)
+        self._streams[stream] = brief
+        latest = self.latest_brief if brief else self.latest
         try:
-            now = [self.latest] if self.latest is not None else []
+            now = [latest] if latest is not None else []
             if self.failure is not None:
                 now.append(orjson.dumps(self.failure))
             for payload in now:
@@ -136,21 +156,21 @@ class Broadcaster:
             while (payload := await stream.get()) is not None:
                 yield b"data: " + payload + b"\n\n"
         finally:
-            self._streams.discard(stream)
+            self._streams.pop(stream, None)
 
     def _follow(self) -> None:
-        follow(self.path, lambda conn: snapshot(conn, self.path, self.durability),
+        follow(self.path, lambda conn: snapshots(conn, self.path, self.durability, self.history),
                self._publish_soon, self._stop, on_error=self._fail_soon)
 
-    def _publish_soon(self, payload: bytes) -> None:
+    def _publish_soon(self, payloads: tuple[bytes, bytes]) -> None:
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._publish, payload)
+        self._loop.call_soon_threadsafe(self._publish, payloads)
 
-    def _publish(self, payload: bytes) -> None:
+    def _publish(self, payloads: tuple[bytes, bytes]) -> None:
         if self.failure is not None:
             log.warning("reading %s works again", self.path)
-        self.latest, self.failure = payload, None
-        self._send(payload)
+        (self.latest, self.latest_brief), self.failure = payloads, None
+        self._send(*payloads)
 
     def _fail_soon(self, failure: BusError) -> None:
         assert self._loop is not None
@@ -164,11 +184,12 @@ class Broadcaster:
                         failure)
             self.failure = {"error": str(failure), "field": getattr(failure, "field", None),
                             "since_ms": now_ms()}
-        self._send(orjson.dumps(self.failure))
+        failure = orjson.dumps(self.failure)
+        self._send(failure, failure)
 
-    def _send(self, payload: bytes) -> None:
-        for stream in self._streams:
-            _put_latest(stream, payload)
+    def _send(self, payload: bytes, brief: bytes) -> None:
+        for stream, wants_brief in self._streams.items():
+            _put_latest(stream, brief if wants_brief else payload)
 
 
 def _put_latest(stream: asyncio.Queue[bytes | None], item: bytes | None) -> None:
@@ -215,8 +236,9 @@ def create_app(path: str, durability: str = "normal", *, guard: GuardSettings | 
                             media_type="application/json")
         return Response(broadcaster.latest, media_type="application/json")
 
-    async def events(_request: Request) -> Response:
-        return StreamingResponse(broadcaster.events(), media_type="text/event-stream",
+    async def events(request: Request) -> Response:
+        brief = request.query_params.get("brief") == "1"
+        return StreamingResponse(broadcaster.events(brief), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store"})
 
     async def plotly(_request: Request) -> Response:
@@ -226,7 +248,7 @@ def create_app(path: str, durability: str = "normal", *, guard: GuardSettings | 
     app = Starlette(lifespan=lifespan, middleware=middleware, routes=[
         Route("/", page), Route("/api/status", status), Route("/events", events),
         Route("/static/plotly.min.js", plotly), Mount("/static", StaticFiles(directory=STATIC)),
-        *extra_routes,
+        *routes(path, broadcaster.history), *extra_routes,
     ])
     app.state.broadcaster = broadcaster
     return app

@@ -1,10 +1,17 @@
 // The live page: every server-sent event is a whole snapshot {status, charts};
-// the page only renders it (and keeps the lag history for its chart).
+// the page only renders it. The server keeps the charts' history (the last
+// hour), so a page opened now shows what happened before it.
 "use strict";
 
-const LAG_POINTS_MAX = 600;
-const lagHistory = {};  // consumer -> {x: [dates], y: [lags]}
-const layoutBase = {margin: {t: 40, r: 20, b: 40, l: 60}, legend: {orientation: "h"}};
+const BUCKET_MS = 10000;  // the server's bucket (bus/views/charts.py BUCKET_MS)
+const layoutBase = {margin: {t: 40, r: 20, b: 40, l: 90}, legend: {orientation: "h"}};
+// Date axes: at most this many labels, and each zoom level's own format, so
+// labels neither overlap nor repeat the date at every tick.
+const dateAxis = {type: "date", nticks: 8, automargin: true, tickformatstops: [
+  {dtickrange: [null, 999], value: "%H:%M:%S.%L"},
+  {dtickrange: [999, 60000], value: "%H:%M:%S"},
+  {dtickrange: [60000, 86400000], value: "%H:%M"},
+  {dtickrange: [86400000, null], value: "%b %d"}]};
 
 function text(id, value) { document.getElementById(id).textContent = value; }
 
@@ -15,10 +22,28 @@ function bytes(n) {
   return (i === 0 ? n : n.toFixed(1)) + " " + units[i];
 }
 
+// A cell is a value, or {href, text}: a link to the page of that thing.
 function table(id, columns, rows) {
   const head = "<tr>" + columns.map((c) => `<th>${c}</th>`).join("") + "</tr>";
-  const body = rows.map((r) => "<tr>" + r.map((v) => `<td>${escape(v)}</td>`).join("") + "</tr>");
+  const body = rows.map((r) => "<tr>" + r.map((v) => `<td>${cell(v)}</td>`).join("") + "</tr>");
   document.getElementById(id).innerHTML = head + (body.join("") || `<tr><td>none</td></tr>`);
+}
+
+function cell(value) {
+  if (value !== null && typeof value === "object") {
+    return `<a href="${escape(value.href)}">${escape(value.text)}</a>`;
+  }
+  return escape(value);
+}
+
+function page(kind, name) {
+  return name === null || name === undefined ? null
+    : {href: `/${kind}/${encodeURIComponent(name)}`, text: name};
+}
+
+function task(name) {
+  return name === null || name === undefined ? null
+    : {href: "/tasks/" + encodeURIComponent(name), text: name};
 }
 
 function escape(value) {
@@ -52,69 +77,97 @@ function renderCounts(s) {
 
 function renderTables(s) {
   table("consumers", ["consumer", "kind", "cursor", "pending", "lag"],
-        s.consumers.map((c) => [c.agent, c.kind, c.cursor, c.pending, c.lag]));
+        s.consumers.map((c) => [c.kind === "agent" ? page("agents", c.agent) : c.agent, c.kind,
+                                c.cursor, c.pending, c.lag]));
   table("agents", ["agent", "state", "silent s", "status", "task"],
-        s.agents.map((a) => [a.agent, a.state, a.age_s.toFixed(1), a.status, a.task]));
+        s.agents.map((a) => [page("agents", a.agent), a.state, a.age_s.toFixed(1), a.status,
+                             task(a.task)]));
   table("claims", ["task", "holder", "fence", "lease left s", "attempt"],
-        s.claims.claims.map((c) => [c.task_id, c.agent, c.fence,
+        s.claims.claims.map((c) => [task(c.task_id), page("agents", c.agent), c.fence,
                                     ((c.lease_until_ms - s.now_ms) / 1000).toFixed(1),
                                     c.attempts + "/" + c.max_attempts]));
   table("channels", ["channel", "type", "open", "awaiting ack", "dead letters"],
-        s.channels.map((c) => [c.name, c.type, c.open_deliveries, c.awaiting_ack, c.dead_letters]));
+        s.channels.map((c) => [page("channels", c.name), c.type, c.open_deliveries,
+                               c.awaiting_ack, c.dead_letters]));
   table("reservations", ["pattern", "holder", "mode", "expires", "reason"],
-        s.reservations.map((r) => [r.pattern, r.agent, r.mode,
+        s.reservations.map((r) => [r.pattern, page("agents", r.agent), r.mode,
                                    new Date(r.expires_at_ms).toISOString(), r.reason]));
 }
 
-function renderRate(rate) {
+// Plotly reads a date axis' range as strings in the page's own time zone, as its
+// dates are drawn: the window in local time, without the zone.
+function localIso(ms) {
+  const at = new Date(ms);
+  return new Date(ms - at.getTimezoneOffset() * 60000).toISOString().slice(0, 23).replace("T", " ");
+}
+
+function hourAxis(windowMs) {
+  return {...dateAxis, autorange: false, range: windowMs.map(localIso)};
+}
+
+function renderRate(rate, windowMs) {
   const traces = Object.entries(rate).map(([type, series]) => ({
-    name: type, type: "bar", x: series.t.map((t) => new Date(t * 1000)), y: series.n}));
-  plot("chart-rate", "messages per second by type", traces,
-       {barmode: "stack", xaxis: {type: "date"}});
+    name: type, type: "bar", x: series.t.map((t) => new Date(t + BUCKET_MS / 2)), y: series.n,
+    width: BUCKET_MS}));
+  plot("chart-rate", "messages per 10 s by type, last hour", traces,
+       {barmode: "stack", bargap: 0, xaxis: hourAxis(windowMs)});
 }
 
-function renderLag(lag, nowMs) {
-  for (const [consumer, value] of Object.entries(lag)) {
-    const series = lagHistory[consumer] || (lagHistory[consumer] = {x: [], y: []});
-    series.x.push(new Date(nowMs));
-    series.y.push(value);
-    if (series.x.length > LAG_POINTS_MAX) { series.x.shift(); series.y.shift(); }
-  }
-  const traces = Object.entries(lagHistory).map(([name, s]) => ({
-    name, type: "scatter", mode: "lines+markers", x: s.x, y: s.y}));
-  plot("chart-lag", "consumer lag (messages behind)", traces, {xaxis: {type: "date"}});
+function renderLag(lag, windowMs) {
+  const traces = Object.entries(lag).map(([name, s]) => ({
+    name, type: "scatter", mode: "lines+markers", x: s.t.map((t) => new Date(t)), y: s.lag}));
+  plot("chart-lag", "consumer lag (messages behind), last hour", traces,
+       {xaxis: hourAxis(windowMs)});
 }
 
+// A worker's lane: one bar per state until the next; a terminal state
+// (COMPLETED, CANCELLED, FAILED) is a marker where the lane stops.
 function renderSwimlane(segments) {
   const byState = {};
+  const ends = {name: "ended", type: "scatter", mode: "markers", x: [], y: [], text: [],
+                hoverinfo: "text+x", marker: {symbol: "line-ns-open", size: 14, color: "#222"}};
   for (const seg of segments) {
+    if (seg.terminal) {
+      ends.x.push(new Date(seg.start_ms));
+      ends.y.push(seg.worker);
+      ends.text.push(seg.state);
+      continue;
+    }
     const t = byState[seg.state] || (byState[seg.state] = {
       name: seg.state, type: "bar", orientation: "h", x: [], y: [], base: []});
     t.x.push(Math.max(seg.end_ms - seg.start_ms, 1));
     t.y.push(seg.worker);
     t.base.push(new Date(seg.start_ms).toISOString());
   }
-  plot("chart-swimlane", "worker states over time", Object.values(byState),
-       {barmode: "overlay", xaxis: {type: "date"}});
+  const workers = new Set(segments.map((s) => s.worker)).size;
+  plot("chart-swimlane", "worker states over time", [...Object.values(byState), ends],
+       {barmode: "overlay", xaxis: dateAxis,
+        yaxis: {automargin: true, type: "category"}, height: Math.max(320, 24 * workers + 120)});
 }
 
 function renderClaims(claims) {
   const agents = Object.keys(claims);
-  plot("chart-claims", "claims and takeovers by holder", [
+  plot("chart-claims", "claims held now, and takeovers in the last hour, by holder", [
     {name: "held", type: "bar", x: agents, y: agents.map((a) => claims[a].held)},
-    {name: "taken over", type: "bar", x: agents, y: agents.map((a) => claims[a].taken_over)},
+    {name: "takeovers (task_reclaimed)", type: "bar", x: agents,
+     y: agents.map((a) => claims[a].taken_over)},
   ], {barmode: "group"});
 }
 
 function renderThreads(threads) {
   plot("chart-threads", "pump conversations (call trees)", [{
     type: "sunburst", ids: threads.ids, parents: threads.parents, labels: threads.labels,
-    branchvalues: "remainder"}], {});
+    branchvalues: "remainder", maxdepth: 3, insidetextorientation: "horizontal",
+    textfont: {size: 12}}], {margin: {t: 40, r: 10, b: 10, l: 10}});
 }
 
 // Counts and tables first, at once; the charts after the browser has painted
 // them (Plotly takes a while), and only for the newest snapshot if several came.
+// The charts are drawn at most every CHARTS_EVERY_MS: their points are ten-second
+// buckets, and redrawing five charts at each commit would take the writers' CPU.
+const CHARTS_EVERY_MS = 2000;
 let chartsDue = null;
+let chartsDrawnAt = -Infinity;
 
 function render(snapshot) {
   const s = snapshot.status;
@@ -123,14 +176,18 @@ function render(snapshot) {
   const live = document.getElementById("live");
   live.textContent = "live, as of " + new Date(s.now_ms).toISOString();
   live.className = "";
-  if (chartsDue === null) { setTimeout(() => renderCharts(chartsDue), 0); }
+  if (chartsDue === null) {
+    const wait = Math.max(0, chartsDrawnAt + CHARTS_EVERY_MS - performance.now());
+    setTimeout(() => renderCharts(chartsDue), wait);
+  }
   chartsDue = snapshot;
 }
 
 function renderCharts(snapshot) {
   chartsDue = null;
-  renderRate(snapshot.charts.rate);
-  renderLag(snapshot.charts.lag, snapshot.status.now_ms);
+  chartsDrawnAt = performance.now();
+  renderRate(snapshot.charts.rate, snapshot.charts.window_ms);
+  renderLag(snapshot.charts.lag, snapshot.charts.window_ms);
   renderSwimlane(snapshot.charts.swimlane);
   renderClaims(snapshot.charts.claims);
   renderThreads(snapshot.charts.threads);
