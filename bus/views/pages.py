@@ -347,7 +347,7 @@ def tally(values: Iterable[str]) -> dict[str, int]:
 
 
 def task_page(task_id: str, detail: Any, claim: Any, events: list[Message], now: int) -> Safe:
-    """A task: in the graph (`detail`, a bus.task_graph.TaskDetail) or only leased."""
+    """A task: in the graph (`detail`, a bus.tasks.TaskDetail) or only leased."""
     parts = []
     if detail is None:
         parts.append(Safe('<p class="note" id="not-in-graph">not in the task graph'

@@ -42,8 +42,7 @@ from bus.messages import row_to_message
 from bus.reservations import Reservation
 from bus.reservations import has_reservations_table
 from bus.reservations import live_reservations
-from bus.task_graph import EVENTS_SHOWN
-from bus.task_graph import TaskDetail
+from bus.tasks import TaskDetail
 from bus.tasks import Task
 
 PAGE_SIZE = 50
@@ -629,9 +628,7 @@ def task_detail(conn: apsw.Connection, task_id: str, now: int) -> TaskDetail | N
     task = tasks.get(conn, task_id) if has_task_graph(conn) else None
     if task is None:
         return None
-    return TaskDetail(task, tasks.dependencies(conn, task), tasks.dependents(conn, task),
-                      claims.get(conn, task_id), tasks.is_ready(conn, task, now),
-                      tasks.events(conn, task_id, EVENTS_SHOWN), now)
+    return tasks.task_detail_of(conn, task, now)
 
 
 def list_reservations(conn: apsw.Connection, now: int) -> list[Reservation]:
