@@ -140,7 +140,7 @@ def test_remote_request_acts_as_its_tokens_agent_only(served, db_path: Path,
         ["publish", {"type": "forged", "from_agent": "bob"}],
         ["publish", {"type": "forged", "agent": "bob"}]], python_env)
     assert "result" in first[0]
-    assert all("unknown argument" in r["error"] for r in first[1:])
+    assert all("takes no such argument" in r["error"] for r in first[1:])
     second = agent_calls(server.mcp, bob, [["poll", {}], ["publish", {"type": "reply"}]],
                          python_env)
     [message] = second[0]["result"]["messages"]
