@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +27,7 @@ from bus.messages import now_ms
 from bus.pump.threads import ThreadRegistry
 from bus.views.charts import call_trees
 from bus.views.charts import worker_swimlane
+from bus.views.serve import listen
 from bus.views.serve import plotly_js
 from tests.broken_files import break_the_file
 from tests.cli_helpers import bad_value
@@ -351,11 +354,6 @@ def test_serve_answers_without_waiting_for_delayed_acks() -> None:
     """Each connection `bus serve` accepts has TCP_NODELAY: uvicorn writes a response's
     headers and body apart, and with Nagle on, the body waits ~40 ms for the client's
     delayed ACK on every kept-alive request (issue 34's HTTP against stdio rate)."""
-    import asyncio
-    import socket
-
-    from bus.views.serve import listen
-
     async def accepted_nodelay() -> int:
         accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
