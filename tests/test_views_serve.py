@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +28,7 @@ from bus.pump.threads import ThreadRegistry
 from bus.views.charts import call_trees
 from bus.views.charts import History
 from bus.views.charts import worker_swimlane
+from bus.views.serve import listen
 from bus.views.serve import plotly_js
 from bus.views.status import status_of
 from tests.broken_files import break_the_file
@@ -356,3 +359,27 @@ def test_serve_page_marks_itself_stale_when_the_server_falls_silent(server: Serv
             server.proc.send_signal(signal.SIGCONT)
         page.wait_for_function("document.getElementById('live').className === ''",
                                timeout=PAGE_TIMEOUT_MS)
+
+
+def test_serve_answers_without_waiting_for_delayed_acks() -> None:
+    """Each connection `bus serve` accepts has TCP_NODELAY: uvicorn writes a response's
+    headers and body apart, and with Nagle on, the body waits ~40 ms for the client's
+    delayed ACK on every kept-alive request (issue 34's HTTP against stdio rate)."""
+    async def accepted_nodelay() -> int:
+        accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        class Note(asyncio.Protocol):
+            def connection_made(self, transport: Any) -> None:
+                sock = transport.get_extra_info("socket")
+                accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+        server = await asyncio.get_running_loop().create_server(
+            Note, sock=listen("127.0.0.1", 0))
+        async with server:
+            _, writer = await asyncio.open_connection(*server.sockets[0].getsockname())
+            try:
+                return await asyncio.wait_for(accepted, timeout=30)
+            finally:
+                writer.close()
+
+    assert asyncio.run(accepted_nodelay()) != 0
