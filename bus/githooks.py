@@ -118,5 +118,15 @@ def staged_paths(cwd: Path | str = ".") -> list[str]:
     return [p for p in out.split("\0") if p]
 
 
+def in_work_tree(cwd: Path | str = ".") -> bool:
+    """Whether `cwd` is inside a git work tree (where git runs a pre-commit hook)."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=cwd,
+                              capture_output=True, text=True)
+    except FileNotFoundError:
+        return False
+    return done.returncode == 0 and done.stdout.strip() == "true"
+
+
 def worktree_top(cwd: Path | str = ".") -> Path:
     return Path(git_output("rev-parse", "--show-toplevel", cwd=cwd).strip())

@@ -56,7 +56,10 @@ def make_version_7_file(directory: Path, monkeypatch) -> Path:
             bus.publish("planner", "task_assign", {"n": n}, to=f"w{n % 3}",
                         correlation_id=f"c{n}" if n % 2 else None)
         bus.ack("w1", 10)
-        assert bus.claim("t1", "w1")
+        # A claim as version 7 wrote it (today's claim code writes the fence of migration 12).
+        now = bus.conn.execute("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)").get
+        bus.conn.execute("INSERT INTO task_claims (task_id, claimed_by, claimed_at_ms,"
+                         " lease_until_ms) VALUES ('t1', 'w1', ?, ?)", (now, now + 60_000))
         bus.heartbeat("w1", "working", task="t1")
         ch = bus.channels
         ch.create_channel("pe", "direct", "planner")
@@ -83,9 +86,11 @@ def test_lean_migration_converts_a_version_7_file_in_place(tmp_path, monkeypatch
         conn = bus.conn
         assert conn.execute("PRAGMA user_version").get == len(schema.available_migrations())
         after = {table: dump(conn, table) for table in TABLES}
-        # Every row kept as it was; the log gains only the floor marker.
-        assert {t: rows for t, rows in after.items() if t != "messages"} == {
-            t: rows for t, rows in before.items() if t != "messages"}
+        # Every row kept as it was; the log gains only the floor marker, and a claim
+        # the fence migration 12 gives every claim held before it (1, its last column).
+        assert {t: rows for t, rows in after.items() if t not in ("messages", "task_claims")} == {
+            t: rows for t, rows in before.items() if t not in ("messages", "task_claims")}
+        assert after["task_claims"] == [(*row, 1) for row in before["task_claims"]]
         assert [row for row in after["messages"] if row[5] != "seq_floor"] == before["messages"]
         floor = bus.list_messages(after=21)
         assert [(m.seq, m.from_agent, m.to_agent, m.type) for m in floor] == [

@@ -198,12 +198,15 @@ def pre_commit(obj: BusContext, agent: str | None, as_json: bool) -> None:
 
     Example: BUS_AGENT=agent-a bus hooks pre-commit
     """
-    paths = githooks.staged_paths()
     try:
-        bus = obj.open()
+        bus = obj.open()  # first: a damaged bus file is named before git is asked anything
     except BusNotFound:
         click.echo(f"agentbus pre-commit: no bus at {obj.db}; nothing is reserved", err=True)
         return
+    if not githooks.in_work_tree():  # run by hand elsewhere: git would commit nothing here
+        click.echo("agentbus pre-commit: not in a git work tree; nothing is staged", err=True)
+        return
+    paths = githooks.staged_paths()
     committer = agent or worker_of_worktree(bus.conn, githooks.worktree_top())
     held = bus.check_paths(committer, paths) if paths else []
     if as_json:

@@ -19,6 +19,10 @@ PURPOSES = {
     "task_fences": "the highest fence handed out per task (kept after release, never reused)",
     "tasks": "the task graph: title, priority, state, dependencies not yet done",
     "task_dependencies": "the task graph's edges: which task waits on which",
+    "file_reservations": "files agents reserved by glob: holder, exclusive or shared, expiry,"
+                         " reason (`bus reservations` shows the live ones)",
+    "tokens": "bearer tokens of `bus serve --mcp`: agent, the secret's SHA-256 only, expiry,"
+              " last use, read-only",
     "dead_claims": "tasks that ran out of claim attempts, with their last holder",
     "workers": "the worker lifecycle: state, branch, worktree, commits (see `worker status`)",
     "meta": "key/value facts about the file (schema_version)",
