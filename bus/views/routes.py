@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 from typing import Callable
 
 import apsw
@@ -50,6 +51,14 @@ class PageReader:
         self.path = path
         self.blobs = BusBlobStore(Path(path).absolute().parent / "blobs")  # reads never create it
 
+    def table(self, title: str,
+              render: Callable[[apsw.Connection, int, dict[str, str]], Safe]) -> Callable:
+        """The endpoint of a table page: `render` gets the query parameters (sorting)."""
+        def endpoint(request: Request) -> HTMLResponse:
+            params = dict(request.query_params)
+            return self.page(title, lambda conn, now: render(conn, now, params))
+        return endpoint
+
     def page(self, title: str, render: Callable[[apsw.Connection, int], Safe]) -> HTMLResponse:
         now = messages.now_ms()
         try:
@@ -73,14 +82,44 @@ class PageReader:
 def routes(path: str, history: History | None = None) -> list[Route]:
     """The console's routes on the bus at `path`; `history`, the server's (the agent page
     shows the liveness changes it saw), None for none."""
-    reader = PageReader(path)
+    console = Console(PageReader(path), history)
+    reader = console.reader
+    return [
+        Route("/messages", console.browse), Route("/messages/{seq:int}", console.message),
+        Route("/agents", reader.table("agents", agents_table)),
+        Route("/agents/{name:path}", console.agent),
+        Route("/workers", reader.table("workers", workers_table)),
+        Route("/workers/{name:path}", console.worker),
+        Route("/channels", reader.table("channels", channels_table)),
+        Route("/channels/{name:path}", console.channel),
+        Route("/tasks", reader.table("tasks", tasks_table)),
+        Route("/tasks/{name:path}", console.task),
+        Route("/claims", reader.table("claims", claims_table)),
+        Route("/reservations", reader.table("reservations", reservations_table)),
+        Route("/dead-letters", reader.table("dead letters", dead_letters_table)),
+        Route("/pump", reader.table("pump units", pump_table)),
+    ]
 
-    def browse(request: Request) -> HTMLResponse:
-        params = dict(request.query_params)
+
+def _found(detail: Any, missing: str) -> Any:
+    """`detail`, or NotFound saying what is missing (the page answers 404)."""
+    if detail is None:
+        raise NotFound(missing)
+    return detail
+
+
+class Console:
+    """The endpoints of the console's pages: one per kind of thing, each a read."""
+
+    def __init__(self, reader: PageReader, history: History | None) -> None:
+        self.reader = reader
+        self.history = history
+
+    def browse(self, request: Request) -> HTMLResponse:
         try:
-            filt = MessageFilter.from_params(params)
+            filt = MessageFilter.from_params(dict(request.query_params))
         except ValidationFailed as exc:
-            return reader.page("messages", lambda conn, now: pages.messages_page(
+            return self.reader.page("messages", lambda conn, now: pages.messages_page(
                 MessageFilter(), None, f"{exc.field}: {exc.reason}"))
 
         def render(conn: apsw.Connection, now: int) -> Safe:
@@ -89,47 +128,37 @@ def routes(path: str, history: History | None = None) -> list[Route]:
             except (ValidationFailed, SearchDisabled) as exc:
                 return pages.messages_page(filt, None, str(exc))
             return pages.messages_page(filt, page, None)
-        return reader.page("messages", render)
+        return self.reader.page("messages", render)
 
-    def message(request: Request) -> HTMLResponse:
+    def message(self, request: Request) -> HTMLResponse:
         seq = request.path_params["seq"]
+        return self.reader.page(f"message {seq}", lambda conn, _now: pages.message_page(_found(
+            queries.message_detail(conn, seq, self.reader.blobs),
+            f"no message with seq {seq} (compacted, or not yet written)")))
 
-        def render(conn: apsw.Connection, _now: int) -> Safe:
-            detail = queries.message_detail(conn, seq, reader.blobs)
-            if detail is None:
-                raise NotFound(f"no message with seq {seq} (compacted, or not yet written)")
-            return pages.message_page(detail)
-        return reader.page(f"message {seq}", render)
-
-    def agent(request: Request) -> HTMLResponse:
+    def agent(self, request: Request) -> HTMLResponse:
         name = request.path_params["name"]
-        seen = history.liveness.get(name, ()) if history is not None else ()
-        return reader.page(f"agent {name}", lambda conn, now: pages.agent_page(
+        seen = self.history.liveness.get(name, ()) if self.history is not None else ()
+        return self.reader.page(f"agent {name}", lambda conn, now: pages.agent_page(
             queries.agent_detail(conn, name, now), now, seen))
 
-    def worker(request: Request) -> HTMLResponse:
+    def worker(self, request: Request) -> HTMLResponse:
         name = request.path_params["name"]
 
         def render(conn: apsw.Connection, _now: int) -> Safe:
-            detail = queries.worker_detail(conn, name)
-            if detail is None:
-                raise NotFound(f"no worker {name!r} (see the workers table)")
+            detail = _found(queries.worker_detail(conn, name),
+                            f"no worker {name!r} (see the workers table)")
             commits, note = branch_commits(detail.worker)
             return pages.worker_page(queries.WorkerDetail(detail.worker, detail.history,
                                                           detail.sent, commits, note))
-        return reader.page(f"worker {name}", render)
+        return self.reader.page(f"worker {name}", render)
 
-    def channel(request: Request) -> HTMLResponse:
+    def channel(self, request: Request) -> HTMLResponse:
         name = request.path_params["name"]
+        return self.reader.page(f"channel {name}", lambda conn, _now: pages.channel_page(_found(
+            queries.channel_detail(conn, name), f"no channel {name!r} (see the channels table)")))
 
-        def render(conn: apsw.Connection, _now: int) -> Safe:
-            detail = queries.channel_detail(conn, name)
-            if detail is None:
-                raise NotFound(f"no channel {name!r} (see the channels table)")
-            return pages.channel_page(detail)
-        return reader.page(f"channel {name}", render)
-
-    def task(request: Request) -> HTMLResponse:
+    def task(self, request: Request) -> HTMLResponse:
         name = request.path_params["name"]
 
         def render(conn: apsw.Connection, now: int) -> Safe:
@@ -140,29 +169,7 @@ def routes(path: str, history: History | None = None) -> list[Route]:
                 raise NotFound(f"no task {name!r}: not in the task graph, not leased, in no"
                                " message's correlation id (see the tasks and claims tables)")
             return pages.task_page(name, detail, claim, found, now)
-        return reader.page(f"task {name}", render)
-
-    def table_page(title: str, render: Callable[[apsw.Connection, int, dict[str, str]], Safe]):
-        def endpoint(request: Request) -> HTMLResponse:
-            params = dict(request.query_params)
-            return reader.page(title, lambda conn, now: render(conn, now, params))
-        return endpoint
-
-    return [
-        Route("/messages", browse), Route("/messages/{seq:int}", message),
-        Route("/agents", table_page("agents", agents_table)),
-        Route("/agents/{name:path}", agent),
-        Route("/workers", table_page("workers", workers_table)),
-        Route("/workers/{name:path}", worker),
-        Route("/channels", table_page("channels", channels_table)),
-        Route("/channels/{name:path}", channel),
-        Route("/tasks", table_page("tasks", tasks_table)),
-        Route("/tasks/{name:path}", task),
-        Route("/claims", table_page("claims", claims_table)),
-        Route("/reservations", table_page("reservations", reservations_table)),
-        Route("/dead-letters", table_page("dead letters", dead_letters_table)),
-        Route("/pump", table_page("pump units", pump_table)),
-    ]
+        return self.reader.page(f"task {name}", render)
 
 
 def branch_commits(worker: queries.Worker) -> tuple[list[str] | None, str]:
