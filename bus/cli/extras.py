@@ -8,6 +8,7 @@ are imported only by the commands that use them, through `import_extra`.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 import click
@@ -36,6 +37,12 @@ def import_extra(module: str, extra: str, command: str) -> ModuleType:
         if named is None:
             raise
         raise named from None
+
+
+def require_extra(package: str, extra: str, command: str) -> None:
+    """Fail now, naming `extra`, if its `package` is not installed; finds it without importing."""
+    if importlib.util.find_spec(package) is None:
+        raise ExtraMissing(command, package, extra)
 
 
 def extra_missing(exc: ModuleNotFoundError, extra: str, command: str) -> ExtraMissing | None:

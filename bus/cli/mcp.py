@@ -11,6 +11,7 @@ from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.extras import import_extra
+from bus.cli.extras import require_extra
 from bus.cli.harness import resolve_agent
 from bus.cli.output import echo_json
 
@@ -49,20 +50,24 @@ def mcp(obj: BusContext, agent: str | None, list_only: bool, tool: str | None, a
       bus mcp --agent auto   # started in a worker's worktree: that worker
       bus mcp --agent planner --call publish --args '{"type": "note", "to": "worker-1"}'
     """
-    # Imported here: the SDK takes most of a second to load, and no other command needs it.
-    # It comes with the mcp extra: without it, the error names that extra.
-    import_extra("bus.mcpserver", "mcp", "bus mcp")
-    from bus.mcpserver import AgentSession
-    from bus.mcpserver import build_server
+    # The SDK takes half a second to import and no other command needs it; serving starts
+    # before it is imported (bus/mcpserver/stdio.py). It comes with the mcp extra: without
+    # it, the error names that extra.
+    require_extra("mcp", "mcp", "bus mcp")
+    from bus.mcpserver.session import AgentSession
 
     bus = obj.open()
-    server = build_server(AgentSession.open_on(bus, resolve_agent(bus, agent)))
+    session = AgentSession.open_on(bus, resolve_agent(bus, agent))
+    if tool is None and not list_only:
+        from bus.mcpserver.stdio import serve_stdio
+
+        serve_stdio(session)
+        return
+    server = import_extra("bus.mcpserver.server", "mcp", "bus mcp").build_server(session)
     if tool is not None:
         _call(server, tool, _arguments(arguments))
-    elif list_only:
-        _list(server, as_json)
     else:
-        server.run("stdio")
+        _list(server, as_json)
 
 
 def _arguments(text: str) -> dict[str, Any]:
@@ -77,7 +82,7 @@ def _arguments(text: str) -> dict[str, Any]:
 
 
 def _call(server: Any, tool: str, arguments: dict[str, Any]) -> None:
-    from bus.mcpserver import call_tool
+    from bus.mcpserver.server import call_tool
 
     failed, result = call_tool(server, tool, arguments)
     if failed:
@@ -95,7 +100,7 @@ class _Refused(Exception):
 
 
 def _list(server: Any, as_json: bool) -> None:
-    from bus.mcpserver import catalog
+    from bus.mcpserver.server import catalog
 
     listed = catalog(server)
     if as_json:

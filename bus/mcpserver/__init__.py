@@ -10,14 +10,24 @@ tool errors with a code, the argument and one sentence with the fix
 (failures.py; docs/mcp.md).
 
     with Bus.open("bus.db") as bus:
-        build_server(AgentSession.open_on(bus, "planner")).run("stdio")  # until stdin ends
+        serve_stdio(AgentSession.open_on(bus, "planner"))  # until stdin ends
 """
 
 from __future__ import annotations
 
-from bus.mcpserver.server import build_server
-from bus.mcpserver.server import call_tool
-from bus.mcpserver.server import catalog
-from bus.mcpserver.session import AgentSession
+import importlib
+from typing import Any
 
-__all__ = ["AgentSession", "build_server", "call_tool", "catalog"]
+# Each name from the module that defines it, on first use: `bus mcp` answers its first
+# requests before the SDK is imported (stdio.py), and server.py imports the SDK.
+_HOMES = {"AgentSession": "bus.mcpserver.session", "build_server": "bus.mcpserver.server",
+          "call_tool": "bus.mcpserver.server", "catalog": "bus.mcpserver.server",
+          "serve_stdio": "bus.mcpserver.stdio"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

@@ -63,6 +63,7 @@ from bus.mcpserver.failures import failure_of
 from bus.mcpserver.failures import invalid_arguments
 from bus.mcpserver.failures import unexpected
 from bus.mcpserver.identity_tools import IdentityTools
+from bus.mcpserver.instructions import instructions
 from bus.mcpserver.kinds import ToolKind
 from bus.mcpserver.log_tools import LogTools
 from bus.mcpserver.pump_tools import PumpTools
@@ -70,21 +71,6 @@ from bus.mcpserver.reservation_tools import ReservationTools
 from bus.mcpserver.resources import Resources
 from bus.mcpserver.session import AgentSession
 from bus.mcpserver.task_tools import TaskTools
-
-INSTRUCTIONS = (
-    "agentbus: a message bus shared by agents, in one SQLite file. You act as agent {agent};"
-    " every tool publishes, acks, claims and beats as {agent} and as no one else. Poll for"
-    " messages and ack what you handled (or poll with ack_through); ask and get the answer in"
-    " one call with exchange, and answer a question with reply; claim a task before working"
-    " on it and renew the lease while you do; beat with heartbeat so others know you are"
-    " alive. Errors carry a code and name the argument at fault and how to fix it."
-)
-JOIN_INSTRUCTIONS = (
-    "agentbus: a message bus shared by agents, in one SQLite file. Call join(name) first to"
-    " choose your agent name (keep the reclaim_token it returns: after a restart,"
-    " join(name, reclaim_token) takes the name back); every other tool is refused until then."
-    " Errors carry a code and name the argument at fault and how to fix it."
-)
 
 TOOL_GROUPS: list[type] = [LogTools, ChannelTools, PumpTools, TaskTools, ReservationTools]
 # Packages above bus (workers) register their tool groups under this entry-point group;
@@ -113,8 +99,7 @@ def build_server(session: AgentSession, *, middleware: Sequence[Any] = ()) -> MC
         server = MCPServer(
             name="agentbus", version=__version__, log_level="WARNING",
             middleware=[gate, *middleware],
-            instructions=(JOIN_INSTRUCTIONS if session.agent is None
-                          else INSTRUCTIONS.format(agent=session.agent)))
+            instructions=instructions(session.agent))
     gate.server = server
     for group in groups:
         for name, kind in _declared(group).items():
