@@ -181,7 +181,9 @@ class MessageFilter:
 
     def params(self, **changes: Any) -> dict[str, str]:
         """The URL parameters of this filter (with `changes`), the empty ones left out."""
-        values = {**dataclasses.asdict(self), **changes}
+        # not dataclasses.asdict, which deep-copies: a page asks twice, and it was
+        # a tenth of the page's time
+        values = {**vars(self), **changes}
         if values["limit"] == PAGE_SIZE:
             values["limit"] = None
         return {k: str(v) for k, v in values.items() if v is not None}
