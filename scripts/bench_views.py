@@ -43,6 +43,7 @@ import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from typing import Callable
 from typing import Iterator
 
@@ -243,25 +244,30 @@ def median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-def sql_alone(path: Path, params: dict[str, str], repeat: int) -> tuple[float, int]:
-    """Seconds to open the file read-only, run the page's SQL and fetch it (median), and
-    how many rows it gives."""
+def sql_alone(path: Path, params: dict[str, str]) -> float:
+    """Seconds to open the file read-only, run the page's SQL and fetch it."""
     from bus.db import connect
     from bus.messages import now_ms
     from bus.views.queries import MessageFilter
     from bus.views.queries import message_page_params
     from bus.views.queries import message_page_sql
     filt = MessageFilter.from_params(params)
-    spent, rows = [], 0
-    for _ in range(repeat):
-        started = time.perf_counter()
-        conn = connect(path, readonly=True)
-        with conn:
-            bound = message_page_params(conn, filt, now_ms())
-            rows = len(conn.execute(message_page_sql(filt), bound).fetchall())
-        conn.close()
-        spent.append(time.perf_counter() - started)
-    return median(spent), rows
+    started = time.perf_counter()
+    conn = connect(path, readonly=True)
+    with conn:
+        bound = message_page_params(conn, filt, now_ms())
+        conn.execute(message_page_sql(filt), bound).fetchall()
+    conn.close()
+    return time.perf_counter() - started
+
+
+def server_alone(conn: Any, path: str) -> float:
+    """Seconds for a GET of `path` from this process on the kept-alive `conn`, to the last
+    byte of the answer: the server's time without the browser."""
+    started = time.perf_counter()
+    conn.request("GET", "/" + path)
+    conn.getresponse().read()
+    return time.perf_counter() - started
 
 
 # What the browser says of its last navigation (Navigation Timing): the server's
@@ -274,132 +280,106 @@ NAVIGATION_TIMING = """() => {
 }"""
 
 
-def page_loads(url: str, paths: list[str], repeat: int) -> list[dict[str, float]]:
-    """For each path, from `repeat` navigations in headless Chromium with the network off
-    (after one to warm up), the medians in seconds: `page` (navigation start to the end of
-    the load event, as the browser times it), its `server` and `rest` parts (see
-    NAVIGATION_TIMING), `goto` (the same seen from here, through Playwright), and `rows`."""
-    from playwright.sync_api import sync_playwright
-    found = []
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=shutil.which("chromium"), args=[
-            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"])
-        page = browser.new_page()
-        for path in paths:
-            page.goto(url + path)
-            timings: dict[str, list[float]] = {"page": [], "server": [], "rest": [], "goto": []}
-            for _ in range(repeat):
-                started = time.perf_counter()
-                page.goto(url + path, wait_until="load")
-                timings["goto"].append(time.perf_counter() - started)
-                for part, ms in page.evaluate(NAVIGATION_TIMING).items():
-                    timings[part].append(ms / 1000)
-            rows = max(0, page.eval_on_selector_all("#messages tr", "rows => rows.length") - 1)
-            found.append({**{part: median(spent) for part, spent in timings.items()},
-                          "rows": rows})
-        browser.close()
-    return found
+def navigation(page: Any, url: str) -> dict[str, float]:
+    """One navigation to `url` in Chromium to its load event, in seconds: `page` (from the
+    navigation's start to the end of the load event, as the browser times it), its `server`
+    and `rest` parts (NAVIGATION_TIMING), and `goto` (the same seen from here, through
+    Playwright)."""
+    started = time.perf_counter()
+    page.goto(url, wait_until="load")
+    goto = time.perf_counter() - started
+    return {**{part: ms / 1000 for part, ms in page.evaluate(NAVIGATION_TIMING).items()},
+            "goto": goto}
 
 
 FILTER_INPUTS = ("type", "sender", "to", "task", "since")
 
 
-def in_page_loads(url: str, cases: list[dict[str, str]], repeat: int) -> list[float]:
-    """For each case, seconds from the filter form's submit click to the new rows laid out
-    inside an open /messages page (bus/views/static/browse.js fetches only the results;
-    its "bus-results" measure), in headless Chromium with the network off (median of
-    `repeat`, after one to warm up)."""
+def in_page(page: Any, params: dict[str, str]) -> float | None:
+    """Seconds from the filter form's submit click to the new rows laid out, inside the
+    open /messages `page` (bus/views/static/browse.js fetches only the results; its
+    "bus-results" measure); None from a server without browse.js (an older checkout, for
+    a before/after run: this script run from the other checkout, with its python)."""
+    if page.query_selector("script[src$='browse.js']") is None:
+        return None
+    for name in FILTER_INPUTS:
+        page.fill(f"#filters input[name={name}]", params.get(name, ""))
+    shown = page.evaluate("performance.getEntriesByName('bus-results').length")
+    page.click("#filters button")
+    page.wait_for_function("n => performance.getEntriesByName('bus-results').length > n",
+                           arg=shown, timeout=STARTUP_TIMEOUT_S * 1000)
+    return page.evaluate("performance.getEntriesByName('bus-results').pop().duration") / 1000
+
+
+def browse_samples(db: Path, url: str, repeat: int) -> list[dict[str, list[float]]]:
+    """For the floor and each of BROWSE_PAGES, `repeat` samples of each measure, taken in
+    turns (one of each, page after page, round after round, after a round to warm up), so
+    a load that comes and goes on a shared machine falls on all alike."""
+    import http.client
+    from urllib.parse import urlencode
+    from urllib.parse import urlsplit
     from playwright.sync_api import sync_playwright
-    found = []
+    paths = ["static/style.css"] + [("messages?" + urlencode(params)).rstrip("?")
+                                    for _name, params in BROWSE_PAGES]
+    samples: list[dict[str, list[float]]] = [{} for _ in paths]
+    where = urlsplit(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=STARTUP_TIMEOUT_S)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=shutil.which("chromium"), args=[
             "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"])
-        page = browser.new_page()
-        page.goto(url + "messages")
-        shown = 0
-        for params in cases:
-            spent = []
-            for n in range(repeat + 1):
-                for name in FILTER_INPUTS:
-                    page.fill(f"#filters input[name={name}]", params.get(name, ""))
-                page.click("#filters button")
-                shown += 1
-                page.wait_for_function("n => performance.getEntriesByName('bus-results').length"
-                                       " >= n", arg=shown, timeout=STARTUP_TIMEOUT_S * 1000)
-                if n:
-                    spent.append(page.evaluate("performance.getEntriesByName('bus-results')"
-                                               ".pop().duration") / 1000)
-            found.append(median(spent))
+        navigating, browsing = browser.new_page(), browser.new_page()
+        browsing.goto(url + "messages")
+        for n in range(repeat + 1):
+            for i, path in enumerate(paths):
+                taken = {"server_alone": server_alone(conn, path),
+                         **navigation(navigating, url + path)}
+                if i:
+                    params = BROWSE_PAGES[i - 1][1]
+                    taken.update(sql=sql_alone(db, params), in_page=in_page(browsing, params),
+                                 rows=navigating.eval_on_selector_all(
+                                     "#messages tr", "rows => Math.max(0, rows.length - 1)"))
+                for measure, seconds in taken.items():
+                    if n:
+                        samples[i].setdefault(measure, []).append(seconds)
         browser.close()
-    return found
-
-
-def server_alone(url: str, paths: list[str], repeat: int) -> list[float]:
-    """For each path, seconds for a GET from this process on a kept-alive connection, to
-    the last byte of the answer (median of `repeat`, after one to warm up): the server's
-    time without the browser."""
-    import http.client
-    from urllib.parse import urlsplit
-    where = urlsplit(url)
-    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=STARTUP_TIMEOUT_S)
-    spent_by_path = []
-    try:
-        for path in paths:
-            spent = []
-            for n in range(repeat + 1):
-                started = time.perf_counter()
-                conn.request("GET", "/" + path)
-                answer = conn.getresponse()
-                answer.read()
-                if n:
-                    spent.append(time.perf_counter() - started)
-            spent_by_path.append(median(spent))
-    finally:
-        conn.close()
-    return spent_by_path
+    conn.close()
+    return samples
 
 
 def browse_rows(db: Path, repeat: int) -> list[dict]:
-    from urllib.parse import urlencode
-    paths = [("/messages?" + urlencode(params)).rstrip("?").lstrip("/")
-             for _name, params in BROWSE_PAGES]
+    """A row per page (the floor first): the medians, in seconds, and the ratios."""
     with serving(db) as (_pid, url):
-        floor, *loads = page_loads(url, ["static/style.css", *paths], repeat)
-        floor_server, *servers = server_alone(url, ["static/style.css", *paths],
-                                              max(repeat, SERVER_REPEAT))
-        in_page = in_page_loads(url, [params for _name, params in BROWSE_PAGES], repeat)
-    rows = [{"case": "floor: a static file", "sql_ms": None, "server_ms": _ms(floor_server),
-             **{part: _ms(floor[part]) for part in ("page", "server", "rest", "goto")},
-             "rows": 0, "ratio": None, "above_floor": None, "server_ratio": None,
-             "in_page_ms": None, "in_page_ratio": None, "ok": True}]
-    for (name, params), load, server_s, in_page_s in zip(BROWSE_PAGES, loads, servers, in_page):
-        sql_s, _found = sql_alone(db, params, max(repeat, SERVER_REPEAT))
-        rows.append({"case": name, "sql_ms": _ms(sql_s), "server_ms": _ms(server_s),
-                     **{part: _ms(load[part]) for part in ("page", "server", "rest", "goto")},
-                     "rows": load["rows"], "ratio": round(load["page"] / sql_s, 1),
-                     "above_floor": round(max(0.0, load["page"] - floor["page"]) / sql_s, 1),
-                     "server_ratio": round(server_s / sql_s, 2),
-                     "in_page_ms": _ms(in_page_s), "in_page_ratio": round(in_page_s / sql_s, 1),
-                     "ok": min(load["page"], in_page_s) <= BROWSE_TARGET * sql_s})
+        floor, *pages = [{measure: None if None in spent else median(spent)
+                          for measure, spent in taken.items()}
+                         for taken in browse_samples(db, url, repeat)]
+    rows = [{"case": "floor: a static file", **floor, "rows": 0, "ok": True}]
+    for (name, _params), found in zip(BROWSE_PAGES, pages):
+        sql = found["sql"]
+        rows.append({"case": name, **found, "ratio": found["page"] / sql,
+                     "above_floor": max(0.0, found["page"] - floor["page"]) / sql,
+                     "server_ratio": found["server_alone"] / sql,
+                     "in_page_ratio": None if found["in_page"] is None else found["in_page"] / sql,
+                     "ok": min(found["page"], found["in_page"] or found["page"])
+                     <= BROWSE_TARGET * sql})
     return rows
 
 
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 2)
+BROWSE_COLUMNS = (  # (heading, key, milliseconds or a ratio)
+    ("sql", "sql", True), ("server", "server_alone", True), ("page", "page", True),
+    ("=server", "server", True), ("+rest", "rest", True), ("goto", "goto", True),
+    ("in page", "in_page", True), ("rows", "rows", False), ("page/", "ratio", False),
+    ("-floor/", "above_floor", False), ("server/", "server_ratio", False),
+    ("in page/", "in_page_ratio", False))
 
 
 def print_browse(rows: list[dict], messages: int) -> None:
-    print(f"browser on {messages:,} messages: ms, and ratios to the SQL alone")
-    print(f"{'page':32} {'sql':>6} {'server':>7} | {'page':>6} {'=server':>7} {'+rest':>6}"
-          f" {'goto':>6} | {'in page':>7} | {'rows':>4} {'page/':>6} {'-floor':>6}"
-          f" {'server':>6} {'inpage':>6}  target")
+    print(f"the message browser on {messages:,} messages: milliseconds, and ratios to the sql")
+    print(f"{'page':32}" + "".join(f" {heading:>8}" for heading, _key, _ms in BROWSE_COLUMNS)
+          + "  target")
     for r in rows:
-        print(f"{r['case']:32} {_cell(r['sql_ms'], 6)} {r['server_ms']:>7} |"
-              f" {r['page']:>6} {r['server']:>7} {r['rest']:>6} {r['goto']:>6} |"
-              f" {_cell(r['in_page_ms'], 7)} | {r['rows']:>4} {_cell(r['ratio'], 6)}"
-              f" {_cell(r['above_floor'], 6)} {_cell(r['server_ratio'], 6)}"
-              f" {_cell(r['in_page_ratio'], 6)}  <={BROWSE_TARGET}"
-              f" {'ok' if r['ok'] else 'ABOVE'}")
+        cells = [_cell(r.get(key), ms) for _heading, key, ms in BROWSE_COLUMNS]
+        print(f"{r['case']:32}" + "".join(f" {cell:>8}" for cell in cells)
+              + f"  <={BROWSE_TARGET} {'ok' if r['ok'] else 'ABOVE'}")
     print("(medians. sql: the page's SQL alone, on a connection of its own; server: a GET of"
           " the page from this process, kept-alive, to its last byte; page: Chromium's"
           " navigation, network off, from its start to the load event's end (Navigation"
@@ -407,12 +387,16 @@ def print_browse(rows: list[dict], messages: int) -> None:
           " parse, scripts, subresources, layout); goto: the same seen from here through"
           " Playwright; in page: inside an open /messages page, the filter form's click to"
           " the new rows laid out (browse.js fetches the results alone). Ratios: page/ the"
-          " navigation's; -floor: (page - the static file's page) / sql; server, inpage:"
-          " theirs / sql. ok: the navigation or the in-page load within the target.)")
+          " navigation's; -floor/: (page - the static file's page) / sql; server/, in page/:"
+          " theirs / sql. ok: the navigation or the in-page load within the target. Each"
+          " measure is taken in turns with the others.)")
 
 
-def _cell(value: float | None, width: int) -> str:
-    return f"{'-' if value is None else value:>{width}}"
+def _cell(value: float | None, milliseconds: bool) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.2f}" if milliseconds else f"{value:.1f}" if isinstance(
+        value, float) else str(value)
 
 
 def generate(db: Path, messages: int) -> None:
