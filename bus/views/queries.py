@@ -231,12 +231,18 @@ def message_page_sql(filt: MessageFilter) -> str:
 def message_page_params(conn: apsw.Connection, filt: MessageFilter, now: int) -> dict[str, Any]:
     """The values message_page_sql binds: the filter's, and the seq range to walk
     (`floor`: where this page stops, see page_range)."""
+    return _page_params_and_start(conn, filt, now)[0]
+
+
+def _page_params_and_start(conn: apsw.Connection, filt: MessageFilter,
+                           now: int) -> tuple[dict[str, Any], int]:
+    """message_page_params, and where the filter's range starts (see page_range)."""
     params: dict[str, Any] = {name: getattr(filt, name) for name in filt.conditions()}
     if filt.since is not None:
         params["since"] = now - since_ms(filt.since)
-    before, floor, _start = page_range(conn, filt, params.get("since"))
+    before, floor, start = page_range(conn, filt, params.get("since"))
     params.update(before=before, floor=floor, limit=filt.limit)
-    return params
+    return params, start
 
 
 def page_range(conn: apsw.Connection, filt: MessageFilter,
@@ -262,7 +268,7 @@ def list_messages(conn: apsw.Connection, filt: MessageFilter, now: int,
     enabled = search.is_enabled(conn)
     if filt.text is not None and not enabled:
         raise search.SearchDisabled()
-    params = message_page_params(conn, filt, now)
+    params, start = _page_params_and_start(conn, filt, now)
     try:
         rows = conn.execute(message_page_sql(filt), params).fetchall()
     except apsw.SQLError as exc:  # only the FTS5 query can be malformed here
@@ -271,7 +277,7 @@ def list_messages(conn: apsw.Connection, filt: MessageFilter, now: int,
     found = [row_to_message(row, blobs, preview=200) for row in rows]
     if len(found) == filt.limit:
         return MessagePage(found, found[-1].seq, None, enabled)
-    _before, floor, start = page_range(conn, filt, params.get("since"))
+    floor = params["floor"]
     if floor > start:  # stopped at the window: the next page goes on from there
         return MessagePage(found, floor, floor, enabled)
     return MessagePage(found, None, None, enabled)
