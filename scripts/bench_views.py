@@ -21,10 +21,16 @@ and the CPU the two view processes used meanwhile, as a share of one core.
 With --browse, the message browser instead, on a generated bus of --messages
 (1,000,000 by default; scripts/gen_history.py writes it, or --db reuses one):
 each page loaded in headless Chromium with the network off (navigation to
-the load event, median of --repeat), against the same SQL run alone in this
-process (open a read-only connection, run the page's query, fetch; median).
-Target: each page <= 3x its SQL. The writers' side (publish with the browser
-open) is the first benchmark's, with a page of the browser open meanwhile.
+the load event as Navigation Timing gives it, split into the server's part and
+the rest), the same page fetched by this process alone, and the same filter
+applied inside an open page (its click to the rows laid out), against the
+same SQL run alone in this process (open a read-only connection, run the
+page's query, fetch); medians of --repeat, each measure taken in turns with
+the others. Beside them, the floor: a static file's navigation.
+Target: each page <= 3x its SQL, by navigation or in the page; the ratios of
+the page above the floor and of the server alone are printed beside it.
+The writers' side (publish with the browser open) is the first benchmark's,
+with a page of the browser open meanwhile.
 
     python scripts/bench_views.py --browse [--messages 1000000] [--db PATH] [--repeat 5]
 """

@@ -545,6 +545,9 @@ def test_console_filters_and_pages_inside_the_open_page(generated, tmp_path: Pat
         query = urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)
         assert query == {"type": ["state_change"], "before": [str(expected[size - 1])]}
         assert shown_seqs(page) == expected[size:2 * size]
+        # the new page's first rows are in view, as after a navigation (to a pixel's part)
+        top = page.evaluate("document.getElementById('results').getBoundingClientRect().top")
+        assert top > -1
         page.go_back()
         results_shown(page, 3)
         assert shown_seqs(page) == expected[:size]

@@ -43,7 +43,11 @@ async function showResults(url, startedMs, push) {
   document.getElementById("results").outerHTML = results;
   void document.getElementById("results").offsetHeight;  // lay the rows out, then time
   performance.measure("bus-results", {start: startedMs, end: performance.now()});
-  if (push) history.pushState(null, "", url);
+  if (push) {
+    history.pushState(null, "", url);
+    const shown = document.getElementById("results");
+    if (shown.getBoundingClientRect().top < 0) shown.scrollIntoView();  // as a new page would
+  }
   fillFilters(url);
   document.body.dataset.readMs = answer.headers.get("X-Bus-Read-Ms");
   document.body.dataset.lastSeq = answer.headers.get("X-Bus-Last-Seq");
