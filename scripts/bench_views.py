@@ -298,6 +298,16 @@ def navigation(page: Any, url: str) -> dict[str, float]:
             "goto": goto}
 
 
+def in_new_tab(page: Any, url: str) -> float:
+    """Seconds of a navigation to `url` (as `navigation`'s `page`) in a new tab beside
+    `page`: its cache, not its memory (a page opened anew, the browser already running)."""
+    tab = page.context.new_page()
+    try:
+        return navigation(tab, url)["page"]
+    finally:
+        tab.close()
+
+
 FILTER_INPUTS = ("type", "sender", "to", "task", "since")
 
 
@@ -306,7 +316,7 @@ def in_page(page: Any, params: dict[str, str]) -> float | None:
     open /messages `page` (bus/views/static/browse.js fetches only the results; its
     "bus-results" measure); None from a server without browse.js (an older checkout, for
     a before/after run: this script run from the other checkout, with its python)."""
-    if page.query_selector("script[src$='browse.js']") is None:
+    if page.query_selector("script[src*='browse.js'], script[data-src$='browse.js']") is None:
         return None
     for name in FILTER_INPUTS:
         page.fill(f"#filters input[name={name}]", params.get(name, ""))
@@ -333,12 +343,14 @@ def browse_samples(db: Path, url: str, repeat: int) -> list[dict[str, list[float
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=shutil.which("chromium"), args=[
             "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"])
-        navigating, browsing = browser.new_page(), browser.new_page()
+        tabs = browser.new_context()  # one cache for the tabs, as in a browser's window
+        navigating, browsing = tabs.new_page(), tabs.new_page()
         browsing.goto(url + "messages")
         for n in range(repeat + 1):
             for i, path in enumerate(paths):
                 taken = {"server_alone": server_alone(conn, path),
-                         **navigation(navigating, url + path)}
+                         **navigation(navigating, url + path),
+                         "new_tab": in_new_tab(navigating, url + path)}
                 if i:
                     params = BROWSE_PAGES[i - 1][1]
                     taken.update(sql=sql_alone(db, params), in_page=in_page(browsing, params),
@@ -373,9 +385,9 @@ def browse_rows(db: Path, repeat: int) -> list[dict]:
 BROWSE_COLUMNS = (  # (heading, key, milliseconds or a ratio)
     ("sql", "sql", True), ("server", "server_alone", True), ("page", "page", True),
     ("=server", "server", True), ("+rest", "rest", True), ("goto", "goto", True),
-    ("in page", "in_page", True), ("rows", "rows", False), ("page/", "ratio", False),
-    ("-floor/", "above_floor", False), ("server/", "server_ratio", False),
-    ("in page/", "in_page_ratio", False))
+    ("new tab", "new_tab", True), ("in page", "in_page", True), ("rows", "rows", False),
+    ("page/", "ratio", False), ("-floor/", "above_floor", False),
+    ("server/", "server_ratio", False), ("in page/", "in_page_ratio", False))
 
 
 def print_browse(rows: list[dict], messages: int) -> None:
@@ -391,7 +403,9 @@ def print_browse(rows: list[dict], messages: int) -> None:
           " navigation, network off, from its start to the load event's end (Navigation"
           " Timing) = server (the document's request to its last byte) + rest (the browser's:"
           " parse, scripts, subresources, layout); goto: the same seen from here through"
-          " Playwright; in page: inside an open /messages page, the filter form's click to"
+          " Playwright; new tab: the page's navigation in a new tab (the cache, not the"
+          " memory of the tab before); in page: inside an open /messages page, the filter"
+          " form's click to"
           " the new rows laid out (browse.js fetches the results alone). Ratios: page/ the"
           " navigation's; -floor/: (page - the static file's page) / sql; server/, in page/:"
           " theirs / sql. ok: the navigation or the in-page load within the target. Each"
