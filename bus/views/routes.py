@@ -2,7 +2,9 @@
 thing, and the tables. Each request reads through a read-only connection of its
 own, in one read transaction, with a bus/views/queries.py function, and renders
 it with bus/views/pages.py; a file that cannot be read gets a page that says
-why (503), marked stale.
+why (503), marked stale. The message browser also answers its own script
+(bus/views/static/browse.js) with the results alone, so that a filter or a page
+turned replaces only the rows of an open page.
 
 Starlette runs these plain functions in its thread pool, so a slow read never
 holds up the event streams of the live overview.
@@ -68,7 +70,7 @@ class PageReader:
     def page(self, title: str, render: Callable[[apsw.Connection, int], Safe], *,
              scripts: Sequence[str] = (), fragment: bool = False) -> HTMLResponse:
         """The page `render` makes, in the shell with `scripts`; with `fragment`, what
-        `render` made alone, its read time and last seq in headers (FRAGMENT_HEADERS)
+        `render` made alone, its read time and last seq in headers (FRAGMENT_HEADER)
         for the script that asked to put it in place (a failure is the whole page, which
         that script navigates to)."""
         now = messages.now_ms()
