@@ -10,6 +10,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.parse
+import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
@@ -393,6 +394,31 @@ def test_console_pages_answer_and_link_what_they_name(console: Server) -> None:
     assert "src/**" in html and "/agents/w1" in links(html)
     _code, html = get(console, "/claims?sort=holder&order=desc")
     assert "/agents/w1" in html and "▼" in html
+
+
+@pytest.mark.slow
+def test_console_browser_answers_its_script_with_the_results_alone(console: Server,
+                                                                  console_db: Path) -> None:
+    """What browse.js asks for: the results of the same URL, never stored, with when they
+    were read and the last seq they saw (live.js judges staleness from those)."""
+    def results(query: str):  # code, headers (any case), body
+        ask = urllib.request.Request(console.url + "messages" + query,
+                                     headers={"X-Bus-Fragment": "results"})
+        try:
+            with urllib.request.urlopen(ask, timeout=30) as answer:
+                return answer.status, answer.headers, answer.read().decode()
+        except urllib.error.HTTPError as answer:
+            return answer.code, answer.headers, answer.read().decode()
+
+    _code, whole = get(console, "/messages?type=note")
+    code, headers, part = results("?type=note")
+    assert code == 200 and part.startswith('<div id="results">') and "<form" not in part
+    assert part in whole  # the same results the page shows
+    assert headers["Cache-Control"] == "no-store"
+    assert int(headers["X-Bus-Last-Seq"]) == read(console_db, lambda conn: conn.execute(
+        "SELECT max(seq) FROM messages").get) and int(headers["X-Bus-Read-Ms"]) > 0
+    code, _headers, part = results("?since=yesterday")
+    assert code == 200 and "since: must be a number and a unit" in part
 
 
 @pytest.mark.slow
