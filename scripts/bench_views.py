@@ -21,10 +21,16 @@ and the CPU the two view processes used meanwhile, as a share of one core.
 With --browse, the message browser instead, on a generated bus of --messages
 (1,000,000 by default; scripts/gen_history.py writes it, or --db reuses one):
 each page loaded in headless Chromium with the network off (navigation to
-the load event, median of --repeat), against the same SQL run alone in this
-process (open a read-only connection, run the page's query, fetch; median).
-Target: each page <= 3x its SQL. The writers' side (publish with the browser
-open) is the first benchmark's, with a page of the browser open meanwhile.
+the load event as Navigation Timing gives it, split into the server's part and
+the rest), the same page fetched by this process alone, and the same filter
+applied inside an open page (its click to the rows laid out), against the
+same SQL run alone in this process (open a read-only connection, run the
+page's query, fetch); medians of --repeat, each measure taken in turns with
+the others. Beside them, the floor: a static file's navigation.
+Target: each page <= 3x its SQL, by navigation or in the page; the ratios of
+the page above the floor and of the server alone are printed beside it.
+The writers' side (publish with the browser open) is the first benchmark's,
+with a page of the browser open meanwhile.
 
     python scripts/bench_views.py --browse [--messages 1000000] [--db PATH] [--repeat 5]
 """
@@ -43,6 +49,7 @@ import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from typing import Callable
 from typing import Iterator
 
@@ -229,6 +236,7 @@ def print_rows(rows: list[dict]) -> None:
 # --- the message browser ---------------------------------------------------------------
 
 BROWSE_TARGET = 3.0
+SERVER_REPEAT = 20  # GETs and SQL runs per page: each is a millisecond or two
 # The pages timed: the first page, a page filtered on columns without an index
 # (it walks the log back, at most SCAN_WINDOW messages), and one on a task (its index).
 BROWSE_PAGES = (("first page", {}),
@@ -242,73 +250,173 @@ def median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-def sql_alone(path: Path, params: dict[str, str], repeat: int) -> tuple[float, int]:
-    """Seconds to open the file read-only, run the page's SQL and fetch it (median), and
-    how many rows it gives."""
+def sql_alone(path: Path, params: dict[str, str]) -> float:
+    """Seconds to open the file read-only, run the page's SQL and fetch it."""
     from bus.db import connect
     from bus.messages import now_ms
     from bus.views.queries import MessageFilter
     from bus.views.queries import message_page_params
     from bus.views.queries import message_page_sql
     filt = MessageFilter.from_params(params)
-    spent, rows = [], 0
-    for _ in range(repeat):
-        started = time.perf_counter()
-        conn = connect(path, readonly=True)
-        with conn:
-            bound = message_page_params(conn, filt, now_ms())
-            rows = len(conn.execute(message_page_sql(filt), bound).fetchall())
-        conn.close()
-        spent.append(time.perf_counter() - started)
-    return median(spent), rows
+    started = time.perf_counter()
+    conn = connect(path, readonly=True)
+    with conn:
+        bound = message_page_params(conn, filt, now_ms())
+        conn.execute(message_page_sql(filt), bound).fetchall()
+    conn.close()
+    return time.perf_counter() - started
 
 
-def page_loads(url: str, paths: list[str], repeat: int) -> list[tuple[float, int]]:
-    """For each path: seconds from navigation to the load event in headless Chromium with
-    the network off (median of `repeat`, after one load to warm up), and rows shown."""
+def server_alone(conn: Any, path: str) -> float:
+    """Seconds for a GET of `path` from this process on the kept-alive `conn`, to the last
+    byte of the answer: the server's time without the browser."""
+    started = time.perf_counter()
+    conn.request("GET", "/" + path)
+    conn.getresponse().read()
+    return time.perf_counter() - started
+
+
+# What the browser says of its last navigation (Navigation Timing): the server's
+# part is the document's request to its last byte; the rest is the browser's
+# (parse, scripts, subresources, layout) until the load event ends.
+NAVIGATION_TIMING = """() => {
+  const n = performance.getEntriesByType('navigation')[0];
+  return {page: n.loadEventEnd - n.startTime, server: n.responseEnd - n.requestStart,
+          rest: n.loadEventEnd - n.startTime - (n.responseEnd - n.requestStart)};
+}"""
+
+
+def navigation(page: Any, url: str) -> dict[str, float]:
+    """One navigation to `url` in Chromium to its load event, in seconds: `page` (from the
+    navigation's start to the end of the load event, as the browser times it), its `server`
+    and `rest` parts (NAVIGATION_TIMING), and `goto` (the same seen from here, through
+    Playwright)."""
+    started = time.perf_counter()
+    page.goto(url, wait_until="load")
+    goto = time.perf_counter() - started
+    return {**{part: ms / 1000 for part, ms in page.evaluate(NAVIGATION_TIMING).items()},
+            "goto": goto}
+
+
+def in_new_tab(page: Any, url: str) -> float:
+    """Seconds of a navigation to `url` (as `navigation`'s `page`) in a new tab beside
+    `page`: its cache, not its memory (a page opened anew, the browser already running)."""
+    tab = page.context.new_page()
+    try:
+        return navigation(tab, url)["page"]
+    finally:
+        tab.close()
+
+
+FILTER_INPUTS = ("type", "sender", "to", "task", "since")
+
+
+def in_page(page: Any, params: dict[str, str]) -> float | None:
+    """Seconds from the filter form's submit click to the new rows laid out, inside the
+    open /messages `page` (bus/views/static/browse.js fetches only the results; its
+    "bus-results" measure); None from a server without browse.js (an older checkout, for
+    a before/after run: this script run from the other checkout, with its python)."""
+    if page.query_selector("script[src*='browse.js'], script[data-src$='browse.js']") is None:
+        return None
+    for name in FILTER_INPUTS:
+        page.fill(f"#filters input[name={name}]", params.get(name, ""))
+    shown = page.evaluate("performance.getEntriesByName('bus-results').length")
+    page.click("#filters button")
+    page.wait_for_function("n => performance.getEntriesByName('bus-results').length > n",
+                           arg=shown, timeout=STARTUP_TIMEOUT_S * 1000)
+    return page.evaluate("performance.getEntriesByName('bus-results').pop().duration") / 1000
+
+
+def browse_samples(db: Path, url: str, repeat: int) -> list[dict[str, list[float]]]:
+    """For the floor and each of BROWSE_PAGES, `repeat` samples of each measure, taken in
+    turns (one of each, page after page, round after round, after a round to warm up), so
+    a load that comes and goes on a shared machine falls on all alike."""
+    import http.client
+    from urllib.parse import urlencode
+    from urllib.parse import urlsplit
     from playwright.sync_api import sync_playwright
-    found = []
+    paths = ["static/style.css"] + [("messages?" + urlencode(params)).rstrip("?")
+                                    for _name, params in BROWSE_PAGES]
+    samples: list[dict[str, list[float]]] = [{} for _ in paths]
+    where = urlsplit(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=STARTUP_TIMEOUT_S)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=shutil.which("chromium"), args=[
             "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"])
-        page = browser.new_page()
-        for path in paths:
-            page.goto(url + path)
-            spent = []
-            for _ in range(repeat):
-                started = time.perf_counter()
-                page.goto(url + path, wait_until="load")
-                spent.append(time.perf_counter() - started)
-            rows = max(0, page.eval_on_selector_all("#messages tr", "rows => rows.length") - 1)
-            found.append((median(spent), rows))
+        tabs = browser.new_context()  # one cache for the tabs, as in a browser's window
+        navigating, browsing = tabs.new_page(), tabs.new_page()
+        browsing.goto(url + "messages")
+        for n in range(repeat + 1):
+            for i, path in enumerate(paths):
+                taken = {"server_alone": server_alone(conn, path),
+                         **navigation(navigating, url + path),
+                         "new_tab": in_new_tab(navigating, url + path)}
+                if i:
+                    params = BROWSE_PAGES[i - 1][1]
+                    taken.update(sql=sql_alone(db, params), in_page=in_page(browsing, params),
+                                 rows=navigating.eval_on_selector_all(
+                                     "#messages tr", "rows => Math.max(0, rows.length - 1)"))
+                for measure, seconds in taken.items():
+                    if n:
+                        samples[i].setdefault(measure, []).append(seconds)
         browser.close()
-    return found
+    conn.close()
+    return samples
 
 
 def browse_rows(db: Path, repeat: int) -> list[dict]:
-    from urllib.parse import urlencode
-    paths = [("/messages?" + urlencode(params)).rstrip("?").lstrip("/")
-             for _name, params in BROWSE_PAGES]
+    """A row per page (the floor first): the medians, in seconds, and the ratios."""
     with serving(db) as (_pid, url):
-        floor, *loads = page_loads(url, ["static/style.css", *paths], repeat)
-    rows = [{"case": "floor: a static file", "sql_ms": 0.0, "page_ms": round(floor[0] * 1000, 2),
-             "rows": 0, "shown": 0, "ratio": "-", "ok": True}]
-    for (name, params), (page_s, shown) in zip(BROWSE_PAGES, loads):
-        sql_s, found = sql_alone(db, params, repeat)
-        rows.append({"case": name, "sql_ms": round(sql_s * 1000, 2),
-                     "page_ms": round(page_s * 1000, 2), "rows": found, "shown": shown,
-                     "ratio": round(page_s / sql_s, 2), "ok": page_s <= BROWSE_TARGET * sql_s})
+        floor, *pages = [{measure: None if None in spent else median(spent)
+                          for measure, spent in taken.items()}
+                         for taken in browse_samples(db, url, repeat)]
+    rows = [{"case": "floor: a static file", **floor, "rows": 0, "ok": True}]
+    for (name, _params), found in zip(BROWSE_PAGES, pages):
+        sql = found["sql"]
+        rows.append({"case": name, **found, "ratio": found["page"] / sql,
+                     "above_floor": max(0.0, found["page"] - floor["page"]) / sql,
+                     "server_ratio": found["server_alone"] / sql,
+                     "in_page_ratio": None if found["in_page"] is None else found["in_page"] / sql,
+                     "ok": min(found["page"], found["in_page"] or found["page"])
+                     <= BROWSE_TARGET * sql})
     return rows
 
 
+BROWSE_COLUMNS = (  # (heading, key, milliseconds or a ratio)
+    ("sql", "sql", True), ("server", "server_alone", True), ("page", "page", True),
+    ("=server", "server", True), ("+rest", "rest", True), ("goto", "goto", True),
+    ("new tab", "new_tab", True), ("in page", "in_page", True), ("rows", "rows", False),
+    ("page/", "ratio", False), ("-floor/", "above_floor", False),
+    ("server/", "server_ratio", False), ("in page/", "in_page_ratio", False))
+
+
 def print_browse(rows: list[dict], messages: int) -> None:
-    print(f"browser on {messages:,} messages {'sql alone ms':>14} {'page ms':>9} {'rows':>5}"
-          f" {'ratio':>7}  target")
+    print(f"the message browser on {messages:,} messages: milliseconds, and ratios to the sql")
+    print(f"{'page':32}" + "".join(f" {heading:>8}" for heading, _key, _ms in BROWSE_COLUMNS)
+          + "  target")
     for r in rows:
-        print(f"{r['case']:32} {r['sql_ms']:>14} {r['page_ms']:>9} {r['shown']:>5}"
-              f" {r['ratio']:>7}  <={BROWSE_TARGET} {'ok' if r['ok'] else 'ABOVE'}")
-    print("(page: navigation to the load event in headless Chromium, network off; the floor is"
-          " what any navigation costs here, whatever the page)")
+        cells = [_cell(r.get(key), ms) for _heading, key, ms in BROWSE_COLUMNS]
+        print(f"{r['case']:32}" + "".join(f" {cell:>8}" for cell in cells)
+              + f"  <={BROWSE_TARGET} {'ok' if r['ok'] else 'ABOVE'}")
+    print("(medians. sql: the page's SQL alone, on a connection of its own; server: a GET of"
+          " the page from this process, kept-alive, to its last byte; page: Chromium's"
+          " navigation, network off, from its start to the load event's end (Navigation"
+          " Timing) = server (the document's request to its last byte) + rest (the browser's:"
+          " parse, scripts, subresources, layout); goto: the same seen from here through"
+          " Playwright; new tab: the page's navigation in a new tab (the cache, not the"
+          " memory of the tab before); in page: inside an open /messages page, the filter"
+          " form's click to"
+          " the new rows laid out (browse.js fetches the results alone). Ratios: page/ the"
+          " navigation's; -floor/: (page - the static file's page) / sql; server/, in page/:"
+          " theirs / sql. ok: the navigation or the in-page load within the target. Each"
+          " measure is taken in turns with the others.)")
+
+
+def _cell(value: float | None, milliseconds: bool) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.2f}" if milliseconds else f"{value:.1f}" if isinstance(
+        value, float) else str(value)
 
 
 def generate(db: Path, messages: int) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.parse
+import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
@@ -396,6 +397,31 @@ def test_console_pages_answer_and_link_what_they_name(console: Server) -> None:
 
 
 @pytest.mark.slow
+def test_console_browser_answers_its_script_with_the_results_alone(console: Server,
+                                                                  console_db: Path) -> None:
+    """What browse.js asks for: the results of the same URL, never stored, with when they
+    were read and the last seq they saw (live.js judges staleness from those)."""
+    def results(query: str):  # code, headers (any case), body
+        ask = urllib.request.Request(console.url + "messages" + query,
+                                     headers={"X-Bus-Fragment": "results"})
+        try:
+            with urllib.request.urlopen(ask, timeout=30) as answer:
+                return answer.status, answer.headers, answer.read().decode()
+        except urllib.error.HTTPError as answer:
+            return answer.code, answer.headers, answer.read().decode()
+
+    _code, whole = get(console, "/messages?type=note")
+    code, headers, part = results("?type=note")
+    assert code == 200 and part.startswith('<div id="results">') and "<form" not in part
+    assert part in whole  # the same results the page shows
+    assert headers["Cache-Control"] == "no-store"
+    assert int(headers["X-Bus-Last-Seq"]) == read(console_db, lambda conn: conn.execute(
+        "SELECT max(seq) FROM messages").get) and int(headers["X-Bus-Read-Ms"]) > 0
+    code, _headers, part = results("?since=yesterday")
+    assert code == 200 and "since: must be a number and a unit" in part
+
+
+@pytest.mark.slow
 def test_console_says_what_is_missing_or_wrong(console: Server) -> None:
     assert get(console, "/messages/999")[0] == 404
     assert get(console, "/workers/nobody")[0] == 404
@@ -503,6 +529,72 @@ def test_console_filters_round_trip_through_the_url(generated, tmp_path: Path) -
         assert page.input_value("input[name=type]") == "state_change"
         assert page.input_value("input[name=sender]") == "worker-03"
         screenshot(page, tmp_path, "console-messages")
+        browser.close()
+    assert elsewhere == []
+
+
+def shown_seqs(page) -> list[int]:
+    return page.eval_on_selector_all(
+        "#messages tr", "rows => rows.slice(1).map(r => Number(r.cells[0].textContent))")
+
+
+def results_shown(page, count: int) -> None:
+    """Wait until browse.js has put `count` results in place since the page loaded."""
+    page.wait_for_function("n => performance.getEntriesByName('bus-results').length >= n",
+                           arg=count, timeout=PAGE_TIMEOUT_MS)
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_console_filters_and_pages_inside_the_open_page(generated, tmp_path: Path) -> None:
+    """With scripts, a filter or a page turned replaces the rows in place (no navigation),
+    with every filter in the URL, back and forward included; without, the same form and
+    links navigate; a bus that cannot be read then gets the page that says so."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    server, db = generated
+    size = queries.PAGE_SIZE
+    every = reference(db, lambda t, f, to, c: True)
+    expected = reference(db, lambda t, f, to, c: t == "state_change")
+    assert len(expected) > size  # so there is an older page
+    elsewhere: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        browser, page = offline_page(pw, server, elsewhere)
+        page.goto(server.url + "messages")
+        page.evaluate("window.sameDocument = true")
+        page.fill("input[name=type]", "state_change")
+        page.click("#filters button")
+        results_shown(page, 1)
+        assert urllib.parse.urlparse(page.url).query == "type=state_change"
+        assert shown_seqs(page) == expected[:size]
+        page.click("#older")
+        results_shown(page, 2)
+        query = urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)
+        assert query == {"type": ["state_change"], "before": [str(expected[size - 1])]}
+        assert shown_seqs(page) == expected[size:2 * size]
+        # the new page's first rows are in view, as after a navigation (to a pixel's part)
+        top = page.evaluate("document.getElementById('results').getBoundingClientRect().top")
+        assert top > -1
+        page.go_back()
+        results_shown(page, 3)
+        assert shown_seqs(page) == expected[:size]
+        page.go_back()
+        results_shown(page, 4)
+        assert page.url == server.url + "messages" and page.input_value("input[name=type]") == ""
+        assert shown_seqs(page) == every[:size]
+        assert page.evaluate("window.sameDocument") is True  # never navigated
+        page.wait_for_function("document.getElementById('live').textContent.endsWith('current')",
+                               timeout=PAGE_TIMEOUT_MS)
+        screenshot(page, tmp_path, "console-messages-in-page")
+        without = browser.new_context(java_script_enabled=False).new_page()
+        without.goto(server.url + "messages?type=state_change")
+        without.click("#older")
+        without.wait_for_url(re.compile(r"before="))
+        assert shown_seqs(without) == expected[size:2 * size]
+        broken = break_the_file(db, "overwritten", tmp_path)
+        page.click("#newest")  # the results cannot be read: the page that says why
+        page.wait_for_function("document.getElementById('live').className === 'stale'",
+                               timeout=PAGE_TIMEOUT_MS)
+        assert re.search(broken, page.text_content("#error").replace("&#x27;", "'"))
         browser.close()
     assert elsewhere == []
 

@@ -11,6 +11,8 @@ marks it stale from there (see that file).
 from __future__ import annotations
 
 import html
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 from typing import Iterable
 from typing import Sequence
@@ -30,6 +32,31 @@ NAV = (("/", "overview"), ("/messages", "messages"), ("/agents", "agents"),
        ("/reservations", "reservations"), ("/channels", "channels"),
        ("/dead-letters", "dead letters"), ("/pump", "pump units"))
 PREVIEW_CHARS = 120
+
+
+STATIC = Path(__file__).resolve().parent / "static"
+
+
+def inline_asset(name: str) -> str:
+    """The text of /static/NAME, as a page's own `<style>` or `<script>` element.
+
+    The console's pages carry their style and scripts (7 KB) instead of linking
+    them: a page opened in a new tab then asks for nothing but itself. Linked,
+    they came from the cache, and still cost a new tab 20 ms of 77 on this
+    machine (docs/benchmarks.md).
+    """
+    found = (STATIC / name).stat()
+    return _inline_asset(name, found.st_mtime_ns, found.st_size)
+
+
+@lru_cache(maxsize=16)
+def _inline_asset(name: str, _mtime_ns: int, _size: int) -> str:
+    text = (STATIC / name).read_text(encoding="utf-8")
+    if name.endswith(".css"):
+        return f"<style>{text}</style>"
+    # "</" would end the element early; in a script it may only be in a string or a comment
+    code = text.replace("</", "<\\/")
+    return f'<script data-src="/static/{name}">{code}</script>'
 
 
 class Safe(str):
@@ -56,33 +83,55 @@ def messages_href(**params: Any) -> str:
     return "/messages" + ("?" + urlencode(given) if given else "")
 
 
+# The links to named things are kept once made: a page of fifty messages names a
+# few agents, types and tasks many times, and quoting and escaping them again was
+# most of the time the browser's server spent on a page (docs/benchmarks.md).
+NAMES_KEPT = 4096
+
+
+@lru_cache(maxsize=NAMES_KEPT)
 def agent_link(name: str | None) -> Safe:
     return link(f"/agents/{quote(name, safe='')}", name) if name else esc("(everyone)")
 
 
+@lru_cache(maxsize=NAMES_KEPT)
 def worker_link(name: str) -> Safe:
     return link(f"/workers/{quote(name, safe='')}", name)
 
 
+@lru_cache(maxsize=NAMES_KEPT)
 def channel_link(name: str) -> Safe:
     return link(f"/channels/{quote(name, safe='')}", name)
 
 
 def message_link(seq: int) -> Safe:
+    if isinstance(seq, int):  # nothing to escape in a number (and fifty on a page)
+        return Safe(f'<a href="/messages/{seq}">{seq}</a>')
     return link(f"/messages/{seq}", seq)
 
 
+@lru_cache(maxsize=NAMES_KEPT)
 def type_link(type_: str) -> Safe:
     return link(messages_href(type=type_), type_)
 
 
+@lru_cache(maxsize=NAMES_KEPT)
 def task_link(task: str | None) -> Safe:
     """A task's page: its place in the graph, its lease, and a link to its messages."""
     return link(f"/tasks/{quote(task, safe='')}", task) if task else esc(None)
 
 
 def when(ts_ms: int | None) -> Safe:
-    return esc(iso_utc(ts_ms) if ts_ms is not None else None)
+    """As bus.messages.iso_utc, with the second's text kept once made (a page of a busy
+    log shows many messages of the same second)."""
+    if ts_ms is None:
+        return esc(None)
+    return Safe(f"{_iso_second(ts_ms // 1000)}.{ts_ms % 1000:03d}Z")
+
+
+@lru_cache(maxsize=NAMES_KEPT)
+def _iso_second(ts_s: int) -> str:
+    return iso_utc(ts_s * 1000)[:-5]
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, id: str = "",
@@ -126,17 +175,21 @@ def _sort_key(value: Any) -> tuple[int, Any]:
     return (1, str(value))
 
 
-def shell(title: str, body: str, read_ms: int, last_seq: int) -> str:
-    """The page around `body`: navigation, the live/stale marker and live.js."""
+def shell(title: str, body: str, read_ms: int, last_seq: int,
+          scripts: Sequence[str] = ()) -> str:
+    """The page around `body`: navigation, the live/stale marker, live.js and `scripts`
+    (more of /static's), with the style, all inline (see inline_asset)."""
     nav = join((link(href, name) for href, name in NAV), " · ")
     return (
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{esc(title)} · bus serve</title>"
-        "<link rel=\"stylesheet\" href=\"/static/style.css\"></head>"
+        f"{inline_asset('style.css')}</head>"
         f"<body data-read-ms=\"{read_ms}\" data-last-seq=\"{last_seq}\">"
         f"<header><h1>{esc(title)}</h1><nav>{nav}</nav>"
         f"<p id=\"live\" class=\"\">read at {when(read_ms)}</p></header>"
-        f"<main>{body}</main><script src=\"/static/live.js\"></script></body></html>")
+        f"<main>{body}</main>"
+        + "".join(inline_asset(name) for name in ("live.js", *scripts))
+        + "</body></html>")
 
 
 def failure_page(title: str, error: str, read_ms: int) -> str:
@@ -165,7 +218,13 @@ def message_rows(found: Iterable[Message]) -> list[list[Any]]:
 
 
 def messages_table(found: Iterable[Message], id: str) -> Safe:
-    return table(MESSAGE_COLUMNS, message_rows(found), id=id)
+    """`table` of message_rows, joined here without `table`'s keyword handling (the
+    browser's page shows fifty of these rows; see docs/benchmarks.md)."""
+    body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>"
+                   for row in message_rows(found))
+    head = "".join(f"<th>{c}</th>" for c in MESSAGE_COLUMNS)
+    return Safe(f'<table id="{html.escape(id)}"><tr>{head}</tr>'
+                f"{body or '<tr><td>none</td></tr>'}</table>")
 
 
 # --- the browser -----------------------------------------------------------------
@@ -176,7 +235,7 @@ _FILTER_FIELDS = (("type", "type"), ("sender", "from"), ("to", "to"), ("task", "
 
 
 def messages_page(filt: MessageFilter, page: MessagePage | None, error: str | None) -> Safe:
-    """The filter form (a GET form: the filters are the URL), the page and its links."""
+    """The filter form (a GET form: the filters are the URL), then messages_results."""
     inputs = "".join(
         f'<label>{esc(label)} <input name="{name}" value="{esc(getattr(filt, name) or "")}"'
         f'{" disabled" if name == "text" and page is not None and not page.search_enabled else ""}'
@@ -184,8 +243,14 @@ def messages_page(filt: MessageFilter, page: MessagePage | None, error: str | No
     form = (f'<form id="filters" method="get" action="/messages">{inputs}'
             '<button type="submit">filter</button> '
             f'{link("/messages", "clear", id="clear")}</form>')
+    return Safe(form + messages_results(filt, page, error))
+
+
+def messages_results(filt: MessageFilter, page: MessagePage | None, error: str | None) -> Safe:
+    """What the filters found: the page and its links, or why not (`error`). Also served
+    alone, for /static/browse.js to put in place of the one shown (see Console.browse)."""
     if error is not None:
-        return Safe(form + f'<p class="error" id="error">{esc(error)}</p>')
+        return Safe(f'<div id="results"><p class="error" id="error">{esc(error)}</p></div>')
     assert page is not None
     notes = []
     if not page.search_enabled:
@@ -198,8 +263,8 @@ def messages_page(filt: MessageFilter, page: MessagePage | None, error: str | No
     if page.next_before is not None:
         paging.append(link(messages_href(**filt.params(before=page.next_before)), "older →",
                            id="older"))
-    return Safe(form + "".join(f'<p class="note">{esc(n)}</p>' for n in notes)
-                + messages_table(page.messages, "messages") + f'<p>{join(paging, " ")}</p>')
+    return Safe('<div id="results">' + "".join(f'<p class="note">{esc(n)}</p>' for n in notes)
+                + messages_table(page.messages, "messages") + f'<p>{join(paging, " ")}</p></div>')
 
 
 # --- one thing each ----------------------------------------------------------------

@@ -2,7 +2,9 @@
 thing, and the tables. Each request reads through a read-only connection of its
 own, in one read transaction, with a bus/views/queries.py function, and renders
 it with bus/views/pages.py; a file that cannot be read gets a page that says
-why (503), marked stale.
+why (503), marked stale. The message browser also answers its own script
+(bus/views/static/browse.js) with the results alone, so that a filter or a page
+turned replaces only the rows of an open page.
 
 Starlette runs these plain functions in its thread pool, so a slow read never
 holds up the event streams of the live overview.
@@ -14,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 from typing import Callable
+from typing import Sequence
 
 import apsw
 from starlette.requests import Request
@@ -38,6 +41,11 @@ from bus.views.queries import MessageFilter
 
 GIT_TIMEOUT_S = 5
 COMMITS_MAX = 50
+# The message browser applies a filter or turns a page inside the open page: its script
+# asks for the results alone with this header (a navigation, without the script, gets
+# the whole page at the same URL).
+FRAGMENT_HEADER = "x-bus-fragment"
+BROWSE_SCRIPTS = ("browse.js",)
 
 
 class NotFound(Exception):
@@ -59,7 +67,12 @@ class PageReader:
             return self.page(title, lambda conn, now: render(conn, now, params))
         return endpoint
 
-    def page(self, title: str, render: Callable[[apsw.Connection, int], Safe]) -> HTMLResponse:
+    def page(self, title: str, render: Callable[[apsw.Connection, int], Safe], *,
+             scripts: Sequence[str] = (), fragment: bool = False) -> HTMLResponse:
+        """The page `render` makes, in the shell with `scripts`; with `fragment`, what
+        `render` made alone, its read time and last seq in headers (FRAGMENT_HEADER)
+        for the script that asked to put it in place (a failure is the whole page, which
+        that script navigates to)."""
         now = messages.now_ms()
         try:
             conn = connect(self.path, readonly=True)
@@ -76,7 +89,12 @@ class PageReader:
         except Exception as exc:  # the page says why, as the overview does
             failure = read_failure(exc, self.path)
             return HTMLResponse(pages.failure_page(title, str(failure), now), status_code=503)
-        return HTMLResponse(pages.shell(title, body, now, last))
+        if fragment:
+            # never stored: a history navigation to this URL must get the whole page
+            return HTMLResponse(body, headers={"Cache-Control": "no-store",
+                                               "X-Bus-Read-Ms": str(now),
+                                               "X-Bus-Last-Seq": str(last)})
+        return HTMLResponse(pages.shell(title, body, now, last, scripts))
 
 
 def routes(path: str, history: History | None = None) -> list[Route]:
@@ -116,19 +134,24 @@ class Console:
         self.history = history
 
     def browse(self, request: Request) -> HTMLResponse:
+        """The message browser; asked by /static/browse.js (FRAGMENT_HEADER), only its
+        results, which that script puts in place of the ones shown."""
+        fragment = request.headers.get(FRAGMENT_HEADER) == "results"
+        show = pages.messages_results if fragment else pages.messages_page
         try:
             filt = MessageFilter.from_params(dict(request.query_params))
         except ValidationFailed as exc:
-            return self.reader.page("messages", lambda conn, now: pages.messages_page(
-                MessageFilter(), None, f"{exc.field}: {exc.reason}"))
+            return self.reader.page("messages", lambda conn, now: show(
+                MessageFilter(), None, f"{exc.field}: {exc.reason}"),
+                scripts=BROWSE_SCRIPTS, fragment=fragment)
 
         def render(conn: apsw.Connection, now: int) -> Safe:
             try:
                 page = queries.list_messages(conn, filt, now)
             except (ValidationFailed, SearchDisabled) as exc:
-                return pages.messages_page(filt, None, str(exc))
-            return pages.messages_page(filt, page, None)
-        return self.reader.page("messages", render)
+                return show(filt, None, str(exc))
+            return show(filt, page, None)
+        return self.reader.page("messages", render, scripts=BROWSE_SCRIPTS, fragment=fragment)
 
     def message(self, request: Request) -> HTMLResponse:
         seq = request.path_params["seq"]

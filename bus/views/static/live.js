@@ -1,5 +1,6 @@
 // Every page but the overview: what it shows was read once, at data-read-ms,
-// up to seq data-last-seq. The server's event stream (one reader for every page)
+// up to seq data-last-seq (which browse.js moves on when it shows newer results,
+// and then sends "bus-read"). The server's event stream (one reader for every page)
 // tells it whether the bus has moved on since, or cannot be read at all:
 // - the bus cannot be read: "stale: since T, <why>";
 // - the page is older than STALE_AFTER_MS and newer messages exist: "stale: read at T,
@@ -9,8 +10,6 @@
 
 const STALE_AFTER_MS = 5000;
 const SILENCE_MS = 10000;
-const readMs = Number(document.body.dataset.readMs);
-const pageSeq = Number(document.body.dataset.lastSeq);
 const marker = document.getElementById("live");
 let latest = null;
 let failure = marker.className === "stale" ? "the bus could not be read" : null;
@@ -25,6 +24,8 @@ function show(text, stale) {
 
 function judge() {
   if (failure !== null) { show("stale: " + failure, true); return; }
+  const readMs = Number(document.body.dataset.readMs);
+  const pageSeq = Number(document.body.dataset.lastSeq);
   const age = Date.now() - readMs;
   const newer = latest === null ? 0 : latest.status.log.last_seq - pageSeq;
   if (newer > 0 && age > STALE_AFTER_MS) {
@@ -54,5 +55,6 @@ events.onmessage = (event) => {
   judge();
 };
 events.onerror = () => { failure = "the server does not answer; reconnecting"; judge(); };
+document.addEventListener("bus-read", judge);
 setInterval(judge, 1000);
 expectNews();
