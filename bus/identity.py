@@ -2,8 +2,8 @@
 
 An agent started by the `worker spawn` workflow runs in that worker's git
 worktree, so the directory names the worker. The `workers` table
-(migrations/0003_workers.sql) is read here directly: the bus must not import
-the `workers` package, which sits above it.
+(bus/worker_table.py) is read here directly: the bus must not import the
+`workers` package, which sits above it.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from typing import NamedTuple
 import apsw
 
 from bus.errors import AgentNotResolved
+from bus.worker_table import TERMINAL_STATES
 
 AUTO = "auto"  # the --agent value that asks for this resolution
-# workers/machine.py's TERMINAL, spelled out here for the same layering reason.
-TERMINAL_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED"})
 _LISTED = 5  # workers an error names before it says "and N more"
 
 

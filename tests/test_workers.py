@@ -1187,3 +1187,9 @@ def test_workers_random_commands_never_leave_the_machine(tmp_path: Path, data) -
             assert change["to"] == replayed
         assert replayed == ws.get("w1").state
         event(f"ended {replayed}")  # see --hypothesis-show-statistics
+
+
+def test_the_lifecycles_terminal_states_are_the_ones_every_reader_of_the_table_uses():
+    from bus.worker_table import TERMINAL_STATES
+
+    assert machine.TERMINAL == TERMINAL_STATES

@@ -27,7 +27,7 @@ CANCELLED = "CANCELLED"
 FAILED = "FAILED"
 
 STATES = (ASSIGNED, WORKING, IN_REVIEW, APPROVED, COMPLETED, CANCELLED, FAILED)
-TERMINAL = frozenset({COMPLETED, CANCELLED, FAILED})
+TERMINAL = frozenset({COMPLETED, CANCELLED, FAILED})  # bus.worker_table.TERMINAL_STATES
 ACTIVE = tuple(s for s in STATES if s not in TERMINAL)
 
 # (state, command) -> next state. The whole machine; nothing else decides.

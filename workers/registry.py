@@ -1,4 +1,6 @@
-"""The `workers` table: one row per worker, and its JSON mirror for people and git.
+"""The `workers` table as the lifecycle writes it, and its JSON mirror for people and git.
+
+The row's shape and its readers are bus/worker_table.py's.
 
 The row is the truth. After each transition the mirror
 `<db dir>/workers/<worker>.json` is rewritten atomically; a crash between
@@ -8,7 +10,6 @@ the commit and the rewrite leaves it one step behind until the next one.
 from __future__ import annotations
 
 from dataclasses import asdict
-from dataclasses import dataclass
 from pathlib import Path
 
 import apsw
@@ -16,16 +17,19 @@ import orjson
 
 from blobs.files import write_atomically
 from bus.errors import BusError
+from bus.worker_table import COLUMNS
+from bus.worker_table import Worker
+from bus.worker_table import get_worker
+from bus.worker_table import list_workers
 
-_COLUMNS = ("worker_id, task_id, state, repo, base, branch, worktree, head_commit,"
-            " merge_commit, note, created_at_ms, updated_at_ms")
-_GET_SQL = f"SELECT {_COLUMNS} FROM workers WHERE worker_id = ?"
-_LIST_SQL = f"SELECT {_COLUMNS} FROM workers ORDER BY created_at_ms, worker_id"
+__all__ = ["UnknownWorker", "Worker", "WorkerExists", "exists", "get", "insert",
+           "list_workers", "others_on_task", "update", "write_mirror"]
+
 _OTHERS_ON_TASK_SQL = (
-    f"SELECT {_COLUMNS} FROM workers WHERE task_id = ? AND worker_id != ?"
+    f"SELECT {COLUMNS} FROM workers WHERE task_id = ? AND worker_id != ?"
     " AND state NOT IN ('COMPLETED', 'CANCELLED', 'FAILED') ORDER BY created_at_ms, worker_id"
 )
-_INSERT_SQL = f"INSERT INTO workers ({_COLUMNS}) VALUES ({', '.join('?' * 12)})"
+_INSERT_SQL = f"INSERT INTO workers ({COLUMNS}) VALUES ({', '.join('?' * 12)})"
 _UPDATE_SQL = (
     "UPDATE workers SET state = ?, head_commit = ?, merge_commit = ?, note = ?,"
     " updated_at_ms = ? WHERE worker_id = ? AND state = ?"
@@ -48,38 +52,15 @@ class WorkerExists(BusError):
         self.worker = worker
 
 
-@dataclass(frozen=True)
-class Worker:
-    worker: str
-    task: str
-    state: str
-    repo: str
-    base: str
-    branch: str
-    worktree: str
-    head_commit: str | None
-    merge_commit: str | None
-    note: str | None
-    created_at_ms: int
-    updated_at_ms: int
-
-    def to_json_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-
 def get(conn: apsw.Connection, worker: str) -> Worker:
-    row = conn.execute(_GET_SQL, (worker,)).fetchone()
-    if row is None:
+    found = get_worker(conn, worker)
+    if found is None:
         raise UnknownWorker(worker)
-    return Worker(*row)
+    return found
 
 
 def exists(conn: apsw.Connection, worker: str) -> bool:
-    return conn.execute(_GET_SQL, (worker,)).fetchone() is not None
-
-
-def list_workers(conn: apsw.Connection) -> list[Worker]:
-    return [Worker(*row) for row in conn.execute(_LIST_SQL)]
+    return get_worker(conn, worker) is not None
 
 
 def others_on_task(conn: apsw.Connection, task: str, worker: str) -> list[Worker]:

@@ -28,8 +28,8 @@ from bus.history.extract import HEARTBEAT_TYPE
 from bus.history.extract import HOLD_ENDING_TYPES
 from bus.history.extract import Known
 from bus.history.extract import with_payload_fields
+from bus.worker_table import TERMINAL_STATES
 
-TERMINAL_STATES = ("COMPLETED", "CANCELLED", "FAILED")  # workers/machine.py TERMINAL
 SILENCE_TOP = 3  # largest gaps reported per agent
 MAX_SILENCE_TOP = 100_000  # the most max_by(..., k) keeps per group
 ISO_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"  # the export's `ts` format (session time zone UTC)
@@ -96,7 +96,7 @@ def stuck(messages: DataFrame, after_seconds: float = STUCK_AFTER_SECONDS,
     latest = F.max_by(F.struct("state", "ts_ms", "seq"), F.struct("ts_ms", "seq"))
     last = (state_changes(messages).groupBy("worker", "task").agg(latest.alias("last"))
             .select("worker", "task", "last.*")
-            .where(~F.col("state").isin(*TERMINAL_STATES)))
+            .where(~F.col("state").isin(*sorted(TERMINAL_STATES))))
     ended = hold_ends(messages)
     still_held = last.join(ended, (last["task"] == ended["ended_task"])
                            & (ended["holder"].isNull() | (last["worker"] == ended["holder"]))

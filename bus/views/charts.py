@@ -11,7 +11,7 @@ from typing import Any
 
 import apsw
 
-from bus.views.queries import TERMINAL_STATES
+from bus.worker_table import TERMINAL_STATES
 from bus.views.status import Status
 
 HISTORY_WINDOW_MS = 3600 * 1000  # throughput, lag and takeovers: the last hour

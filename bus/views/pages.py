@@ -359,7 +359,7 @@ def worker_page(detail: queries.WorkerDetail) -> Safe:
              ("branch", w.branch), ("base", w.base), ("repository", w.repo),
              ("worktree", w.worktree), ("head commit", w.head_commit),
              ("merge commit", w.merge_commit), ("review note", w.note),
-             ("created", when(w.created_ms)), ("updated", when(w.updated_ms))]
+             ("created", when(w.created_at_ms)), ("updated", when(w.updated_at_ms))]
     history = table(("seq", "time", "from", "to", "command"),
                     [[message_link(h.seq), when(h.ts_ms), h.from_state, h.to_state, h.command]
                      for h in detail.history], id="history")

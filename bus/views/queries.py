@@ -44,6 +44,8 @@ from bus.reservations import has_reservations_table
 from bus.reservations import live_reservations
 from bus.tasks import TaskDetail
 from bus.tasks import Task
+from bus.worker_table import Worker
+from bus.worker_table import get_worker
 
 PAGE_SIZE = 50
 PAGE_SIZE_MAX = 500
@@ -52,9 +54,6 @@ REPLY_WINDOW = 10_000  # replies are looked for among this many messages after t
 THREAD_MAX = 50  # of a conversation on a message's page; the browser pages through the rest
 RECENT_MAX = 20
 PREVIEW_BYTES = 4096  # of a payload kept in the blob store
-# The lifecycle's states a worker never leaves (workers/machine.py TERMINAL; the
-# views read the log, they do not import the lifecycle).
-TERMINAL_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED"})
 # What the bus announces when a lease changes hands or ends (bus/claims.py _announce).
 CLAIM_EVENT_TYPES = ("task_reclaimed", "task_released", "task_dead")
 
@@ -89,14 +88,6 @@ _DELIVERIES_SQL = (
 )
 _CHANNEL_OF_SQL = ("SELECT c.name, m.topic, m.priority, m.status FROM channel_messages m"
                    " JOIN channels c ON c.id = m.channel_id WHERE m.seq = ?")
-_WORKERS_SQL = (
-    "SELECT worker_id, task_id, state, repo, base, branch, worktree, head_commit, merge_commit,"
-    " note, created_at_ms, updated_at_ms FROM workers ORDER BY worker_id"
-)
-_WORKER_SQL = (
-    "SELECT worker_id, task_id, state, repo, base, branch, worktree, head_commit, merge_commit,"
-    " note, created_at_ms, updated_at_ms FROM workers WHERE worker_id = ?"
-)
 # A worker's transitions are its own state_change messages (the lifecycle
 # publishes each in the transaction that makes it); from the newest back.
 _STATE_CHANGES_SQL = (
@@ -406,30 +397,11 @@ def agent_detail(conn: apsw.Connection, agent: str, now: int,
         conn.execute(_CHANNELS_OF_AGENT_SQL, (agent,)).fetchall(),
         _messages(conn, _FROM_RECENT_SQL, {"agent": agent, "floor": floor, "limit": RECENT_MAX}),
         _messages(conn, _TO_RECENT_SQL, (agent, RECENT_MAX)),
-        conn.execute(_WORKER_SQL, (agent,)).fetchone() is not None,
+        get_worker(conn, agent) is not None,
         [r for r in list_reservations(conn, now) if r.agent == agent])
 
 
 # --- workers -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Worker:
-    worker: str
-    task: str
-    state: str
-    repo: str
-    base: str
-    branch: str
-    worktree: str
-    head_commit: str | None
-    merge_commit: str | None
-    note: str | None
-    created_ms: int
-    updated_ms: int
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -456,22 +428,18 @@ class WorkerDetail:
                 "commits": self.commits, "commits_note": self.commits_note}
 
 
-def list_workers(conn: apsw.Connection) -> list[Worker]:
-    return [Worker(*row) for row in conn.execute(_WORKERS_SQL)]
-
-
 def worker_detail(conn: apsw.Connection, worker: str) -> WorkerDetail | None:
     """A worker's row, its state history (from its state_change messages among the
     newest SCAN_WINDOW) and its newest messages; None if there is no such worker."""
-    row = conn.execute(_WORKER_SQL, (worker,)).fetchone()
-    if row is None:
+    found = get_worker(conn, worker)
+    if found is None:
         return None
     floor = max(0, messages.last_seq(conn) - SCAN_WINDOW)
     history = [StateChange(*r) for r in conn.execute(_STATE_CHANGES_SQL,
                                                      {"worker": worker, "floor": floor})]
     sent = _messages(conn, _FROM_RECENT_SQL, {"agent": worker, "floor": floor,
                                               "limit": RECENT_MAX})
-    return WorkerDetail(Worker(*row), history, sent)
+    return WorkerDetail(found, history, sent)
 
 
 # --- channels, dead letters, pump units, claims -------------------------------------------

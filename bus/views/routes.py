@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from bus import claims
 from bus import messages
+from bus import worker_table
 from bus.blob_store import BusBlobStore
 from bus.db import connect
 from bus.db import translate_busy
@@ -195,7 +196,7 @@ class Console:
         return self.reader.page(f"task {name}", render)
 
 
-def branch_commits(worker: queries.Worker) -> tuple[list[str] | None, str]:
+def branch_commits(worker: worker_table.Worker) -> tuple[list[str] | None, str]:
     """The worker's commits not on its base (`git log base..branch`), or None and why not:
     the repository may be on another machine, or gone."""
     argv = ["git", "-C", worker.repo, "log", f"--max-count={COMMITS_MAX}",
@@ -228,16 +229,16 @@ def agents_table(conn: apsw.Connection, now: int, params: dict[str, str]) -> Saf
 
 
 _WORKER_SORT = {"worker": "worker", "task": "task", "state": "state", "branch": "branch",
-                "updated": "updated_ms"}
+                "updated": "updated_at_ms"}
 
 
 def workers_table(conn: apsw.Connection, _now: int, params: dict[str, str]) -> Safe:
-    found = queries.list_workers(conn)
+    found = worker_table.list_workers(conn)
     rows, sort = pages.sort_rows(found, params, _WORKER_SORT, "worker")
     return pages.join([pages.counts("workers", pages.tally(w.state for w in found)), pages.table(
         ("worker", "task", "state", "branch", "updated"),
         [[pages.worker_link(w.worker), pages.task_link(w.task), w.state, w.branch,
-          pages.when(w.updated_ms)] for w in rows], id="workers", sort=sort,
+          pages.when(w.updated_at_ms)] for w in rows], id="workers", sort=sort,
         sortable=tuple(_WORKER_SORT))])
 
 
