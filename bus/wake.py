@@ -25,16 +25,17 @@ between looks is the only question:
   `synchronous=FULL` that gap is the commit's fsync) wakes it only at the
   50 ms look.
 - An event that comes while the waiter sleeps means another connection is
-  committing now: the waiter then looks again and again without sleeping,
-  for up to 0.2 ms, until the commit's header is published. Sleeping
-  between looks instead, it was woken again by each of the commit's other
-  WAL writes, and each wake-up was paid in the writer's time: another
-  process's publish took 0.12 ms beside a sleeping waiter, 0.07 ms beside
-  a looking one, and the waiter saw it 0.10 ms after the publish began
-  instead of 0.15 ms (docs/benchmarks.md, issue 33). Events
-  already queued when a wait begins are mostly the waiter's own commits
-  (which never change its data_version): they get the looks after 20 µs
-  and more, never the spinning.
+  committing now: a waiter alone in its process then looks again and again
+  without sleeping, for up to 0.2 ms, until the commit's header is
+  published. Sleeping between looks instead, it was woken again by each of
+  the commit's other WAL writes, and each wake-up was paid in the writer's
+  time: another process's publish took 0.12 ms beside a sleeping waiter,
+  0.07 ms beside a looking one, and the waiter saw it 0.10 ms after the
+  publish began instead of 0.15 ms (docs/benchmarks.md, issue 33). Many
+  waiting threads of one process sleep, as before (see
+  `_look_while_committing`). Events already queued when a wait begins are
+  mostly the waiter's own commits (which never change its data_version):
+  they get the looks after 20 µs and more, never the spinning.
 - Without inotify, it looks every millisecond.
 
 inotify is reached through ctypes (stdlib) rather than a package: four libc
@@ -48,6 +49,7 @@ import ctypes.util
 import os
 import select
 import struct
+import threading
 import time
 from pathlib import Path
 
@@ -114,9 +116,11 @@ class ChangeWatcher:
         soon as it holds data (False, unless a change came too); the caller
         drains it.
         """
+        _WAITERS.add(1)
         try:
             return self._wait(timeout, () if interrupt is None else (interrupt,))
         finally:
+            _WAITERS.add(-1)
             self._release()
 
     def _wait(self, timeout: float, extra: tuple[int, ...]) -> bool:
@@ -154,7 +158,14 @@ class ChangeWatcher:
 
         Running, the waiter is not woken again by the writer's next WAL writes;
         the caller's next look sees the change. An interrupt waits this long at most.
+        Only a waiter alone in its process (as each `bus mcp` server's is): 16
+        waiting threads of one process all looking fought over the GIL and the
+        CPUs (the publish beside them took 0.27 ms instead of 0.23, the last of
+        them woke 1.4 ms after it began instead of 1.1), and one of them looking
+        still slowed the others.
         """
+        if _WAITERS.count > 1:
+            return  # not alone: sleep between looks, as before
         end = time.monotonic() + seconds
         while (self.conn.execute("PRAGMA data_version").get == self._last_version
                and time.monotonic() < end):
@@ -202,6 +213,19 @@ class ChangeWatcher:
         return events
 
 
+class _Waiters:
+    """How many threads of this process are inside `ChangeWatcher.wait`."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def add(self, delta: int) -> None:
+        with self._lock:
+            self.count += delta
+
+
+_WAITERS = _Waiters()
 _WAL = "wal"  # what _select says when the inotify fd is readable
 _INTERRUPTED = "interrupted"  # ... when an interrupt fd is
 

@@ -657,3 +657,18 @@ def test_watcher_keeps_its_watch_between_waits_only_with_hold_watch(
         assert inotify_watches(watcher._inotify_fd) == between_waits
     finally:
         watcher.close()
+
+
+def test_waiting_threads_are_counted_while_they_wait_and_only_then(mode: str, bus: Bus,
+                                                                   db_path: Path) -> None:
+    """A waiter looks without sleeping only when it is the process's one waiting
+    thread (bus/wake.py): the count must come back down however a wait ends."""
+    from bus.wake import _WAITERS
+    wait = make_waiter(mode, bus, db_path)
+    assert wait(0) is True and _WAITERS.count == 0
+    seen: list[int] = []
+    trigger = WhenBlocked(lambda: (seen.append(_WAITERS.count), publish_once(db_path)))
+    assert wait(WAIT_TIMEOUT) is True
+    trigger.join()
+    assert seen == [1] and _WAITERS.count == 0
+    assert wait(0.05) is False and _WAITERS.count == 0
