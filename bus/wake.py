@@ -169,7 +169,7 @@ class ChangeWatcher:
         end = time.monotonic() + seconds
         while (self.conn.execute("PRAGMA data_version").get == self._last_version
                and time.monotonic() < end):
-            pass
+            os.sched_yield()  # on a busy machine the writer may be waiting for this CPU
 
     def close(self) -> None:
         if self._inotify_fd >= 0:
