@@ -293,6 +293,48 @@ class Bus:
         with translate_errors(self.conn):
             return messages.select_reply(self.conn, agent, message_id, after, self.blobs)
 
+    def answer(self, agent: str, seq: int, type: str, payload: Any = None) -> PublishResult:
+        """`agent` answers message `seq`, sent to it (or broadcast), and acknowledges it.
+
+        The answer goes to the message's sender, with in_reply_to its id and
+        the same correlation_id; it is written and the cursor moved to `seq`
+        in one transaction, so an answered message is never handed out again
+        and an acknowledged one was answered. Raises ValidationFailed ("seq")
+        when no message `seq` was sent to `agent`.
+        """
+        messages.validate_agent_id(agent)
+        messages.validate_positive_int(seq, "seq")
+        row = messages.prepare_row(agent, type, payload)
+        conn = self.conn
+        refuse_write(conn)
+        with self.payloads.staging():  # a refused answer leaves no blob behind
+            row = self.payloads.place(row)
+            with write_transaction(conn):
+                asked = messages.select_address(conn, seq)
+                if asked is None or asked.to_agent not in (None, agent):
+                    raise ValidationFailed("seq", f"no message with seq {seq} was sent to"
+                                                  f" {agent}; answer a seq that poll returned")
+                row = row._replace(to_agent=asked.from_agent, in_reply_to=asked.id,
+                                   correlation_id=asked.correlation_id)
+                sent = self._write_rows([[row]], conn)[0][0]
+                cursors.advance(conn, agent, seq)
+        return sent
+
+    def ack_if_next(self, agent: str, seq: int) -> bool:
+        """Ack `seq` for `agent` only when it is the first message waiting (True then).
+
+        Acking never skips another message: with an older one still waiting,
+        nothing moves. One transaction.
+        """
+        messages.validate_agent_id(agent)
+        messages.validate_positive_int(seq, "seq")
+        conn = self.conn
+        with write_transaction(conn):
+            if messages.first_waiting(conn, agent, cursors.position(conn, agent)) != seq:
+                return False
+            cursors.advance(conn, agent, seq)
+        return True
+
     def ack(self, agent: str, seq: int) -> int:
         """Mark everything up to `seq` handled for `agent`; return the cursor position.
 

@@ -66,6 +66,14 @@ _TAIL_SQL = f"SELECT {_COLUMNS} FROM messages ORDER BY seq DESC LIMIT ?"
 # Only the rows published since the question are read (the seq range is the primary key).
 _REPLY_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE seq > :after AND in_reply_to = :id"
               " AND (to_agent = :agent OR to_agent IS NULL) ORDER BY seq LIMIT 1")
+# The first message waiting for an agent above its cursor: the heads of poll's two scans.
+_FIRST_WAITING_SQL = (
+    "SELECT min(seq) FROM (SELECT min(seq) AS seq FROM messages"
+    " WHERE to_agent = :agent AND seq > :after"
+    " UNION ALL SELECT min(seq) FROM messages WHERE to_agent IS NULL AND seq > :after)"
+)
+# What an answer needs of the message it answers: no payload read.
+_ADDRESS_SQL = "SELECT id, from_agent, to_agent, correlation_id FROM messages WHERE seq = ?"
 _LAST_SEQ_SQL = "SELECT max(seq) FROM messages"  # the newest row is never deleted
 _COUNT_SQL = "SELECT count(*) FROM messages"
 _REFERENCED_BLOBS_SQL = "SELECT DISTINCT payload_ref FROM messages WHERE payload_ref IS NOT NULL"
@@ -386,6 +394,26 @@ def select_reply(conn: apsw.Connection, agent: str, message_id: str, after: int,
     """The first message for `agent` (or broadcast) in reply to `message_id`, above `after`."""
     row = conn.execute(_REPLY_SQL, {"agent": agent, "id": message_id, "after": after}).fetchone()
     return None if row is None else row_to_message(row, blobs)
+
+
+def first_waiting(conn: apsw.Connection, agent: str, after: int) -> int | None:
+    """The seq of the first message for `agent` (or broadcast) above `after`, or None."""
+    return conn.execute(_FIRST_WAITING_SQL, {"agent": agent, "after": after}).get
+
+
+class Address(NamedTuple):
+    """Who sent a message and to whom, and what an answer to it refers to."""
+
+    id: str
+    from_agent: str
+    to_agent: str | None
+    correlation_id: str | None
+
+
+def select_address(conn: apsw.Connection, seq: int) -> Address | None:
+    """The message `seq`'s id, sender, recipient and correlation id; None if there is none."""
+    row = conn.execute(_ADDRESS_SQL, (seq,)).fetchone()
+    return None if row is None else Address(*row)
 
 
 def select_last(conn: apsw.Connection, count: int, blobs: BlobStore | None = None,

@@ -12,6 +12,7 @@ from bus import BusClosed
 from bus import Message
 from bus import PublishResult
 from bus import ValidationFailed
+from bus.messages import _FIRST_WAITING_SQL
 from bus.messages import _POLL_SQL
 
 
@@ -203,4 +204,47 @@ def test_poll_plan_uses_index_ranges_without_sorting(bus):
     plan = query_plan(bus, _POLL_SQL, {"agent": "b", "after": 0, "limit": 10})
     assert plan.count("INDEX idx_messages_to_seq (to_agent=? AND seq>?)") == 2
     assert "MERGE" in plan
+    assert "TEMP B-TREE" not in plan and "SCAN" not in plan
+
+
+def test_answer_goes_to_the_sender_and_acks_the_question_in_one_transaction(bus):
+    bus.publish("c", "note", to="b")
+    asked = bus.publish("a", "question", {"q": 1}, to="b", correlation_id="job-7")
+    bus.publish("a", "later", to="b")
+    sent = bus.answer("b", asked.seq, "answer", {"a": 2})
+    answer = bus.poll("a")[0]
+    assert (answer.seq, answer.from_agent, answer.type, answer.payload) == (
+        sent.seq, "b", "answer", {"a": 2})
+    assert (answer.in_reply_to, answer.correlation_id) == (asked.id, "job-7")
+    assert bus.cursor("b") == asked.seq  # acked through the question, as ack does
+    assert [m.type for m in bus.poll("b")] == ["later"]
+
+
+def test_answer_refuses_a_seq_not_sent_to_the_agent_and_changes_nothing(bus, db_path):
+    for_c = bus.publish("a", "question", to="c")
+    broadcast = bus.publish("a", "hello")
+    big = {"text": "x" * 10_000}  # would go to the blob store
+    for seq in (for_c.seq, 99):
+        with pytest.raises(ValidationFailed, match=f"no message with seq {seq} was sent to b"):
+            bus.answer("b", seq, "answer", big)
+    assert (bus.last_seq(), bus.cursor("b")) == (broadcast.seq, 0)
+    assert [p for p in (db_path.parent / "blobs").rglob("*") if p.is_file()] == []
+    assert bus.answer("b", broadcast.seq, "answer", big).seq == broadcast.seq + 1
+
+
+def test_ack_if_next_acks_only_the_first_message_waiting(bus):
+    first = bus.publish("a", "one", to="b")
+    second = bus.publish("a", "two")
+    assert bus.ack_if_next("b", second.seq) is False  # `first` still waits
+    assert bus.cursor("b") == 0
+    assert bus.ack_if_next("b", first.seq) is True  # a consumer with no cursor yet
+    assert bus.ack_if_next("b", second.seq) is True
+    assert (bus.cursor("b"), bus.poll("b")) == (second.seq, [])
+    assert bus.ack_if_next("b", first.seq) is False  # handled already: nothing moves back
+    assert bus.cursor("b") == second.seq
+
+
+def test_first_waiting_plan_uses_index_ranges_without_sorting(bus):
+    plan = query_plan(bus, _FIRST_WAITING_SQL, {"agent": "b", "after": 0})
+    assert plan.count("INDEX idx_messages_to_seq (to_agent=? AND seq>?)") == 2
     assert "TEMP B-TREE" not in plan and "SCAN" not in plan

@@ -321,6 +321,39 @@ def test_wait_truncate_checkpoint_by_another_connection_is_an_extra_wake(
     assert bus.poll("w1") == [message]
 
 
+def test_wal_writes_of_an_open_transaction_end_no_wait_and_its_commit_wakes(
+        mode: str, bus: Bus, db_path: Path) -> None:
+    """A large transaction spills pages to the WAL before it commits: events
+    come, the waiter looks for a moment (bus/wake.py, SPIN_S), finds no change,
+    sleeps again, and wakes at the commit."""
+    wait = make_waiter(mode, bus, db_path)
+    assert wait(0) is True
+    waiter = threading.get_native_id()
+    other = connect(db_path)
+    wal = Path(f"{db_path}-wal")
+    committed_at: list[float] = []
+
+    def spill_then_commit() -> None:
+        other.execute("PRAGMA cache_size = 1")
+        other.execute("BEGIN IMMEDIATE")
+        before = wal.stat().st_size
+        for n in range(200):
+            other.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (f"k{n}", "x" * 900))
+        assert wal.stat().st_size > before  # the pages went to the WAL, uncommitted
+        thread_sleeps(waiter)  # the waiter sleeps again: it did not take the writes for a commit
+        committed_at.append(time.monotonic())
+        other.execute("COMMIT")
+
+    try:
+        trigger = WhenBlocked(spill_then_commit)
+        assert wait(WAIT_TIMEOUT) is True
+        woke_at = time.monotonic()
+        trigger.join()
+    finally:
+        other.close()
+    assert committed_at and woke_at >= committed_at[0]  # woken by the commit, not before
+
+
 # --- commits from this process ----------------------------------------------------
 
 
@@ -624,3 +657,18 @@ def test_watcher_keeps_its_watch_between_waits_only_with_hold_watch(
         assert inotify_watches(watcher._inotify_fd) == between_waits
     finally:
         watcher.close()
+
+
+def test_waiting_threads_are_counted_while_they_wait_and_only_then(mode: str, bus: Bus,
+                                                                   db_path: Path) -> None:
+    """A waiter looks without sleeping only when it is the process's one waiting
+    thread (bus/wake.py): the count must come back down however a wait ends."""
+    from bus.wake import _WAITERS
+    wait = make_waiter(mode, bus, db_path)
+    assert wait(0) is True and _WAITERS.count == 0
+    seen: list[int] = []
+    trigger = WhenBlocked(lambda: (seen.append(_WAITERS.count), publish_once(db_path)))
+    assert wait(WAIT_TIMEOUT) is True
+    trigger.join()
+    assert seen == [1] and _WAITERS.count == 0
+    assert wait(0.05) is False and _WAITERS.count == 0

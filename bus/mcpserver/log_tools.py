@@ -134,7 +134,8 @@ class LogTools:
             return {"sent": sent.to_json_dict(), "timed_out": True, "reply": None,
                     "acked": False}
         return {"sent": sent.to_json_dict(), "timed_out": False,
-                "reply": reply[0].to_json_dict(), "acked": self._ack_if_next(reply[0].seq)}
+                "reply": reply[0].to_json_dict(),
+                "acked": self.bus.ack_if_next(self.agent, reply[0].seq)}
 
     def reply(
         self,
@@ -150,28 +151,10 @@ class LogTools:
         so an `exchange` waiting for it returns. Then, as poll with wait_seconds, the
         messages waiting for you come back: a responder's whole turn in one call.
         """
-        question = self._message_for_me(seq)
-        sent = self.bus.publish(self.agent, type, payload, to=question.from_agent,
-                                in_reply_to=question.id, correlation_id=question.correlation_id)
-        self.bus.ack(self.agent, seq)
+        sent = self.bus.answer(self.agent, seq, type, payload)
         found = wait_for_any(self.bus, lambda: self.bus.poll(self.agent, limit), wait_seconds)
         return {"sent": sent.to_json_dict(), "messages": [m.to_json_dict() for m in found],
                 "cursor": self.bus.cursor(self.agent)}
-
-    def _message_for_me(self, seq: int) -> Any:
-        found = self.bus.list_messages(seq - 1, 1)
-        if not found or found[0].seq != seq or found[0].to_agent not in (None, self.agent):
-            raise ValidationFailed("seq", f"no message with seq {seq} was sent to you; answer"
-                                          " a seq that poll returned")
-        return found[0]
-
-    def _ack_if_next(self, seq: int) -> bool:
-        """Ack `seq` when it is the first message waiting: acking never skips another one."""
-        first = self.bus.poll(self.agent, 1)
-        if first and first[0].seq == seq:
-            self.bus.ack(self.agent, seq)
-            return True
-        return False
 
     def publish_many(
         self,
