@@ -29,6 +29,12 @@ from mcp.client.stdio import stdio_client
 from bus import Bus
 
 
+# What a 2026-era client sends with every request, in place of a handshake.
+ENVELOPE = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {}}
+
+
 def server(db_path: Path, cache: Path, agent: str) -> StdioServerParameters:
     return StdioServerParameters(command=sys.executable, env={"XDG_CACHE_HOME": str(cache)},
                                  args=["-m", "bus.cli", "--db", str(db_path), "mcp",
@@ -154,16 +160,41 @@ def test_an_unusable_cache_directory_only_costs_the_wait(bus: Bus, db_path: Path
         assert count > 30 and polled == {"messages": [], "cursor": 0}
 
 
-@pytest.mark.parametrize("lines", [[], [{"jsonrpc": "2.0", "id": 1, "method": "ping"}]])
-def test_stdin_ending_ends_the_server_with_every_request_answered(
-        bus: Bus, db_path: Path, tmp_path: Path, lines: list[dict[str, Any]]):
-    served = subprocess.run(
-        [sys.executable, "-m", "bus.cli", "--db", str(db_path), "mcp", "--agent", "gina"],
-        input=b"".join(orjson.dumps(line) + b"\n" for line in lines),
-        capture_output=True, timeout=60, env=_env(tmp_path / "cache"))
-    assert served.returncode == 0, served.stderr
-    answers = [orjson.loads(line) for line in served.stdout.splitlines()]
-    assert [answer["id"] for answer in answers] == [line["id"] for line in lines]
+@pytest.mark.parametrize("given", ["pipe", "file"])
+def test_stdin_ending_before_any_request_ends_the_server(bus: Bus, db_path: Path,
+                                                          tmp_path: Path, given: str):
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    with open(empty, "rb") as file:
+        served = subprocess.run(_command(db_path), capture_output=True, timeout=60,
+                                env=_env(tmp_path / "cache"),
+                                **({"input": b""} if given == "pipe" else {"stdin": file}))
+    assert (served.returncode, served.stdout) == (0, b""), served.stderr
+
+
+def test_a_client_closing_stdin_after_its_answers_ends_the_server(bus: Bus, db_path: Path,
+                                                                   tmp_path: Path):
+    requests = [{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": ENVELOPE}},
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                 "params": {"name": "publish", "arguments": {"type": "note", "to": "gina"},
+                            "_meta": ENVELOPE}}]
+    server_process = subprocess.Popen(_command(db_path), stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, env=_env(tmp_path / "cache"))
+    try:
+        for request in requests:
+            server_process.stdin.write(orjson.dumps(request) + b"\n")
+            server_process.stdin.flush()
+            answer = orjson.loads(server_process.stdout.readline())
+            assert answer["id"] == request["id"] and "result" in answer, answer
+        server_process.stdin.close()
+        assert server_process.wait(timeout=60) == 0
+    finally:
+        server_process.kill()
+    assert [m.type for m in bus.poll("gina", 10)] == ["note"]
+
+
+def _command(db_path: Path) -> list[str]:
+    return [sys.executable, "-m", "bus.cli", "--db", str(db_path), "mcp", "--agent", "gina"]
 
 
 def _env(cache: Path) -> dict[str, str]:

@@ -45,9 +45,11 @@ CHECK_ID = "agentbus-start-check-"  # our own requests to the SDK; their answers
 INSPECTED_LINES = 16  # lines after the handover read for cacheable requests (a cold start's)
 KEPT_INSTALLATIONS = 8  # cache entries kept, the most recently used
 LIST_CHANGED = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+READ_SIZE = 1 << 16
+LINE_LIMIT = 1 << 30  # a request's line may be as long as the client makes it, as in the SDK
 FRONT_SWITCH_INTERVAL_S = 0.0005  # the import thread yields the GIL to an answer this soon
 
-_BUILT, _STOPPED, _EOF = object(), object(), object()  # what the line queue carries besides lines
+_BUILT, _EOF = object(), object()  # what the line queue carries besides lines
 
 
 def serve_stdio(session: AgentSession) -> None:
@@ -90,22 +92,19 @@ class Wire:
     """
 
     def __init__(self) -> None:
-        self.reader = os.fdopen(_private_copy(0), "rb")
+        self.read_fd = _private_copy(0)
         self.writer = os.fdopen(_private_copy(1), "wb")
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
         os.dup2(2, 1)
 
-    def readline(self) -> bytes:
-        return self.reader.readline()
-
     def send(self, message: dict[str, Any]) -> None:
         self.write(orjson.dumps(message))
 
     def write(self, line: bytes) -> None:
-        # A blocking write, not a thread per message: a full pipe means the client is not
-        # reading, and then there is no one to serve anyway.
+        # A blocking write, not a worker thread per message as the SDK's transport has: a
+        # full pipe means the client is not reading, and then there is no one to serve.
         self.writer.write(line + b"\n")
         self.writer.flush()
 
@@ -114,42 +113,90 @@ def _private_copy(fd: int) -> int:
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
 
 
-class Lines:
-    """The client's lines, read by a thread from the start.
+class _Stopped:
+    """The thread's last word: what it read past its last whole line."""
 
-    The front waits on one queue for either a line or the server being built.
-    At the handover the thread stops after its next line, and the SDK's reads
-    take the descriptor directly.
+    def __init__(self, partial: bytes) -> None:
+        self.partial = partial
+
+
+class Lines:
+    """The client's lines: read by a thread until the handover, then by the event loop.
+
+    The front waits on one queue for either a line or the server being built. At
+    the handover the thread stops after its next read, handing on what it read
+    past its last whole line, and the event loop reads the pipe itself: no thread
+    hop per request, where the SDK's transport has one.
     """
 
     def __init__(self, wire: Wire) -> None:
-        self.wire = wire
+        self.fd = wire.read_fd
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.stopping = threading.Event()
         threading.Thread(target=self._read, name="mcp-stdin", daemon=True).start()
 
     def _read(self) -> None:
-        while line := self.wire.readline():
-            self.queue.put(line)
+        buffer = bytearray()
+        while chunk := os.read(self.fd, READ_SIZE):
+            buffer += chunk
+            for line in _whole_lines(buffer):
+                self.queue.put(line)
             if self.stopping.is_set():
-                self.queue.put(_STOPPED)
+                self.queue.put(_Stopped(bytes(buffer)))
                 return
+        if buffer:
+            self.queue.put(bytes(buffer))  # a last line without its newline
         self.queue.put(_EOF)
 
     def stop_after_next(self) -> None:
         self.stopping.set()
 
     async def rest(self) -> AsyncIterator[bytes]:
-        """The lines not read yet: from the queue until the thread stops, then directly."""
+        """The lines not read yet: from the queue until the thread stops, then the pipe's."""
         import anyio
 
-        while (item := await anyio.to_thread.run_sync(self.queue.get)) is not _STOPPED:
+        while not isinstance(item := await anyio.to_thread.run_sync(self.queue.get), _Stopped):
             if item is _EOF:
                 return
             if item is not _BUILT:
                 yield item
-        while line := await anyio.to_thread.run_sync(self.wire.readline):
+        async for line in _read_directly(self.fd, item.partial):
             yield line
+
+
+async def _read_directly(fd: int, partial: bytes) -> AsyncIterator[bytes]:
+    """The lines on `fd`, `partial` first: read by the event loop from a pipe, or, for a
+    file given as stdin, by a worker thread a chunk at a time."""
+    import asyncio
+
+    import anyio
+
+    reader = asyncio.StreamReader(limit=LINE_LIMIT)
+    reader.feed_data(partial)
+    try:
+        await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", closefd=False))
+    except ValueError:  # not a pipe, socket or terminal
+        buffer = bytearray(partial)
+        while chunk := await anyio.to_thread.run_sync(os.read, fd, READ_SIZE):
+            buffer += chunk
+            for line in _whole_lines(buffer):
+                yield line
+        if buffer:
+            yield bytes(buffer)
+        return
+    while line := await reader.readline():
+        yield line
+
+
+def _whole_lines(buffer: bytearray) -> list[bytes]:
+    """The whole lines at the start of `buffer`, each with its newline, taken out of it."""
+    end = buffer.rfind(b"\n") + 1
+    if not end:
+        return []
+    lines = [line + b"\n" for line in bytes(buffer[:end]).split(b"\n")[:-1]]
+    del buffer[:end]
+    return lines
 
 
 class Building(threading.Thread):
