@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 from typing import Iterable
@@ -79,6 +80,26 @@ POLL_LIMIT_MAX = 10_000
 GC_GRACE_SECONDS = 3600.0
 
 
+class _ThreadResources:
+    """What one thread opened on a Bus: its connection and, once it waits, its watcher."""
+
+    __slots__ = ("conn", "watcher", "closables", "__weakref__")
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.conn = conn
+        self.watcher: ChangeWatcher | None = None
+        self.closables: list[Any] = [conn]
+
+
+def _close_left_open(lock: threading.Lock, still_open: set[Any], closables: list[Any]) -> None:
+    """A finished thread's connection and watcher, unless Bus.close took them already."""
+    with lock:
+        mine = [c for c in reversed(closables) if c in still_open]
+        still_open.difference_update(mine)
+    for closable in mine:
+        closable.close()
+
+
 class Bus:
     """An open bus database. Create with `Bus.open(path)`; close with `close()`."""
 
@@ -92,10 +113,9 @@ class Bus:
         # Where each payload lives; handed to the channels and the pump too.
         self.payloads = PayloadPolicy(self.blobs, blob_threshold, max_payload_bytes)
         self._local = threading.local()
-        self._local.conn = conn
-        self._connections = [conn]
-        self._watchers: list[ChangeWatcher] = []
         self._lock = threading.Lock()
+        self._open: set[Any] = set()  # every connection and watcher not closed yet
+        self._local.mine = self._thread_resources(conn)
         self._closed = False
         self._channels: Channels | None = None
         # Publishes from this Bus's threads share transactions (bus/group_commit.py).
@@ -140,24 +160,29 @@ class Bus:
         """This thread's connection to the bus file."""
         if self._closed:
             raise BusClosed(f"the bus at {self.path} is closed")
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = connect(self.path, self.durability, create=False)
-            with self._lock:
-                self._connections.append(conn)
-            self._local.conn = conn
-        return conn
+        mine = getattr(self._local, "mine", None)
+        if mine is None:
+            mine = self._local.mine = self._thread_resources(
+                connect(self.path, self.durability, create=False))
+        return mine.conn
+
+    def _thread_resources(self, conn: apsw.Connection) -> _ThreadResources:
+        """`conn` as this thread's, closed with its watcher when the thread ends: a server's
+        worker threads come and go (anyio retires one idle for 10 s)."""
+        mine = _ThreadResources(conn)
+        with self._lock:
+            self._open.add(conn)
+        weakref.finalize(mine, _close_left_open, self._lock, self._open, mine.closables)
+        return mine
 
     def close(self) -> None:
         """Close every connection this Bus opened. Calling it twice is harmless."""
         with self._lock:
             self._closed = True
-            connections, self._connections = self._connections, []
-            watchers, self._watchers = self._watchers, []
-        for watcher in watchers:
-            watcher.close()
-        for conn in connections:
-            conn.close()
+            left = list(self._open)
+            self._open.clear()  # in place: a finished thread's finalizer reads this same set
+        for closable in sorted(left, key=lambda c: isinstance(c, apsw.Connection)):
+            closable.close()  # the watchers first, then the connections they watch
 
     def __enter__(self) -> Bus:
         return self
@@ -413,12 +438,13 @@ class Bus:
         thread so).
         """
         conn = self.conn  # raises BusClosed after close()
-        watcher = getattr(self._local, "watcher", None)
+        mine = self._local.mine
+        watcher = mine.watcher
         if watcher is None:
-            watcher = ChangeWatcher(conn, self.path)
+            watcher = mine.watcher = ChangeWatcher(conn, self.path)
+            mine.closables.append(watcher)
             with self._lock:
-                self._watchers.append(watcher)
-            self._local.watcher = watcher
+                self._open.add(watcher)
         with translate_errors(self.conn):
             return watcher.wait(timeout, interrupt)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
+import time
 import uuid
 
 import pytest
@@ -184,7 +187,7 @@ def test_each_thread_gets_its_own_connection(bus):
     seen = {}
 
     def publish_from_thread(n):
-        seen[n] = id(bus.conn)
+        seen[n] = bus.conn  # held, so no two can share an id() after a thread ends
         bus.publish(f"thread-{n}", "t")
 
     threads = [threading.Thread(target=publish_from_thread, args=(n,)) for n in range(4)]
@@ -192,7 +195,7 @@ def test_each_thread_gets_its_own_connection(bus):
         t.start()
     for t in threads:
         t.join()
-    assert len(set(seen.values()) | {id(bus.conn)}) == 5
+    assert len({id(conn) for conn in [*seen.values(), bus.conn]}) == 5
     assert bus.message_count() == 4
 
 
@@ -248,3 +251,31 @@ def test_first_waiting_plan_uses_index_ranges_without_sorting(bus):
     plan = query_plan(bus, _FIRST_WAITING_SQL, {"agent": "b", "after": 0})
     assert plan.count("INDEX idx_messages_to_seq (to_agent=? AND seq>?)") == 2
     assert "TEMP B-TREE" not in plan and "SCAN" not in plan
+
+
+def test_a_finished_threads_connection_and_watcher_are_closed(bus: Bus):
+    """A long-running server's worker threads come and go; their connections must not pile up."""
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def use_the_bus() -> None:
+        bus.publish("t", "note", {"n": 1})
+        bus.wait_for_change(0)  # makes this thread's watcher too
+
+    use_the_bus()  # this thread's own, kept
+    first = threading.Thread(target=use_the_bus)  # and what a first other thread opens once
+    first.start()
+    first.join()
+    before = open_fds()
+    for _ in range(20):
+        worker = threading.Thread(target=use_the_bus)
+        worker.start()
+        worker.join()
+    deadline = time.monotonic() + 10
+    while open_fds() > before and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert open_fds() <= before
+    assert bus.poll("t", 100)  # the bus still serves its own thread after all that
+    bus.close()
+    bus.close()

@@ -542,13 +542,22 @@ def test_bus_close_closes_watchers_of_every_thread(need_inotify, db_path: Path) 
     assert opened.wait_for_change(0) is False  # the same watcher again, not a new one
     assert inotify_fds() == before + 1
     results: list[bool] = []
-    thread = threading.Thread(target=lambda: results.append(opened.wait_for_change(0)))
+    watching, release = threading.Event(), threading.Event()
+
+    def watch_then_stay() -> None:  # alive through close(): its watcher is close()'s to close
+        results.append(opened.wait_for_change(0))
+        watching.set()
+        release.wait(30)
+
+    thread = threading.Thread(target=watch_then_stay)
     thread.start()
-    thread.join()
+    assert watching.wait(30)
     assert results == [True]  # that thread's own first wake
     assert inotify_fds() == before + 2
     opened.close()
     assert inotify_fds() == before
+    release.set()
+    thread.join()
     opened.close()
     assert inotify_fds() == before
 
