@@ -295,11 +295,12 @@ class Front:
         """Keep an expected answer in the cache; whether the client should see it."""
         message = orjson.loads(text)
         expected = self.expected.pop(message.get("id"), None)
-        if expected is None or "result" not in message:
+        if expected is None:
             return True
-        changed = self.cache.keep(expected.method, expected.params, message["result"])
-        if changed and expected.served and expected.method == "tools/list":
-            self.wire.send(LIST_CHANGED)
+        if "result" in message:  # an error is not kept, and is not the client's if ours
+            changed = self.cache.keep(expected.method, expected.params, message["result"])
+            if changed and expected.served and expected.method == "tools/list":
+                self.wire.send(LIST_CHANGED)
         return not expected.swallowed
 
 
