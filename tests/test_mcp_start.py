@@ -172,6 +172,27 @@ def test_stdin_ending_before_any_request_ends_the_server(bus: Bus, db_path: Path
     assert (served.returncode, served.stdout) == (0, b""), served.stderr
 
 
+@pytest.mark.parametrize("given", ["pipe", "file"])
+def test_requests_written_at_once_then_stdin_closed_are_all_answered(
+        bus: Bus, db_path: Path, tmp_path: Path, given: str):
+    """`bus mcp < requests.jsonl`: the calls still running when stdin ends are answered."""
+    requests = [{"jsonrpc": "2.0", "id": n, "method": "tools/call",
+                 "params": {"name": "publish", "arguments": {"type": "note", "to": "gina",
+                                                             "payload": n},
+                            "_meta": ENVELOPE}} for n in range(1, 6)]
+    (tmp_path / "requests.jsonl").write_bytes(
+        b"".join(orjson.dumps(request) + b"\n" for request in requests))
+    with open(tmp_path / "requests.jsonl", "rb") as file:
+        served = subprocess.run(_command(db_path), capture_output=True, timeout=60,
+                                env=_env(tmp_path / "cache"),
+                                **({"input": file.read()} if given == "pipe" else {"stdin": file}))
+    assert served.returncode == 0, served.stderr
+    answers = [orjson.loads(line) for line in served.stdout.splitlines()]
+    assert sorted(answer["id"] for answer in answers) == [1, 2, 3, 4, 5]
+    assert all("result" in answer for answer in answers), answers
+    assert sorted(m.payload for m in bus.poll("gina", 10)) == [1, 2, 3, 4, 5]
+
+
 def test_a_client_closing_stdin_after_its_answers_ends_the_server(bus: Bus, db_path: Path,
                                                                    tmp_path: Path):
     requests = [{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": ENVELOPE}},

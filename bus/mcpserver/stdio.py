@@ -42,7 +42,7 @@ from bus.mcpserver.session import AgentSession
 CACHED_METHODS = frozenset({"initialize", "server/discover", "tools/list"})
 HANDSHAKE = frozenset({"initialize", "notifications/initialized"})
 CHECK_ID = "agentbus-start-check-"  # our own requests to the SDK; their answers go nowhere
-INSPECTED_LINES = 16  # lines after the handover read for cacheable requests (a cold start's)
+EOF_GRACE_S = 1.0  # for running requests once stdin ends (the SDK's client waits 2 s, then kills)
 KEPT_INSTALLATIONS = 8  # cache entries kept, the most recently used
 LIST_CHANGED = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
 READ_SIZE = 1 << 16
@@ -233,6 +233,8 @@ class Front:
         self.wire, self.cache, self.lines = wire, cache, lines
         self.served: list[tuple[str, Any]] = []  # (method, params) answered from the cache
         self.expected: dict[Any, Expected] = {}  # request id -> what to do with its answer
+        self.outstanding: set[int | str] = set()  # the client's requests the server still owes
+        self.drained: Any = None  # at the end of stdin: an anyio.Event, set as it empties
 
     def answer_until_needed(self) -> list[bytes] | None:
         """The lines for the server once it is built or needed; None if stdin ended first."""
@@ -269,31 +271,56 @@ class Front:
         return checks
 
     async def requests(self, handed: list[bytes]) -> AsyncIterator[str]:
-        """What the SDK reads: the lines handed over, then the client's, the first few read
-        for cacheable requests whose answers are then kept."""
+        """What the SDK reads: the lines handed over, then the client's.
+
+        When stdin ends, the requests still running get up to EOF_GRACE_S to be
+        answered before the SDK is told (it cancels what still runs then): a
+        client that writes its requests and closes its end, as `bus mcp <
+        requests.jsonl` does, gets its answers.
+        """
+        import anyio
+
         for line in handed:
             self._note(line)
             yield line.decode("utf-8", "replace")
-        inspected = 0
         async for line in self.lines.rest():
-            if inspected < INSPECTED_LINES:
-                inspected += 1
-                self._note(line)
+            self._note(line)
             yield line.decode("utf-8", "replace")
+        with anyio.move_on_after(EOF_GRACE_S):
+            while self.outstanding:
+                self.drained = anyio.Event()
+                await self.drained.wait()
 
     def _note(self, line: bytes) -> None:
         request = _request(line)
-        if request.get("method") in CACHED_METHODS and "id" in request \
-                and request["id"] not in self.expected:
-            self.expected[request["id"]] = Expected(request["method"], request.get("params"),
-                                                    False, False)
+        method, request_id = request.get("method"), request.get("id")
+        if method == "notifications/cancelled":  # a cancelled request is not answered
+            self._settle((request.get("params") or {}).get("requestId"))
+        if method is None or not isinstance(request_id, (int, str)):
+            return
+        if request_id not in self.expected:
+            self.outstanding.add(request_id)
+            if method in CACHED_METHODS:
+                self.expected[request_id] = Expected(method, request.get("params"), False,
+                                                     False)
+
+    def _settle(self, request_id: Any) -> None:
+        self.outstanding.discard(request_id)
+        if not self.outstanding and self.drained is not None:
+            self.drained.set()
 
     def answers(self) -> Answers:
         return Answers(self)
 
     def answered(self, text: str) -> bool:
-        """Keep an expected answer in the cache; whether the client should see it."""
+        """Note the server's answer (kept in the cache if it is one the front waits for);
+        whether the client should see it."""
+        if not (self.expected or self.outstanding):
+            return True
         message = orjson.loads(text)
+        if "method" in message:  # a notification, or a request of the server's own
+            return True
+        self._settle(message.get("id"))
         expected = self.expected.pop(message.get("id"), None)
         if expected is None:
             return True
@@ -330,7 +357,7 @@ class Answers:
         self.front = front
 
     async def write(self, text: str) -> None:
-        if self.front.expected and not self.front.answered(text):
+        if not self.front.answered(text):
             return
         self.front.wire.write(text.rstrip("\n").encode())
 
