@@ -3,6 +3,7 @@ HTTP from a real server process, and the pages in headless Chromium with the net
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -14,6 +15,8 @@ import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
+from typing import Iterator
 
 import pytest
 from hypothesis import given
@@ -465,15 +468,20 @@ def generated(generated_db: Path, tmp_path: Path, python_env: dict[str, str]):
         started.stop()
 
 
-def offline_page(pw, server: Server, elsewhere: list[str]):
-    """A Chromium page that may reach only the server: the network is off."""
+@contextlib.contextmanager
+def offline_page(server: Server) -> Iterator[Any]:
+    """A Chromium page that may reach only the server (the network is off); on leaving,
+    no request went anywhere else."""
+    sync_api = pytest.importorskip("playwright.sync_api")
     local = server.url.rstrip("/")
-    browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"])
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(local)
-               else (elsewhere.append(route.request.url), route.abort()))
-    return browser, page
+    elsewhere: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(local)
+                   else (elsewhere.append(route.request.url), route.abort()))
+        yield page
 
 
 def screenshot(page, tmp_path: Path, name: str) -> None:
@@ -486,11 +494,8 @@ def screenshot(page, tmp_path: Path, name: str) -> None:
 @pytest.mark.slow
 @needs_chromium
 def test_console_every_link_of_a_message_page_resolves(generated, tmp_path: Path) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api")
     server, _db = generated
-    elsewhere: list[str] = []
-    with sync_api.sync_playwright() as pw:
-        browser, page = offline_page(pw, server, elsewhere)
+    with offline_page(server) as page:
         page.goto(server.url + "messages?type=answer")
         first = page.eval_on_selector("#messages a[href^='/messages/']", "a => a.href")
         page.goto(first)  # an answer: it has a question, a task, a thread
@@ -501,18 +506,13 @@ def test_console_every_link_of_a_message_page_resolves(generated, tmp_path: Path
         for href in sorted(set(hrefs)):
             answer = page.request.get(href)
             assert answer.status == 200, href
-        browser.close()
-    assert elsewhere == []
 
 
 @pytest.mark.slow
 @needs_chromium
 def test_console_filters_round_trip_through_the_url(generated, tmp_path: Path) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api")
     server, db = generated
-    elsewhere: list[str] = []
-    with sync_api.sync_playwright() as pw:
-        browser, page = offline_page(pw, server, elsewhere)
+    with offline_page(server) as page:
         page.goto(server.url + "messages")
         page.fill("input[name=type]", "state_change")
         page.fill("input[name=sender]", "worker-03")
@@ -529,8 +529,6 @@ def test_console_filters_round_trip_through_the_url(generated, tmp_path: Path) -
         assert page.input_value("input[name=type]") == "state_change"
         assert page.input_value("input[name=sender]") == "worker-03"
         screenshot(page, tmp_path, "console-messages")
-        browser.close()
-    assert elsewhere == []
 
 
 def shown_seqs(page) -> list[int]:
@@ -550,15 +548,12 @@ def test_console_filters_and_pages_inside_the_open_page(generated, tmp_path: Pat
     """With scripts, a filter or a page turned replaces the rows in place (no navigation),
     with every filter in the URL, back and forward included; without, the same form and
     links navigate; a bus that cannot be read then gets the page that says so."""
-    sync_api = pytest.importorskip("playwright.sync_api")
     server, db = generated
     size = queries.PAGE_SIZE
     every = reference(db, lambda t, f, to, c: True)
     expected = reference(db, lambda t, f, to, c: t == "state_change")
     assert len(expected) > size  # so there is an older page
-    elsewhere: list[str] = []
-    with sync_api.sync_playwright() as pw:
-        browser, page = offline_page(pw, server, elsewhere)
+    with offline_page(server) as page:
         page.goto(server.url + "messages")
         page.evaluate("window.sameDocument = true")
         page.fill("input[name=type]", "state_change")
@@ -585,7 +580,7 @@ def test_console_filters_and_pages_inside_the_open_page(generated, tmp_path: Pat
         page.wait_for_function("document.getElementById('live').textContent.endsWith('current')",
                                timeout=PAGE_TIMEOUT_MS)
         screenshot(page, tmp_path, "console-messages-in-page")
-        without = browser.new_context(java_script_enabled=False).new_page()
+        without = page.context.browser.new_context(java_script_enabled=False).new_page()
         without.goto(server.url + "messages?type=state_change")
         without.click("#older")
         without.wait_for_url(re.compile(r"before="))
@@ -595,8 +590,6 @@ def test_console_filters_and_pages_inside_the_open_page(generated, tmp_path: Pat
         page.wait_for_function("document.getElementById('live').className === 'stale'",
                                timeout=PAGE_TIMEOUT_MS)
         assert re.search(broken, page.text_content("#error").replace("&#x27;", "'"))
-        browser.close()
-    assert elsewhere == []
 
 
 @pytest.mark.slow
@@ -604,11 +597,8 @@ def test_console_filters_and_pages_inside_the_open_page(generated, tmp_path: Pat
 def test_console_pages_mark_themselves_stale(generated, tmp_path: Path) -> None:
     """A page read before the file was replaced by a corrupt one says so; so does one
     left open while the bus moved on."""
-    sync_api = pytest.importorskip("playwright.sync_api")
     server, db = generated
-    elsewhere: list[str] = []
-    with sync_api.sync_playwright() as pw:
-        browser, page = offline_page(pw, server, elsewhere)
+    with offline_page(server) as page:
         page.goto(server.url + "agents/worker-03")
         page.wait_for_function("document.getElementById('live').textContent.endsWith('current')",
                                timeout=PAGE_TIMEOUT_MS)
@@ -626,18 +616,13 @@ def test_console_pages_mark_themselves_stale(generated, tmp_path: Path) -> None:
         shown = page.text_content("#live")
         assert shown.startswith("stale: since ") and re.search(expected, shown), shown
         screenshot(page, tmp_path, "console-stale")
-        browser.close()
-    assert elsewhere == []
 
 
 @pytest.mark.slow
 @needs_chromium
 def test_console_overview_shows_the_last_hour_on_a_new_page(generated, tmp_path: Path) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api")
     server, _db = generated
-    elsewhere: list[str] = []
-    with sync_api.sync_playwright() as pw:
-        browser, page = offline_page(pw, server, elsewhere)
+    with offline_page(server) as page:
         page.goto(server.url)
         page.wait_for_function(
             "(document.getElementById('chart-rate').data || []).length > 0"
@@ -650,8 +635,6 @@ def test_console_overview_shows_the_last_hour_on_a_new_page(generated, tmp_path:
                               ".find(t => t.name === 'ended').x.length")
         assert ended > 0  # finished workers' lanes stop with a marker
         screenshot(page, tmp_path, "console-overview")
-        browser.close()
-    assert elsewhere == []
 
 
 def test_sort_rows_by_a_column_either_way_missing_values_last() -> None:
