@@ -33,6 +33,7 @@ import re
 from collections import deque
 from dataclasses import dataclass
 from dataclasses import field
+from typing import Callable
 from typing import Iterable
 from typing import Iterator
 from typing import Union
@@ -319,16 +320,25 @@ def _interval_regex(lo: int, hi: int) -> str:
 
 def _overlap(a: tuple[Item, ...], b: tuple[Item, ...]) -> str | None:
     """A path both item lists match whole, by breadth-first search of their product."""
-    start = (0, 0)
-    parents: dict[tuple[int, int], tuple[tuple[int, int], str | None] | None] = {start: None}
+    segments = _shortest_path((0, 0), (len(a), len(b)),
+                              lambda state: _segment_moves(a, b, state))
+    return None if segments is None else "/".join(segments)
+
+
+def _shortest_path(start: tuple, goal: tuple,
+                   moves: Callable[[tuple], Iterator[tuple[tuple, str | None]]]
+                   ) -> list[str] | None:
+    """The labels along a shortest path from `start` to `goal` (breadth first; a move
+    labelled None adds nothing), or None when `goal` cannot be reached."""
+    parents: dict[tuple, tuple[tuple, str | None] | None] = {start: None}
     queue = deque([start])
     while queue:
         state = queue.popleft()
-        if state == (len(a), len(b)):
-            return "/".join(_walk_back(parents, state))
-        for nxt, segment in _segment_moves(a, b, state):
+        if state == goal:
+            return _walk_back(parents, state)
+        for nxt, label in moves(state):
             if nxt not in parents:
-                parents[nxt] = (state, segment)
+                parents[nxt] = (state, label)
                 queue.append(nxt)
     return None
 
@@ -360,18 +370,9 @@ def _walk_back(parents: dict, state: tuple) -> list[str]:
 @functools.lru_cache(maxsize=65536)
 def common_word(a: Segment, b: Segment) -> str | None:
     """A non-empty segment (no `/`) both globs match, or None."""
-    start = (0, 0, False)
-    parents: dict[tuple[int, int, bool], tuple[tuple, str | None] | None] = {start: None}
-    queue = deque([start])
-    while queue:
-        state = queue.popleft()
-        if state == (len(a), len(b), True):
-            return "".join(_walk_back(parents, state))
-        for nxt, char in _char_moves(a, b, state):
-            if nxt not in parents:
-                parents[nxt] = (state, char)
-                queue.append(nxt)
-    return None
+    chars = _shortest_path((0, 0, False), (len(a), len(b), True),
+                           lambda state: _char_moves(a, b, state))
+    return None if chars is None else "".join(chars)
 
 
 def _char_moves(a: Segment, b: Segment,
