@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+from typing import Callable
+
 import click
 
 from bus.api import GC_GRACE_SECONDS
@@ -113,13 +116,19 @@ def forget(obj: BusContext, agent: str, as_json: bool) -> None:
         click.echo(f"forgot {agent}" if removed else f"{agent} had no heartbeat; nothing to forget")
 
 
+def lease_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--lease-ms and --max-attempts, as every command that takes a lease has them."""
+    command = click.option("--max-attempts", default=5, show_default=True,
+                           type=click.IntRange(1),
+                           help="Takes after which an expiring task is declared dead.")(command)
+    return click.option("--lease-ms", default=60_000, show_default=True, type=click.IntRange(1),
+                        help="Lease length; renew it (bus renew) before it runs out.")(command)
+
+
 @click.command()
 @task_option
 @agent_option
-@click.option("--lease-ms", default=60_000, show_default=True, type=click.IntRange(1),
-              help="Lease length; renew before it runs out.")
-@click.option("--max-attempts", default=5, show_default=True, type=click.IntRange(1),
-              help="Takes after which an expiring task is declared dead.")
+@lease_options
 @json_option
 @pass_bus_context
 def claim(obj: BusContext, task_id: str, agent: str, lease_ms: int, max_attempts: int,

@@ -11,6 +11,7 @@ import click
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
+from bus.cli.coordination import lease_options
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
 from bus.messages import iso_utc
@@ -138,10 +139,7 @@ def task_show(obj: BusContext, task_id: str, as_json: bool) -> None:
 
 @task.command("claim-next")
 @click.option("--agent", required=True, help="Agent id that takes the task.")
-@click.option("--lease-ms", default=60_000, show_default=True, type=click.IntRange(1),
-              help="Lease length; renew it (bus renew) before it runs out.")
-@click.option("--max-attempts", default=5, show_default=True, type=click.IntRange(1),
-              help="Takes after which an expiring task is declared dead.")
+@lease_options
 @json_option
 @pass_bus_context
 def task_claim_next(obj: BusContext, agent: str, lease_ms: int, max_attempts: int,
