@@ -218,13 +218,7 @@ def message_rows(found: Iterable[Message]) -> list[list[Any]]:
 
 
 def messages_table(found: Iterable[Message], id: str) -> Safe:
-    """`table` of message_rows, joined here without `table`'s keyword handling (the
-    browser's page shows fifty of these rows; see docs/benchmarks.md)."""
-    body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>"
-                   for row in message_rows(found))
-    head = "".join(f"<th>{c}</th>" for c in MESSAGE_COLUMNS)
-    return Safe(f'<table id="{html.escape(id)}"><tr>{head}</tr>'
-                f"{body or '<tr><td>none</td></tr>'}</table>")
+    return table(MESSAGE_COLUMNS, message_rows(found), id=id)
 
 
 # --- the browser -----------------------------------------------------------------
