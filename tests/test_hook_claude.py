@@ -91,13 +91,16 @@ def test_hook_context_events_add_the_messages_as_context_and_ack_them(db, env, n
     assert (again.returncode, again.stdout, again.stderr) == (0, b"", b"")
 
 
-def test_hook_post_tool_use_blocks_with_the_messages_as_reason(db, env):
+def test_hook_post_tool_use_adds_the_messages_as_context_not_as_a_block(db, env):
+    """`decision: block` after a tool is shown as a "hook blocking error": messages are not."""
     [seq] = publish(db, ("review", {"file": "a.py", "verdict": "fix the typo"}))
     out = answer(hook(db, env, event("PostToolUse", tool_name="Edit", tool_input={},
                                      tool_response={})))
-    assert set(out) == {"decision", "reason"} and out["decision"] == "block"
-    assert out["reason"].startswith("agentbus: 1 message for w1:\n#")
-    assert '{"file":"a.py","verdict":"fix the typo"}' in out["reason"]
+    assert set(out) == {"hookSpecificOutput"}
+    assert out["hookSpecificOutput"]["hookEventName"] == "PostToolUse"
+    text = out["hookSpecificOutput"]["additionalContext"]
+    assert text.startswith("agentbus: 1 message for w1:\n#")
+    assert '{"file":"a.py","verdict":"fix the typo"}' in text
     assert cursor(db) == seq
     quiet = hook(db, env, event("PostToolUse", tool_name="Edit"))
     assert (quiet.returncode, quiet.stdout) == (0, b"")
@@ -136,8 +139,7 @@ def test_hook_stop_streak_file_exists_only_during_a_streak(db, env):
     assert list((db.parent / "claude-hooks").iterdir()) == []
 
 
-@pytest.mark.parametrize("name", ["Notification", "PreCompact", "SessionEnd", "SubagentStop",
-                                  "PreToolUse"])
+@pytest.mark.parametrize("name", ["Notification", "PreCompact", "SubagentStop", "PreToolUse"])
 def test_hook_unknown_events_are_a_no_op(db, env, name):
     [seq] = publish(db, ("note", "x"))
     done = hook(db, env, event(name))
@@ -270,10 +272,8 @@ def test_hook_agent_auto_in_a_spawned_worktree_is_that_worker(tmp_path, env):
     listed = run("bus", ["--db", str(db), "inbox", "--agent", "auto", "--format", "json"], env,
                  worktree)
     assert json.loads(listed.stdout)["agent"] == "w7"
-    outside = run("bus", ["--db", str(db), "hook", "claude", "--agent", "auto"], env, tmp_path,
-                  input=json.dumps(event("SessionStart") | {"cwd": str(repo)}).encode(),
-                  check=False)
-    assert outside.returncode == 1 and outside.stdout == b""
+    outside = run("bus", ["--db", str(db), "inbox", "--agent", "auto"], env, repo, check=False)
+    assert outside.returncode == 2 and outside.stdout == b""
     assert b"auto found no worker whose worktree contains" in outside.stderr
     # Claude Code names the session's project directory; Claude may have cd'ed out of it.
     publish(db, ("hint", "third"), to="w7")
@@ -308,9 +308,13 @@ def test_install_creates_the_settings_file(tmp_path, db, env):
     done = install(db, env, tmp_path, "--wait", "300")
     path = tmp_path / ".claude" / "settings.json"
     assert done.stdout.decode() == (f"hooks for SessionStart, UserPromptSubmit, PostToolUse,"
-                                    f" Stop written to {path}\n")
-    hooks = json.loads(path.read_text())["hooks"]
-    assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop"}
+                                    f" Stop, SessionEnd and the rule mcp__agentbus__* written"
+                                    f" to {path}\n")
+    settings = json.loads(path.read_text())
+    assert settings["permissions"] == {"allow": ["mcp__agentbus__*"]}
+    hooks = settings["hooks"]
+    assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop",
+                          "SessionEnd"}
     assert hooks["PostToolUse"][0]["matcher"] == "*"
     assert "matcher" not in hooks["Stop"][0]
     stop = hooks["Stop"][0]["hooks"][0]
@@ -328,7 +332,8 @@ def test_install_merges_without_loss_and_twice_gives_the_same_file(tmp_path, db,
     install(db, env, tmp_path)
     first = path.read_bytes()
     merged = json.loads(first)
-    assert merged["permissions"] == EXISTING["permissions"] and merged["env"] == {"FOO": "1"}
+    assert merged["permissions"] == {"allow": ["Bash(npm test)", "mcp__agentbus__*"]}
+    assert merged["env"] == {"FOO": "1"}
     assert merged["hooks"]["PreToolUse"] == EXISTING["hooks"]["PreToolUse"]
     assert merged["hooks"]["PostToolUse"][0] == EXISTING["hooks"]["PostToolUse"][0]
     assert merged["hooks"]["Stop"][0] == EXISTING["hooks"]["Stop"][0]
@@ -357,7 +362,8 @@ def test_install_json_reports_what_it_did(tmp_path, db, env):
     done = install(db, env, tmp_path, "--json")
     assert json.loads(done.stdout) == {
         "settings": str(tmp_path / ".claude" / "settings.json"), "changed": True,
-        "events": ["SessionStart", "UserPromptSubmit", "PostToolUse", "Stop"]}
+        "events": ["SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "SessionEnd"],
+        "allow": ["mcp__agentbus__*"]}
 
 
 # --- inbox ------------------------------------------------------------------------------------

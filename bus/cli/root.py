@@ -1,4 +1,4 @@
-"""The `bus` command: the bus from the shell.
+"""The `bus` command's click group: the bus from the shell.
 
 Human-readable output by default, JSON with --json (one object per line for
 message streams). Exit codes: 0 ok, 1 error (`Error: ...` on stderr),
