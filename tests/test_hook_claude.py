@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -427,3 +428,172 @@ def test_install_refuses_an_agent_id_the_bus_would_refuse(tmp_path, db, env):
     assert done.returncode == 2
     assert b"Invalid value for '--agent': contains ' '" in done.stderr
     assert not (tmp_path / ".claude").exists()
+
+
+# --- what the client is sure to show --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cap_env, max_continues, blocks", [
+    ({}, "10", 8),  # Claude Code's default cap: a 9th block would be acked and never seen
+    ({"CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": "3"}, "5", 3),
+    ({"CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": "20"}, "4", 4),
+])
+def test_hook_stop_never_blocks_beyond_the_cap_claude_code_honours(db, env, cap_env,
+                                                                   max_continues, blocks):
+    streak = []
+    for active in [False] + [True] * 12:
+        [seq] = publish(db, ("ping", len(streak)))
+        done = hook(db, env | cap_env, event("Stop", stop_hook_active=active),
+                    "--max-continues", max_continues)
+        if not done.stdout:
+            break
+        assert answer(done)["decision"] == "block"
+        streak.append(seq)
+    assert len(streak) == blocks
+    assert cursor(db) == streak[-1]  # the message it let wait is not acked: it comes next turn
+    nxt = answer(hook(db, env, event("UserPromptSubmit")))
+    assert f"#{seq} planner -> w1 ping" in nxt["hookSpecificOutput"]["additionalContext"]
+
+
+def test_install_refuses_max_continues_above_the_cap_and_writes_nothing(tmp_path, db, env):
+    done = run("bus", ["--db", str(db), "hook", "install", "claude", "--agent", "auto",
+                       "--project", str(tmp_path), "--max-continues", "9"], env, tmp_path,
+               check=False)
+    assert done.returncode == 2
+    assert (b"Invalid value for '--max-continues': is 9, but Claude Code honours at most 8 Stop"
+            b" blocks in a row" in done.stderr)
+    assert not (tmp_path / ".claude").exists()
+    raised = install(db, env | {"CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": "12"}, tmp_path,
+                     "--max-continues", "12")
+    assert raised.returncode == 0, raised.stderr
+
+
+# --- own messages ---------------------------------------------------------------------------------
+
+
+def test_hook_never_shows_an_agent_its_own_broadcasts_and_passes_them(tmp_path, db, env):
+    with Bus.open(db) as bus:
+        bus.publish("w1", "state_change", {"to": "WORKING"})
+        theirs = bus.publish("w2", "state_change", {"to": "WORKING"}).seq
+        bus.publish("w1", "task_done", {"task": "t1"})
+        last = bus.publish("w1", "note", "to myself", to="w1").seq  # addressed: it asked for it
+        bus.publish("w1", "task_done", {"task": "t2"})
+        trailing = bus.publish("w1", "progress", 0.5).seq
+    out = answer(hook(db, env, event("SessionStart")))
+    text = out["hookSpecificOutput"]["additionalContext"]
+    assert text.splitlines()[0] == "agentbus: 2 messages for w1:"
+    assert f"#{theirs} w2 -> * state_change" in text and f"#{last} w1 -> w1 note" in text
+    assert "task_done" not in text and "progress" not in text
+    assert cursor(db) == trailing  # past its own broadcasts after the last one shown
+    status = json.loads(run("bus", ["--db", str(db), "status", "--json"], env, tmp_path).stdout)
+    [mine] = [c for c in status["consumers"] if c["agent"] == "w1"]
+    assert mine["pending"] == 0
+    with Bus.open(db) as bus:
+        bus.publish("w1", "task_done", {"task": "t3"})
+    quiet = hook(db, env, event("PostToolUse", tool_name="Bash"))
+    assert (quiet.returncode, quiet.stdout) == (0, b"")
+    polled = run("bus", ["--db", str(db), "poll", "--agent", "w1", "--json"], env, tmp_path)
+    assert polled.stdout == b""
+    own = run("bus", ["--db", str(db), "poll", "--agent", "w1", "--include-own", "--json"], env,
+              tmp_path)
+    assert [json.loads(line)["type"] for line in own.stdout.splitlines()] == ["task_done"]
+
+
+# --- presence -------------------------------------------------------------------------------------
+
+
+def alive(db: Path, env: dict, cwd: Path) -> dict:
+    done = run("bus", ["--db", str(db), "alive", "--all", "--json"], env, cwd)
+    return {row["agent"]: row for row in map(json.loads, done.stdout.splitlines())}
+
+
+def test_hook_session_keeps_its_presence_and_an_ended_session_is_not_live(tmp_path, db, env):
+    session = installed_session(tmp_path, db, env, tmp_path)
+    session.session_start()
+    assert alive(db, env, tmp_path)["w1"]["status"] == "idle"  # started: alive, no turn yet
+    session.prompt("work")
+    assert alive(db, env, tmp_path)["w1"]["status"] == "working"
+    session.tool()
+    assert alive(db, env, tmp_path)["w1"]["status"] == "working"
+    assert session.stop()
+    assert alive(db, env, tmp_path)["w1"]["status"] == "idle"
+    session.end()
+    ended = alive(db, env, tmp_path)["w1"]
+    assert (ended["status"], ended["state"]) == ("stopped", "stopped")
+    running = run("bus", ["--db", str(db), "alive", "--json"], env, tmp_path)
+    assert running.stdout == b""  # not among the live agents
+    status = json.loads(run("bus", ["--db", str(db), "status", "--json"], env, tmp_path).stdout)
+    assert status["agents_by_state"]["alive"] == 0 and status["agents_by_state"]["stopped"] == 1
+
+
+# --- a lead and its workers in one checkout ------------------------------------------------------
+
+
+def test_hook_auto_outside_every_worktree_stands_down_or_is_the_checkouts_agent(tmp_path, env):
+    repo = make_repo(tmp_path / "repo")
+    db = tmp_path / "state" / "bus.db"
+    spawned = run("worker", ["--db", str(db), "spawn", "--task", "t1", "--worker", "w7",
+                             "--json"], env, repo)
+    worktree = Path(json.loads(spawned.stdout)["worktree"])
+    publish(db, ("plan", "review w7"), to="lead")
+    lead_event = json.dumps(event("SessionStart") | {"cwd": str(repo)}).encode()
+    command = ["--db", str(db), "hook", "claude", "--agent", "auto"]
+    quiet = run("bus", command, env, repo, input=lead_event, check=False)
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, b"", b"")
+    assert "lead" not in alive(db, env, repo)  # no agent's presence was touched
+    named = run("bus", ["--db", str(db), "hook", "install", "claude", "--agent", "lead",
+                        "--local", "--project", str(repo)], env, repo)
+    local = repo / ".claude" / "settings.local.json"
+    assert named.stdout.decode() == f"BUS_AGENT=lead written to {local}\n"
+    assert json.loads(local.read_text()) == {"env": {"BUS_AGENT": "lead"}}
+    lead_env = env | json.loads(local.read_text())["env"]  # as Claude Code passes it on
+    out = answer(run("bus", command, lead_env, repo, input=lead_event, check=False))
+    assert "review w7" in out["hookSpecificOutput"]["additionalContext"]
+    publish(db, ("hint", "look at src/"), to="w7")
+    worker_event = json.dumps(event("SessionStart") | {"cwd": str(worktree)}).encode()
+    mine = answer(run("bus", command, lead_env, worktree, input=worker_event, check=False))
+    assert " for w7:" in mine["hookSpecificOutput"]["additionalContext"]  # the worktree wins
+    bad = run("bus", command, env | {"BUS_AGENT": "a b"}, repo, input=lead_event, check=False)
+    assert bad.returncode == 1 and b"BUS_AGENT" in bad.stderr
+
+
+def test_install_local_refuses_auto(tmp_path, db, env):
+    done = run("bus", ["--db", str(db), "hook", "install", "claude", "--agent", "auto",
+                       "--local", "--project", str(tmp_path)], env, tmp_path, check=False)
+    assert done.returncode == 2 and b"not auto" in done.stderr
+    assert not (tmp_path / ".claude").exists()
+
+
+# --- the fast path --------------------------------------------------------------------------------
+
+
+HEAVY = ("click", "pydantic", "mcp", "bus.api", "bus.channels", "bus.pump", "bus.cli.root",
+         "bus.cli.harness", "bus.views", "blobs.store")
+
+
+def imported_modules(importtime: str) -> set[str]:
+    """The modules `python -X importtime` reported loading."""
+    return {line.split("|")[-1].strip() for line in importtime.splitlines()
+            if line.startswith("import time:") and not line.endswith("imported package")}
+
+
+def test_hook_with_nothing_to_show_loads_no_heavy_module(db, env, tmp_path):
+    """The console script answers a quiet hook itself: no click, no facade, no engines."""
+    setup = (Path(__file__).parent.parent / "setup.cfg").read_text()
+    assert "bus = bus.cli.entry:main" in setup
+    command = [sys.executable, "-X", "importtime", "-m", "bus.cli", "--db", str(db), "hook",
+               "claude", "--agent", "w1"]
+    quiet = subprocess.run(command, input=json.dumps(event("PostToolUse")).encode(), env=env,
+                           cwd=tmp_path, capture_output=True, timeout=60)
+    assert (quiet.returncode, quiet.stdout) == (0, b"")
+    loaded = imported_modules(quiet.stderr.decode())
+    assert "bus.cli.entry" in loaded and "apsw" in loaded
+    assert not {m for m in loaded if m.split(".")[0] in HEAVY or m in HEAVY
+                or any(m.startswith(h + ".") for h in HEAVY)}
+    assert alive(db, env, tmp_path)["w1"]["status"] == "working"  # it answered, and beat
+    publish(db, ("note", "now something waits"))
+    shown = subprocess.run(command, input=json.dumps(event("PostToolUse")).encode(), env=env,
+                           cwd=tmp_path, capture_output=True, timeout=60)
+    assert "click" in imported_modules(shown.stderr.decode())  # the command shows it
+    out = json.loads(shown.stdout)
+    assert "now something waits" in out["hookSpecificOutput"]["additionalContext"]
