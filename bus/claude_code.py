@@ -271,7 +271,8 @@ def hook_commands(base: list[str], agent: str, wait: float, max_continues: int
                   ) -> dict[str, str]:
     """The command line each event runs: `base` (the bus program and its --db) + `hook claude`."""
     common = [*base, "hook", "claude", "--agent", agent]
-    stop = [*common, "--wait", _number(wait), "--max-continues", str(max_continues)]
+    waits = ["--wait", _number(wait)] if wait else []  # none: a headless run ends at once
+    stop = [*common, *waits, "--max-continues", str(max_continues)]
     return {event: shlex.join(stop if event == STOP else common) for event in EVENTS}
 
 
