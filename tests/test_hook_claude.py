@@ -549,6 +549,8 @@ def test_hook_auto_outside_every_worktree_stands_down_or_is_the_checkouts_agent(
     lead_env = env | json.loads(local.read_text())["env"]  # as Claude Code passes it on
     out = answer(run("bus", command, lead_env, repo, input=lead_event, check=False))
     assert "review w7" in out["hookSpecificOutput"]["additionalContext"]
+    listed = run("bus", ["--db", str(db), "inbox", "--agent", "auto", "--json"], lead_env, repo)
+    assert json.loads(listed.stdout)["agent"] == "lead"  # `bus mcp --agent auto` resolves so too
     publish(db, ("hint", "look at src/"), to="w7")
     worker_event = json.dumps(event("SessionStart") | {"cwd": str(worktree)}).encode()
     mine = answer(run("bus", command, lead_env, worktree, input=worker_event, check=False))

@@ -19,16 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import click
-import orjson
 
 from bus import claude_code
+from bus import heartbeats
+from bus import identity
 from bus.api import Bus
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
-from bus import heartbeats
-from bus import identity
 from bus.identity import AGENT_ENV
 from bus.identity import AUTO
 from bus.inbox import Inbox
