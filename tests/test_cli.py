@@ -151,9 +151,13 @@ def test_init_json_reports_path_created_and_version(db_path: Path) -> None:
     first = run(["init", "--json"], db_path)
     second = run(["init", "--json"], db_path)
     assert first.exit_code == second.exit_code == 0
-    assert json.loads(first.stdout) == {"path": str(db_path), "created": True, "schema_version": LATEST_VERSION}
+    outside_git = {"repository": None, "pattern": None, "exclude_file": None, "added": False}
+    assert json.loads(first.stdout) == {"path": str(db_path), "created": True,
+                                        "schema_version": LATEST_VERSION,
+                                        "git_exclude": outside_git}
     assert json.loads(second.stdout) == {"path": str(db_path), "created": False,
-                                         "schema_version": LATEST_VERSION}
+                                         "schema_version": LATEST_VERSION,
+                                         "git_exclude": outside_git}
 
 
 def test_init_defaults_to_worker_state_path(tmp_path: Path, monkeypatch) -> None:
@@ -162,6 +166,58 @@ def test_init_defaults_to_worker_state_path(tmp_path: Path, monkeypatch) -> None
     assert result.exit_code == 0
     assert result.stdout == f"bus created at .worker-state/bus.db (schema version {LATEST_VERSION})\n"
     assert (tmp_path / ".worker-state" / "bus.db").is_file()
+
+
+def git_repository(path: Path) -> Path:
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    return path
+
+
+def test_init_in_a_git_checkout_excludes_the_bus_directory_once(tmp_path: Path,
+                                                                monkeypatch) -> None:
+    repo = git_repository(tmp_path / "repo")
+    exclude = repo / ".git" / "info" / "exclude"
+    before = exclude.read_text()
+    monkeypatch.chdir(repo)
+    first = run(["init"])
+    assert first.exit_code == 0
+    assert first.stdout == (
+        f"bus created at .worker-state/bus.db (schema version {LATEST_VERSION})\n"
+        "added .worker-state/ to .git/info/exclude so git status ignores it\n")
+    second = run(["init", "--json"])
+    assert json.loads(second.stdout)["git_exclude"] == {
+        "repository": str(repo.resolve()), "pattern": "/.worker-state/", "exclude_file": None,
+        "added": False}
+    assert exclude.read_text() == before + "/.worker-state/\n"  # once, after git's own lines
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo,
+                            capture_output=True, text=True, check=True)
+    assert status.stdout == ""
+
+
+def test_init_excludes_in_the_repository_that_holds_the_bus_not_the_current_one(
+        tmp_path: Path, monkeypatch) -> None:
+    here, there = git_repository(tmp_path / "here"), git_repository(tmp_path / "there")
+    here_before = (here / ".git" / "info" / "exclude").read_text()
+    monkeypatch.chdir(here)
+    result = run(["init", "--json"], there / "state" / "bus.db")
+    assert json.loads(result.stdout)["git_exclude"] == {
+        "repository": str(there.resolve()), "pattern": "/state/",
+        "exclude_file": str((there / ".git" / "info" / "exclude").resolve()), "added": True}
+    assert (here / ".git" / "info" / "exclude").read_text() == here_before
+    assert (there / ".git" / "info" / "exclude").read_text().endswith("\n/state/\n")
+
+
+def test_init_outside_git_or_at_the_top_of_a_checkout_writes_no_exclude(tmp_path: Path) -> None:
+    repo = git_repository(tmp_path / "repo")
+    before = (repo / ".git" / "info" / "exclude").read_text()
+    at_top = run(["init", "--json"], repo / "bus.db")
+    assert json.loads(at_top.stdout)["git_exclude"] == {
+        "repository": str(repo.resolve()), "pattern": None, "exclude_file": None, "added": False}
+    assert (repo / ".git" / "info" / "exclude").read_text() == before
+    outside = run(["init"], tmp_path / "plain" / "bus.db")
+    assert outside.stdout == (f"bus created at {tmp_path / 'plain' / 'bus.db'}"
+                              f" (schema version {LATEST_VERSION})\n")
+    assert not (tmp_path / ".git").exists() and not (tmp_path / "plain" / ".git").exists()
 
 
 def test_init_respects_bus_db_env_var(tmp_path: Path, monkeypatch) -> None:

@@ -23,10 +23,12 @@ from bus.cli.output import PAYLOAD_PREVIEW
 from bus.cli.output import echo_json
 from bus.cli.output import echo_messages
 from bus.cli.output import echo_query_rows
+from bus.cli.output import shown_path
 from bus.db import connect
 from bus.db import environment_error
 from bus.errors import DatabaseCorrupt
 from bus.errors import ValidationFailed
+from bus.git_exclude import exclude_directory
 from bus.db import check_database
 from bus.schema import migrate
 from bus.schema import schema_status
@@ -45,16 +47,25 @@ PROGRESS_MIN = 50_000  # messages of backlog that earn a progress bar
 def init(obj: BusContext, as_json: bool) -> None:
     """Create the bus database (and its directory) and bring its schema up to date.
 
+    In a git checkout the bus's directory is added to the repository's
+    .git/info/exclude (unless git ignores it already), so `git status` stays
+    clean; outside git nothing else changes.
+
     Example: bus --db .worker-state/bus.db init
     """
     existed = Path(obj.db).exists()
     bus = obj.open(create=True)
     version = bus.schema_version()
+    excluded = exclude_directory(Path(obj.db).absolute().parent)
     if as_json:
-        echo_json({"path": obj.db, "created": not existed, "schema_version": version})
-    else:
-        verb = "ready" if existed else "created"
-        click.echo(f"bus {verb} at {obj.db} (schema version {version})")
+        echo_json({"path": obj.db, "created": not existed, "schema_version": version,
+                   "git_exclude": excluded.to_json_dict()})
+        return
+    verb = "ready" if existed else "created"
+    click.echo(f"bus {verb} at {obj.db} (schema version {version})")
+    if excluded.added:
+        click.echo(f"added {excluded.pattern.strip('/')}/ to {shown_path(excluded.exclude_file)}"
+                   " so git status ignores it")
 
 
 @click.command()
