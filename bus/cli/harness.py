@@ -244,6 +244,7 @@ def inbox(obj: BusContext, agent: str, wait: float, shape: str, ack: bool, limit
                    "more": found.more, "acked_through": found.last_seq if ack else None})
     elif found.text:
         click.echo(found.text)
+    bus.record_delivered(who, found.shown, "inbox")
     if ack:
         acknowledge(bus, found)
 

@@ -89,6 +89,10 @@ def publish(obj: BusContext, from_agent: str, type_: str, to: str | None, payloa
             as_json: bool) -> None:
     """Append one message to the bus.
 
+    A message --to a name the bus has never seen (no heartbeat, cursor, worker, token,
+    delivery or message from it) is accepted, since its agent may come later, with a
+    warning on stderr (and a "warning" field with --json).
+
     Example: bus publish --from planner --to worker-1 --type task_assign --payload '{"task": "t1"}'
 
     A holder's result, refused if its lease went to another agent meanwhile:
@@ -96,11 +100,15 @@ def publish(obj: BusContext, from_agent: str, type_: str, to: str | None, payloa
     Example: bus publish --from worker-1 --type result --task t1 --fence 3 --payload '{"ok": true}'
     """
     value = _read_payload(payload, payload_file, obj.max_payload_bytes)
-    result = obj.open().publish(from_agent, type_, value, to=to, id=message_id,
-                                correlation_id=correlation_id, in_reply_to=in_reply_to,
-                                task=task_id, fence=fence)
+    bus = obj.open()
+    result = bus.publish(from_agent, type_, value, to=to, id=message_id,
+                         correlation_id=correlation_id, in_reply_to=in_reply_to,
+                         task=task_id, fence=fence)
+    warning = bus.recipient_warning(to)
+    if warning:
+        click.echo(f"Warning: {warning}", err=True)
     if as_json:
-        echo_json(result.to_json_dict())
+        echo_json({**result.to_json_dict(), **({"warning": warning} if warning else {})})
     elif result.duplicate:
         click.echo(f"duplicate: id {result.id} was already published as seq {result.seq}")
     else:
@@ -121,6 +129,8 @@ def poll(obj: BusContext, agent: str, limit: int, wait: float, from_latest: bool
          as_json: bool) -> None:
     """Show the messages waiting for an agent; the cursor does not move (see `ack`).
 
+    The direct messages shown get a delivery receipt (see `bus status`).
+
     Example: bus poll --agent worker-1 --wait 30
     """
     bus = obj.open()
@@ -133,6 +143,7 @@ def poll(obj: BusContext, agent: str, limit: int, wait: float, from_latest: bool
         bus.wait_for_change(deadline - time.monotonic())
         found = bus.poll(agent, limit, preview=preview)
     echo_messages(found, as_json)
+    bus.record_delivered(agent, found, "poll")
     if not found and not as_json:
         click.echo(f"no messages for {agent} above seq {bus.cursor(agent)}", err=True)
 
