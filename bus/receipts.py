@@ -51,6 +51,7 @@ _COLUMNS = (
     " r.first_ms, r.last_ms, r.deliveries, r.via, r.session"
 )
 # Channel messages ('#name') have deliveries of their own (bus/channels/), not receipts.
+_DIRECT = "substr({to}, 1, 1) != '#'"
 _WAITING = (
     # The direct messages not acknowledged, per recipient: each recipient found by one
     # seek of idx_messages_to_seq (no scan of the log), then its messages above its
@@ -63,7 +64,7 @@ _WAITING = (
     " JOIN messages m ON m.to_agent = recipients.agent AND m.seq >"
     " coalesce((SELECT last_acked_seq FROM cursors WHERE agent_id = recipients.agent), 0)"
     " LEFT JOIN {receipts} r ON r.seq = m.seq"
-    " WHERE recipients.agent IS NOT NULL AND substr(recipients.agent, 1, 1) != '#'"
+    " WHERE recipients.agent IS NOT NULL AND " + _DIRECT.format(to="recipients.agent")
 )
 # A file without migration 16 (a read-only view of an older file): nothing was recorded.
 _NONE_RECORDED = ("(SELECT 0 AS seq, 0 AS first_ms, 0 AS last_ms, 0 AS deliveries,"
@@ -73,7 +74,7 @@ _NONE_RECORDED = ("(SELECT 0 AS seq, 0 AS first_ms, 0 AS last_ms, 0 AS deliverie
 def _statements(receipts: str) -> dict[str, str]:
     return {
         "one": (f"SELECT {_COLUMNS} FROM messages m LEFT JOIN {receipts} r ON r.seq = m.seq"
-                " WHERE m.seq = ? AND m.to_agent IS NOT NULL"),
+                " WHERE m.seq = ? AND " + _DIRECT.format(to="m.to_agent")),
         "oldest": _WAITING.format(columns=_COLUMNS, receipts=receipts)
         + " ORDER BY m.seq LIMIT ?",
         "counts": _WAITING.format(columns="count(*) - count(r.seq), count(r.seq)",

@@ -336,6 +336,7 @@ def test_commands_exit_75_when_database_stays_locked(initialized: Path) -> None:
 
 
 def test_publish_prints_seq_id_and_durability(bus: Bus, db_path: Path) -> None:
+    bus.heartbeat("worker-1")  # a name the bus knows: no warning
     result = run(["publish", "--from", "planner", "--to", "worker-1", "--type", "task_assign",
                   "--payload", '{"task": "t1"}'], db_path)
     assert result.exit_code == 0
@@ -346,6 +347,25 @@ def test_publish_prints_seq_id_and_durability(bus: Bus, db_path: Path) -> None:
     assert (message.seq, message.id, message.from_agent, message.to_agent, message.type,
             message.payload) == (1, match.group(1), "planner", "worker-1", "task_assign",
                                  {"task": "t1"})
+
+
+def test_publish_to_a_name_never_seen_is_accepted_with_a_warning(bus: Bus,
+                                                                   db_path: Path) -> None:
+    bus.heartbeat("worker-1")
+    warning = ("Warning: no agent named 'worker-l' is known to this bus (no heartbeat, cursor,"
+               " worker, token, delivery or message from it); the message waits for it. Check"
+               " the name: bus status lists the agents\n")
+    typo = run(["publish", "--from", "planner", "--to", "worker-l", "--type", "t"], db_path)
+    assert (typo.exit_code, typo.stderr) == (0, warning)
+    assert typo.stdout.startswith("published seq 1 ")
+    as_json = run(["publish", "--from", "planner", "--to", "worker-l", "--type", "t", "--json"],
+                  db_path)
+    assert json.loads(as_json.stdout)["warning"] == warning[len("Warning: "):-1]
+    assert as_json.stderr == warning
+    assert [m.to_agent for m in bus.list_messages()] == ["worker-l", "worker-l"]
+    for known in (["--to", "worker-1"], ["--to", "planner"], []):  # a sender is known too
+        result = run(["publish", "--from", "planner", "--type", "t", "--json", *known], db_path)
+        assert result.stderr == "" and "warning" not in json.loads(result.stdout)
 
 
 def test_publish_json_has_exact_keys(bus: Bus, db_path: Path) -> None:
@@ -565,6 +585,20 @@ def test_poll_shows_own_and_broadcast_messages_only(bus: Bus, db_path: Path) -> 
         (1, "for_w1", "w1"), (3, "for_all", None), (4, "for_w1_again", "w1")]
     w2 = json_lines(run(["poll", "--agent", "w2", "--json"], db_path).stdout)
     assert [r["seq"] for r in w2] == [2, 3]
+
+
+def test_poll_records_the_delivery_of_the_direct_messages_it_shows(bus: Bus,
+                                                                    db_path: Path) -> None:
+    direct = bus.publish("planner", "for_w1", to="w1").seq
+    broadcast = bus.publish("planner", "for_all").seq
+    assert bus.receipt(direct).state == "sent"
+    run(["poll", "--agent", "w1", "--json"], db_path)
+    receipt = bus.receipt(direct)
+    assert (receipt.state, receipt.delivery.via, receipt.delivery.deliveries) == (
+        "delivered", "poll", 1)
+    assert bus.receipt(broadcast) is None
+    run(["ack", "--agent", "w1", "--seq", str(direct)], db_path)
+    assert bus.receipt(direct).state == "acked"
 
 
 def test_poll_human_format(bus: Bus, db_path: Path) -> None:
