@@ -141,8 +141,9 @@ class LogTools:
         reply = wait_for_any(self.bus, lambda: _found(self.bus.reply_to(
             self.agent, sent.id, sent.seq)), wait_seconds)
         if not reply:  # the question's receipt: was it shown to `to`, did it ack it?
+            receipt = self.bus.receipt(sent.seq)  # None only once compacted meanwhile
             return {**warned, "timed_out": True, "reply": None, "acked": False,
-                    "question": self.bus.receipt(sent.seq).state_json()}
+                    "question": receipt.state_json() if receipt else None}
         self.bus.record_delivered(self.agent, reply, "mcp:exchange")
         return {**warned, "timed_out": False, "reply": reply[0].to_json_dict(),
                 "acked": self.bus.ack_if_next(self.agent, reply[0].seq)}
