@@ -49,8 +49,9 @@ SLASH = ord("/")
 PATTERN_MAX = 1024
 # The characters an example path is made of where a class allows them, in this order of
 # preference: a witness should read as a file name (docs/a.md), not a control character.
-_READABLE = [ord(c) for c in "abcdefghijklmnopqrstuvwxyz0123456789_-"] + [
-    code for code in range(0x21, 0x7F) if chr(code) not in "abcdefghijklmnopqrstuvwxyz0123456789_-/"]
+_FILE_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_-"
+_READABLE = [ord(c) for c in _FILE_NAME_CHARS] + [
+    code for code in range(0x21, 0x7F) if chr(code) not in _FILE_NAME_CHARS + "/"]
 # What a star matching nothing adds to a witness's cost: more than any path's length, so
 # the search gives each star a character wherever some path allows it (`*.md` gives
 # a.md, not the hidden file .md) and lets a star match nothing only where none does.

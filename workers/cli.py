@@ -97,7 +97,8 @@ def spawn(obj: WorkerContext, task: str, worker_id: str | None, repo: str | None
         echo_json({**w.to_json_dict(), "excluded_in": exclude})
         return
     if exclude:
-        click.echo(f"added {excluding.strip('/')}/ to {shown_path(exclude)} so git status ignores it")
+        click.echo(f"added {excluding.strip('/')}/ to {shown_path(exclude)}"
+                   " so git status ignores it")
     click.echo(f"spawned {w.worker} for {w.task} on branch {w.branch}"
                f" from {w.base}; worktree {w.worktree}")
 
@@ -304,7 +305,8 @@ def status(obj: WorkerContext, worker: str | None, as_json: bool) -> None:
 
 
 def _cleaned_line(item: Cleaned) -> str:
-    done = [f"removed worktree {shown_path(item.worktree)}" if item.worktree else "no worktree left"]
+    done = [f"removed worktree {shown_path(item.worktree)}" if item.worktree
+            else "no worktree left"]
     if item.branch:
         done.append(f"deleted branch {item.branch} (already in its base)")
     if item.kept_branch:

@@ -70,15 +70,16 @@ def receipts_summary(status: Status) -> str:
     r = status.receipts
     if not r.not_delivered and not r.delivered_not_acked:
         return "every direct message acked"
-    shown = f" (the oldest {len(r.oldest)})" if len(r.oldest) < r.not_delivered + \
-        r.delivered_not_acked else ""
+    waiting = r.not_delivered + r.delivered_not_acked
+    shown = f" (the oldest {len(r.oldest)})" if len(r.oldest) < waiting else ""
     return (f"{r.not_delivered} direct messages not delivered, {r.delivered_not_acked}"
             f" delivered and not acked{shown}")
 
 
 def receipt_rows(status: Status) -> list[tuple[Any, ...]]:
+    now = status.now_ms
     return [(f"#{r.seq}", r.from_agent, r.to_agent, r.type,
-             f"{seconds((status.now_ms - r.ts_ms) / 1000)} ago", r.state, delivery_cell(r, status.now_ms))
+             f"{seconds((now - r.ts_ms) / 1000)} ago", r.state, delivery_cell(r, now))
             for r in status.receipts.oldest]
 
 
