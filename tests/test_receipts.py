@@ -22,6 +22,7 @@ from bus.receipts import DELIVERED
 from bus.receipts import SENT
 from bus.tokens import create_token
 from tests import bad_files
+from tests.cli_helpers import run
 
 NOW = 1_800_000_000_000
 
@@ -196,3 +197,16 @@ def test_any_trace_of_an_agent_makes_its_name_known(bus: Bus, trace: str) -> Non
 def test_a_message_to_a_name_does_not_make_it_known(bus: Bus) -> None:
     bus.publish("ann", "note", to="bobb")
     assert not ever_seen(bus.conn, "bobb") and ever_seen(bus.conn, "ann")
+
+
+def test_bus_inbox_records_what_it_prints_for_the_agent(bus: Bus, db_path: Path) -> None:
+    direct = bus.publish("ann", "note", "for bob", to="bob").seq
+    broadcast = bus.publish("ann", "note", "for all").seq
+    shown = run(["inbox", "--agent", "bob"], db_path)
+    assert shown.exit_code == 0 and "for bob" in shown.stdout
+    receipt = bus.receipt(direct)
+    assert (receipt.state, receipt.delivery.via) == (DELIVERED, "inbox")
+    assert bus.receipt(broadcast) is None
+    run(["inbox", "--agent", "bob", "--ack"], db_path)
+    receipt = bus.receipt(direct)
+    assert (receipt.state, receipt.delivery.deliveries) == (ACKED, 2)
