@@ -29,7 +29,9 @@ import apsw
 from bus import claims
 from bus import cursors
 from bus import heartbeats
+from bus import identities
 from bus import messages
+from bus import receipts
 from bus import reservations as file_reservations  # `Bus.reservations` is a method
 from bus import retention
 from bus import search as full_text
@@ -49,6 +51,7 @@ from bus.db import synchronous_for
 from bus.db import translate_errors
 from bus.db import write_transaction
 from bus.errors import BusClosed
+from bus.errors import BusReadOnly
 from bus.errors import UnknownConsumer
 from bus.errors import ValidationFailed
 from bus.export import JsonlExporter
@@ -62,6 +65,7 @@ from bus.messages import clock_ms
 from bus.payloads import BLOB_THRESHOLD
 from bus.payloads import MAX_PAYLOAD_BYTES
 from bus.payloads import PayloadPolicy
+from bus.receipts import Receipt
 from bus.reservations import DEFAULT_TTL_MS
 from bus.reservations import EXCLUSIVE
 from bus.reservations import Held
@@ -431,6 +435,43 @@ class Bus:
             if position is None:
                 raise UnknownConsumer(agent, cursors.known(conn), "see `bus consumers`")
         return position
+
+    # --- delivery receipts (bus/receipts.py) ------------------------------
+
+    def record_delivered(self, agent: str, shown: Iterable[Message | int], via: str,
+                         session: str | None = None) -> None:
+        """Record that `agent`'s session was shown these messages (or seqs): their receipts
+        say delivered. Call it where a model or a person is shown them (a hook's output, a
+        tool's result, `bus inbox`), with `via` naming that place (hook:Stop, mcp:poll)
+        and `session` the client's session id where it has one.
+
+        Only messages addressed to `agent` get a receipt; with none among `shown` nothing
+        is written. Inside the caller's transaction when this thread has one open. On a
+        file opened read-only nothing is recorded and nothing is raised: showing a
+        message must not fail for want of its receipt.
+        """
+        seqs = [item if isinstance(item, int) else item.seq for item in shown
+                if isinstance(item, int) or item.to_agent == agent]
+        if not seqs:
+            return
+        messages.validate_agent_id(agent)
+        try:
+            receipts.record_delivered(self.conn, agent, seqs, via, session)
+        except BusReadOnly:
+            pass
+
+    def receipt(self, seq: int) -> Receipt | None:
+        """Message `seq`'s receipt (sent, delivered or acked); None when it is not a
+        direct message (or there is none)."""
+        messages.validate_positive_int(seq, "seq")
+        with translate_errors(self.conn):
+            return receipts.receipt_for(self.conn, seq)
+
+    def recipient_warning(self, to: str | None) -> str | None:
+        """A warning for a message to `to` when the bus never saw an agent of that name
+        (bus/identities.py says what counts); None for a broadcast or a known name."""
+        with translate_errors(self.conn):
+            return identities.recipient_warning(self.conn, to)
 
     def wait_for_change(self, timeout: float, interrupt: int | None = None) -> bool:
         """Block until another connection or process commits, or `timeout` seconds pass.

@@ -46,6 +46,8 @@ NOT_ON_THE_COMMAND_LINE = {
     "moment": "heartbeats.presence: a session's moment, which bus hook claude maps from its event",
     "before": "bus serve's message browser: /messages?before=SEQ, a URL parameter",
     "text": "bus serve's message browser: /messages?text=..., a URL parameter",
+    "via": "Bus.record_delivered(via=...): the place that showed a message, set by the bus",
+    "session": "Bus.record_delivered(session=...): a hook's session id, read from the event",
 }
 
 

@@ -599,3 +599,16 @@ def test_hook_with_nothing_to_show_loads_no_heavy_module(db, env, tmp_path):
     assert "click" in imported_modules(shown.stderr.decode())  # the command shows it
     out = json.loads(shown.stdout)
     assert "now something waits" in out["hookSpecificOutput"]["additionalContext"]
+
+
+@pytest.mark.parametrize("name", ["Stop", "PostToolUse"])
+def test_hook_gives_what_it_showed_a_receipt_naming_the_event_and_session(db, env, name):
+    [direct] = publish(db, ("question", "which branch?"))
+    with Bus.open(db) as bus:
+        assert bus.receipt(direct).state == "sent"
+    answer(hook(db, env, event(name, stop_hook_active=False)))
+    with Bus.open(db) as bus:
+        receipt = bus.receipt(direct)
+    assert receipt.state == "acked"
+    assert receipt.delivery.via == f"hook:{name}"
+    assert receipt.delivery.session == event(name)["session_id"]

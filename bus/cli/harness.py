@@ -65,11 +65,13 @@ def pending(bus: Bus, agent: str, limit: int, wait: float = 0.0,
     return render(agent, found[:limit], more=len(found) > limit, budget=TEXT_BUDGET)
 
 
-def acknowledge(bus: Bus, inbox: Inbox) -> None:
-    """Ack what was shown, once stdout has it: a crash before this shows it again."""
+def acknowledge(bus: Bus, inbox: Inbox, via: str, session: str | None = None) -> None:
+    """Ack what was shown, with its receipts, once stdout has it: a crash before this shows
+    it again."""
     if inbox.last_seq is None:
         return
     sys.stdout.flush()
+    bus.record_delivered(inbox.agent, inbox.shown, via, session)
     bus.ack(inbox.agent, inbox.last_seq)
 
 
@@ -149,7 +151,7 @@ def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: 
     inbox = pending(bus, who, limit)
     if inbox.shown:
         echo_json(claude_code.context_output(event.name, inbox.text))
-        acknowledge(bus, inbox)
+        acknowledge(bus, inbox, f"hook:{event.name}", event.session_id)
 
 
 def _answer_stop(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: float,
@@ -163,7 +165,7 @@ def _answer_stop(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wa
     counter.record(streak + 1)
     heartbeats.presence(bus.conn, agent, "working")  # the session goes on with them
     echo_json(claude_code.block_output(inbox.text))
-    acknowledge(bus, inbox)
+    acknowledge(bus, inbox, f"hook:{event.name}", event.session_id)
 
 
 @hook.group("install")
@@ -291,7 +293,9 @@ def inbox(obj: BusContext, agent: str, wait: float, shape: str, ack: bool, limit
     elif found.text:
         click.echo(found.text)
     if ack:
-        acknowledge(bus, found)
+        acknowledge(bus, found, "inbox")
+    else:
+        bus.record_delivered(who, found.shown, "inbox")
 
 
 COMMANDS = [hook, inbox]
