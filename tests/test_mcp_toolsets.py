@@ -7,6 +7,7 @@ pipes, and measured in bytes: every model request carries it.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +168,14 @@ def test_lean_schema_keeps_an_argument_named_title_and_a_required_nullable():
     assert lean_schema(schema) == {"type": "object", "required": ["when"], "properties": {
         "title": {"type": "string", "description": "What it is."},
         "when": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}}
+
+
+def test_mcp_docs_table_of_groups_is_what_each_group_adds():
+    """docs/mcp.md's "Tools listed" table names each group's tools beyond the daily loop."""
+    from bus.mcpserver.server import tool_groups
+
+    doc = (REPO_ROOT / "docs" / "mcp.md").read_text().split("The codes:", 1)[0]
+    table = {group: re.findall(r"`([a-z_]+)`", tools) for group, tools in
+             re.findall(r"^\| `([a-z_]+)` \| (.+) \|$", doc, re.M)}
+    assert table == {name: [tool for tool in group.TOOLS if tool not in DAILY]
+                     for name, group in tool_groups().items()}
