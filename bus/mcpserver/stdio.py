@@ -55,7 +55,7 @@ _BUILT, _EOF = object(), object()  # what the line queue carries besides lines
 def serve_stdio(session: AgentSession) -> None:
     """Serve `session` to the MCP client on stdin/stdout until stdin ends."""
     wire = Wire()
-    cache = StartCache.load(session.agent)
+    cache = StartCache.load(session.agent, session.tools)
     lines = Lines(wire)
     building = Building(session, lines.queue)
     front = Front(wire, cache, lines)
@@ -387,9 +387,9 @@ class StartCache:
         self.path, self.key, self.agent, self.answers = path, key, agent, answers
 
     @classmethod
-    def load(cls, agent: str | None) -> StartCache:
+    def load(cls, agent: str | None, tools: frozenset[str] = frozenset()) -> StartCache:
         path = cache_path()
-        key = installation_key(joining=agent is None)
+        key = installation_key(joining=agent is None, tools=tools)
         entry = _read(path).get(key, {})
         return cls(path, key, agent, entry.get("answers", {}) if isinstance(entry, dict) else {})
 
@@ -437,12 +437,12 @@ def cache_path() -> Path:
     return Path(base) / "agentbus" / "mcp-start.json"
 
 
-def installation_key(joining: bool) -> str:
+def installation_key(joining: bool, tools: frozenset[str] = frozenset()) -> str:
     """What the cached answers depend on, cheap to compute (under a millisecond)."""
     sdk = importlib.util.find_spec("mcp")  # found, not imported
     sdk_init = os.stat(sdk.origin) if sdk is not None and sdk.origin else None
     return orjson.dumps([
-        __version__, sys.executable, sys.version, joining,
+        __version__, sys.executable, sys.version, joining, sorted(tools),
         None if sdk_init is None else [sdk.origin, sdk_init.st_mtime_ns, sdk_init.st_size],
         max(_newest_source(Path(spec.origin).parent) for name in ("bus", "workers", "blobs")
             if (spec := importlib.util.find_spec(name)) is not None and spec.origin),
