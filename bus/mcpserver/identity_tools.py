@@ -40,13 +40,11 @@ class IdentityTools:
         name: Annotated[str, Field(min_length=1, description=(
             "Your agent name: letters, digits and . _ : - (e.g. planner, worker-2)."))],
         reclaim_token: Annotated[Optional[str], Field(min_length=1, description=(
-            "The token an earlier join returned for this name: takes the name back after a"
-            " restart."))] = None,
+            "An earlier join's token for this name."))] = None,
     ) -> dict[str, Any]:
-        """Choose your agent name; call this first, every other tool is refused until then.
+        """Choose your agent name first: every other tool is refused until then.
 
-        A name a live agent has is refused. Keep the reclaim_token: after a restart,
-        join(name, reclaim_token) makes you that agent again.
+        A live agent's name is refused. Keep the reclaim_token to take it back later.
         """
         if self.session.agent is not None:
             raise AlreadyJoined(self.session.agent)

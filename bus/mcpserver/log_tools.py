@@ -39,25 +39,24 @@ Task = Annotated[str, Field(min_length=1, max_length=TASK_ID_MAX, description="T
 LeaseMs = Annotated[int, Field(ge=1, le=LEASE_MS_MAX, description=(
     "Lease in milliseconds; once it runs out another agent may take the task."))]
 Fence = Annotated[Optional[int], Field(ge=1, description=(
-    "Your claim's fence: refused, changing nothing, once another agent took the task over."))]
+    "Your claim's fence: refused once another agent took the task over."))]
 
 
 PUBLISH_MANY_MAX = 100
 
 
 class Outgoing(BaseModel):
-    """One message of publish_many: publish's arguments."""
+    """publish's arguments."""
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Annotated[str, Field(description="Message type, e.g. task_assign, note, result.")]
-    payload: Annotated[JsonValue, Field(description="Any JSON value.")] = None
-    to: Annotated[Optional[str], Field(description=(
-        "Recipient agent id; omit to broadcast to all."))] = None
+    # Described once, in publish's own schema: every model request carries these.
+    type: str
+    payload: JsonValue = None
+    to: Optional[str] = None
     correlation_id: Optional[str] = None
     in_reply_to: Optional[str] = None
-    id: Annotated[Optional[str], Field(description=(
-        "Your own UUID: publishing the same id again is a no-op."))] = None
+    id: Optional[str] = None
 
 
 def _found(message: Any) -> list[Any]:
@@ -83,7 +82,7 @@ class LogTools:
         to: Annotated[Optional[str], Field(description=(
             "Recipient agent id; omit to broadcast to all."))] = None,
         correlation_id: Annotated[Optional[str], Field(description=(
-            "Ties one conversation's or task's messages together."))] = None,
+            "Groups one conversation's messages."))] = None,
         in_reply_to: Annotated[Optional[str], Field(description=(
             "Id of the message this answers."))] = None,
         id: Annotated[Optional[str], Field(description=(
@@ -92,10 +91,9 @@ class LogTools:
             "The task this reports on (it becomes the correlation id)."))] = None,
         fence: Fence = None,
     ) -> dict[str, Any]:
-        """Publish a message on the bus as yourself. Returns its seq and id.
+        """Publish a message as yourself; returns its seq and id.
 
-        `duplicate`: a message with this id existed already; nothing was written.
-        `warning`: no agent named `to` was ever seen (a typo?); the message waits for it.
+        `duplicate`: the id existed; nothing written. `warning`: `to` was never seen.
         """
         result = self.bus.publish(self.agent, type, payload, to=to, id=id,
                                   correlation_id=correlation_id, in_reply_to=in_reply_to,
@@ -107,10 +105,9 @@ class LogTools:
                  "First acknowledge every message up to this seq (the last you handled)."
              ))] = None,
              ) -> dict[str, Any]:
-        """Read the messages waiting for you (addressed to you or broadcast), oldest first.
+        """Read your waiting messages (to you, or broadcast by others), oldest first.
 
-        They come back until acknowledged: pass the last seq you handled as ack_through
-        on your next poll, or call `ack`.
+        They come back until acked: pass the last seq you handled as ack_through, or `ack`.
         """
         if ack_through is not None:
             self.bus.ack(self.agent, ack_through)
@@ -127,13 +124,12 @@ class LogTools:
         wait_seconds: Annotated[float, Field(gt=0, le=WAIT_MAX_S, description=(
             "The longest to wait for the answer."))] = 30.0,
         correlation_id: Annotated[Optional[str], Field(description=(
-            "Ties one conversation's or task's messages together."))] = None,
+            "Groups one conversation's messages."))] = None,
     ) -> dict[str, Any]:
         """Ask an agent and wait for its answer (its message in_reply_to yours): one call.
 
-        `acked`: the answer was acknowledged for you (nothing waited before it).
-        `timed_out`: no answer within wait_seconds; poll returns it if it comes later, and
-        `question` says whether your question was delivered and acked.
+        `acked`: the answer is acknowledged. `timed_out`: no answer yet (poll gets it
+        later); `question` says whether yours was delivered and acked.
         """
         sent = self.bus.publish(self.agent, type, payload, to=to, correlation_id=correlation_id)
         warned = _warned({"sent": sent.to_json_dict()}, self.bus.recipient_warning(to))
@@ -155,10 +151,9 @@ class LogTools:
         wait_seconds: Wait = 0.0,
         limit: Limit = 100,
     ) -> dict[str, Any]:
-        """Answer a message you polled, acknowledge it, then read what waits next: one call.
+        """Answer a message you polled, acknowledge it, then poll: one call.
 
-        The answer goes to its sender, in_reply_to set (an `exchange` waiting for it
-        returns); then the messages waiting for you come back, as poll returns them.
+        The answer goes to its sender, in_reply_to set (its `exchange` returns).
         """
         sent = self.bus.answer(self.agent, seq, type, payload)
         found = wait_for_any(self.bus, lambda: self.bus.poll(self.agent, limit), wait_seconds)
@@ -170,12 +165,11 @@ class LogTools:
         self,
         messages: Annotated[list[Outgoing], Field(min_length=1, max_length=PUBLISH_MANY_MAX,
                                                   description=(
-            "The messages, each like publish's arguments; all are written or none."))],
+            "The messages."))],
     ) -> dict[str, Any]:
-        """Publish up to 100 messages in one call and one transaction: all or nothing.
+        """Publish up to 100 messages in one transaction, all or nothing; each like publish.
 
-        Returns each one's seq and id, in order. A bad message refuses the whole batch and
-        its error names it (messages[3].type).
+        Returns each seq and id, in order. An error names the bad one (messages[3].type).
         """
         batch = [{"from_agent": self.agent, **m.model_dump(exclude_none=True)}
                  for m in messages]

@@ -37,15 +37,14 @@ class ReservationTools:
         exclusive: Annotated[bool, Field(description=(
             "false: shared, others may reserve overlapping patterns too."))] = True,
         ttl_seconds: Annotated[float, Field(gt=0, le=TTL_MAX_MS / 1000, description=(
-            "How long it lasts; it ends sooner if you die or your worker finishes."
+            "How long it lasts (less if you die or your worker ends)."
         ))] = DEFAULT_TTL_MS / 1000,
         reason: Annotated[Optional[str], Field(description=(
             "What you are doing, for the other agents."))] = None,
     ) -> dict[str, Any]:
         """Reserve files before editing them, all or nothing.
 
-        `granted` false: nothing was reserved; `conflicts` names each other agent's
-        reservation in the way (pattern, holder, expiry, a path both match).
+        `granted` false: nothing reserved; `conflicts` names what is in the way.
         """
         try:
             made = self.bus.reserve(self.agent, patterns, mode=EXCLUSIVE if exclusive else SHARED,
