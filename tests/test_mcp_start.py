@@ -1,8 +1,9 @@
-"""`bus mcp`'s start: the handshake and the tool listing from a cache while the SDK loads.
+"""`bus mcp`'s start: the handshake and every listing answered while the SDK loads.
 
 Real server processes, driven by the SDK's own stdio clients of both protocol
 eras: `ClientSession` (the handshake era: initialize, then requests) and
-`Client` (the 2026 era: every request carries its envelope). Each test has its
+`Client` (the 2026 era: every request carries its envelope), and by raw
+JSON-RPC lines where a test compares answers byte for byte. Each test has its
 own cache directory (XDG_CACHE_HOME).
 """
 
@@ -27,6 +28,7 @@ from mcp import StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from bus import Bus
+from bus.mcpserver.start_answers import LISTINGS
 
 
 # What a 2026-era client sends with every request, in place of a handshake.
@@ -53,9 +55,12 @@ async def handshake_era(params: StdioServerParameters,
             yield session
 
 
-def cached_questions(cache: Path) -> list[str]:
+def cached_questions(cache: Path) -> set[str]:
     stored = orjson.loads((cache / "agentbus" / "mcp-start.json").read_bytes())
-    return sorted(q.split(" ")[0] for entry in stored.values() for q in entry["answers"])
+    return {q.split(" ")[0] for entry in stored.values() for q in entry["table"]["answers"]}
+
+
+START_QUESTIONS = {"initialize", *LISTINGS}
 
 
 def described(tools: list[Any]) -> dict[str, str]:
@@ -75,7 +80,7 @@ def test_a_warm_start_answers_from_the_cache_in_the_agents_name_and_then_serves(
             return hello.instructions or "", described(tools), sent.structured_content
 
     cold_instructions, cold_tools, _ = asyncio.run(start("alice"))
-    assert cached_questions(cache) == ["initialize", "tools/list"]
+    assert cached_questions(cache) == START_QUESTIONS
     warm_instructions, warm_tools, sent = asyncio.run(start("bob"))
 
     assert "You act as agent bob" in warm_instructions
@@ -96,7 +101,7 @@ def test_a_2026_era_client_starts_warm_too(bus: Bus, db_path: Path, tmp_path: Pa
 
     bus.publish("dave", "note", "hello", to="carol")
     cold_tools, cold_poll = asyncio.run(start())
-    assert "tools/list" in cached_questions(cache)
+    assert cached_questions(cache) == START_QUESTIONS
     warm_tools, warm_poll = asyncio.run(start())
     assert warm_tools == cold_tools
     assert [m["payload"] for m in warm_poll["messages"]] == ["hello"] == \
@@ -113,8 +118,8 @@ def test_a_stale_cached_listing_is_corrected_and_the_client_told(
         async with handshake_era(server(db_path, cache, "erin"), notes) as session:
             await session.initialize()
             first = described((await session.list_tools()).tools)
+            await session.call_tool("poll", {"limit": 1})  # the server is built, its table kept
             if until_told:  # the correction comes once the SDK has answered the same question
-                await session.call_tool("poll", {"limit": 1})
                 deadline = time.monotonic() + 30
                 while not any(_list_changed(n) for n in notes or []):
                     assert time.monotonic() < deadline, f"no list_changed in {notes!r}"
@@ -125,8 +130,8 @@ def test_a_stale_cached_listing_is_corrected_and_the_client_told(
     real, _ = asyncio.run(listing())
     stored = orjson.loads(stored_at.read_bytes())
     for entry in stored.values():  # the cache as an older version of the tools left it
-        for question, answer in entry["answers"].items():
-            if question.startswith("tools/list"):
+        for answer in entry["table"]["distinct"]:
+            if "tools" in answer.get("result", {}):
                 answer["result"]["tools"][0]["description"] = "STALE"
     stored_at.write_bytes(orjson.dumps(stored))
 
