@@ -372,7 +372,9 @@ def test_sigint_ends_the_server_at_once_and_quietly(bus: Bus, db_path: Path, tmp
 def test_a_first_start_answers_every_start_question_without_the_sdk(
         bus: Bus, db_path: Path, tmp_path: Path, client: str):
     """With an SDK whose import never ends, a first start (no cache) still answers the
-    handshake and every listing: from the tables shipped with the package."""
+    handshake and every listing, from the tables shipped with the package, even those
+    asked after a request only the server answers (a tool call here; Claude Code asks
+    `subscriptions/listen` before its listings)."""
     never_imported = tmp_path / "sdk" / "mcp"
     never_imported.mkdir(parents=True)
     (never_imported / "__init__.py").write_text("import time\ntime.sleep(3600)\n")
@@ -384,6 +386,7 @@ def test_a_first_start_answers_every_start_question_without_the_sdk(
             hello = server_process.ask(_hello(client))["hello"]["result"]
             assert hello["protocolVersion"] == LATEST_HANDSHAKE_VERSION
             server_process.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        server_process.send(_tool_call(100, era))  # waits for the server, which never comes
         at_start = server_process.ask(*_listings(1, era))
     finally:
         server_process.close()

@@ -6,9 +6,10 @@ client's first requests are the handshake and the listings, whose answers
 depend on the server's options and the protocol version only. So
 `serve_stdio` answers those from a table of the SDK's own answers
 (start_answers.py), in whatever version the client speaks, while a thread
-imports the SDK and builds the server. The first request the table cannot
-answer (a tool call) waits for the server; from then on the SDK serves the
-wire alone, through its own stdio transport, with no cost per message.
+imports the SDK and builds the server. A request the table cannot answer (a
+tool call) waits for the server, which gets every such request in order once
+it is built; from then on the SDK serves the wire alone, through its own stdio
+transport, with no cost per message.
 
 A handshake-era client's `initialize` and `notifications/initialized` are
 replayed to the SDK, and its answer to the replayed `initialize` dropped, so
@@ -244,21 +245,27 @@ class Front:
         self.drained: Any = None  # at the end of stdin: an anyio.Event, set as it empties
 
     def answer_until_needed(self) -> list[bytes] | None:
-        """The lines for the server once it is built or needed; None if stdin ended first."""
+        """The lines for the server, once it is built; None if stdin ended with nothing for it.
+
+        A request the table cannot answer waits for the server, and those after it are
+        answered all the same: a client may ask something only the server answers
+        (Claude Code's `subscriptions/listen`) before its listings, and JSON-RPC lets the
+        answers come in any order.
+        """
         handed: list[bytes] = []
         while (line := self.lines.queue.get()) is not _BUILT:
             if line is _EOF:
-                return None
+                if all(_request(waiting).get("method") in HANDSHAKE for waiting in handed):
+                    return None
+                self.lines.queue.put(_EOF)  # for the server too, once it has answered these
+                break
             request = _request(line)
-            method = request.get("method")
             if "id" in request and self._answered_here(request):
-                if method == "initialize":  # the SDK must see it too; its answer is dropped
-                    self.dropped.add(request["id"])
+                if request.get("method") == "initialize":  # the SDK must see it too
+                    self.dropped.add(request["id"])  # and its answer is dropped
                     handed.append(line)
                 continue
             handed.append(line)
-            if method not in HANDSHAKE:
-                break  # this one needs the server
         return handed
 
     def _answered_here(self, request: dict[str, Any]) -> bool:
