@@ -89,11 +89,12 @@ class StartAnswers:
         return self.answer(method, version) != other.answer(method, version)
 
 
-def start_answers(session: AgentSession, cache: StartCache) -> StartAnswers:
-    """The answers for `session`'s options: the SDK's at the last start with this
-    installation, else the shipped ones."""
-    table = cache.table() or _read(SHIPPED_PATH).get(selection(session))
-    return StartAnswers(table, session.agent)
+def start_answers(session: AgentSession, cache: StartCache) -> tuple[StartAnswers, bool]:
+    """The answers for `session`'s options, and whether they are cached: the SDK's at an
+    earlier start with this installation, else the shipped ones."""
+    cached = cache.table()
+    table = cached or _read(SHIPPED_PATH).get(selection(session))
+    return StartAnswers(table, session.agent), cached is not None
 
 
 class StartCache:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 from typing import AsyncIterator
+from typing import Iterable
 
 import anyio
 import orjson
@@ -71,18 +72,32 @@ def _distinct(answers: dict[str, Any]) -> dict[str, Any]:
     return {"answers": indexed, "distinct": [orjson.loads(text) for text in distinct]}
 
 
-async def _handshake_era(server: MCPServer, version: str) -> dict[str, Any]:
+def tool_listings(server: MCPServer, versions: Iterable[str | None]) -> dict[str, Any]:
+    """The server's tool listing in each of `versions` (a table as start_table's, of fewer
+    questions): what a client was told at the start, asked again."""
+    answers: dict[str, Any] = {}
+    for version in versions:
+        if version in HANDSHAKE_PROTOCOL_VERSIONS:
+            answers.update(anyio.run(_handshake_era, server, version, ("tools/list",)))
+        elif version in MODERN_PROTOCOL_VERSIONS:
+            answers.update(anyio.run(_modern_era, server, version, ("tools/list",)))
+    return _distinct(answers)
+
+
+async def _handshake_era(server: MCPServer, version: str,
+                         methods: tuple[str, ...] = LISTINGS) -> dict[str, Any]:
     hello = {"protocolVersion": version, "capabilities": {},
              "clientInfo": {"name": "agentbus-start-table", "version": "1"}}
     asked = [("initialize", hello), ("notifications/initialized", None),
-             *((method, None) for method in LISTINGS)]
+             *((method, None) for method in methods)]
     return await _ask(server, version, asked)
 
 
-async def _modern_era(server: MCPServer, version: str) -> dict[str, Any]:
+async def _modern_era(server: MCPServer, version: str,
+                      methods: tuple[str, ...] = LISTINGS) -> dict[str, Any]:
     envelope = {"_meta": {ENVELOPE_VERSION: version,
                           "io.modelcontextprotocol/clientCapabilities": {}}}
-    return await _ask(server, version, [(method, envelope) for method in LISTINGS])
+    return await _ask(server, version, [(method, envelope) for method in methods])
 
 
 async def _ask(server: MCPServer, version: str,

@@ -13,11 +13,13 @@ transport, with no cost per message.
 
 A handshake-era client's `initialize` and `notifications/initialized` are
 replayed to the SDK, and its answer to the replayed `initialize` dropped, so
-the SDK's session is the client's own. The built server is asked every start
-question over its own transport (start_table.py, a few tens of milliseconds):
-its table is cached for the next start, and if a tool listing the client got
-differs (a shipped table, a tool group installed since), the client gets
-`notifications/tools/list_changed`, on which it lists again.
+the SDK's session is the client's own. Once the server is built, it is asked
+over its own transport (start_table.py) every start question when the table
+was not cached (a first start: the shipped table), else only the tool listings
+the client got (a few milliseconds); a table that was not the server's is
+replaced in the cache by the server's, and if a tool listing the client got
+differs, the client gets `notifications/tools/list_changed`, on which it
+lists again.
 """
 
 from __future__ import annotations
@@ -52,9 +54,9 @@ def serve_stdio(session: AgentSession) -> None:
     """Serve `session` to the MCP client on stdin/stdout until stdin ends."""
     wire = Wire()
     cache = StartCache.of(session)
+    answers, cached = start_answers(session, cache)
     lines = Lines(wire)
-    building = Building(session, lines.queue, cache)
-    answers = start_answers(session, cache)
+    building = Building(session, lines.queue, None if cached else cache)
     front = Front(wire, answers, lines)
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(FRONT_SWITCH_INTERVAL_S)
@@ -65,7 +67,7 @@ def serve_stdio(session: AgentSession) -> None:
         server, table = building.result()
     finally:
         sys.setswitchinterval(switch_interval)
-    front.correct(StartAnswers(table, session.agent))
+    front.correct(server, table, cache, session.agent)
     lines.stop_after_next()
     import anyio
 
@@ -198,11 +200,14 @@ def _whole_lines(buffer: bytearray) -> list[bytes]:
 
 
 class Building(threading.Thread):
-    """Imports the SDK and builds the server, asks it every start question (its table
-    is cached for the next start), then says so on the line queue."""
+    """Imports the SDK and builds the server, then says so on the line queue.
+
+    Given a cache (the start's table was not cached: a first start), it asks the
+    built server every start question first, and keeps its table there.
+    """
 
     def __init__(self, session: AgentSession, done: queue.SimpleQueue[Any],
-                 cache: StartCache) -> None:
+                 cache: StartCache | None) -> None:
         super().__init__(name="mcp-build", daemon=True)
         self.session, self.done, self.cache = session, done, cache
         self.server: Any = None
@@ -217,15 +222,16 @@ class Building(threading.Thread):
             from bus.mcpserver.start_table import start_table
 
             self.server = build_server(self.session)
-            self.table = start_table(self.server, self.session.agent)
-            self.cache.keep(self.table)
+            if self.cache is not None:
+                self.table = start_table(self.server, self.session.agent)
+                self.cache.keep(self.table)
         except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
             self.error = exc
         finally:
             self.done.put(_BUILT)
 
-    def result(self) -> tuple[Any, dict[str, Any]]:
-        """The server and its table."""
+    def result(self) -> tuple[Any, dict[str, Any] | None]:
+        """The server, and its table if it was asked."""
         self.join()
         if self.error is not None:
             raise self.error
@@ -287,12 +293,27 @@ class Front:
             self.version = version
         return True
 
-    def correct(self, built: StartAnswers) -> None:
+    def correct(self, server: Any, table: dict[str, Any] | None, cache: StartCache,
+                agent: str | None) -> None:
         """Tell the client to list the tools again if the server lists them otherwise than
-        it was told."""
-        if any(method == "tools/list" and self.table.differs(built, method, version)
-               for method, version in self.served):
+        it was told. `table` is the server's (a first start), or None: the table was
+        cached, and only the listings the client got are asked again (the whole table is
+        asked and cached if one differs)."""
+        from bus.mcpserver.start_table import start_table
+        from bus.mcpserver.start_table import tool_listings
+
+        listed = {version for method, version in self.served if method == "tools/list"}
+        if table is None:
+            if not self._told_otherwise(StartAnswers(tool_listings(server, listed), agent),
+                                        listed):
+                return
+            table = start_table(server, agent)
+            cache.keep(table)
+        if self._told_otherwise(StartAnswers(table, agent), listed):
             self.wire.send(LIST_CHANGED)
+
+    def _told_otherwise(self, asked: StartAnswers, versions: set[str | None]) -> bool:
+        return any(self.table.differs(asked, "tools/list", version) for version in versions)
 
     async def requests(self, handed: list[bytes]) -> AsyncIterator[str]:
         """What the SDK reads: the lines handed over, then the client's.
