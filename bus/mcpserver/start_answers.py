@@ -70,10 +70,10 @@ class StartAnswers:
 
     def version_agreed(self, requested: Any) -> str | None:
         """The version an `initialize` asking for `requested` agrees on: the client's if
-        the SDK speaks it, else the one it offers."""
-        if isinstance(requested, str) and question("initialize", requested) in self.answers:
-            return requested
-        return self.offered
+        the SDK speaks it, else the one it offers (None for no version: the SDK refuses)."""
+        if not isinstance(requested, str):
+            return None
+        return requested if question("initialize", requested) in self.answers else self.offered
 
     def answer(self, method: str, version: str | None) -> dict[str, Any] | None:
         """The SDK's answer ({"result": ...} or {"error": ...}) to `method` in `version`."""

@@ -41,7 +41,10 @@ from bus.mcpserver.start_answers import question
 from bus.mcpserver.start_answers import selection
 
 UNSPOKEN_VERSION = "0000-00-00"  # no SDK speaks it: its answer names the version offered instead
-SHIPPED_AGENT = "agent"  # a fixed agent's table is the same for every name but the instructions
+# The options whose tables ship, as (agent, tool groups): the defaults, with a fixed agent
+# (whose table is the same for every name but the instructions) and with one that joins.
+SHIPPED_OPTIONS: list[tuple[str | None, frozenset[str]]] = [("agent", frozenset()),
+                                                            (None, frozenset())]
 
 
 def start_table(server: MCPServer, agent: str | None) -> dict[str, Any]:
@@ -135,13 +138,12 @@ async def _ask(server: MCPServer, version: str,
 
 
 def shipped_tables(bus: Bus) -> dict[str, Any]:
-    """The tables for the options a client starts with by default: a fixed agent, and one
-    that joins; each by its options (start_answers.selection)."""
+    """The tables for SHIPPED_OPTIONS, each by its options (start_answers.selection)."""
     from bus.mcpserver.server import build_server
 
     tables = {}
-    for agent in (SHIPPED_AGENT, None):
-        session = AgentSession.open_on(bus, agent)
+    for agent, tools in SHIPPED_OPTIONS:
+        session = AgentSession.open_on(bus, agent, tools)
         tables[selection(session)] = start_table(build_server(session), agent)
     return tables
 
