@@ -61,7 +61,7 @@ def serve_stdio(session: AgentSession) -> None:
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(FRONT_SWITCH_INTERVAL_S)
     try:
-        handed = front.answer_until_needed()
+        handed = front.answer_until_built()
         if handed is None:  # stdin ended before anything needed the server
             return
         server, table = building.result()
@@ -218,7 +218,6 @@ class Building(threading.Thread):
     def run(self) -> None:
         try:
             from bus.mcpserver.server import build_server
-
             from bus.mcpserver.start_table import start_table
 
             self.server = build_server(self.session)
@@ -239,7 +238,7 @@ class Building(threading.Thread):
 
 
 class Front:
-    """Answers what the start's table can until the server is needed, then hands the wire
+    """Answers what the start's table can until the server is built, then hands the wire
     over."""
 
     def __init__(self, wire: Wire, table: StartAnswers, lines: Lines) -> None:
@@ -250,7 +249,7 @@ class Front:
         self.outstanding: set[int | str] = set()  # the client's requests the server still owes
         self.drained: Any = None  # at the end of stdin: an anyio.Event, set as it empties
 
-    def answer_until_needed(self) -> list[bytes] | None:
+    def answer_until_built(self) -> list[bytes] | None:
         """The lines for the server, once it is built; None if stdin ended with nothing for it.
 
         A request the table cannot answer waits for the server, and those after it are
