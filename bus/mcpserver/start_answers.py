@@ -42,6 +42,13 @@ from bus.mcpserver.session import AgentSession
 LISTINGS = ("tools/list", "prompts/list", "resources/list", "resources/templates/list", "ping",
             "server/discover")
 ENVELOPE_VERSION = "io.modelcontextprotocol/protocolVersion"  # a 2026-era request's version
+# A 2026-era client subscribes to the server's list changes with a listen request, whose
+# stream begins with an acknowledgement naming the request's id.
+LISTEN = "subscriptions/listen"
+LISTENED = "notifications/subscriptions/acknowledged"
+SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
+LISTEN_FILTER = {"toolsListChanged": True, "promptsListChanged": True,
+                 "resourcesListChanged": True}  # the start table's: what Claude Code asks
 SHIPPED_PATH = Path(__file__).with_name("start_answers.json")
 KEPT_INSTALLATIONS = 8  # cache entries kept, the most recently used
 
@@ -84,6 +91,18 @@ class StartAnswers:
         if key not in self.templated:
             return stored
         return {"result": {**stored["result"], "instructions": instructions(self.agent)}}
+
+    def acknowledgement(self, params: dict[str, Any], version: str | None,
+                        request_id: Any) -> dict[str, Any] | None:
+        """The acknowledgement the SDK begins a listen stream with, for a listen request
+        asking for what the table's asked for; None for another."""
+        answer = self.answer(LISTEN, version)
+        if answer is None or params.get("notifications") != LISTEN_FILTER:
+            return None
+        notification = answer["notification"]
+        meta = {**notification["params"]["_meta"], SUBSCRIPTION_ID: request_id}
+        return {"jsonrpc": "2.0", **notification,
+                "params": {**notification["params"], "_meta": meta}}
 
     def differs(self, other: StartAnswers, method: str, version: str | None) -> bool:
         return self.answer(method, version) != other.answer(method, version)

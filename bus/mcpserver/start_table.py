@@ -35,7 +35,11 @@ from bus.api import Bus
 from bus.mcpserver.instructions import instructions
 from bus.mcpserver.session import AgentSession
 from bus.mcpserver.start_answers import ENVELOPE_VERSION
+from bus.mcpserver.start_answers import LISTEN
+from bus.mcpserver.start_answers import LISTEN_FILTER
+from bus.mcpserver.start_answers import LISTENED
 from bus.mcpserver.start_answers import LISTINGS
+from bus.mcpserver.start_answers import SUBSCRIPTION_ID
 from bus.mcpserver.start_answers import SHIPPED_PATH
 from bus.mcpserver.start_answers import question
 from bus.mcpserver.start_answers import selection
@@ -97,10 +101,12 @@ async def _handshake_era(server: MCPServer, version: str,
 
 
 async def _modern_era(server: MCPServer, version: str,
-                      methods: tuple[str, ...] = LISTINGS) -> dict[str, Any]:
+                      methods: tuple[str, ...] = (*LISTINGS, LISTEN)) -> dict[str, Any]:
     envelope = {"_meta": {ENVELOPE_VERSION: version,
                           "io.modelcontextprotocol/clientCapabilities": {}}}
-    return await _ask(server, version, [(method, envelope) for method in methods])
+    return await _ask(server, version, [
+        (method, {**envelope, **({"notifications": LISTEN_FILTER} if method == LISTEN else {})})
+        for method in methods])
 
 
 async def _ask(server: MCPServer, version: str,
@@ -116,9 +122,13 @@ async def _ask(server: MCPServer, version: str,
     class Collected:
         async def write(self, text: str) -> None:
             message = orjson.loads(text)
-            if "id" in message:
-                answered[message["id"]] = {k: v for k, v in message.items()
-                                           if k in ("result", "error")}
+            if "id" in message:  # not a listen's end, when stdin ends: its answer came first
+                answered.setdefault(message["id"], {k: v for k, v in message.items()
+                                                    if k in ("result", "error")})
+            elif message.get("method") == LISTENED:  # a listen's first answer
+                notification = {k: v for k, v in message.items() if k != "jsonrpc"}
+                answered[message["params"]["_meta"][SUBSCRIPTION_ID]] = {
+                    "notification": notification}
             if len(answered) == sum("id" in request for request in requests):
                 all_answered.set()
 

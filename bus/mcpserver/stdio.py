@@ -13,7 +13,8 @@ transport, with no cost per message.
 
 A handshake-era client's `initialize` and `notifications/initialized` are
 replayed to the SDK, and its answer to the replayed `initialize` dropped, so
-the SDK's session is the client's own. Once the server is built, it is asked
+the SDK's session is the client's own; so is a 2026-era `subscriptions/listen`,
+acknowledged here, so that its stream is the SDK's. Once the server is built, it is asked
 over its own transport (start_table.py) every start question when the table
 was not cached (a first start: the shipped table), else only the tool listings
 the client got (a few milliseconds); a table that was not the server's is
@@ -36,11 +37,17 @@ import orjson
 
 from bus.mcpserver.session import AgentSession
 from bus.mcpserver.start_answers import ENVELOPE_VERSION
+from bus.mcpserver.start_answers import LISTEN
+from bus.mcpserver.start_answers import LISTENED
+from bus.mcpserver.start_answers import SUBSCRIPTION_ID
 from bus.mcpserver.start_answers import StartAnswers
 from bus.mcpserver.start_answers import StartCache
 from bus.mcpserver.start_answers import start_answers
 
 HANDSHAKE = frozenset({"initialize", "notifications/initialized"})
+# Answered here and replayed to the SDK, which must hold the session (initialize) or the
+# stream (a listen): its own first answer to them is dropped.
+REPLAYED = frozenset({"initialize", LISTEN})
 EOF_GRACE_S = 1.0  # for running requests once stdin ends (the SDK's client waits 2 s, then kills)
 LIST_CHANGED = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
 READ_SIZE = 1 << 16
@@ -246,6 +253,7 @@ class Front:
         self.version: str | None = None  # agreed by the handshake answered here
         self.served: list[tuple[str, str | None]] = []  # (method, version) answered here
         self.dropped: set[Any] = set()  # ids of the replayed requests the SDK answers to us
+        self.acknowledged: set[Any] = set()  # the listens whose acknowledgement it sends us
         self.outstanding: set[int | str] = set()  # the client's requests the server still owes
         self.drained: Any = None  # at the end of stdin: an anyio.Event, set as it empties
 
@@ -260,14 +268,14 @@ class Front:
         handed: list[bytes] = []
         while (line := self.lines.queue.get()) is not _BUILT:
             if line is _EOF:
-                if all(_request(waiting).get("method") in HANDSHAKE for waiting in handed):
+                if all(_request(waiting).get("method") in HANDSHAKE | REPLAYED
+                       for waiting in handed):
                     return None
                 self.lines.queue.put(_EOF)  # for the server too, once it has answered these
                 break
             request = _request(line)
             if "id" in request and self._answered_here(request):
-                if request.get("method") == "initialize":  # the SDK must see it too
-                    self.dropped.add(request["id"])  # and its answer is dropped
+                if request.get("method") in REPLAYED:
                     handed.append(line)
                 continue
             handed.append(line)
@@ -277,6 +285,8 @@ class Front:
         method, params = request.get("method"), request.get("params")
         if not isinstance(method, str) or not (params is None or isinstance(params, dict)):
             return False
+        if method == LISTEN:
+            return self._acknowledged_here(request["id"], params or {})
         if method == "initialize":
             version = self.table.version_agreed((params or {}).get("protocolVersion"))
         elif set(params or {}) - {"_meta"}:  # a page cursor, say: the server answers that
@@ -290,6 +300,18 @@ class Front:
         self.served.append((method, version))
         if method == "initialize":
             self.version = version
+            self.dropped.add(request["id"])  # the SDK's answer to it, once replayed
+        return True
+
+    def _acknowledged_here(self, request_id: Any, params: dict[str, Any]) -> bool:
+        """A listen request acknowledged as the SDK would; the stream is the server's, and
+        its own acknowledgement is dropped."""
+        acknowledgement = self.table.acknowledgement(params, _envelope_version(params),
+                                                     request_id)
+        if acknowledgement is None:
+            return False
+        self.wire.send(acknowledgement)
+        self.acknowledged.add(request_id)
         return True
 
     def correct(self, server: Any, table: dict[str, Any] | None, cache: StartCache,
@@ -340,7 +362,8 @@ class Front:
         method, request_id = request.get("method"), request.get("id")
         if method == "notifications/cancelled":  # a cancelled request is not answered
             self._settle((request.get("params") or {}).get("requestId"))
-        if method is not None and isinstance(request_id, (int, str)) \
+        # A listen is a stream that ends only with the connection: not worth waiting for.
+        if method not in (None, LISTEN) and isinstance(request_id, (int, str)) \
                 and request_id not in self.dropped:
             self.outstanding.add(request_id)
 
@@ -353,17 +376,27 @@ class Front:
         return Answers(self)
 
     def answered(self, text: str) -> bool:
-        """Note the server's answer; whether the client should see it (not the answer to
-        the replayed initialize: the client has had its own)."""
-        if not (self.dropped or self.outstanding):
+        """Note the server's answer; whether the client should see it (not the answer to a
+        replayed request: the client has had its own)."""
+        if not (self.dropped or self.outstanding or self.acknowledged):
             return True
         message = orjson.loads(text)
         if "method" in message:  # a notification, or a request of the server's own
-            return True
+            return not self._acknowledgement_given(message)
         self._settle(message.get("id"))
         if message.get("id") in self.dropped:
             self.dropped.discard(message.get("id"))
             return False
+        return True
+
+
+    def _acknowledgement_given(self, message: dict[str, Any]) -> bool:
+        if message["method"] != LISTENED:
+            return False
+        listen = ((message.get("params") or {}).get("_meta") or {}).get(SUBSCRIPTION_ID)
+        if listen not in self.acknowledged:
+            return False
+        self.acknowledged.discard(listen)
         return True
 
 
