@@ -1,11 +1,11 @@
 """The answers `bus mcp` gives at its start, before the MCP SDK is imported.
 
 A client's first requests are the handshake and the listings (tools,
-prompts, resources, resource templates; a ping), and what the server answers
-to them depends on the server's options and on the protocol version only,
-never on the client. So they are answered from a table of the SDK's own
-answers for these options (start_table.py asks them), one per protocol
-version:
+prompts, resources, resource templates; a ping; in the 2026 era a listen for
+their changes), and what the server answers to them depends on the server's
+options and on the protocol version only, never on the client. So they are
+answered from a table of the SDK's own answers for these options
+(start_table.py asks them), one per protocol version:
 
 - `initialize` in the client's version if the table has it, else in the
   version the SDK offers instead (as the SDK negotiates); the listings that
@@ -97,7 +97,8 @@ class StartAnswers:
         """The acknowledgement the SDK begins a listen stream with, for a listen request
         asking for what the table's asked for; None for another."""
         answer = self.answer(LISTEN, version)
-        if answer is None or params.get("notifications") != LISTEN_FILTER:
+        if answer is None or "notification" not in answer \
+                or params.get("notifications") != LISTEN_FILTER:
             return None
         notification = answer["notification"]
         meta = {**notification["params"]["_meta"], SUBSCRIPTION_ID: request_id}

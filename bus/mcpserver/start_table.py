@@ -39,8 +39,8 @@ from bus.mcpserver.start_answers import LISTEN
 from bus.mcpserver.start_answers import LISTEN_FILTER
 from bus.mcpserver.start_answers import LISTENED
 from bus.mcpserver.start_answers import LISTINGS
-from bus.mcpserver.start_answers import SUBSCRIPTION_ID
 from bus.mcpserver.start_answers import SHIPPED_PATH
+from bus.mcpserver.start_answers import SUBSCRIPTION_ID
 from bus.mcpserver.start_answers import question
 from bus.mcpserver.start_answers import selection
 
