@@ -46,9 +46,10 @@ from bus.mcpserver.start_answers import selection
 
 UNSPOKEN_VERSION = "0000-00-00"  # no SDK speaks it: its answer names the version offered instead
 # The options whose tables ship, as (agent, tool groups): the defaults, with a fixed agent
-# (whose table is the same for every name but the instructions) and with one that joins.
-SHIPPED_OPTIONS: list[tuple[str | None, frozenset[str]]] = [("agent", frozenset()),
-                                                            (None, frozenset())]
+# (whose table is the same for every name but the instructions) and with one that joins;
+# and a worker's (README: `bus mcp --agent auto --tools workers` in the worktree's .mcp.json).
+SHIPPED_OPTIONS: list[tuple[str | None, frozenset[str]]] = [
+    ("agent", frozenset()), (None, frozenset()), ("agent", frozenset({"workers"}))]
 
 
 def start_table(server: MCPServer, agent: str | None) -> dict[str, Any]:
