@@ -266,7 +266,7 @@ def test_architecture_wheel_installs_every_package(tmp_path):
     assert created.returncode == 0, created.stderr  # migrations and the XSD are in the wheel
     # The worker tools reach `bus mcp` through the wheel's entry point, not an import in bus.
     listed = subprocess.run([str(fresh / "bin" / "bus"), "--db", str(tmp_path / "b.db"), "mcp",
-                             "--agent", "w1", "--list", "--json"],
+                             "--agent", "w1", "--tools", "workers,pump", "--list", "--json"],
                             capture_output=True, text=True, cwd=tmp_path, env=env)
     assert listed.returncode == 0, listed.stderr
     assert {"worker_start", "pump_send_and_wait"} <= {t["name"] for t in

@@ -36,6 +36,7 @@ from bus.mcpserver.task_tools import TaskTools
 from tests.cli_helpers import bad_value
 from tests.cli_helpers import last_error
 from tests.cli_helpers import run
+from tests.conftest import REPO_ROOT
 from workers.mcp_tools import WorkerTools
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "organism.yaml"
@@ -44,12 +45,20 @@ ALL_TOOLS = {*LogTools.TOOLS, *ChannelTools.TOOLS, *PumpTools.TOOLS, *TaskTools.
 IDENTITY_ARGUMENTS = {"agent", "from", "from_agent", "sender", "worker_id", "client"}
 
 
+def checkout_env(**extra: str) -> dict[str, str]:
+    """What a `bus mcp` child gets besides the SDK's safe defaults: this checkout's code first
+    (the SDK passes no PYTHONPATH of its own), and `extra`."""
+    return {"PYTHONPATH": str(REPO_ROOT), **extra}
+
+
 @asynccontextmanager
-async def connected(db_path: Path, agent: str) -> AsyncIterator[Client]:
-    """An MCP client session with a fresh `bus mcp --agent AGENT` child process."""
+async def connected(db_path: Path, agent: str, tools: str = "all") -> AsyncIterator[Client]:
+    """An MCP client session with a fresh `bus mcp --agent AGENT --tools TOOLS` child process
+    (every tool group by default: these tests call tools of each)."""
     params = StdioServerParameters(
-        command=sys.executable, cwd=str(db_path.parent),
-        args=["-m", "bus.cli", "--db", str(db_path), "mcp", "--agent", agent])
+        command=sys.executable, cwd=str(db_path.parent), env=checkout_env(),
+        args=["-m", "bus.cli", "--db", str(db_path), "mcp", "--agent", agent,
+              *(["--tools", tools] if tools else [])])
     async with Client(params, cache=None) as client:
         yield client
 
@@ -71,12 +80,18 @@ async def refusal(client: Client, tool: str, **arguments: Any) -> dict[str, Any]
     listed code, the message as the text beside it, no pydantic text, no URL, no CLI flag."""
     result = await client.call_tool(tool, arguments)
     assert result.is_error, result.structured_content
-    error = result.structured_content["error"]
+    error = {"argument": None, **result.structured_content["error"]}
     assert error["code"] in CODES, error
-    assert [c.text for c in result.content] == [error["message"]]
+    assert [c.text for c in result.content] == [f"{error['code']}: {error['message']}"]
     for foreign in ("pydantic", "http", "validation error", "Error executing tool", " --"):
         assert foreign not in error["message"], error
     return error
+
+
+def hint_values(hints: Any) -> dict[str, bool]:
+    """The three hints as a client reads them: a hint left out is MCP's default for it."""
+    return {"read_only": bool(hints.read_only_hint), "idempotent": bool(hints.idempotent_hint),
+            "destructive": hints.destructive_hint is not False}
 
 
 async def read(client: Client, uri: str) -> dict[str, Any]:
@@ -108,14 +123,12 @@ def test_mcp_lists_every_tool_and_resource_and_none_takes_an_identity(bus: Bus, 
         assert tool.description and len(tool.description) > 20, tool.name
         assert not any(line.startswith(" ") for line in tool.description.splitlines()), tool.name
         assert not IDENTITY_ARGUMENTS & set(tool.input_schema["properties"]), tool.name
-        hints = tool.annotations
-        assert None not in (hints.read_only_hint, hints.idempotent_hint,
-                            hints.destructive_hint), tool.name
-    hints = {tool.name: tool.annotations for tool in tools}
-    assert hints["liveness"].read_only_hint and hints["liveness"].idempotent_hint
-    assert not hints["publish"].read_only_hint and not hints["publish"].idempotent_hint
-    assert hints["ack"].idempotent_hint and not hints["ack"].destructive_hint
-    assert hints["cursor_reset"].destructive_hint and hints["dlq_replay"].destructive_hint
+        assert tool.annotations.open_world_hint is False, tool.name
+    hints = {tool.name: hint_values(tool.annotations) for tool in tools}
+    assert hints["liveness"] == {"read_only": True, "idempotent": True, "destructive": False}
+    assert hints["publish"] == {"read_only": False, "idempotent": False, "destructive": False}
+    assert hints["ack"] == {"read_only": False, "idempotent": True, "destructive": False}
+    assert hints["cursor_reset"]["destructive"] and hints["dlq_replay"]["destructive"]
     assert {str(r.uri) for r in resources} == {"bus://status", "bus://inbox"}
     assert {t.uri_template for t in templates} == {"bus://workers/{worker}",
                                                    "bus://threads/{correlation_id}",
@@ -417,14 +430,14 @@ def test_mcp_worker_heartbeat_refuses_stopped_as_worker_heartbeat_does(
     from workers.lifecycle import Workers
 
     Workers(bus).spawn("fix-login", "w1", repo)
-    assert run(["mcp", "--agent", "w1", "--call", "worker_start"], db_path).exit_code == 0
+    assert run(["mcp", "--agent", "w1", "--tools", "workers", "--call", "worker_start"], db_path).exit_code == 0
     before = rows(bus, "SELECT status FROM heartbeats WHERE agent_id = 'w1'")
-    stopped = run(["mcp", "--agent", "w1", "--call", "worker_heartbeat", "--args",
+    stopped = run(["mcp", "--agent", "w1", "--tools", "workers", "--call", "worker_heartbeat", "--args",
                    '{"status": "stopped"}'], db_path)
     assert stopped.exit_code == 1
     assert "status" in stopped.stderr and "'idle', 'working' or 'blocked'" in stopped.stderr
     assert rows(bus, "SELECT status FROM heartbeats WHERE agent_id = 'w1'") == before
-    blocked = run(["mcp", "--agent", "w1", "--call", "worker_heartbeat", "--args",
+    blocked = run(["mcp", "--agent", "w1", "--tools", "workers", "--call", "worker_heartbeat", "--args",
                    '{"status": "blocked"}'], db_path)
     assert blocked.exit_code == 0, blocked.output
     assert rows(bus, "SELECT status FROM heartbeats WHERE agent_id = 'w1'") == [("blocked",)]
@@ -523,14 +536,17 @@ def test_mcp_pump_send_and_wait_gets_the_organisms_reply(bus: Bus, db_path: Path
 
 
 def test_cli_mcp_list_prints_tools_and_resources(bus: Bus, db_path: Path):
-    listed = run(["mcp", "--agent", "planner", "--list", "--json"], db_path)
+    listed = run(["mcp", "--agent", "planner", "--tools", "all", "--list", "--json"], db_path)
     assert listed.exit_code == 0, listed.output
     catalog = json.loads(listed.stdout)
     assert {tool["name"] for tool in catalog["tools"]} == ALL_TOOLS
+    assert catalog["more"] == []
     resources = set(Resources.URIS) | set(WorkerTools.URIS)
     assert {r["name"] for r in catalog["resources"]} == resources
     text = run(["mcp", "--agent", "planner", "--list"], db_path)
     assert text.stdout.startswith("tools:\n  publish ")
+    assert "more with --tools GROUP:\n  admin " in text.stdout
+    assert "\n  files                            reservations, reserve_check\n" in text.stdout
 
 
 def test_cli_mcp_bad_agent_or_missing_bus_is_an_error(bus: Bus, db_path: Path, tmp_path: Path):
@@ -556,14 +572,14 @@ def test_cli_mcp_call_runs_one_tool_as_the_agent(bus: Bus, db_path: Path):
 
 
 def test_cli_mcp_call_errors_exit_1_and_bad_args_exit_2(bus: Bus, db_path: Path):
-    unknown = run(["mcp", "--agent", "worker-1", "--call", "claim", "--args",
+    unknown = run(["mcp", "--agent", "worker-1", "--tools", "tasks", "--call", "claim", "--args",
                    '{"task": "t1", "agent": "planner"}'], db_path)
     assert (unknown.exit_code, unknown.stderr) == (
-        1, "Error: agent: claim takes no such argument; it takes lease_ms, task. You always act"
-           " as your own agent: no tool takes an agent id\n")
+        1, "Error: unknown_argument: agent: claim takes no such argument; it takes lease_ms,"
+           " task. You always act as your own agent: no tool takes an agent id\n")
     bad_seq = run(["mcp", "--agent", "worker-1", "--call", "ack", "--args", '{"seq": 5}'], db_path)
     assert (bad_seq.exit_code, bad_seq.stderr) == (
-        1, "Error: seq: no message has seq 5; the last seq is 0\n")
+        1, "Error: invalid_argument: seq: no message has seq 5; the last seq is 0\n")
     for junk in ("[1]", "{not json"):
         usage = run(["mcp", "--agent", "worker-1", "--call", "ack", "--args", junk], db_path)
         assert usage.exit_code == 2 and "--args" in usage.stderr
@@ -575,7 +591,8 @@ def test_mcp_server_killed_before_the_ack_hands_the_message_out_again(bus: Bus, 
     bus.publish("boss", "task_assign", {"task": "t1"}, to="worker-1")
     pidfile = db_path.parent / "server.pid"
     # sh writes its pid, then becomes the server (exec), so the pid is the server's.
-    params = StdioServerParameters(command="sh", cwd=str(db_path.parent), args=[
+    params = StdioServerParameters(command="sh", cwd=str(db_path.parent), env=checkout_env(),
+                                   args=[
         "-c", f'echo $$ > {pidfile}; exec "$0" -m bus.cli --db "$1" mcp --agent worker-1',
         sys.executable, str(db_path)])
 
@@ -605,14 +622,16 @@ def test_mcp_server_killed_before_the_ack_hands_the_message_out_again(bus: Bus, 
 def test_mcp_error_codes_are_the_documented_list():
     """docs/mcp.md's table is the list `CODES` gives out, in the same order and words."""
     doc = (Path(__file__).resolve().parent.parent / "docs" / "mcp.md").read_text()
-    table = re.findall(r"^\| `([a-z_]+)` \| (.+) \|$", doc, re.M)
+    codes = doc.split("The codes:", 1)[1]  # the tool groups' table comes before it
+    table = re.findall(r"^\| `([a-z_]+)` \| (.+) \|$", codes, re.M)
     assert table == list(CODES.items())
 
 
 def test_mcp_worker_spawn_diff_and_status(bus: Bus, db_path: Path, repo: Path):
     params = StdioServerParameters(  # started in the repository, as a project's client does
-        command=sys.executable, cwd=str(repo),
-        args=["-m", "bus.cli", "--db", str(db_path), "mcp", "--agent", "lead"])
+        command=sys.executable, cwd=str(repo), env=checkout_env(),
+        args=["-m", "bus.cli", "--db", str(db_path), "mcp", "--agent", "lead", "--tools",
+              "workers"])
 
     async def scenario():
         async with Client(params, cache=None) as client:
@@ -669,4 +688,5 @@ def test_cli_mcp_call_error_with_json_names_the_argument(bus: Bus, db_path: Path
                   db_path)
     assert refused.exit_code == 1
     assert json.loads(refused.stderr) == {
-        "error": "seq: no message has seq 9; the last seq is 0", "field": "seq"}
+        "error": "invalid_argument: seq: no message has seq 9; the last seq is 0",
+        "field": "seq"}

@@ -16,6 +16,7 @@ from mcp import StdioServerParameters
 
 from bus import Bus
 from tests.test_mcp import call
+from tests.test_mcp import checkout_env
 from tests.test_mcp import refusal
 from tests.test_mcp import rows
 
@@ -24,6 +25,7 @@ from tests.test_mcp import rows
 async def unnamed(db_path: Path) -> AsyncIterator[Client]:
     """A client of a fresh `bus mcp` process started without --agent."""
     params = StdioServerParameters(command=sys.executable, cwd=str(db_path.parent),
+                                   env=checkout_env(),
                                    args=["-m", "bus.cli", "--db", str(db_path), "mcp"])
     async with Client(params, cache=None) as client:
         yield client

@@ -35,12 +35,15 @@ PAGE_TIMEOUT_MS = 20_000
 
 
 class McpServer:
-    """`bus serve --mcp --port 0` in its own process; the URL comes from its first line."""
+    """`bus serve --mcp --port 0 --tools all` in its own process (the tests call tools of
+    every group, so `--tools` reaches the HTTP servers too); the URL comes from its first
+    line."""
 
     def __init__(self, db: Path, env: dict[str, str], *extra: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bus.cli", "--db", str(db), "serve", "--mcp", "--port", "0",
-             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             "--tools", "all", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=env)
         line = self.proc.stdout.readline()
         assert " at http://" in line, line + self.proc.stderr.read()
         self.url = line.split(" at ")[1].split()[0]
@@ -162,6 +165,19 @@ def test_remote_refuses_missing_unknown_revoked_and_expired_tokens(
         status, headers = http_status(server.mcp, token)
         assert status == 401, token
         assert headers["www-authenticate"].startswith("Bearer "), headers
+
+
+def test_remote_lists_the_daily_loop_unless_tools_names_more(served, db_path: Path,
+                                                             python_env: dict[str, str]) -> None:
+    lean = served("--tools", "")  # the last --tools wins: none beside the daily loop
+    _, token = token_for(db_path, "w1")
+    published, claimed = agent_calls(lean.mcp, token, [
+        ["publish", {"type": "x"}], ["claim", {"task": "t1"}]], python_env)
+    assert published["result"]["seq"] == 1
+    assert claimed["error"].startswith("unknown_tool: claim: this server does not list it; it"
+                                       " is in the tool group tasks")
+    with Bus.open(db_path) as bus:
+        assert bus.conn.execute("SELECT count(*) FROM task_claims").fetchone() == (0,)
 
 
 def test_remote_read_only_token_may_not_write(served, db_path: Path,

@@ -9,6 +9,7 @@ import click
 from bus.cli.context import BusContext
 from bus.cli.context import pass_bus_context
 from bus.cli.extras import import_extra
+from bus.cli.mcp import tools_option
 from bus.tokens import TokenChecker
 
 
@@ -38,6 +39,7 @@ def top(obj: BusContext) -> None:
               help="Port to listen on (0: any free port; the URL is printed).")
 @click.option("--mcp", "with_mcp", is_flag=True,
               help="Also serve MCP over Streamable HTTP at /mcp (a bearer token per agent).")
+@tools_option
 @click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
               help="A name clients use to reach a non-loopback --host (the Host header);"
                    " repeat for more.")
@@ -50,9 +52,9 @@ def top(obj: BusContext) -> None:
 @click.option("--allow-remote", is_flag=True, hidden=True,
               help="Deprecated: a non-loopback --host now needs a token instead.")
 @pass_bus_context
-def serve(obj: BusContext, host: str, port: int, with_mcp: bool, allowed_hosts: tuple[str, ...],
-          certfile: str | None, keyfile: str | None, require_token: bool,
-          allow_remote: bool) -> None:
+def serve(obj: BusContext, host: str, port: int, with_mcp: bool, tools: frozenset[str],
+          allowed_hosts: tuple[str, ...], certfile: str | None, keyfile: str | None,
+          require_token: bool, allow_remote: bool) -> None:
     """Serve a live status page with charts, and with --mcp the bus to MCP clients.
 
     The page updates as commits land and works offline (Plotly is served
@@ -68,6 +70,7 @@ def serve(obj: BusContext, host: str, port: int, with_mcp: bool, allowed_hosts: 
       bus serve --port 8765   # then open http://127.0.0.1:8765/
       bus token create --agent worker-1
       bus serve --mcp --host 0.0.0.0 --certfile cert.pem --keyfile key.pem
+      bus serve --mcp --tools tasks,files   # the daily loop and two tool groups
     """
     # Starlette and uvicorn load only for this command; plotly (whose JS the page
     # loads from the installed package) is checked now, not at the first request.
@@ -75,6 +78,8 @@ def serve(obj: BusContext, host: str, port: int, with_mcp: bool, allowed_hosts: 
     import_extra("plotly", "views", "bus serve")
     if (certfile is None) != (keyfile is None):
         raise click.UsageError("--certfile and --keyfile go together; give both or neither")
+    if tools and not with_mcp:
+        raise click.UsageError("--tools chooses the tools served at /mcp; give --mcp too")
     if allow_remote:
         click.echo("note: --allow-remote is no longer needed: a non-loopback --host is served"
                    " when a token exists (bus token create), and every request needs one",
@@ -86,7 +91,7 @@ def serve(obj: BusContext, host: str, port: int, with_mcp: bool, allowed_hosts: 
     extra: dict[str, Any] = {}
     if with_mcp:
         http = import_extra("bus.mcpserver.http", "mcp", "bus serve --mcp")
-        endpoint = http.McpEndpoint(bus)
+        endpoint = http.McpEndpoint(bus, tools)
         extra = {"extra_routes": endpoint.routes(), "extra_lifespan": endpoint.running}
 
     def ready(url: str) -> None:

@@ -15,6 +15,30 @@ from bus.cli.extras import import_extra
 from bus.cli.extras import require_extra
 from bus.cli.harness import resolve_agent
 from bus.cli.output import echo_json
+from bus.errors import ValidationFailed
+
+TOOLS_HELP = (
+    "Tool groups to list beside the daily loop, comma-separated: tasks (the graph and its"
+    " leases), files (reservations), channels, pump, admin (the log's other tools: search,"
+    " heartbeat, liveness...), workers (the worker lifecycle), or all. Without it only the"
+    " daily loop is listed: join, publish, exchange, reply, poll, ack, task_ready,"
+    " task_claim_next, task_done, reserve, unreserve.")
+
+
+def _chosen_groups(ctx: click.Context, param: click.Parameter,
+                   value: str | None) -> frozenset[str]:
+    from bus.mcpserver.toolsets import chosen_groups  # no SDK: checked before serving
+
+    try:
+        return chosen_groups(value)
+    except ValidationFailed as exc:
+        raise click.BadParameter(exc.reason, ctx, param) from exc
+
+
+def tools_option(function: Any) -> Any:
+    """`--tools GROUP,...`: the tool groups a server lists beside the daily loop."""
+    return click.option("--tools", "tools", metavar="GROUP,...", default=None,
+                        callback=_chosen_groups, help=TOOLS_HELP)(function)
 
 
 @click.command()
@@ -22,16 +46,17 @@ from bus.cli.output import echo_json
               help="The agent every tool acts as: it publishes, acks and claims as this id only;"
                    " `auto`: the worker whose worktree contains the working directory. Without"
                    " it the agent chooses its name with the join tool.")
+@tools_option
 @click.option("--list", "list_only", is_flag=True,
-              help="Print the tools and resources instead of serving.")
+              help="Print the tools and resources the server lists instead of serving.")
 @click.option("--call", "tool", metavar="TOOL",
               help="Call one tool as the agent would, print its JSON result and exit.")
 @click.option("--args", "arguments", default="{}", show_default=True, metavar="JSON",
               help="The arguments of --call, a JSON object.")
 @json_option
 @pass_bus_context
-def mcp(obj: BusContext, agent: str | None, list_only: bool, tool: str | None, arguments: str,
-        as_json: bool) -> None:
+def mcp(obj: BusContext, agent: str | None, tools: frozenset[str], list_only: bool,
+        tool: str | None, arguments: str, as_json: bool) -> None:
     """Serve the bus to an MCP client (an LLM agent) over stdin/stdout.
 
     The client starts this command itself; register it in the client's
@@ -43,11 +68,15 @@ def mcp(obj: BusContext, agent: str | None, list_only: bool, tool: str | None, a
     serves every session of a project); join's reclaim_token takes the name
     back after a restart.
 
+    Every model request carries the listed tools' schemas, so only the
+    daily loop is listed unless --tools names more groups.
+
     \b
     Example:
       bus --db .worker-state/bus.db mcp --agent planner
       bus mcp                        # the agent joins under a name of its own
       bus mcp --agent planner --list
+      bus mcp --agent planner --tools tasks,files   # the daily loop and two groups
       bus mcp --agent auto   # started in a worker's worktree: that worker
       bus mcp --agent planner --call publish --args '{"type": "note", "to": "worker-1"}'
     """
@@ -58,7 +87,7 @@ def mcp(obj: BusContext, agent: str | None, list_only: bool, tool: str | None, a
     from bus.mcpserver.session import AgentSession
 
     bus = obj.open()
-    session = AgentSession.open_on(bus, resolve_agent(bus, agent))
+    session = AgentSession.open_on(bus, resolve_agent(bus, agent), tools)
     if tool is None and not list_only:
         from bus.mcpserver.stdio import serve_stdio
 
@@ -73,7 +102,7 @@ def mcp(obj: BusContext, agent: str | None, list_only: bool, tool: str | None, a
     if tool is not None:
         _call(server, tool, _arguments(arguments))
     else:
-        _list(server, as_json)
+        _list(server, session, as_json)
 
 
 def _arguments(text: str) -> dict[str, Any]:
@@ -90,10 +119,13 @@ def _arguments(text: str) -> dict[str, Any]:
 def _call(server: Any, tool: str, arguments: dict[str, Any]) -> None:
     from bus.mcpserver.server import call_tool
 
+    from bus.mcpserver.failures import Failure
+
     failed, result = call_tool(server, tool, arguments)
     if failed:
-        error = result["error"]
-        raise click.ClickException(error["message"]) from _Refused(error["argument"])
+        error = Failure(result["error"]["code"], result["error"].get("argument"),
+                        result["error"]["message"])
+        raise click.ClickException(error.text()) from _Refused(error.argument)
     echo_json(result)
 
 
@@ -105,17 +137,22 @@ class _Refused(Exception):
         self.field = field
 
 
-def _list(server: Any, as_json: bool) -> None:
+def _list(server: Any, session: Any, as_json: bool) -> None:
     from bus.mcpserver.server import catalog
 
-    listed = catalog(server)
+    listed = catalog(server, session)
     if as_json:
         echo_json(listed)
         return
+    more = listed.pop("more")
     for kind, items in listed.items():
         click.echo(f"{kind}:")
         for item in items:
             click.echo(f"  {item['name']:<32} {item['description'].splitlines()[0]}")
+    if more:
+        click.echo("more with --tools GROUP:")
+        for group in more:
+            click.echo(f"  {group['name']:<32} {', '.join(group['tools'])}")
 
 
 COMMANDS = [mcp]

@@ -14,6 +14,7 @@ from bus.channels.queries import MESSAGE_TYPES
 from bus.channels.queries import QueryResult
 from bus.channels.store import CHANNEL_TYPES
 from bus.channels.store import JOIN_ROLES
+from bus.mcpserver.log_tools import JsonValue
 from bus.mcpserver.log_tools import Wait
 from bus.mcpserver.kinds import ADDS
 from bus.mcpserver.kinds import DISCARDS
@@ -40,7 +41,7 @@ class ChannelTools:
         type: Annotated[Literal[MESSAGE_TYPES], Field(description=(
             "query asks (and gets a correlation_id); response answers one (give its"
             " correlation_id); event is for pubsub channels (give a topic)."))],
-        content: Annotated[Any, Field(description="Text, or any JSON value.")],
+        content: Annotated[JsonValue, Field(description="Text, or any JSON value.")],
         topic: Annotated[Optional[str], Field(description=(
             "Dotted topic on a pubsub channel, e.g. build.frontend.success."))] = None,
         correlation_id: Annotated[Optional[str], Field(description=(

@@ -1,7 +1,9 @@
 """Tool errors as an agent reads them: a code, the argument at fault, one sentence with the fix.
 
 Every refused call ends as `{"error": {"code", "argument", "message"}}` in the
-structured result and the message as its text. Three sources feed it:
+structured result (no `argument` when none is at fault) and as its text
+`code: message` (a client that shows the model only an error's text, as Claude
+Code does, keeps the code so). Three sources feed it:
 
 - the arguments failed the tool's schema (pydantic's errors, rewritten here in
   the argument's name: no pydantic wording, no documentation URL);
@@ -61,8 +63,13 @@ class Failure:
     message: str
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "argument": self.argument,
-                          "message": self.message}}
+        at_fault = {} if self.argument is None else {"argument": self.argument}
+        return {"error": {"code": self.code, **at_fault, "message": self.message}}
+
+    def text(self) -> str:
+        """The error as one line of text: its code, then the message (which names the
+        argument first): `unknown_argument: agent: claim takes no such argument; ...`."""
+        return f"{self.code}: {self.message}"
 
 
 def failure_of(exc: BusError) -> Failure:

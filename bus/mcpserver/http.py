@@ -90,8 +90,9 @@ class RefuseWrites:
 class McpEndpoint:
     """The ASGI app at /mcp: routes each request to its token's agent's server."""
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, tools: frozenset[str] = frozenset()) -> None:
         self.bus = bus
+        self.tools = tools  # the tool groups listed beside the daily loop (toolsets.py)
         self._managers: dict[tuple[str, bool], StreamableHTTPSessionManager] = {}
         self._lock = anyio.Lock()
         self._tasks: TaskGroup | None = None
@@ -129,7 +130,7 @@ class McpEndpoint:
         async with self._lock:
             if key not in self._managers:
                 assert self._tasks is not None, "McpEndpoint.running() must be entered first"
-                manager = _session_manager(self.bus, agent, read_only)
+                manager = _session_manager(self.bus, agent, read_only, self.tools)
                 await self._tasks.start(_run_manager, manager)
                 self._managers[key] = manager
         return self._managers[key]
@@ -146,9 +147,10 @@ async def resource_metadata(request: Request) -> JSONResponse:
     })
 
 
-def _session_manager(bus: Bus, agent: str, read_only: bool) -> StreamableHTTPSessionManager:
+def _session_manager(bus: Bus, agent: str, read_only: bool,
+                     tools: frozenset[str]) -> StreamableHTTPSessionManager:
     refuse_writes = RefuseWrites() if read_only else None
-    server = build_server(AgentSession.open_on(bus, agent),
+    server = build_server(AgentSession.open_on(bus, agent, tools),
                           middleware=[refuse_writes] if refuse_writes else [])
     if refuse_writes is not None:
         refuse_writes.server = server

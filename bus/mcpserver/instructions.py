@@ -8,11 +8,11 @@ from __future__ import annotations
 
 AS_AGENT = (
     "agentbus: a message bus shared by agents, in one SQLite file. You act as agent {agent};"
-    " every tool publishes, acks, claims and beats as {agent} and as no one else. Poll for"
+    " every tool publishes, acks, claims and reserves as {agent} and as no one else. Poll for"
     " messages and ack what you handled (or poll with ack_through); ask and get the answer in"
-    " one call with exchange, and answer a question with reply; claim a task before working"
-    " on it and renew the lease while you do; beat with heartbeat so others know you are"
-    " alive. Errors carry a code and name the argument at fault and how to fix it."
+    " one call with exchange, and answer a question with reply; take work with"
+    " task_claim_next and finish it with task_done; reserve files before editing them."
+    " Errors carry a code and name the argument at fault and how to fix it."
 )
 TO_JOIN = (
     "agentbus: a message bus shared by agents, in one SQLite file. Call join(name) first to"

@@ -1,4 +1,4 @@
-"""Tools over the log: publish, poll, ack, heartbeats, liveness and task claims."""
+"""Tools over the log: publish, poll, ack, exchange and reply; heartbeats, liveness, search."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Optional
 from pydantic import BaseModel
 from pydantic import ConfigDict
 from pydantic import Field
+from pydantic import WithJsonSchema
 
 from bus.api import LEASE_MS_MAX
 from bus.api import POLL_LIMIT_MAX
@@ -25,16 +26,20 @@ from bus.mcpserver.kinds import SETS
 from bus.mcpserver.session import AgentSession
 from bus.mcpserver.session import wait_for_any
 
+# Any JSON value, spelled as strict validators accept it: one type per branch (an empty
+# schema constrains nothing, and a list of types is lost on single-type dialects).
+JSON_VALUE_SCHEMA = {"anyOf": [{"type": name} for name in (
+    "string", "number", "boolean", "object", "array", "null")]}
+JsonValue = Annotated[Any, WithJsonSchema(JSON_VALUE_SCHEMA)]
 WAIT_MAX_S = 300.0
 Wait = Annotated[float, Field(ge=0, le=WAIT_MAX_S, description=(
-    "Seconds to wait for something to arrive when nothing is waiting now; 0 returns at once."))]
+    "Seconds to wait when nothing waits now; 0 returns at once."))]
 Limit = Annotated[int, Field(ge=1, le=POLL_LIMIT_MAX, description="The most messages to return.")]
 Task = Annotated[str, Field(min_length=1, max_length=TASK_ID_MAX, description="The task's id.")]
 LeaseMs = Annotated[int, Field(ge=1, le=LEASE_MS_MAX, description=(
-    "Lease length in milliseconds; renew before it runs out or another agent may take the task."))]
+    "Lease in milliseconds; once it runs out another agent may take the task."))]
 Fence = Annotated[Optional[int], Field(ge=1, description=(
-    "The fence your claim of the task returned: refused, changing nothing, once another agent"
-    " took the task over (the error says the current fence)."))]
+    "Your claim's fence: refused, changing nothing, once another agent took the task over."))]
 
 
 PUBLISH_MANY_MAX = 100
@@ -46,7 +51,7 @@ class Outgoing(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Annotated[str, Field(description="Message type, e.g. task_assign, note, result.")]
-    payload: Annotated[Any, Field(description="Any JSON value.")] = None
+    payload: Annotated[JsonValue, Field(description="Any JSON value.")] = None
     to: Annotated[Optional[str], Field(description=(
         "Recipient agent id; omit to broadcast to all."))] = None
     correlation_id: Optional[str] = None
@@ -74,27 +79,23 @@ class LogTools:
     def publish(
         self,
         type: Annotated[str, Field(description="Message type, e.g. task_assign, note, result.")],
-        payload: Annotated[Any, Field(description=(
-            "Any JSON value; over 4 KB goes to the blob store."))] = None,
+        payload: Annotated[JsonValue, Field(description="Any JSON value.")] = None,
         to: Annotated[Optional[str], Field(description=(
             "Recipient agent id; omit to broadcast to all."))] = None,
         correlation_id: Annotated[Optional[str], Field(description=(
-            "Ties messages of one conversation or task together."))] = None,
+            "Ties one conversation's or task's messages together."))] = None,
         in_reply_to: Annotated[Optional[str], Field(description=(
             "Id of the message this answers."))] = None,
         id: Annotated[Optional[str], Field(description=(
-            "Your own UUID for the message: publishing the same id again is a no-op, so retries"
-            " are safe."))] = None,
+            "Your own UUID: publishing it again is a no-op, so retries are safe."))] = None,
         task: Annotated[Optional[str], Field(min_length=1, max_length=TASK_ID_MAX, description=(
-            "The task the message reports on (it becomes the correlation id)."))] = None,
+            "The task this reports on (it becomes the correlation id)."))] = None,
         fence: Fence = None,
     ) -> dict[str, Any]:
         """Publish a message on the bus as yourself. Returns its seq and id.
 
-        `duplicate` is true when a message with this id already existed (nothing was written).
-        `warning`: no agent of the name `to` was ever seen on the bus (a typo?); the message
-        waits for it all the same.
-        With `task` and `fence`, nothing is written once your lease on the task went to another.
+        `duplicate`: a message with this id existed already; nothing was written.
+        `warning`: no agent named `to` was ever seen (a typo?); the message waits for it.
         """
         result = self.bus.publish(self.agent, type, payload, to=to, id=id,
                                   correlation_id=correlation_id, in_reply_to=in_reply_to,
@@ -103,13 +104,13 @@ class LogTools:
 
     def poll(self, limit: Limit = 100, wait_seconds: Wait = 0.0,
              ack_through: Annotated[Optional[int], Field(ge=1, description=(
-                 "Acknowledge every message up to this seq first (the last seq you handled"
-                 " from your previous poll), then read: ack and poll in one call."))] = None,
+                 "First acknowledge every message up to this seq (the last you handled)."
+             ))] = None,
              ) -> dict[str, Any]:
         """Read the messages waiting for you (addressed to you or broadcast), oldest first.
 
-        Polling does not consume them: pass the last seq you handled as ack_through on
-        your next poll (or call `ack`), or they come back.
+        They come back until acknowledged: pass the last seq you handled as ack_through
+        on your next poll, or call `ack`.
         """
         if ack_through is not None:
             self.bus.ack(self.agent, ack_through)
@@ -122,19 +123,17 @@ class LogTools:
         self,
         to: Annotated[str, Field(min_length=1, description="The agent to ask.")],
         type: Annotated[str, Field(description="Message type of the question, e.g. question.")],
-        payload: Annotated[Any, Field(description="Any JSON value: the question.")] = None,
+        payload: Annotated[JsonValue, Field(description="Any JSON value: the question.")] = None,
         wait_seconds: Annotated[float, Field(gt=0, le=WAIT_MAX_S, description=(
             "The longest to wait for the answer."))] = 30.0,
         correlation_id: Annotated[Optional[str], Field(description=(
-            "Ties messages of one conversation or task together."))] = None,
+            "Ties one conversation's or task's messages together."))] = None,
     ) -> dict[str, Any]:
-        """Ask an agent and wait for its answer, in one call: publish, then wait for the reply.
+        """Ask an agent and wait for its answer (its message in_reply_to yours): one call.
 
-        The reply is the first message to you whose in_reply_to is the question's id (the
-        other agent publishes with in_reply_to set). It is acknowledged for you when
-        nothing else waits before it (`acked`). `timed_out` true: no answer within
-        wait_seconds; it may still come, and poll returns it then. `question` then says
-        whether the question was delivered to the other agent's session and acked.
+        `acked`: the answer was acknowledged for you (nothing waited before it).
+        `timed_out`: no answer within wait_seconds; poll returns it if it comes later, and
+        `question` says whether your question was delivered and acked.
         """
         sent = self.bus.publish(self.agent, type, payload, to=to, correlation_id=correlation_id)
         warned = _warned({"sent": sent.to_json_dict()}, self.bus.recipient_warning(to))
@@ -152,15 +151,14 @@ class LogTools:
         self,
         seq: Annotated[int, Field(ge=1, description="The seq of the message you answer.")],
         type: Annotated[str, Field(description="Message type of the answer, e.g. answer.")],
-        payload: Annotated[Any, Field(description="Any JSON value: the answer.")] = None,
+        payload: Annotated[JsonValue, Field(description="Any JSON value: the answer.")] = None,
         wait_seconds: Wait = 0.0,
         limit: Limit = 100,
     ) -> dict[str, Any]:
         """Answer a message you polled, acknowledge it, then read what waits next: one call.
 
-        The answer goes to the message's sender with in_reply_to (and correlation_id) set,
-        so an `exchange` waiting for it returns. Then, as poll with wait_seconds, the
-        messages waiting for you come back: a responder's whole turn in one call.
+        The answer goes to its sender, in_reply_to set (an `exchange` waiting for it
+        returns); then the messages waiting for you come back, as poll returns them.
         """
         sent = self.bus.answer(self.agent, seq, type, payload)
         found = wait_for_any(self.bus, lambda: self.bus.poll(self.agent, limit), wait_seconds)
@@ -218,31 +216,6 @@ class LogTools:
         """Every agent that ever beat: alive, warn (30 s silent), stale (100 s) or dead (5 min)."""
         return {"agents": [entry.to_json_dict() for entry in self.bus.liveness()]}
 
-    def claim(self, task: Task, lease_ms: LeaseMs = 60_000) -> dict[str, Any]:
-        """Take the lease on a task so no other agent works on it.
-
-        `granted` false means another agent holds it (see `claim`: its agent and lease end)
-        or the task is dead (ran out of attempts). Claiming a task you hold extends it.
-        `fence` is your lease's fence: pass it to renew, release and publish about the task.
-        """
-        result = self.bus.try_claim(task, self.agent, lease_ms)
-        return {"task": task, "granted": result.granted, "fence": result.fence,
-                "claim": result.claim.to_json_dict() if result.claim else None,
-                "dead": result.dead.to_json_dict() if result.dead else None}
-
-    def renew(self, task: Task, lease_ms: Optional[LeaseMs] = None,
-              fence: Fence = None) -> dict[str, Any]:
-        """Extend your lease on a task (by its own length unless `lease_ms` says).
-
-        `renewed` false means the lease already ran out or another agent holds it:
-        stop working on the task, or claim it again.
-        """
-        return {"task": task, "renewed": self.bus.renew(task, self.agent, lease_ms, fence=fence)}
-
-    def release(self, task: Task, fence: Fence = None) -> dict[str, Any]:
-        """Give a task back so another agent can claim it at once."""
-        return {"task": task, "released": self.bus.release(task, self.agent, fence=fence)}
-
     def search(
         self,
         query: Annotated[str, Field(min_length=1, description=(
@@ -263,5 +236,4 @@ class LogTools:
 
     TOOLS = {"publish": ADDS, "publish_many": ADDS, "exchange": ADDS, "reply": ADDS,
              "poll": SETS, "ack": SETS,
-             "cursor_reset": RESETS, "heartbeat": SETS, "liveness": READS, "claim": SETS,
-             "renew": SETS, "release": SETS, "search": READS}
+             "cursor_reset": RESETS, "heartbeat": SETS, "liveness": READS, "search": READS}

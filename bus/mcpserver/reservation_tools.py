@@ -20,8 +20,8 @@ from bus.reservations import TTL_MAX_MS
 from bus.reservations import ReservationConflict
 
 Patterns = Annotated[list[str], Field(min_length=1, max_length=PATTERNS_MAX, description=(
-    "Gitignore-style globs relative to the repository root: src/auth/** (everything under"
-    " src/auth), src/*.py, /setup.cfg; a pattern without a slash (*.md) matches at any depth."))]
+    "Gitignore-style globs from the repository root: src/auth/**, src/*.py; one without a"
+    " slash (*.md) matches at any depth."))]
 
 
 class ReservationTools:
@@ -35,19 +35,17 @@ class ReservationTools:
         self,
         patterns: Patterns,
         exclusive: Annotated[bool, Field(description=(
-            "true: nobody else may reserve an overlapping pattern; false (shared): others"
-            " may too, shared."))] = True,
+            "false: shared, others may reserve overlapping patterns too."))] = True,
         ttl_seconds: Annotated[float, Field(gt=0, le=TTL_MAX_MS / 1000, description=(
-            "How long the reservation lasts; it also ends if you stop beating (dead) or"
-            " your worker finishes."))] = DEFAULT_TTL_MS / 1000,
+            "How long it lasts; it ends sooner if you die or your worker finishes."
+        ))] = DEFAULT_TTL_MS / 1000,
         reason: Annotated[Optional[str], Field(description=(
-            "What you are doing with these files, for the other agents."))] = None,
+            "What you are doing, for the other agents."))] = None,
     ) -> dict[str, Any]:
         """Reserve files before editing them, all or nothing.
 
-        Returns {"granted": true, "reservations": [...]}, or {"granted": false,
-        "conflicts": [...]} naming each other agent's reservation in the way (pattern,
-        holder, mode, expiry, a path both match); then nothing was reserved.
+        `granted` false: nothing was reserved; `conflicts` names each other agent's
+        reservation in the way (pattern, holder, expiry, a path both match).
         """
         try:
             made = self.bus.reserve(self.agent, patterns, mode=EXCLUSIVE if exclusive else SHARED,

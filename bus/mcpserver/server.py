@@ -18,24 +18,25 @@ returning a JSON-able dict, and which declares each tool with what it does:
 
         TOOLS = {"reserve": ADDS, "reservation_list": READS}
 
-and is registered with one line: an entry in `TOOL_GROUPS` below for a group
-of this package, or, for a package above bus (which bus may not import), an
-entry point in the `agentbus.mcp_tools` group naming the class (workers
-registers its worker tools so; setup.cfg). A group may also serve resources:
+and is registered with one line: an entry in `OWN_GROUPS` (toolsets.py) for a
+group of this package, or, for a package above bus (which bus may not import),
+an entry point in the `agentbus.mcp_tools` group naming the class (workers
+registers its worker tools so; setup.cfg). The entry's name is the group's
+name for `bus mcp --tools`; its tools in `toolsets.DAILY` are listed whatever
+the choice. A group may also serve resources (always served):
 `URIS = {uri_template: method_name}`. The server then gives every tool of the group,
 with nothing more to write: MCP annotations from its kind (kinds.py); its
 docstring without indentation as the description; argument errors, unknown
 arguments and the library's `BusError`s as `{"error": {"code", "argument",
 "message"}}` in the argument's words (failures.py); a refusal until the
-session has joined; and a compact text beside the structured result (a summary
-line, then one JSON line per item of each list). A group that declares a tuple
+session has joined; a lean input schema (schemas.py); a compact structured
+result (results.py) and a compact text beside it. A group that declares a tuple
 of names instead of kinds is refused when the server is built.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import inspect
 import sys
 from typing import Any
@@ -57,7 +58,6 @@ from pydantic import ValidationError
 
 from bus import __version__
 from bus.errors import BusError
-from bus.mcpserver.channel_tools import ChannelTools
 from bus.mcpserver.failures import Failure
 from bus.mcpserver.failures import failure_of
 from bus.mcpserver.failures import invalid_arguments
@@ -65,34 +65,29 @@ from bus.mcpserver.failures import unexpected
 from bus.mcpserver.identity_tools import IdentityTools
 from bus.mcpserver.instructions import instructions
 from bus.mcpserver.kinds import ToolKind
-from bus.mcpserver.log_tools import LogTools
-from bus.mcpserver.pump_tools import PumpTools
-from bus.mcpserver.reservation_tools import ReservationTools
 from bus.mcpserver.resources import Resources
+from bus.mcpserver.results import compact
+from bus.mcpserver.schemas import lean_schema
 from bus.mcpserver.session import AgentSession
-from bus.mcpserver.task_tools import TaskTools
-
-TOOL_GROUPS: list[type] = [LogTools, ChannelTools, PumpTools, TaskTools, ReservationTools]
-# Packages above bus (workers) register their tool groups under this entry-point group;
-# each entry names a class built on the session, with TOOLS and optionally URIS, like ours.
-TOOL_GROUPS_ENTRY_POINT = "agentbus.mcp_tools"
+from bus.mcpserver.toolsets import DAILY
+from bus.mcpserver.toolsets import group_entries
 
 
-def tool_groups() -> list[type]:
-    """Our own tool groups, then those registered under TOOL_GROUPS_ENTRY_POINT by name."""
-    registered = {point.name: point for point in
-                  importlib.metadata.entry_points(group=TOOL_GROUPS_ENTRY_POINT)}
-    return [*TOOL_GROUPS, *(registered[name].load() for name in sorted(registered))]
+def tool_groups() -> dict[str, type]:
+    """Every tool group by name (toolsets.py), ours then the registered ones, loaded."""
+    return {name: entry.load() for name, entry in group_entries().items()}
 
 
 def build_server(session: AgentSession, *, middleware: Sequence[Any] = ()) -> MCPServer:
     """An MCPServer whose tools and resources act on `session`'s bus as its agent.
 
-    A session without an agent yet serves `join` too, and refuses every other
-    tool until join has named it. `middleware` runs after the server's own
-    (bus/mcpserver/http.py adds the refusal of writes for a read-only token).
+    It lists the daily loop and the tools of the groups in `session.tools`, and
+    serves every group's resources. A session without an agent yet serves `join`
+    too, and refuses every other tool until join has named it. `middleware` runs
+    after the server's own (bus/mcpserver/http.py adds the refusal of writes for a
+    read-only token).
     """
-    groups = ([IdentityTools] if session.agent is None else []) + tool_groups()
+    groups = {**({None: IdentityTools} if session.agent is None else {}), **tool_groups()}
     served = _Groups(session)
     gate = _Gate(session)
     with _without_rich():
@@ -101,17 +96,35 @@ def build_server(session: AgentSession, *, middleware: Sequence[Any] = ()) -> MC
             middleware=[gate, *middleware],
             instructions=instructions(session.agent))
     gate.server = server
-    for group in groups:
-        for name, kind in _declared(group).items():
-            method = getattr(group, name)
-            server.add_tool(served.tool(group, name), name=name,
-                            description=inspect.cleandoc(method.__doc__ or ""),
-                            annotations=_annotations(kind), structured_output=True)
-    for group in [Resources, *groups]:
+    for group, name, kind in _listed(groups, session.tools, gate.unlisted):
+        method = getattr(group, name)
+        # No output schema: an object with any fields says nothing a client can use.
+        server.add_tool(served.tool(group, name), name=name,
+                        description=inspect.cleandoc(method.__doc__ or ""),
+                        annotations=_annotations(kind), structured_output=False)
+        tool = server._tool_manager.get_tool(name)  # the SDK's registry, as _Gate reads it
+        tool.parameters = lean_schema(tool.parameters)
+    for group in [Resources, *groups.values()]:
         for uri, name in getattr(group, "URIS", {}).items():
             server.resource(uri, name=name, mime_type="application/json")(
                 served.resource(group, name))
     return server
+
+
+def _listed(groups: dict[str | None, type], chosen: frozenset[str],
+            unlisted: dict[str, str | None]) -> list[tuple[type, str, ToolKind]]:
+    """(group, tool, kind) of each tool listed: the daily loop first, in its order, then the
+    chosen groups' other tools; each tool left out goes into `unlisted` with its group."""
+    daily, more = [], []
+    for group_name, group in groups.items():
+        for name, kind in _declared(group).items():
+            if name in DAILY:
+                daily.append((group, name, kind))
+            elif group_name in chosen:
+                more.append((group, name, kind))
+            else:
+                unlisted[name] = group_name
+    return sorted(daily, key=lambda listed: DAILY.index(listed[1])) + more
 
 
 @contextlib.contextmanager
@@ -144,8 +157,12 @@ def _declared(group: type) -> dict[str, ToolKind]:
 
 
 def _annotations(kind: ToolKind) -> ToolAnnotations:
-    return ToolAnnotations(read_only_hint=kind.read_only, idempotent_hint=kind.idempotent,
-                           destructive_hint=kind.destructive, open_world_hint=False)
+    """The kind's hints, each left out where MCP's default says the same (readOnlyHint and
+    idempotentHint default to false, destructiveHint and openWorldHint to true)."""
+    return ToolAnnotations(read_only_hint=kind.read_only or None,
+                           idempotent_hint=kind.idempotent or None,
+                           destructive_hint=None if kind.destructive else False,
+                           open_world_hint=False)
 
 
 class _Groups:
@@ -199,14 +216,16 @@ def _as_method(function: Callable[..., Any], method: Callable[..., Any]) -> Call
 
 
 def succeeded(tool: str, value: dict[str, Any]) -> CallToolResult:
-    """The structured result, and beside it the same in short text for the model."""
+    """The structured result, compact (results.py), and beside it the same in short text."""
+    value = compact(value)
     return CallToolResult(content=[TextContent(type="text", text=compact_text(tool, value))],
                           structured_content=value)
 
 
 def failed(failure: Failure) -> CallToolResult:
+    """A tool error; its text carries the code, as some clients show the model only the text."""
     return CallToolResult(is_error=True, structured_content=failure.to_json_dict(),
-                          content=[TextContent(type="text", text=failure.message)])
+                          content=[TextContent(type="text", text=failure.text())])
 
 
 def compact_text(tool: str, value: dict[str, Any]) -> str:
@@ -237,6 +256,7 @@ class _Gate:
     def __init__(self, session: AgentSession) -> None:
         self.session = session
         self.server: MCPServer | None = None  # set once the server exists
+        self.unlisted: dict[str, str | None] = {}  # tool -> its group, for tools not chosen
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> Any:
         refusal = self.refusal(ctx.params) if ctx.method == "tools/call" else None
@@ -254,9 +274,7 @@ class _Gate:
         tools = self.server._tool_manager  # type: ignore[union-attr]
         tool = tools.get_tool(name)
         if tool is None:
-            known = ", ".join(sorted(t.name for t in tools.list_tools()))
-            return Failure("unknown_tool", None, f"no tool is named {name!r}; the tools are"
-                                                 f" {known}")
+            return self.unknown(name, sorted(t.name for t in tools.list_tools()))
         if self.session.agent is None and name != IdentityTools.JOIN:
             return Failure("not_joined", None, f"{name}: you have no agent name yet; call"
                                                " join(name) first, then call this again")
@@ -274,14 +292,31 @@ class _Gate:
             return invalid_arguments(exc.errors(), properties)
         return None
 
+    def unknown(self, name: str, listed: list[str]) -> Failure:
+        group = self.unlisted.get(name)
+        if group is not None:
+            return Failure("unknown_tool", None, (
+                f"{name}: this server does not list it; it is in the tool group {group},"
+                f" which the server lists when started with --tools {group}. The tools"
+                f" listed are {', '.join(listed)}"))
+        return Failure("unknown_tool", None, f"no tool is named {name!r}; the tools are"
+                                             f" {', '.join(listed)}")
 
-def catalog(server: MCPServer) -> dict[str, list[dict[str, Any]]]:
-    """The server's tools, resources and resource templates, as a client would list them."""
+
+def catalog(server: MCPServer, session: AgentSession) -> dict[str, list[dict[str, Any]]]:
+    """The server's tools, resources and resource templates, as a client would list them, and
+    under "more" each tool group not chosen with the tools it would add."""
     async def listed() -> dict[str, list[dict[str, Any]]]:
         return {"tools": [_summary(t, "name") for t in await server.list_tools()],
                 "resources": [_summary(r, "uri") for r in await server.list_resources()]
                 + [_summary(r, "uri_template") for r in await server.list_resource_templates()]}
-    return anyio.run(listed)
+    unlisted: dict[str, str | None] = {}
+    _listed(tool_groups(), session.tools, unlisted)
+    more: dict[str, list[str]] = {}
+    for tool, group in unlisted.items():
+        more.setdefault(str(group), []).append(tool)
+    return {**anyio.run(listed),
+            "more": [{"name": group, "tools": tools} for group, tools in more.items()]}
 
 
 def call_tool(server: MCPServer, name: str, arguments: dict[str, Any]) -> tuple[bool, Any]:

@@ -1,4 +1,4 @@
-"""Tools over the task graph: add tasks, see what is ready, claim the next, finish it."""
+"""Tools over tasks: the graph (add, ready, claim the next, done) and the leases on them."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from bus.mcpserver.kinds import ADDS
 from bus.mcpserver.kinds import DISCARDS
 from bus.mcpserver.kinds import READS
 from bus.mcpserver.kinds import SETS
+from bus.mcpserver.log_tools import Fence
 from bus.mcpserver.log_tools import LeaseMs
 from bus.mcpserver.log_tools import Task
 from bus.mcpserver.session import AgentSession
@@ -55,10 +56,7 @@ class TaskTools:
 
     def task_ready(self, limit: Annotated[int, Field(ge=1, le=1000, description=(
             "The most tasks to return."))] = 20) -> dict[str, Any]:
-        """Tasks you could take now, most urgent first, then oldest.
-
-        Ready: open, every dependency done, and no live lease holds it.
-        """
+        """Tasks you could take now (open, dependencies done, no lease), most urgent first."""
         return {"tasks": [t.to_json_dict() for t in self.bus.ready_tasks(limit)]}
 
     def task_list(self, state: Annotated[Optional[Literal[STATES]], Field(description=(
@@ -71,11 +69,9 @@ class TaskTools:
         return self.bus.task_detail(task).to_json_dict()
 
     def task_claim_next(self, lease_ms: LeaseMs = 60_000) -> dict[str, Any]:
-        """Claim the first ready task for yourself; returns it with its fence.
+        """Claim the most urgent ready task; returns it with its fence, for task_done.
 
-        Pass the fence to task_done. `claimed` is false when nothing is ready.
-        Renew the lease (`renew`) while you work, or another agent may take
-        the task over.
+        `claimed` false: nothing is ready.
         """
         claimed = self.bus.claim_next(self.agent, lease_ms)
         if claimed is None:
@@ -83,8 +79,8 @@ class TaskTools:
         return {"claimed": True, **claimed.to_json_dict()}
 
     def task_done(self, task: Task, fence: Annotated[Optional[int], Field(ge=1, description=(
-            "The fence task_claim_next gave you; refused if another agent took the task"
-            " over since."))] = None) -> dict[str, Any]:
+            "From task_claim_next: refused once another agent took the task over."
+    ))] = None) -> dict[str, Any]:
         """Mark a task you hold done; the tasks waiting on it may become ready.
 
         Its lease ends, and a `task_done` message tells everyone.
@@ -96,6 +92,31 @@ class TaskTools:
         """Cancel an open task. Tasks waiting on it stay blocked (cancelled is not done)."""
         return self.bus.cancel_task(task, self.agent, reason).to_json_dict()
 
+    def claim(self, task: Task, lease_ms: LeaseMs = 60_000) -> dict[str, Any]:
+        """Take the lease on a task so no other agent works on it.
+
+        `granted` false means another agent holds it (see `claim`: its agent and lease end)
+        or the task is dead (ran out of attempts). Claiming a task you hold extends it.
+        `fence` is your lease's fence: pass it to renew, release and publish about the task.
+        """
+        result = self.bus.try_claim(task, self.agent, lease_ms)
+        return {"task": task, "granted": result.granted, "fence": result.fence,
+                "claim": result.claim.to_json_dict() if result.claim else None,
+                "dead": result.dead.to_json_dict() if result.dead else None}
+
+    def renew(self, task: Task, lease_ms: Optional[LeaseMs] = None,
+              fence: Fence = None) -> dict[str, Any]:
+        """Extend your lease on a task (by its own length unless `lease_ms` says).
+
+        `renewed` false means the lease already ran out or another agent holds it:
+        stop working on the task, or claim it again.
+        """
+        return {"task": task, "renewed": self.bus.renew(task, self.agent, lease_ms, fence=fence)}
+
+    def release(self, task: Task, fence: Fence = None) -> dict[str, Any]:
+        """Give a task back so another agent can claim it at once."""
+        return {"task": task, "released": self.bus.release(task, self.agent, fence=fence)}
+
     TOOLS = {"task_add": ADDS, "task_depend": SETS, "task_ready": READS, "task_list": READS,
              "task_show": READS, "task_claim_next": ADDS, "task_done": SETS,
-             "task_cancel": DISCARDS}
+             "task_cancel": DISCARDS, "claim": SETS, "renew": SETS, "release": SETS}

@@ -78,7 +78,7 @@ def journey(installed, tmp_path_factory: pytest.TempPathFactory) -> Journey:
     # As a client's configuration registers it: the absolute command, BUS_DB, and
     # started somewhere else than the project.
     server = StdioServerParameters(command=installed.command("bus"),
-                                   args=["mcp", "--agent", AGENT],
+                                   args=["mcp", "--agent", AGENT, "--tools", "workers"],
                                    env=installed.env(BUS_DB=str(db), **GIT_IDENTITY),
                                    cwd=str(installed.home))
 
