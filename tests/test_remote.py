@@ -304,6 +304,28 @@ def test_serve_page_with_a_token_in_chromium(served, db_path: Path) -> None:
         browser.close()
 
 
+def test_a_401_points_to_the_protected_resource_metadata_which_names_bus_token(
+        served, db_path: Path) -> None:
+    """RFC 9728: the challenge names the metadata, which is public even where every path
+    needs a token, names /mcp as the resource and names no authorization server."""
+    token_for(db_path, "viewer", read_only=True)  # a non-loopback server needs a token to exist
+    for server in (served(), served("--host", "0.0.0.0")):
+        port = server.url.rstrip("/").rsplit(":", 1)[1]
+        local = f"http://127.0.0.1:{port}"
+        status, headers = http_status(local + "/mcp")
+        challenge = headers["www-authenticate"]
+        assert status == 401 and "bus token create" in challenge, challenge
+        metadata_url = challenge.split('resource_metadata="')[1].split('"')[0]
+        assert metadata_url == local + "/.well-known/oauth-protected-resource/mcp"
+        for url in (metadata_url, local + "/.well-known/oauth-protected-resource"):
+            with urllib.request.urlopen(url, timeout=30) as response:
+                metadata = json.loads(response.read())
+            assert metadata["resource"] == local + "/mcp"
+            assert metadata["bearer_methods_supported"] == ["header"]
+            assert "authorization_servers" not in metadata
+            assert "bus token create" in metadata["agentbus_tokens"]
+
+
 # --- beyond loopback, and TLS ------------------------------------------------------------
 
 

@@ -92,7 +92,7 @@ def serve(obj: BusContext, host: str, port: int, with_mcp: bool, tools: frozense
     if with_mcp:
         http = import_extra("bus.mcpserver.http", "mcp", "bus serve --mcp")
         endpoint = http.McpEndpoint(bus, tools)
-        extra = {"extra_routes": [endpoint.route()], "extra_lifespan": endpoint.running}
+        extra = {"extra_routes": endpoint.routes(), "extra_lifespan": endpoint.running}
 
     def ready(url: str) -> None:
         if host not in views.LOOPBACK and certfile is None:

@@ -7,6 +7,12 @@ read-only) pair gets its own server, built by `build_server` on an
 `AgentSession` for that agent: a request acts as its token's agent because
 the only server it can reach is that agent's, and no tool takes an agent id.
 
+A client without a valid token gets a 401 whose challenge points to the
+protected-resource metadata (RFC 9728) served here: it names /mcp as the
+resource, the Authorization header as the way to give a token, and no
+authorization server, since tokens come from `bus token create` and from
+nowhere else (the SDK's `create_protected_resource_routes` requires one).
+
 A read-only token reaches a server whose middleware refuses every tool not
 annotated read-only. The SDK runs our synchronous tools in worker threads,
 so a call that writes waits for the bus's write lock (and its group commit)
@@ -29,6 +35,8 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.types import Receive
@@ -42,7 +50,11 @@ from bus.mcpserver.server import failed
 from bus.mcpserver.session import AgentSession
 from bus.tokens import Token
 from bus.views.guard import MCP_PATH
+from bus.views.guard import RESOURCE_METADATA_PATH
+from bus.views.guard import TOKEN_HELP
 from bus.views.guard import TOKEN_SCOPE_KEY
+from bus.views.guard import WELL_KNOWN_RESOURCE
+from bus.views.guard import request_origin
 
 WORKER_THREADS = 256  # tool calls at once (each a thread; a waiting poll holds one)
 
@@ -99,8 +111,12 @@ class McpEndpoint:
                 tasks.cancel_scope.cancel()
                 self._tasks = None
 
-    def route(self) -> Route:
-        return Route(MCP_PATH, endpoint=self, methods=["GET", "POST", "DELETE"])
+    def routes(self) -> list[Route]:
+        """/mcp, and its protected-resource metadata where RFC 9728 puts it (after the
+        well-known prefix) and at the bare prefix, where some clients look first."""
+        return [Route(MCP_PATH, endpoint=self, methods=["GET", "POST", "DELETE"]),
+                *(Route(path, endpoint=resource_metadata, methods=["GET"])
+                  for path in (RESOURCE_METADATA_PATH, WELL_KNOWN_RESOURCE))]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         token: Token | None = scope.get(TOKEN_SCOPE_KEY)
@@ -118,6 +134,17 @@ class McpEndpoint:
                 await self._tasks.start(_run_manager, manager)
                 self._managers[key] = manager
         return self._managers[key]
+
+
+async def resource_metadata(request: Request) -> JSONResponse:
+    """RFC 9728 protected-resource metadata for /mcp: a bearer token in the header, and no
+    authorization server (`authorization_servers` is left out, as the RFC allows)."""
+    return JSONResponse({
+        "resource": f"{request_origin(request.scope)}{MCP_PATH}",
+        "bearer_methods_supported": ["header"],
+        "resource_name": "agentbus",
+        "agentbus_tokens": TOKEN_HELP,
+    })
 
 
 def _session_manager(bus: Bus, agent: str, read_only: bool,

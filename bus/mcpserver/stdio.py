@@ -1,49 +1,54 @@
-"""`bus mcp` over stdio: the first answers come from a cache while the SDK loads.
+"""`bus mcp` over stdio: the first answers come at once, while the SDK loads.
 
-Importing the MCP SDK and building the server takes about half a second (most of
-it pydantic building the SDK's protocol types), yet a client's first requests are
-the handshake and the tool listing, whose answers are the same at every start of
-one installation. So `serve_stdio` answers those (`initialize`, `server/discover`,
-`tools/list`) from a cache of what the SDK answered at an earlier start, while a
-thread imports the SDK and builds the server. The first request that needs the
-server waits for it; from then on the SDK serves the wire alone, through its own
-stdio transport, with no cost per message.
+Importing the MCP SDK and building the server takes a second or two on a busy
+machine (most of it pydantic building the SDK's protocol types), yet a
+client's first requests are the handshake and the listings, whose answers
+depend on the server's options and the protocol version only. So
+`serve_stdio` answers those from a table of the SDK's own answers
+(start_answers.py), in whatever version the client speaks, while a thread
+imports the SDK and builds the server. A request the table cannot answer (a
+tool call) waits for the server, which gets every such request in order once
+it is built; from then on the SDK serves the wire alone, through its own stdio
+transport, with no cost per message.
 
-The cache cannot stay wrong unnoticed. Its key is the installation (Python, the
-SDK's files, our sources' newest change, whether the agent joins), and once the
-SDK serves it is asked each question the cache answered again: its answers are
-kept for the next start, and a tool listing that changed (a tool group installed
-by another package, say) is followed by `notifications/tools/list_changed`, on
-which clients list again. A handshake-era client's `initialize` and
-`notifications/initialized` are replayed to the SDK, and its answer to the
-replayed `initialize` dropped, so the SDK's session is the client's own. With no
-cache (the first start of an installation), every request waits for the SDK.
+A handshake-era client's `initialize` and `notifications/initialized` are
+replayed to the SDK, and its answer to the replayed `initialize` dropped, so
+the SDK's session is the client's own; so is a 2026-era `subscriptions/listen`,
+acknowledged here, so that its stream is the SDK's. Once the server is built, it is asked
+over its own transport (start_table.py) every start question when the table
+was not cached (a first start: the shipped table), else only the tool listings
+the client got (a few milliseconds); a table that was not the server's is
+replaced in the cache by the server's, and if a tool listing the client got
+differs, the client gets `notifications/tools/list_changed`, on which it
+lists again.
 """
 
 from __future__ import annotations
 
 import fcntl
-import importlib.util
 import os
 import queue
 import sys
 import threading
-import time
-from pathlib import Path
 from typing import Any
 from typing import AsyncIterator
 
 import orjson
 
-from bus import __version__
-from bus.mcpserver.instructions import instructions
 from bus.mcpserver.session import AgentSession
+from bus.mcpserver.start_answers import ENVELOPE_VERSION
+from bus.mcpserver.start_answers import LISTEN
+from bus.mcpserver.start_answers import LISTENED
+from bus.mcpserver.start_answers import SUBSCRIPTION_ID
+from bus.mcpserver.start_answers import StartAnswers
+from bus.mcpserver.start_answers import StartCache
+from bus.mcpserver.start_answers import start_answers
 
-CACHED_METHODS = frozenset({"initialize", "server/discover", "tools/list"})
 HANDSHAKE = frozenset({"initialize", "notifications/initialized"})
-CHECK_ID = "agentbus-start-check-"  # our own requests to the SDK; their answers go nowhere
+# Answered here and replayed to the SDK, which must hold the session (initialize) or the
+# stream (a listen): its own first answer to them is dropped.
+REPLAYED = frozenset({"initialize", LISTEN})
 EOF_GRACE_S = 1.0  # for running requests once stdin ends (the SDK's client waits 2 s, then kills)
-KEPT_INSTALLATIONS = 8  # cache entries kept, the most recently used
 LIST_CHANGED = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
 READ_SIZE = 1 << 16
 LINE_LIMIT = 1 << 30  # a request's line may be as long as the client makes it, as in the SDK
@@ -55,19 +60,21 @@ _BUILT, _EOF = object(), object()  # what the line queue carries besides lines
 def serve_stdio(session: AgentSession) -> None:
     """Serve `session` to the MCP client on stdin/stdout until stdin ends."""
     wire = Wire()
-    cache = StartCache.load(session.agent, session.tools)
+    cache = StartCache.of(session)
+    answers, cached = start_answers(session, cache)
     lines = Lines(wire)
-    building = Building(session, lines.queue)
-    front = Front(wire, cache, lines)
+    building = Building(session, lines.queue, None if cached else cache)
+    front = Front(wire, answers, lines)
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(FRONT_SWITCH_INTERVAL_S)
     try:
-        handed = front.answer_until_needed()
+        handed = front.answer_until_built()
         if handed is None:  # stdin ended before anything needed the server
             return
-        server = building.result()
+        server, table = building.result()
     finally:
         sys.setswitchinterval(switch_interval)
+    front.correct(server, table, cache, session.agent)
     lines.stop_after_next()
     import anyio
 
@@ -200,75 +207,134 @@ def _whole_lines(buffer: bytearray) -> list[bytes]:
 
 
 class Building(threading.Thread):
-    """Imports the SDK and builds the server, then says so on the line queue."""
+    """Imports the SDK and builds the server, then says so on the line queue.
 
-    def __init__(self, session: AgentSession, done: queue.SimpleQueue[Any]) -> None:
+    Given a cache (the start's table was not cached: a first start), it asks the
+    built server every start question first, and keeps its table there.
+    """
+
+    def __init__(self, session: AgentSession, done: queue.SimpleQueue[Any],
+                 cache: StartCache | None) -> None:
         super().__init__(name="mcp-build", daemon=True)
-        self.session, self.done = session, done
+        self.session, self.done, self.cache = session, done, cache
         self.server: Any = None
+        self.table: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self.start()
 
     def run(self) -> None:
         try:
             from bus.mcpserver.server import build_server
+            from bus.mcpserver.start_table import start_table
 
             self.server = build_server(self.session)
+            if self.cache is not None:
+                self.table = start_table(self.server, self.session.agent)
+                self.cache.keep(self.table)
         except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
             self.error = exc
         finally:
             self.done.put(_BUILT)
 
-    def result(self) -> Any:
+    def result(self) -> tuple[Any, dict[str, Any] | None]:
+        """The server, and its table if it was asked."""
         self.join()
         if self.error is not None:
             raise self.error
-        return self.server
+        return self.server, self.table
 
 
 class Front:
-    """Answers what the cache can until the server is needed, then hands the wire over."""
+    """Answers what the start's table can until the server is built, then hands the wire
+    over."""
 
-    def __init__(self, wire: Wire, cache: StartCache, lines: Lines) -> None:
-        self.wire, self.cache, self.lines = wire, cache, lines
-        self.served: list[tuple[str, Any]] = []  # (method, params) answered from the cache
-        self.expected: dict[Any, Expected] = {}  # request id -> what to do with its answer
+    def __init__(self, wire: Wire, table: StartAnswers, lines: Lines) -> None:
+        self.wire, self.table, self.lines = wire, table, lines
+        self.version: str | None = None  # agreed by the handshake answered here
+        self.served: list[tuple[str, str | None]] = []  # (method, version) answered here
+        self.dropped: set[Any] = set()  # ids of the replayed requests the SDK answers to us
+        self.acknowledged: set[Any] = set()  # the listens whose acknowledgement it sends us
         self.outstanding: set[int | str] = set()  # the client's requests the server still owes
         self.drained: Any = None  # at the end of stdin: an anyio.Event, set as it empties
 
-    def answer_until_needed(self) -> list[bytes] | None:
-        """The lines for the server once it is built or needed; None if stdin ended first."""
+    def answer_until_built(self) -> list[bytes] | None:
+        """The lines for the server, once it is built; None if stdin ended with nothing for it.
+
+        A request the table cannot answer waits for the server, and those after it are
+        answered all the same: a client may ask something only the server answers
+        (Claude Code's `subscriptions/listen`) before its listings, and JSON-RPC lets the
+        answers come in any order.
+        """
         handed: list[bytes] = []
         while (line := self.lines.queue.get()) is not _BUILT:
             if line is _EOF:
-                return None
+                if all(_request(waiting).get("method") in HANDSHAKE | REPLAYED
+                       for waiting in handed):
+                    return None
+                self.lines.queue.put(_EOF)  # for the server too, once it has answered these
+                break
             request = _request(line)
-            method = request.get("method")
-            result = self.cache.answer(method, request.get("params"))
-            if result is not None and "id" in request:
-                self.wire.send({"jsonrpc": "2.0", "id": request["id"], "result": result})
-                self.served.append((method, request.get("params")))
-                if method == "initialize":  # the SDK must see it too; its answer is dropped
-                    self.expected[request["id"]] = Expected(method, request["params"], True, True)
+            if "id" in request and self._answered_here(request):
+                if request.get("method") in REPLAYED:
                     handed.append(line)
                 continue
             handed.append(line)
-            if method not in HANDSHAKE:
-                break  # this one needs the server
-        return _in_replay_order(handed, self._checks())
+        return handed
 
-    def _checks(self) -> list[bytes]:
-        """Each question the cache answered, put to the server again (not initialize:
-        its replay is its check)."""
-        checks = []
-        for number, (method, params) in enumerate(self.served):
-            if method == "initialize":
-                continue
-            request_id = f"{CHECK_ID}{number}"
-            self.expected[request_id] = Expected(method, params, True, True)
-            checks.append(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method,
-                                        **({} if params is None else {"params": params})}))
-        return checks
+    def _answered_here(self, request: dict[str, Any]) -> bool:
+        method, params = request.get("method"), request.get("params")
+        if not isinstance(method, str) or not (params is None or isinstance(params, dict)):
+            return False
+        if method == LISTEN:
+            return self._acknowledged_here(request["id"], params or {})
+        if method == "initialize":
+            version = self.table.version_agreed((params or {}).get("protocolVersion"))
+        elif set(params or {}) - {"_meta"}:  # a page cursor, say: the server answers that
+            return False
+        else:
+            version = _envelope_version(params) or self.version
+        answer = self.table.answer(method, version)
+        if answer is None:
+            return False
+        self.wire.send({"jsonrpc": "2.0", "id": request["id"], **answer})
+        self.served.append((method, version))
+        if method == "initialize":
+            self.version = version
+            self.dropped.add(request["id"])  # the SDK's answer to it, once replayed
+        return True
+
+    def _acknowledged_here(self, request_id: Any, params: dict[str, Any]) -> bool:
+        """A listen request acknowledged as the SDK would; the stream is the server's, and
+        its own acknowledgement is dropped."""
+        acknowledgement = self.table.acknowledgement(params, _envelope_version(params),
+                                                     request_id)
+        if acknowledgement is None:
+            return False
+        self.wire.send(acknowledgement)
+        self.acknowledged.add(request_id)
+        return True
+
+    def correct(self, server: Any, table: dict[str, Any] | None, cache: StartCache,
+                agent: str | None) -> None:
+        """Tell the client to list the tools again if the server lists them otherwise than
+        it was told. `table` is the server's (a first start), or None: the table was
+        cached, and only the listings the client got are asked again (the whole table is
+        asked and cached if one differs)."""
+        from bus.mcpserver.start_table import start_table
+        from bus.mcpserver.start_table import tool_listings
+
+        listed = {version for method, version in self.served if method == "tools/list"}
+        if table is None:
+            if not self._told_otherwise(StartAnswers(tool_listings(server, listed), agent),
+                                        listed):
+                return
+            table = start_table(server, agent)
+            cache.keep(table)
+        if self._told_otherwise(StartAnswers(table, agent), listed):
+            self.wire.send(LIST_CHANGED)
+
+    def _told_otherwise(self, asked: StartAnswers, versions: set[str | None]) -> bool:
+        return any(self.table.differs(asked, "tools/list", version) for version in versions)
 
     async def requests(self, handed: list[bytes]) -> AsyncIterator[str]:
         """What the SDK reads: the lines handed over, then the client's.
@@ -296,13 +362,10 @@ class Front:
         method, request_id = request.get("method"), request.get("id")
         if method == "notifications/cancelled":  # a cancelled request is not answered
             self._settle((request.get("params") or {}).get("requestId"))
-        if method is None or not isinstance(request_id, (int, str)):
-            return
-        if request_id not in self.expected:
+        # A listen is a stream that ends only with the connection: not worth waiting for.
+        if method not in (None, LISTEN) and isinstance(request_id, (int, str)) \
+                and request_id not in self.dropped:
             self.outstanding.add(request_id)
-            if method in CACHED_METHODS:
-                self.expected[request_id] = Expected(method, request.get("params"), False,
-                                                     False)
 
     def _settle(self, request_id: Any) -> None:
         self.outstanding.discard(request_id)
@@ -313,41 +376,35 @@ class Front:
         return Answers(self)
 
     def answered(self, text: str) -> bool:
-        """Note the server's answer (kept in the cache if it is one the front waits for);
-        whether the client should see it."""
-        if not (self.expected or self.outstanding):
+        """Note the server's answer; whether the client should see it (not the answer to a
+        replayed request: the client has had its own)."""
+        if not (self.dropped or self.outstanding or self.acknowledged):
             return True
         message = orjson.loads(text)
         if "method" in message:  # a notification, or a request of the server's own
-            return True
+            return not self._acknowledgement_given(message)
         self._settle(message.get("id"))
-        expected = self.expected.pop(message.get("id"), None)
-        if expected is None:
-            return True
-        if "result" in message:  # an error is not kept, and is not the client's if ours
-            changed = self.cache.keep(expected.method, expected.params, message["result"])
-            if changed and expected.served and expected.method == "tools/list":
-                self.wire.send(LIST_CHANGED)
-        return not expected.swallowed
+        if message.get("id") in self.dropped:
+            self.dropped.discard(message.get("id"))
+            return False
+        return True
 
 
-def _in_replay_order(handed: list[bytes], checks: list[bytes]) -> list[bytes]:
-    """The handshake first (a handshake-era session must begin with it), then the checks,
-    then the request that needed the server."""
-    def handshake(line: bytes) -> bool:
-        return _request(line).get("method") in HANDSHAKE
-    return ([line for line in handed if handshake(line)] + checks
-            + [line for line in handed if not handshake(line)])
+    def _acknowledgement_given(self, message: dict[str, Any]) -> bool:
+        if message["method"] != LISTENED:
+            return False
+        listen = ((message.get("params") or {}).get("_meta") or {}).get(SUBSCRIPTION_ID)
+        if listen not in self.acknowledged:
+            return False
+        self.acknowledged.discard(listen)
+        return True
 
 
-class Expected:
-    """An answer the front waits for: `swallowed` ones are its own; `served` ones the cache
-    answered already, so a change is worth telling the client."""
-
-    __slots__ = ("method", "params", "swallowed", "served")
-
-    def __init__(self, method: str, params: Any, swallowed: bool, served: bool) -> None:
-        self.method, self.params, self.swallowed, self.served = method, params, swallowed, served
+def _envelope_version(params: dict[str, Any] | None) -> str | None:
+    """A 2026-era request's protocol version, from its `_meta` envelope."""
+    meta = (params or {}).get("_meta")
+    version = meta.get(ENVELOPE_VERSION) if isinstance(meta, dict) else None
+    return version if isinstance(version, str) else None
 
 
 class Answers:
@@ -372,101 +429,3 @@ def _request(line: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         return {}
     return message if isinstance(message, dict) else {}
-
-
-class StartCache:
-    """What the SDK answered to the cacheable requests at earlier starts of this installation.
-
-    One JSON file in the user's cache directory (`$XDG_CACHE_HOME/agentbus/mcp-start.json`),
-    keyed by installation; a cache that cannot be read or written is no cache.
-    The instructions name the agent, so they are stored without it and filled in.
-    """
-
-    def __init__(self, path: Path, key: str, agent: str | None,
-                 answers: dict[str, Any]) -> None:
-        self.path, self.key, self.agent, self.answers = path, key, agent, answers
-
-    @classmethod
-    def load(cls, agent: str | None, tools: frozenset[str] = frozenset()) -> StartCache:
-        path = cache_path()
-        key = installation_key(joining=agent is None, tools=tools)
-        entry = _read(path).get(key, {})
-        return cls(path, key, agent, entry.get("answers", {}) if isinstance(entry, dict) else {})
-
-    def answer(self, method: Any, params: Any) -> dict[str, Any] | None:
-        if method not in CACHED_METHODS:
-            return None
-        stored = self.answers.get(_question(method, params))
-        if stored is None:
-            return None
-        result = dict(stored["result"])
-        if stored["agent_instructions"]:
-            result["instructions"] = instructions(self.agent)
-        return result
-
-    def keep(self, method: str, params: Any, result: dict[str, Any]) -> bool:
-        """Store the SDK's answer; whether it differs from the one stored."""
-        result = dict(result)
-        templated = result.get("instructions") == instructions(self.agent)
-        if templated:
-            del result["instructions"]
-        stored = {"result": result, "agent_instructions": templated}
-        question = _question(method, params)
-        if self.answers.get(question) == stored:
-            return False
-        self.answers[question] = stored
-        self._save()
-        return True
-
-    def _save(self) -> None:
-        everything = _read(self.path)
-        everything[self.key] = {"used": time.time(), "answers": self.answers}
-        newest = sorted(everything, key=lambda k: everything[k].get("used", 0))[
-            -KEPT_INSTALLATIONS:]
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            spare = self.path.with_name(f"{self.path.name}.{os.getpid()}")
-            spare.write_bytes(orjson.dumps({k: everything[k] for k in newest}))
-            os.replace(spare, self.path)  # whole or not at all: starts read it concurrently
-        except OSError:
-            pass
-
-
-def cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "agentbus" / "mcp-start.json"
-
-
-def installation_key(joining: bool, tools: frozenset[str] = frozenset()) -> str:
-    """What the cached answers depend on, cheap to compute (under a millisecond)."""
-    sdk = importlib.util.find_spec("mcp")  # found, not imported
-    sdk_init = os.stat(sdk.origin) if sdk is not None and sdk.origin else None
-    return orjson.dumps([
-        __version__, sys.executable, sys.version, joining, sorted(tools),
-        None if sdk_init is None else [sdk.origin, sdk_init.st_mtime_ns, sdk_init.st_size],
-        max(_newest_source(Path(spec.origin).parent) for name in ("bus", "workers", "blobs")
-            if (spec := importlib.util.find_spec(name)) is not None and spec.origin),
-    ]).decode()
-
-
-def _newest_source(directory: Path) -> int:
-    newest = 0
-    for entry in os.scandir(directory):
-        if entry.is_dir(follow_symlinks=False):
-            if entry.name != "__pycache__":
-                newest = max(newest, _newest_source(Path(entry.path)))
-        elif entry.name.endswith(".py"):
-            newest = max(newest, entry.stat().st_mtime_ns)
-    return newest
-
-
-def _question(method: str, params: Any) -> str:
-    return f"{method} {orjson.dumps(params, option=orjson.OPT_SORT_KEYS).decode()}"
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        stored = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return {}
-    return stored if isinstance(stored, dict) else {}

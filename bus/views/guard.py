@@ -5,6 +5,9 @@ Every request passes here before any route:
   specification asks): on loopback only `localhost`, `127.0.0.1` and `[::1]`
   with the port; elsewhere the address listened on, or the names given.
 - `Origin`, when a browser sends one, must be this server's own origin.
+- The protected-resource metadata (RFC 9728, bus/mcpserver/http.py) is public:
+  a 401 points to it, so that a client learns that tokens come from
+  `bus token` rather than trying OAuth.
 - A token is required for `/mcp` always (it says which agent a request acts
   as), and for every path when the server listens beyond this machine.
   Tokens come in `Authorization: Bearer ...`; a browser opens the page once
@@ -42,7 +45,11 @@ WILDCARD = frozenset({"0.0.0.0", "::"})
 COOKIE = "agentbus_token"
 TOKEN_SCOPE_KEY = "agentbus.token"
 MCP_PATH = "/mcp"
-_CHALLENGE = 'Bearer realm="agentbus", error="invalid_token"'
+# RFC 9728: where a client learns how /mcp is protected; public, as the RFC has it.
+WELL_KNOWN_RESOURCE = "/.well-known/oauth-protected-resource"
+RESOURCE_METADATA_PATH = WELL_KNOWN_RESOURCE + MCP_PATH
+TOKEN_HELP = ("a bearer token from `bus token create --agent ID`, in Authorization: Bearer"
+              " <token>; there is no authorization server to ask")
 
 
 @dataclass
@@ -95,14 +102,15 @@ class Guard:
         if refusal is not None:
             return await PlainTextResponse(refusal[1], status_code=refusal[0])(scope, receive, send)
         path = scope.get("path", "")
-        needs_token = path == MCP_PATH or self.settings.tokens_everywhere
+        needs_token = (path == MCP_PATH or self.settings.tokens_everywhere) \
+            and not path.startswith(WELL_KNOWN_RESOURCE)
         if not needs_token:
             return await self.app(scope, receive, send)
         from_query = path != MCP_PATH and _query_token(scope)
         presented = from_query or _bearer(headers) or (path != MCP_PATH and _cookie(headers))
         token = await self._check(presented)
         if token is None:
-            return await _unauthorized(scope, receive, send)
+            return await _unauthorized(scope)(scope, receive, send)
         if from_query:  # keep the token out of the address bar and the history
             return await self._set_cookie(scope, from_query)(scope, receive, send)
         scope[TOKEN_SCOPE_KEY] = token
@@ -140,12 +148,20 @@ class Guard:
         return response
 
 
-async def _unauthorized(scope: Scope, receive: Receive, send: Send) -> None:
-    response = PlainTextResponse(
-        "a valid token is required: Authorization: Bearer <token> (bus token create --agent ID);"
-        " the token is missing, unknown, revoked or expired", status_code=401,
-        headers={"WWW-Authenticate": _CHALLENGE})
-    await response(scope, receive, send)
+def _unauthorized(scope: Scope) -> PlainTextResponse:
+    """401, with the challenge pointing to the protected-resource metadata (RFC 9728)."""
+    metadata = f"{request_origin(scope)}{RESOURCE_METADATA_PATH}"
+    return PlainTextResponse(
+        "a valid token is required: Authorization: Bearer <token> (bus token create --agent"
+        " ID); the token is missing, unknown, revoked or expired", status_code=401,
+        headers={"WWW-Authenticate": f'Bearer realm="agentbus", error="invalid_token",'
+                                     f' error_description="{TOKEN_HELP}",'
+                                     f' resource_metadata="{metadata}"'})
+
+
+def request_origin(scope: Scope) -> str:
+    """This server's origin as the client names it: its scheme and Host (checked already)."""
+    return f"{scope.get('scheme', 'http')}://{Headers(scope=scope).get('host')}"
 
 
 def _bearer(headers: Headers) -> str | None:
