@@ -74,7 +74,7 @@ class ModelRequest:
 
     def tool_names(self) -> list[str]:
         """The tools offered to the model, by the names it calls them with."""
-        return [tool_name(tool) for tool in self.body.get("tools") or []]
+        return [name for tool in self.body.get("tools") or [] for name in names_of(tool)]
 
     def visible_tools(self, prefix: str) -> set[str]:
         """The tools named `prefix...` the model can call: offered whole, or named in the
@@ -103,9 +103,14 @@ class ModelRequest:
         return json.dumps(self.body.get("messages") or self.body.get("input") or [])
 
 
-def tool_name(tool: dict[str, Any]) -> str:
-    # The Responses API nests a function's name under "function" in some shapes.
-    return tool.get("name") or (tool.get("function") or {}).get("name") or tool.get("type", "")
+def names_of(tool: dict[str, Any]) -> list[str]:
+    """The names a tool of a request's `tools` is called by: Codex groups an MCP server's
+    tools in a namespace (`mcp__agentbus` holding `publish`), named here as Claude Code
+    names them (`mcp__agentbus__publish`)."""
+    if tool.get("type") == "namespace":
+        return [f"{tool['name']}__{name}" for inner in tool.get("tools") or []
+                for name in names_of(inner)]
+    return [tool.get("name") or tool.get("type", "")]
 
 
 def _blocks(content: Any) -> list[dict[str, Any]]:
@@ -297,9 +302,12 @@ def responses_events(model: ScriptedModel, turn: Turn) -> list[dict[str, Any]]:
     """The SSE events of `POST /v1/responses`: created, the output item, completed."""
     response_id = model.next_id("resp")
     if isinstance(turn, ToolUse):
+        namespace, _, name = turn.name.rpartition("__")  # mcp__agentbus__publish, see names_of
         item = {"type": "function_call", "id": model.next_id("fc"),
-                "call_id": model.next_id("call"), "name": turn.name,
+                "call_id": model.next_id("call"), "name": name if namespace else turn.name,
                 "arguments": json.dumps(turn.input)}
+        if namespace:
+            item["namespace"] = namespace
     else:
         item = {"type": "message", "role": "assistant", "id": model.next_id("msg"),
                 "content": [{"type": "output_text", "text": turn.text, "annotations": []}]}

@@ -37,13 +37,20 @@ from tests.hook_harness import child_env
 from tests.hook_harness import installed
 from tests.model_api import ScriptedModel
 
-CLIENTS = Path(os.environ.get("BUS_TEST_CLIENTS") or REPO_ROOT / "tests" / "clients" / "node_modules")
+CLIENTS = Path(os.environ.get("BUS_TEST_CLIENTS")
+               or REPO_ROOT / "tests" / "clients" / "node_modules")
 CLAUDE = CLIENTS / "@anthropic-ai" / "claude-code-linux-x64" / "claude"
 CODEX = CLIENTS / ".bin" / "codex"
 INSPECTOR = CLIENTS / ".bin" / "mcp-inspector"
 CLIENT_TIMEOUT = 180.0
 SERVER = "agentbus"  # the MCP server's name in every client's configuration
 BUS_TOOLS = f"mcp__{SERVER}__"  # how Claude Code and Codex name the server's tools
+
+
+def claude_version() -> str:
+    """The installed Claude Code's version, as it names itself to an MCP server."""
+    client(CLAUDE)
+    return json.loads((CLAUDE.parent / "package.json").read_text())["version"]
 
 
 def client(path: Path) -> str:
