@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ CLIENTS = Path(os.environ.get("BUS_TEST_CLIENTS")
 CLAUDE = CLIENTS / "@anthropic-ai" / "claude-code-linux-x64" / "claude"
 CODEX = CLIENTS / ".bin" / "codex"
 INSPECTOR = CLIENTS / ".bin" / "mcp-inspector"
+TAP = REPO_ROOT / "tests" / "mcp_tap.py"
 CLIENT_TIMEOUT = 180.0
 SERVER = "agentbus"  # the MCP server's name in every client's configuration
 BUS_TOOLS = f"mcp__{SERVER}__"  # how Claude Code and Codex name the server's tools
@@ -103,15 +105,27 @@ def bus_mcp_argv(db: Path, agent: str | None, *extra: str) -> list[str]:
             *extra]
 
 
+def tapped(argv: list[str], log: Path | None) -> list[str]:
+    """`argv` behind tests/mcp_tap.py when `log` is given: each line both ways, timed, in it."""
+    return argv if log is None else [sys.executable, str(TAP), str(log), "--", *argv]
+
+
+def tap_log(log: Path) -> list[dict[str, Any]]:
+    """What the tap saw: {t, from, message} per line, in order (none if it never started)."""
+    return json_lines(log.read_text()) if log.exists() else []
+
+
 class ClaudeCode:
     """Claude Code's native binary in `tmp_path`, pointed at `model`, with `bus mcp` on `db`.
 
-    `mcp_args` are added to `bus mcp`'s command line (`--tools`, say); `env` to
-    the client's environment, which its MCP server and hooks inherit.
+    `mcp_args` are added to `bus mcp`'s command line (`--tools`, say); with
+    `mcp_log`, the server runs behind tests/mcp_tap.py, which logs its traffic
+    there. `env` is the client's environment, which its MCP server and hooks
+    inherit.
     """
 
     def __init__(self, tmp_path: Path, model: ScriptedModel, db: Path, agent: str | None = "ann",
-                 mcp_args: tuple[str, ...] = ()) -> None:
+                 mcp_args: tuple[str, ...] = (), mcp_log: Path | None = None) -> None:
         self.binary = client(CLAUDE)
         self.cwd = tmp_path / "project"
         self.home = tmp_path / "claude-home"
@@ -119,9 +133,9 @@ class ClaudeCode:
         self.mcp_config = tmp_path / "mcp.json"
         for directory in (self.cwd, self.home, self.cache):
             directory.mkdir(exist_ok=True)
+        command, *args = tapped(bus_mcp_argv(db, agent, *mcp_args), mcp_log)
         self.mcp_config.write_text(json.dumps({"mcpServers": {SERVER: {
-            "command": bus_mcp_argv(db, agent, *mcp_args)[0],
-            "args": bus_mcp_argv(db, agent, *mcp_args)[1:]}}}))
+            "command": command, "args": args}}}))
         self.env = child_env(tmp_path) | {
             "HOME": str(self.home), "XDG_CACHE_HOME": str(self.cache),
             "XDG_CONFIG_HOME": str(self.home / ".config"),
@@ -142,11 +156,15 @@ class ClaudeCode:
 
 
 class Codex:
-    """The Codex CLI in `tmp_path`: CODEX_HOME/config.toml names `model` and `bus mcp` on `db`."""
+    """The Codex CLI in `tmp_path`: CODEX_HOME/config.toml names `model` and `bus mcp` on `db`
+    (`mcp_args` and `mcp_log` as for ClaudeCode). The file is written at each run, from
+    `env` as it is then."""
 
     def __init__(self, tmp_path: Path, model: ScriptedModel, db: Path, agent: str | None = "ann",
-                 mcp_args: tuple[str, ...] = ()) -> None:
+                 mcp_args: tuple[str, ...] = (), mcp_log: Path | None = None) -> None:
         self.binary = client(CODEX)
+        self.model_url = model.url
+        self.server = tapped(bus_mcp_argv(db, agent, *mcp_args), mcp_log)
         self.cwd = tmp_path / "project"
         self.home = tmp_path / "codex-home"
         self.cache = tmp_path / "cache"
@@ -155,11 +173,12 @@ class Codex:
         self.env = child_env(tmp_path) | {"HOME": str(tmp_path), "CODEX_HOME": str(self.home),
                                           "XDG_CACHE_HOME": str(self.cache)}
         self.env.pop("OPENAI_API_KEY", None)
+
+    def config(self) -> str:
         # Codex starts an MCP server with a few variables of its own only: the rest by name.
         server_env = {name: self.env[name] for name in ("PYTHONPATH", "XDG_CACHE_HOME")
                       if name in self.env}
-        argv = bus_mcp_argv(db, agent, *mcp_args)
-        (self.home / "config.toml").write_text("\n".join([
+        return "\n".join([
             'model = "gpt-5-codex"',
             'model_provider = "scripted"',
             'approval_policy = "never"',
@@ -167,21 +186,22 @@ class Codex:
             "",
             "[model_providers.scripted]",
             'name = "scripted model"',
-            f"base_url = {toml_string(model.url + '/v1')}",
+            f"base_url = {toml_string(self.model_url + '/v1')}",
             'wire_api = "responses"',
             "request_max_retries = 0",
             "stream_max_retries = 0",
             "",
             f"[mcp_servers.{SERVER}]",
-            f"command = {toml_string(argv[0])}",
-            f"args = [{', '.join(toml_string(arg) for arg in argv[1:])}]",
+            f"command = {toml_string(self.server[0])}",
+            f"args = [{', '.join(toml_string(arg) for arg in self.server[1:])}]",
             f"env = {{ {', '.join(f'{k} = {toml_string(v)}' for k, v in server_env.items())} }}",
-            ""]))
+            ""])
 
     def argv(self, prompt: str, *extra: str) -> list[str]:
         return [self.binary, "exec", "--json", "--skip-git-repo-check", *extra, prompt]
 
     def run(self, prompt: str, *extra: str, timeout: float = CLIENT_TIMEOUT) -> ClientRun:
+        (self.home / "config.toml").write_text(self.config())
         return run_client(self.argv(prompt, *extra), self.env, self.cwd, timeout)
 
 
@@ -210,6 +230,16 @@ class Inspector:
         """The JSON result the CLI prints for a call that succeeded."""
         done = self.call(target, method, *extra).check()
         return json.loads(done.stdout)
+
+
+def stall_the_sdk(env: dict[str, str], tmp_path: Path) -> None:
+    """Make the MCP SDK's import never end for the `bus mcp` that `env` starts: what a client
+    gets then is what `bus mcp` answers before the SDK is loaded, its fast start."""
+    stalled = tmp_path / "stalled-sdk" / "mcp"
+    stalled.mkdir(parents=True, exist_ok=True)
+    (stalled / "__init__.py").write_text("import time\ntime.sleep(3600)\n")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(stalled.parent),
+                                                      env.get("PYTHONPATH")]))
 
 
 @pytest.fixture

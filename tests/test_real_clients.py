@@ -32,6 +32,8 @@ from tests.real_clients import client_bus  # noqa: F401 - fixture
 from tests.real_clients import codex  # noqa: F401 - fixture
 from tests.real_clients import inspector  # noqa: F401 - fixture
 from tests.real_clients import scripted_model  # noqa: F401 - fixture
+from tests.real_clients import stall_the_sdk
+from tests.real_clients import tap_log
 from tests.test_remote import McpServer
 
 pytestmark = pytest.mark.real_clients
@@ -101,6 +103,38 @@ def test_claude_code_first_request_offers_the_bus_tools_at_every_start(
                          f"request of starts {missing} (of {starts})")
 
 
+def test_claude_code_first_request_offers_the_bus_tools_before_the_sdk_has_loaded(
+        scripted_model: ScriptedModel, client_bus: Path, tmp_path: Path) -> None:
+    """Everything Claude Code asks at start is answered by `bus mcp`'s fast start: with an
+    SDK that never loads, its first request offers the tools all the same."""
+    traffic = tmp_path / "mcp-traffic.jsonl"
+    claude = ClaudeCode(tmp_path, scripted_model, client_bus, mcp_log=traffic)
+    stall_the_sdk(claude.env, tmp_path)
+    scripted_model.script = [Text("done")]
+    claude.run("hello").check()
+    offered = first_agent_request(scripted_model, 0).visible_tools(BUS_TOOLS)
+    unanswered = unanswered_requests(tap_log(traffic))
+    assert PUBLISH in offered and not unanswered, (
+        f"the first model request offered {sorted(offered)}; "
+        f"`bus mcp` left unanswered: {unanswered}")
+
+
+def unanswered_requests(traffic: list[dict]) -> list[str]:
+    """The methods of the client's requests the server never answered, from the tap's log.
+    A `subscriptions/listen` is answered by the notification that acknowledges it."""
+    asked = {entry["message"]["id"]: entry["message"]["method"] for entry in traffic
+             if entry["from"] == "client" and "method" in entry["message"]
+             and "id" in entry["message"]}
+    for entry in traffic:
+        message = entry["message"]
+        if entry["from"] != "server":
+            continue
+        meta = (message.get("params") or {}).get("_meta") or {}
+        asked.pop(meta.get("io.modelcontextprotocol/subscriptionId")
+                  if "method" in message else message.get("id"), None)
+    return sorted(asked.values())
+
+
 def test_claude_code_tool_call_reaches_the_bus_and_its_result_the_model(
         claude_code: ClaudeCode, scripted_model: ScriptedModel, client_bus: Path) -> None:
     scripted_model.script = [ToolUse(PUBLISH, {"type": "note", "to": "bob", "payload": {"n": 1}}),
@@ -133,6 +167,20 @@ def test_codex_exec_first_start_offers_the_bus_tools_and_calls_them(
     assert message["id"] in result
     assert [e["item"]["text"] for e in run.events if e.get("type") == "item.completed"
             and e["item"].get("type") == "agent_message"] == ["published"]
+
+
+def test_codex_exec_first_request_offers_the_bus_tools_before_the_sdk_has_loaded(
+        scripted_model: ScriptedModel, client_bus: Path, tmp_path: Path) -> None:
+    traffic = tmp_path / "mcp-traffic.jsonl"
+    codex = Codex(tmp_path, scripted_model, client_bus, mcp_log=traffic)
+    stall_the_sdk(codex.env, tmp_path)
+    scripted_model.script = [Text("done")]
+    codex.run("hello").check()
+    offered = scripted_model.agent_requests("responses")[0].visible_tools(BUS_TOOLS)
+    unanswered = unanswered_requests(tap_log(traffic))
+    assert PUBLISH in offered and not unanswered, (
+        f"the first model request offered {sorted(offered)}; "
+        f"`bus mcp` left unanswered: {unanswered}")
 
 
 # --- the MCP Inspector ---------------------------------------------------------------------
