@@ -136,6 +136,7 @@ class ScriptedModel:
     def __init__(self, script: list[Planned] | None = None) -> None:
         self.script = list(script or [])
         self.requests: list[ModelRequest] = []
+        self.answers: list[Turn] = []  # what each request was answered, in the same order
         self._changed = threading.Condition()
         self._ids = itertools.count(1)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
@@ -180,12 +181,18 @@ class ScriptedModel:
         with self._changed:
             self.requests.append(request)
             self._changed.notify_all()
-            if not request.offers_tools():
-                return Text(SIDE_ANSWER)
-            if not self.script:
-                return Text(DONE)
-            planned = self.script.pop(0)
-        return planned(request) if callable(planned) else planned
+            planned = (Text(SIDE_ANSWER) if not request.offers_tools()
+                       else self.script.pop(0) if self.script else Text(DONE))
+        turn = planned(request) if callable(planned) else planned
+        with self._changed:
+            self.answers.append(turn)
+        return turn
+
+    def turn_ended(self) -> bool:
+        """Whether every request was answered and the last answer ended the agent's turn."""
+        with self._changed:
+            return len(self.answers) == len(self.requests) and (
+                not self.answers or isinstance(self.answers[-1], Text))
 
     def next_id(self, prefix: str) -> str:
         return f"{prefix}_{next(self._ids):04d}"

@@ -10,6 +10,7 @@ node_modules holding the same packages (a sibling checkout's, say).
   no updater, telemetry or other traffic, `bus mcp` in an MCP config, and the
   bus's tools allowed by rule (as root Claude Code refuses
   --dangerously-skip-permissions).
+- `InteractiveClaude` runs `claude` in tmux, waits until it is idle and types prompts.
 - `Codex` runs `codex exec --json` with a private CODEX_HOME whose config.toml
   names the scripted model (Responses API) and `bus mcp` under
   [mcp_servers.agentbus].
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -37,6 +40,8 @@ from tests.conftest import REPO_ROOT
 from tests.hook_harness import child_env
 from tests.hook_harness import installed
 from tests.model_api import ScriptedModel
+from tests.terminal import TMUX
+from tests.terminal import Terminal
 
 CLIENTS = Path(os.environ.get("BUS_TEST_CLIENTS")
                or REPO_ROOT / "tests" / "clients" / "node_modules")
@@ -44,6 +49,8 @@ CLAUDE = CLIENTS / "@anthropic-ai" / "claude-code-linux-x64" / "claude"
 CODEX = CLIENTS / ".bin" / "codex"
 INSPECTOR = CLIENTS / ".bin" / "mcp-inspector"
 TAP = REPO_ROOT / "tests" / "mcp_tap.py"
+IDLE_PROMPT = re.compile(r"^❯\s*$", re.MULTILINE)  # Claude Code's input line, empty
+BUSY = "esc to interrupt"  # beside its spinner while a turn runs
 CLIENT_TIMEOUT = 180.0
 SERVER = "agentbus"  # the MCP server's name in every client's configuration
 BUS_TOOLS = f"mcp__{SERVER}__"  # how Claude Code and Codex name the server's tools
@@ -146,13 +153,61 @@ class ClaudeCode:
                      "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CONFIG_DIR"):
             self.env.pop(name, None)  # the session running the tests, if any, is not this one
 
+    def session_args(self) -> list[str]:
+        """The options of every run: the bus's MCP server only, its tools allowed."""
+        return ["--mcp-config", str(self.mcp_config), "--strict-mcp-config",
+                "--allowedTools", f"{BUS_TOOLS}*"]
+
     def argv(self, prompt: str, *extra: str) -> list[str]:
         return [self.binary, "-p", prompt, "--output-format", "stream-json", "--verbose",
-                "--mcp-config", str(self.mcp_config), "--strict-mcp-config",
-                "--allowedTools", f"{BUS_TOOLS}*", *extra]
+                *self.session_args(), *extra]
 
     def run(self, prompt: str, *extra: str, timeout: float = CLIENT_TIMEOUT) -> ClientRun:
         return run_client(self.argv(prompt, *extra), self.env, self.cwd, timeout)
+
+
+class InteractiveClaude:
+    """Claude Code as a person runs it, in a tmux terminal: for what only an idle session shows.
+
+    `start` answers the first-run questions ahead (onboarding, the API key, trust in the
+    project) in the private HOME, starts `claude` with the options of `claude`'s runs, and
+    returns once it is idle. `prompt` types a line and presses Enter.
+    """
+
+    def __init__(self, claude: ClaudeCode, model: ScriptedModel, tmp_path: Path) -> None:
+        if TMUX is None:
+            pytest.skip("tmux is not installed (make test installs it)")
+        self.claude, self.model = claude, model
+        self.terminal = Terminal(tmp_path, claude.env)
+
+    def start(self, *extra: str) -> None:
+        key = self.claude.env["ANTHROPIC_API_KEY"]
+        (self.claude.home / ".claude.json").write_text(json.dumps({
+            "hasCompletedOnboarding": True, "theme": "dark",
+            "customApiKeyResponses": {"approved": [key[-20:]], "rejected": []},
+            "projects": {str(self.claude.cwd): {"hasTrustDialogAccepted": True,
+                                                "hasCompletedProjectOnboarding": True}}}))
+        argv = [self.claude.binary, *self.claude.session_args(), *extra]
+        self.terminal.start(f"cd {shlex.quote(str(self.claude.cwd))} && {shlex.join(argv)}")
+        self.wait_idle("the session's first idle prompt")
+
+    def idle(self, screen: str) -> bool:
+        """The turn is over for the model and on the screen: an empty input line, no spinner."""
+        return (self.model.turn_ended() and IDLE_PROMPT.search(screen) is not None
+                and BUSY not in screen)
+
+    def wait_idle(self, what: str = "the session going idle") -> str:
+        return self.terminal.wait_for(self.idle, what)
+
+    def prompt(self, text: str) -> int:
+        """Type `text` and Enter; the number of model requests before it, for `model.wait_for`."""
+        since = len(self.model.requests)
+        self.terminal.keys("-l", text)
+        self.terminal.keys("Enter")
+        return since
+
+    def close(self) -> None:
+        self.terminal.close()
 
 
 class Codex:
@@ -260,6 +315,14 @@ def client_bus(db_path: Path) -> Path:
 @pytest.fixture
 def claude_code(tmp_path: Path, scripted_model: ScriptedModel, client_bus: Path) -> ClaudeCode:
     return ClaudeCode(tmp_path, scripted_model, client_bus)
+
+
+@pytest.fixture
+def interactive_claude(tmp_path: Path, claude_code: ClaudeCode, scripted_model: ScriptedModel):
+    """An InteractiveClaude, not started yet (hooks may be installed first); closed at the end."""
+    session = InteractiveClaude(claude_code, scripted_model, tmp_path)
+    yield session
+    session.close()
 
 
 @pytest.fixture

@@ -22,15 +22,18 @@ from tests.model_api import ScriptedModel
 from tests.model_api import Text
 from tests.model_api import ToolUse
 from tests.real_clients import BUS_TOOLS
+from tests.real_clients import CLIENT_TIMEOUT
 from tests.real_clients import ClaudeCode
 from tests.real_clients import Codex
 from tests.real_clients import Inspector
+from tests.real_clients import InteractiveClaude
 from tests.real_clients import bus_mcp_argv
 from tests.real_clients import claude_code  # noqa: F401 - fixture
 from tests.real_clients import claude_version
 from tests.real_clients import client_bus  # noqa: F401 - fixture
 from tests.real_clients import codex  # noqa: F401 - fixture
 from tests.real_clients import inspector  # noqa: F401 - fixture
+from tests.real_clients import interactive_claude  # noqa: F401 - fixture
 from tests.real_clients import scripted_model  # noqa: F401 - fixture
 from tests.real_clients import stall_the_sdk
 from tests.real_clients import tap_log
@@ -148,6 +151,21 @@ def test_claude_code_tool_call_reaches_the_bus_and_its_result_the_model(
     assert PUBLISH in first.visible_tools(BUS_TOOLS)
     [result] = second.tool_results()
     assert json.loads(result)["id"] == message["id"]
+
+
+def test_claude_code_interactive_session_goes_idle_and_takes_a_typed_prompt(
+        interactive_claude: InteractiveClaude, scripted_model: ScriptedModel,
+        client_bus: Path) -> None:
+    interactive_claude.start()
+    scripted_model.script = [ToolUse(PUBLISH, {"type": "note", "to": "bob"}), Text("sent it")]
+    since = interactive_claude.prompt("tell bob hello")
+    scripted_model.wait_for(lambda requests: any(
+        "tell bob hello" in r.text() for r in requests[since:] if r.offers_tools()),
+        CLIENT_TIMEOUT, "the typed prompt in a model request")
+    screen = interactive_claude.wait_idle("the session idle again after its turn")
+    assert "sent it" in screen
+    [message] = stored_messages(client_bus)
+    assert (message["from"], message["to"], message["type"]) == ("ann", "bob", "note")
 
 
 # --- Codex ---------------------------------------------------------------------------------
