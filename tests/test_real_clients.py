@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,8 @@ def warm_start_cache(claude: ClaudeCode, model: ScriptedModel) -> None:
 
 
 def forget_client_version(claude: ClaudeCode) -> None:
-    """Make the cache's answers those of another Claude Code version than the one that starts."""
+    """Make the cache's answers those of another Claude Code version than the one that starts
+    (where the cache names the client's version at all)."""
     cache = start_cache(claude)
     cache.write_text(cache.read_text().replace(claude_version(), "0.0.1-never-seen"))
 
@@ -91,7 +93,7 @@ def test_claude_code_first_request_offers_the_bus_tools_at_every_start(
         mode: str, starts: int, claude_code: ClaudeCode, scripted_model: ScriptedModel) -> None:
     if mode != "cold":
         warm_start_cache(claude_code, scripted_model)
-    missing = []
+    missing, waits = [], []
     for start in range(starts):
         if mode == "cold":
             shutil.rmtree(claude_code.cache / "agentbus", ignore_errors=True)
@@ -99,11 +101,15 @@ def test_claude_code_first_request_offers_the_bus_tools_at_every_start(
             forget_client_version(claude_code)
         since = len(scripted_model.requests)
         scripted_model.script = [Text("done")]
+        started = time.monotonic()
         claude_code.run("hello").check()
-        if PUBLISH not in first_agent_request(scripted_model, since).visible_tools(BUS_TOOLS):
+        first = first_agent_request(scripted_model, since)
+        waits.append(round(first.at - started, 2))
+        if PUBLISH not in first.visible_tools(BUS_TOOLS):
             missing.append(start)
     assert not missing, (f"{mode} starts: the bus's tools were missing from the first model "
-                         f"request of starts {missing} (of {starts})")
+                         f"request of starts {missing} (of {starts}); the first request came "
+                         f"after {waits} s")
 
 
 def test_claude_code_first_request_offers_the_bus_tools_before_the_sdk_has_loaded(
