@@ -123,9 +123,12 @@ def test_claude_code_first_request_offers_the_bus_tools_before_the_sdk_has_loade
     claude.run("hello").check()
     offered = first_agent_request(scripted_model, 0).visible_tools(BUS_TOOLS)
     unanswered = unanswered_requests(tap_log(traffic))
-    assert PUBLISH in offered and not unanswered, (
-        f"the first model request offered {sorted(offered)}; "
-        f"`bus mcp` left unanswered: {unanswered}")
+    assert PUBLISH in offered, f"the first model request offered {sorted(offered)}; " \
+                               f"`bus mcp` left unanswered: {unanswered}"
+    # Claude Code holds its first request until the server acknowledges its
+    # subscriptions/listen, and cancels it after 27 s: an answer only the SDK gives
+    # delays every start by the SDK's load.
+    assert not unanswered, f"`bus mcp` left unanswered: {unanswered}"
 
 
 def unanswered_requests(traffic: list[dict]) -> list[str]:
@@ -202,9 +205,9 @@ def test_codex_exec_first_request_offers_the_bus_tools_before_the_sdk_has_loaded
     codex.run("hello").check()
     offered = scripted_model.agent_requests("responses")[0].visible_tools(BUS_TOOLS)
     unanswered = unanswered_requests(tap_log(traffic))
-    assert PUBLISH in offered and not unanswered, (
-        f"the first model request offered {sorted(offered)}; "
-        f"`bus mcp` left unanswered: {unanswered}")
+    assert PUBLISH in offered, f"the first model request offered {sorted(offered)}; " \
+                               f"`bus mcp` left unanswered: {unanswered}"
+    assert not unanswered, f"`bus mcp` left unanswered: {unanswered}"
 
 
 # --- the MCP Inspector ---------------------------------------------------------------------
