@@ -39,6 +39,7 @@ from bus import Bus
 from tests.conftest import REPO_ROOT
 from tests.hook_harness import child_env
 from tests.hook_harness import installed
+from tests.hook_harness import run
 from tests.model_api import ScriptedModel
 from tests.terminal import TMUX
 from tests.terminal import Terminal
@@ -83,6 +84,12 @@ class ClientRun:
     def check(self) -> ClientRun:
         assert self.returncode == 0, (self.stdout[-3000:], self.stderr[-3000:])
         return self
+
+    def hook_responses(self) -> list[dict[str, Any]]:
+        """Claude Code's `hook_response` events (stream-json): each hook run it reports, with
+        its `hook_event`, `exit_code`, `outcome`, `output` and `stderr`."""
+        return [event for event in self.events if event.get("type") == "system"
+                and event.get("subtype") == "hook_response"]
 
 
 def run_client(argv: list[str], env: dict[str, str], cwd: Path,
@@ -134,6 +141,7 @@ class ClaudeCode:
     def __init__(self, tmp_path: Path, model: ScriptedModel, db: Path, agent: str | None = "ann",
                  mcp_args: tuple[str, ...] = (), mcp_log: Path | None = None) -> None:
         self.binary = client(CLAUDE)
+        self.db = db
         self.cwd = tmp_path / "project"
         self.home = tmp_path / "claude-home"
         self.cache = tmp_path / "cache"  # XDG_CACHE_HOME: `bus mcp`'s start cache lives here
@@ -152,6 +160,11 @@ class ClaudeCode:
         for name in ("CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT", "CLAUDE_CODE_SSE_PORT",
                      "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CONFIG_DIR"):
             self.env.pop(name, None)  # the session running the tests, if any, is not this one
+
+    def install_hooks(self, *options: str) -> None:
+        """`bus hook install claude` in the project: `options` are its own (`--agent ann`)."""
+        run("bus", ["--db", str(self.db), "hook", "install", "claude", "--project",
+                    str(self.cwd), *options], self.env, self.cwd)
 
     def session_args(self) -> list[str]:
         """The options of every run: the bus's MCP server only, its tools allowed."""

@@ -162,6 +162,18 @@ def test_claude_code_tool_call_reaches_the_bus_and_its_result_the_model(
     assert json.loads(result)["id"] == message["id"]
 
 
+def test_claude_code_shows_the_model_a_waiting_message_through_the_installed_hooks(
+        claude_code: ClaudeCode, scripted_model: ScriptedModel, client_bus: Path) -> None:
+    claude_code.install_hooks("--agent", "ann")
+    with Bus.open(client_bus) as bus:
+        bus.publish("bob", "note", {"text": "the build is red"}, to="ann")
+    scripted_model.script = [Text("seen")]
+    run = claude_code.run("hello").check()
+    assert "the build is red" in scripted_model.agent_requests()[0].text()
+    hooks = run.hook_responses()
+    assert hooks and all(hook["exit_code"] == 0 for hook in hooks), hooks
+
+
 def test_claude_code_interactive_session_goes_idle_and_takes_a_typed_prompt(
         interactive_claude: InteractiveClaude, scripted_model: ScriptedModel,
         client_bus: Path) -> None:
