@@ -176,6 +176,13 @@ class ScriptedModel:
                 self._changed.wait(left)
             return found
 
+    def wait_for_text(self, text: str, since: int, timeout: float) -> ModelRequest:
+        """The first request of the agent's turns after the `since` first requests whose
+        conversation holds `text` (a prompt, a hook's context, a tool's result)."""
+        return self.wait_for(lambda requests: next(
+            (r for r in requests[since:] if r.offers_tools() and text in r.text()), None),
+            timeout, f"a model request holding {text!r}")
+
     def record(self, request: ModelRequest) -> Turn:
         """Log `request` and choose its answer: the next planned turn if it is the agent's."""
         with self._changed:

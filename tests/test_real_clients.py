@@ -174,15 +174,14 @@ def test_claude_code_shows_the_model_a_waiting_message_through_the_installed_hoo
     assert hooks and all(hook["exit_code"] == 0 for hook in hooks), hooks
 
 
-def test_claude_code_interactive_session_goes_idle_and_takes_a_typed_prompt(
+def test_claude_code_interactive_session_with_the_hooks_goes_idle_and_takes_a_prompt(
         interactive_claude: InteractiveClaude, scripted_model: ScriptedModel,
         client_bus: Path) -> None:
+    interactive_claude.claude.install_hooks("--agent", "ann")
     interactive_claude.start()
     scripted_model.script = [ToolUse(PUBLISH, {"type": "note", "to": "bob"}), Text("sent it")]
     since = interactive_claude.prompt("tell bob hello")
-    scripted_model.wait_for(lambda requests: any(
-        "tell bob hello" in r.text() for r in requests[since:] if r.offers_tools()),
-        CLIENT_TIMEOUT, "the typed prompt in a model request")
+    scripted_model.wait_for_text("tell bob hello", since, CLIENT_TIMEOUT)
     screen = interactive_claude.wait_idle("the session idle again after its turn")
     assert "sent it" in screen
     [message] = stored_messages(client_bus)
