@@ -297,8 +297,10 @@ class Bus:
 
     # --- consuming --------------------------------------------------------
 
-    def poll(self, agent: str, limit: int = 100, *, preview: int = 0) -> list[Message]:
-        """Messages for `agent` (addressed to it or broadcast) above its cursor, in seq order.
+    def poll(self, agent: str, limit: int = 100, *, preview: int = 0,
+             include_own: bool = False) -> list[Message]:
+        """Messages for `agent` above its cursor, in seq order: those addressed to it and
+        other agents' broadcasts (its own too with `include_own`).
 
         Never moves the cursor: call `ack` once a message is handled, or it
         comes back on the next poll. With `preview` > 0 a payload in the blob
@@ -309,7 +311,8 @@ class Bus:
         conn = self.conn
         with translate_errors(self.conn):
             after = cursors.position(conn, agent)
-            return messages.select_for_agent(conn, agent, after, limit, self.blobs, preview)
+            return messages.select_for_agent(conn, agent, after, limit, self.blobs, preview,
+                                             include_own)
 
     def reply_to(self, agent: str, message_id: str, after: int) -> Message | None:
         """The first message for `agent` answering `message_id` (its in_reply_to), above
@@ -342,14 +345,15 @@ class Bus:
                 row = row._replace(to_agent=asked.from_agent, in_reply_to=asked.id,
                                    correlation_id=asked.correlation_id)
                 sent = self._write_rows([[row]], conn)[0][0]
-                cursors.advance(conn, agent, seq)
+                cursors.advance(conn, agent, messages.past_own(conn, agent, seq))
         return sent
 
     def ack_if_next(self, agent: str, seq: int) -> bool:
         """Ack `seq` for `agent` only when it is the first message waiting (True then).
 
         Acking never skips another message: with an older one still waiting,
-        nothing moves. One transaction.
+        nothing moves. One transaction. As `ack`, it passes the agent's own
+        broadcasts that follow `seq`.
         """
         messages.validate_agent_id(agent)
         messages.validate_positive_int(seq, "seq")
@@ -357,20 +361,24 @@ class Bus:
         with write_transaction(conn):
             if messages.first_waiting(conn, agent, cursors.position(conn, agent)) != seq:
                 return False
-            cursors.advance(conn, agent, seq)
+            cursors.advance(conn, agent, messages.past_own(conn, agent, seq))
         return True
 
-    def ack(self, agent: str, seq: int) -> int:
+    def ack(self, agent: str, seq: int, *, include_own: bool = False) -> int:
         """Mark everything up to `seq` handled for `agent`; return the cursor position.
 
         The cursor only moves forward: acking an older seq is a no-op. A seq
-        that was never assigned raises ValidationFailed.
+        that was never assigned raises ValidationFailed. The agent's own
+        broadcasts right after `seq` are passed too (poll does not show them),
+        so the position may be above `seq`; with `include_own` (for a reader
+        that polls with it) the cursor stops at `seq`.
         """
         messages.validate_agent_id(agent)
         messages.validate_positive_int(seq, "seq")
         conn = self.conn
         with write_transaction(conn):
-            moved_to = cursors.advance(conn, agent, seq)
+            target = seq if include_own else messages.past_own(conn, agent, seq)
+            moved_to = cursors.advance(conn, agent, target)
             if moved_to is None:
                 raise ValidationFailed(
                     "seq", f"no message has seq {seq}; the last seq is {messages.last_seq(conn)}"

@@ -104,11 +104,16 @@ def publish(obj: BusContext, from_agent: str, type_: str, to: str | None, payloa
               help="Seconds to wait for a message when none is waiting.")
 @click.option("--from-latest", is_flag=True,
               help="An agent without a cursor starts at the last seq, not the whole log.")
+@click.option("--include-own", is_flag=True,
+              help="Show the agent's own broadcasts too (left out by default: it sent them).")
 @json_option
 @pass_bus_context
 def poll(obj: BusContext, agent: str, limit: int, wait: float, from_latest: bool,
-         as_json: bool) -> None:
+         include_own: bool, as_json: bool) -> None:
     """Show the messages waiting for an agent; the cursor does not move (see `ack`).
+
+    The agent's own broadcasts are not shown unless --include-own; `ack`
+    passes them.
 
     Example: bus poll --agent worker-1 --wait 30
     """
@@ -116,11 +121,11 @@ def poll(obj: BusContext, agent: str, limit: int, wait: float, from_latest: bool
     if from_latest:
         bus.start_at_latest(agent)
     preview = _preview(as_json)
-    found = bus.poll(agent, limit, preview=preview)
+    found = bus.poll(agent, limit, preview=preview, include_own=include_own)
     deadline = time.monotonic() + wait
     while not found and time.monotonic() < deadline:
         bus.wait_for_change(deadline - time.monotonic())
-        found = bus.poll(agent, limit, preview=preview)
+        found = bus.poll(agent, limit, preview=preview, include_own=include_own)
     echo_messages(found, as_json)
     if not found and not as_json:
         click.echo(f"no messages for {agent} above seq {bus.cursor(agent)}", err=True)
@@ -129,14 +134,20 @@ def poll(obj: BusContext, agent: str, limit: int, wait: float, from_latest: bool
 @click.command()
 @click.option("--agent", required=True, help="Consuming agent id.")
 @click.option("--seq", required=True, type=int, help="Last seq the agent has handled.")
+@click.option("--include-own", is_flag=True,
+              help="Stop at SEQ, not past the agent's own broadcasts after it (for a reader"
+                   " that polls with --include-own).")
 @json_option
 @pass_bus_context
-def ack(obj: BusContext, agent: str, seq: int, as_json: bool) -> None:
+def ack(obj: BusContext, agent: str, seq: int, include_own: bool, as_json: bool) -> None:
     """Mark messages up to SEQ handled; the cursor never moves backwards.
+
+    The agent's own broadcasts that follow SEQ, which poll does not show, are
+    passed too, so the cursor may land above SEQ.
 
     Example: bus ack --agent worker-1 --seq 42
     """
-    position = obj.open().ack(agent, seq)
+    position = obj.open().ack(agent, seq, include_own=include_own)
     if as_json:
         echo_json({"agent": agent, "last_acked_seq": position})
     else:

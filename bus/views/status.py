@@ -85,7 +85,7 @@ class LogInfo:
 class Consumer:
     """A cursor (or the exporter's position): how far it is and what waits for it.
 
-    `pending` counts the messages it will be handed (to it or broadcast, above
+    `pending` counts the messages it will be handed (to it or broadcast by another, above
     the cursor); `lag` is how many seqs it is behind the log's last one.
     """
 
