@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test bench clean tools
+.PHONY: demo test bench clean tools clients
 
 demo: $(INSTALLED)
 	$(BIN)/python scripts/demo.py
@@ -18,7 +18,7 @@ demo: $(INSTALLED)
 # its tests will skip.
 TOOLS := xmllint:libxml2-utils tmux:tmux chromium:chromium
 
-test: $(INSTALLED) tools
+test: $(INSTALLED) tools clients
 	$(BIN)/python -m pytest
 
 tools:
@@ -34,6 +34,23 @@ tools:
 			echo "$$tool is missing and apt-get (as root) is not available: its tests will skip"; \
 		fi; \
 	done
+
+# tests/test_real_clients.py drives the agents' real clients (Claude Code, Codex, the
+# MCP Inspector), pinned in tests/clients/package-lock.json. npm ci installs them when
+# node and npm are present, again only when the lock changes; without node those
+# tests skip and say so.
+CLIENTS := tests/clients
+CLIENTS_INSTALLED := $(CLIENTS)/node_modules/.installed
+
+clients:
+	@if ! command -v npm >/dev/null; then \
+		echo "node/npm are missing: the tests with the agents' real clients will skip"; \
+	elif [ ! -e $(CLIENTS_INSTALLED) ] || [ $(CLIENTS)/package-lock.json -nt $(CLIENTS_INSTALLED) ]; then \
+		echo "installing the agents' real clients with npm ci in $(CLIENTS)"; \
+		(cd $(CLIENTS) && npm ci --no-audit --no-fund --loglevel=error >/dev/null) && \
+		touch $(CLIENTS_INSTALLED) || \
+		echo "npm ci failed: the tests with the agents' real clients will skip"; \
+	fi
 
 bench: $(INSTALLED)
 	$(BIN)/python scripts/bench.py
@@ -51,4 +68,4 @@ $(INSTALLED): setup.cfg pyproject.toml | $(BIN)/python
 	touch $@
 
 clean:
-	rm -rf $(VENV) build *.egg-info demo
+	rm -rf $(VENV) build *.egg-info demo $(CLIENTS)/node_modules
