@@ -19,6 +19,7 @@ import click
 import orjson
 
 from bus import claude_code
+from bus import claude_rewake
 from bus.api import Bus
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
@@ -107,10 +108,14 @@ def hook() -> None:
               help="Stop: the most stops in a row this hook turns into more work.")
 @click.option("--limit", default=DEFAULT_LIMIT, show_default=True, type=click.IntRange(1, 1000),
               help="Most messages shown per hook call; the rest come next time.")
+@click.option("--rewake", is_flag=True,
+              help="Run as the background (asyncRewake) hook of SessionStart and Stop: wait"
+                   " up to --wait s for messages, write them to stderr and exit 2, which"
+                   " starts a turn even in an idle session.")
 @json_option
 @pass_bus_context
 def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: int,
-           as_json: bool) -> None:
+           rewake: bool, as_json: bool) -> None:
     """Read one Claude Code hook event on stdin and answer on stdout.
 
     SessionStart and UserPromptSubmit: the waiting messages join the session as
@@ -120,7 +125,16 @@ def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: 
     --max-continues stops in a row are turned into work. Other events: nothing.
     Messages shown are acknowledged. Errors exit 1 (Claude Code goes on), never 2.
 
-    Example: bus hook claude --agent auto --wait 300   (as a Stop hook)
+    With --rewake (SessionStart and Stop, as an asyncRewake hook): wait in the
+    background until messages come, up to --wait s, then write them to stderr
+    and exit 2, which wakes the session, idle or not. One waiter per session;
+    it stands down in a session nobody attends (claude -p), and when the
+    session ends. Messages are acknowledged once written.
+
+    \b
+    Example:
+      bus hook claude --agent auto --wait 300   (as a Stop hook)
+      bus hook claude --agent auto --wait 86400 --rewake   (asyncRewake)
     """
     event = claude_code.parse_event(sys.stdin.buffer.read())
     if not event.known:
@@ -129,17 +143,36 @@ def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: 
     # The session's project directory (Claude Code sets it for hooks), not where Claude has
     # cd'ed to since; then the event's cwd.
     who = resolve_agent(bus, agent, os.environ.get("CLAUDE_PROJECT_DIR") or event.cwd)
-    if event.name == claude_code.STOP:
-        _answer_stop(bus, obj.db, who, event, wait, max_continues, limit)
+    if rewake:
+        _rewake(bus, obj.db, who, event, wait, limit)
         return
-    inbox = pending(bus, who, limit)
-    if not inbox.shown:
+    with claude_rewake.delivering(obj.db, who):  # the waiter shows nothing this one shows
+        if event.name == claude_code.STOP:
+            _answer_stop(bus, obj.db, who, event, wait, max_continues, limit)
+            return
+        inbox = pending(bus, who, limit)
+        if not inbox.shown:
+            return
+        if event.name == claude_code.POST_TOOL_USE:
+            echo_json(claude_code.block_output(inbox.text))
+        else:
+            echo_json(claude_code.context_output(event.name, inbox.text))
+        acknowledge(bus, inbox)
+
+
+def _rewake(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: float,
+            limit: int) -> None:
+    """The background waiter: exit 2 with the messages on stderr, or 0 with nothing."""
+    session = event.session_id or os.environ.get(claude_rewake.SESSION_ENV)
+    if event.name not in claude_code.REWAKE_EVENTS or claude_rewake.unattended() or not session:
         return
-    if event.name == claude_code.POST_TOOL_USE:
-        echo_json(claude_code.block_output(inbox.text))
-    else:
-        echo_json(claude_code.context_output(event.name, inbox.text))
-    acknowledge(bus, inbox)
+    claim = claude_rewake.claim_session(db, session)
+    if claim is None:
+        return  # the session's waiter is still waiting: it serves this turn's end too
+    delivered = claude_rewake.wait_and_deliver(bus, db, agent, limit, wait, sys.stderr,
+                                               claude_rewake.session_gone_fd())
+    if delivered is not None:
+        click.get_current_context().exit(claude_rewake.WAKE_EXIT)
 
 
 def _answer_stop(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: float,
@@ -174,15 +207,19 @@ def install() -> None:
               type=click.IntRange(0), help="The Stop hook's --max-continues.")
 @click.option("--command", "program", metavar="PROGRAM",
               help="How the hooks start bus (default: the absolute path of this one).")
+@click.option("--rewake/--no-rewake", default=True, show_default=True,
+              help="Also the background hook that wakes an idle session when a message comes"
+                   " (SessionStart and Stop, asyncRewake); --no-rewake removes it.")
 @json_option
 @pass_bus_context
 def install_claude(obj: BusContext, agent: str, project: Path, wait: float, max_continues: int,
-                   program: str | None, as_json: bool) -> None:
+                   program: str | None, rewake: bool, as_json: bool) -> None:
     """Merge the hooks into PROJECT/.claude/settings.json (created if missing).
 
     Every other setting and hook is kept; an earlier `bus hook claude` entry is
     replaced, so running it twice gives the same file. The hooks name this
-    bus database by its absolute path.
+    bus database by its absolute path. Beside the hooks that answer events,
+    a background one (`--rewake`) wakes an idle session when a message comes.
 
     Example: bus hook install claude --agent auto --project . --wait 300
     """
@@ -195,11 +232,18 @@ def install_claude(obj: BusContext, agent: str, project: Path, wait: float, max_
     timeouts = {event: claude_code.DEFAULT_TIMEOUT_S for event in commands}
     timeouts[claude_code.STOP] = claude_code.stop_timeout(wait)
     merged = claude_code.merge_settings(claude_code.read_settings(path), commands, timeouts)
+    waiter = (claude_rewake.rewake_command(base, agent, claude_rewake.REWAKE_WAIT_S)
+              if rewake else None)
+    merged = claude_code.merge_rewake(merged, waiter,
+                                      claude_rewake.hook_fields(claude_rewake.REWAKE_WAIT_S))
     changed = claude_code.write_settings(path, merged)
+    rewake_events = list(claude_code.REWAKE_EVENTS) if rewake else []
     if as_json:
-        echo_json({"settings": str(path), "changed": changed, "events": list(commands)})
+        echo_json({"settings": str(path), "changed": changed, "events": list(commands),
+                   "rewake": rewake_events})
     elif changed:
-        click.echo(f"hooks for {', '.join(commands)} written to {path}")
+        woken = f" and the idle wake on {', '.join(rewake_events)}" if rewake else ""
+        click.echo(f"hooks for {', '.join(commands)}{woken} written to {path}")
     else:
         click.echo(f"{path} already has these hooks; nothing changed")
 

@@ -1,0 +1,158 @@
+"""`bus hook claude --rewake`, Claude Code's background waiter, as real processes.
+
+Each waiter is the installed `bus` in a subprocess, given the event on stdin
+and the variables Claude Code sets for hooks (CLAUDE_PID, the session's
+process). A waiter is waiting once it has made its inotify watcher
+(tests/hook_harness.py); every wait below is a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bus import Bus
+from bus import claude_code
+from bus import claude_rewake
+from tests.hook_harness import ClaudeSession
+from tests.hook_harness import child_env
+from tests.hook_harness import has_inotify_fd
+from tests.hook_harness import installed
+from tests.hook_harness import wait_until
+
+WAIT_S = 60  # the waiter's --wait: far above anything a test waits for
+READY_S = 30  # a waiter starting on a busy machine
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "state" / "bus.db"
+    path.parent.mkdir()
+    Bus.open(path).close()
+    return path
+
+
+def session(tmp_path: Path, db: Path, wait: float = WAIT_S, **env: str) -> ClaudeSession:
+    """A session whose SessionStart and Stop run the waiter for w1; its process is this one."""
+    command = claude_rewake.rewake_command([installed("bus"), "--db", str(db)], "w1", wait)
+    variables = child_env(tmp_path) | {"CLAUDE_PID": str(os.getpid())} | env
+    return ClaudeSession({event: command for event in claude_code.REWAKE_EVENTS}, tmp_path,
+                         variables)
+
+
+def start_waiting(claude: ClaudeSession, event: str = "Stop") -> subprocess.Popen:
+    proc = claude.start(event)
+    wait_until(lambda: has_inotify_fd(proc.pid) or proc.poll() is not None, READY_S,
+               "the waiter waits")
+    assert proc.poll() is None, proc.communicate()
+    return proc
+
+
+def publish(db: Path, payload: object, to: str = "w1") -> int:
+    with Bus.open(db) as bus:
+        return bus.publish("planner", "note", payload, to=to).seq
+
+
+def cursor(db: Path) -> list[int]:
+    """The seqs still waiting for w1."""
+    with Bus.open(db) as bus:
+        return [m.seq for m in bus.poll("w1")]
+
+
+def test_rewake_waits_then_exits_2_with_the_message_on_stderr_and_acks_it(tmp_path, db):
+    claude = session(tmp_path, db)
+    proc = start_waiting(claude)
+    seq = publish(db, "wake up")
+    reply = claude.finish(proc)
+    assert reply.code == claude_rewake.WAKE_EXIT
+    assert f"#{seq} planner -> w1 note" in reply.stderr and "wake up" in reply.stderr
+    assert cursor(db) == []
+
+
+def test_rewake_delivers_what_already_waits_at_once(tmp_path, db):
+    seq = publish(db, {"n": 1})
+    reply = session(tmp_path, db).hook("SessionStart", source="startup")
+    assert reply.code == 2 and f"#{seq} " in reply.stderr and cursor(db) == []
+
+
+def test_rewake_killed_while_waiting_acks_nothing_and_the_next_waiter_delivers(tmp_path, db):
+    claude = session(tmp_path, db)
+    proc = start_waiting(claude)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    seq = publish(db, "after the kill")
+    assert cursor(db) == [seq]  # nothing acked
+    reply = claude.hook("Stop")  # its session lock went with it: the next one is not refused
+    assert reply.code == 2 and "after the kill" in reply.stderr and cursor(db) == []
+
+
+def test_rewake_second_waiter_of_a_session_leaves_it_to_the_first(tmp_path, db):
+    claude = session(tmp_path, db)
+    first = start_waiting(claude, "SessionStart")
+    second = claude.hook("Stop")  # a turn the user started ended: the first still waits
+    assert (second.code, second.stderr) == (0, "")
+    publish(db, "once")
+    reply = claude.finish(first)
+    assert reply.code == 2 and reply.stderr.count("once") == 1
+
+
+def test_rewake_two_sessions_of_one_agent_show_a_message_once(tmp_path, db):
+    waiters = [session(tmp_path, db) for _ in range(2)]
+    procs = [start_waiting(claude) for claude in waiters]
+    publish(db, "just one of you")
+    wait_until(lambda: any(p.poll() is not None for p in procs), READY_S, "a waiter delivers")
+    replies = []
+    for claude, proc in zip(waiters, procs):
+        if proc.poll() is None:
+            proc.terminate()  # the other still waits: Claude Code ends it with its session
+        replies.append(claude.finish(proc))
+    shown = [r for r in replies if "just one of you" in r.stderr]
+    assert len(shown) == 1 and shown[0].code == 2 and cursor(db) == []
+
+
+def test_rewake_ends_without_acking_when_its_session_ends(tmp_path, db):
+    claude_process = subprocess.Popen(["sleep", "600"])  # stands in for Claude Code's process
+    claude = session(tmp_path, db, CLAUDE_PID=str(claude_process.pid))
+    proc = start_waiting(claude)
+    claude_process.kill()
+    claude_process.wait()
+    reply = claude.finish(proc, timeout=READY_S)
+    assert (reply.code, reply.stderr) == (0, "")
+    seq = publish(db, "for the next session")
+    assert cursor(db) == [seq]
+
+
+def test_rewake_stands_down_in_a_session_nobody_attends(tmp_path, db):
+    publish(db, "not now")
+    reply = session(tmp_path, db, CLAUDE_CODE_SESSION_ATTENDED="0").hook("Stop")
+    assert (reply.code, reply.stderr) == (0, "") and len(cursor(db)) == 1
+
+
+def test_rewake_wait_ends_quietly_when_nothing_comes(tmp_path, db):
+    reply = session(tmp_path, db, wait=0.2).hook("Stop")
+    assert (reply.code, reply.stderr) == (0, "")
+
+
+def test_rewake_and_an_answering_hook_never_show_one_message_twice(tmp_path, db):
+    """The waiter and PostToolUse race for each message: the delivery lock gives it to one."""
+    claude = session(tmp_path, db)
+    answering = ClaudeSession({"PostToolUse": f"{installed('bus')} --db {db} hook claude"
+                               " --agent w1"}, tmp_path, claude.env, claude.session_id)
+    for round_ in range(3):
+        text = f"round {round_}"
+        proc = start_waiting(claude)
+        publish(db, text)
+        tool = answering.tool()
+        if tool.output is None:  # the waiter had it first
+            reply = claude.finish(proc)
+            assert reply.code == 2 and text in reply.stderr
+        else:
+            assert text in json.dumps(tool.output)
+            proc.terminate()  # it waits on: nothing is left for it
+            assert text not in claude.finish(proc).stderr
+        assert cursor(db) == []
