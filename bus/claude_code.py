@@ -177,17 +177,17 @@ def stop_timeout(wait: float) -> int:
 
 def is_ours(command: object) -> bool:
     """A hook command that runs `bus ... hook claude` (any agent, any flags)."""
-    return _words(command) is not None
+    return bus_hook_words(command) is not None
 
 
 def is_rewake(command: object) -> bool:
     """One of ours that waits in the background to wake the session (`--rewake`)."""
-    words = _words(command)
+    words = bus_hook_words(command)
     return words is not None and "--rewake" in words
 
 
-def _words(command: object) -> list[str] | None:
-    """The words of a `bus ... hook claude ...` command line; None for anything else."""
+def bus_hook_words(command: object, harness: str = "claude") -> list[str] | None:
+    """The words of a `bus ... hook HARNESS ...` command line; None for anything else."""
     if not isinstance(command, str):
         return None
     try:
@@ -195,7 +195,7 @@ def _words(command: object) -> list[str] | None:
     except ValueError:
         return None
     if (words and os.path.basename(words[0]) == "bus"
-            and any(words[i:i + 2] == ["hook", "claude"] for i in range(len(words)))):
+            and any(words[i:i + 2] == ["hook", harness] for i in range(len(words)))):
         return words
     return None
 
@@ -216,7 +216,7 @@ def merge_settings(settings: Mapping[str, Any], commands: Mapping[str, str],
     hooks = dict(hooks)
     for event, command in commands.items():
         ours = {"type": "command", "command": command, "timeout": timeouts[event]}
-        hooks[event] = _merge_event(event, hooks.get(event, []), ours, _is_answering)
+        hooks[event] = merge_entries(event, hooks.get(event, []), ours, _is_answering)
     merged["hooks"] = hooks
     return merged
 
@@ -232,7 +232,7 @@ def merge_rewake(settings: Mapping[str, Any], command: str | None,
     hooks = dict(merged.get("hooks", {}))  # merge_settings checked its shape
     ours = None if command is None else {"type": "command", "command": command, **hook_fields}
     for event in REWAKE_EVENTS:
-        entries = _merge_event(event, hooks.get(event, []), ours, _is_rewake_hook)
+        entries = merge_entries(event, hooks.get(event, []), ours, _is_rewake_hook)
         if entries or event in hooks:
             hooks[event] = entries
     merged["hooks"] = hooks
@@ -248,7 +248,7 @@ def _is_rewake_hook(hook: object) -> bool:
     return isinstance(hook, dict) and is_rewake(hook.get("command"))
 
 
-def _merge_event(event: str, entries: object, ours: dict[str, Any] | None,
+def merge_entries(event: str, entries: object, ours: dict[str, Any] | None,
                  same: Callable[[object], bool]) -> list[Any]:
     """`entries` with `ours` in place of the first hook `same` matches (the others go), or
     appended in an entry of its own; with `ours` None, only without those."""

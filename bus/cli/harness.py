@@ -18,12 +18,14 @@ from typing import Any
 import click
 import orjson
 
+from blobs.files import write_atomically
 from bus import claude_code
 from bus import claude_rewake
 from bus.api import Bus
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
+from bus.cli.extras import import_extra
 from bus.cli.output import echo_json
 from bus.identity import AUTO
 from bus.identity import agent_for_directory
@@ -90,11 +92,12 @@ def _non_blocking(exc: click.UsageError) -> click.ClickException:
 
 @click.group()
 def hook() -> None:
-    """Answer an agent harness's hooks with the agent's messages (Claude Code).
+    """Answer an agent harness's hooks with the agent's messages (Claude Code, Codex).
 
     \b
     Example:
       bus hook install claude --agent auto --project .
+      bus hook install codex --agent w1
       echo '{"hook_event_name": "Stop", "session_id": "s1"}' | bus hook claude --agent w1
     """
 
@@ -191,9 +194,35 @@ def _answer_stop(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wa
     acknowledge(bus, inbox)
 
 
+@hook.command("codex", cls=NonBlockingCommand)
+@click.option("--agent", required=True, help=AGENT_HELP)
+@click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="Stop: seconds to wait for a message before letting the session stop.")
+@click.option("--max-continues", default=DEFAULT_MAX_CONTINUES, show_default=True,
+              type=click.IntRange(0),
+              help="Stop: the most stops in a row this hook turns into more work.")
+@click.option("--limit", default=DEFAULT_LIMIT, show_default=True, type=click.IntRange(1, 1000),
+              help="Most messages shown per hook call; the rest come next time.")
+@json_option
+@click.pass_context
+def codex(ctx: click.Context, agent: str, wait: float, max_continues: int, limit: int,
+          as_json: bool) -> None:
+    """Read one Codex hook event on stdin and answer on stdout.
+
+    Codex sends and reads the JSON of Claude Code's hooks, so this answers as
+    `bus hook claude` does: SessionStart and UserPromptSubmit add the waiting
+    messages as context; at Stop, Claude goes on with them as its next input.
+    Messages shown are acknowledged. Errors exit 1, never 2.
+
+    Example: bus hook codex --agent w1   (as written by bus hook install codex)
+    """
+    ctx.invoke(claude, agent=agent, wait=wait, max_continues=max_continues, limit=limit,
+               rewake=False, as_json=as_json)
+
+
 @hook.group("install")
 def install() -> None:
-    """Register `bus hook claude` in a harness's settings."""
+    """Register `bus hook claude` or `bus hook codex` in a harness's settings."""
 
 
 @install.command("claude")
@@ -246,6 +275,60 @@ def install_claude(obj: BusContext, agent: str, project: Path, wait: float, max_
         click.echo(f"hooks for {', '.join(commands)}{woken} written to {path}")
     else:
         click.echo(f"{path} already has these hooks; nothing changed")
+
+
+@install.command("codex")
+@click.option("--agent", required=True, help="The agent Codex acts as (its hooks and `bus mcp`).")
+@click.option("--codex-home", type=click.Path(file_okay=False, path_type=Path),
+              help="Codex's configuration directory  [default: $CODEX_HOME, else ~/.codex]")
+@click.option("--command", "program", metavar="PROGRAM",
+              help="How the hooks start bus (default: the absolute path of this one).")
+@json_option
+@pass_bus_context
+def install_codex(obj: BusContext, agent: str, codex_home: Path | None, program: str | None,
+                  as_json: bool) -> None:
+    """Merge the hooks and the `bus mcp` server into CODEX_HOME/config.toml.
+
+    The hooks (SessionStart, UserPromptSubmit, Stop) run `bus hook codex`;
+    [mcp_servers.agentbus] runs `bus mcp --agent AGENT`. Both name this bus
+    database by its absolute path. Every other table, key and comment is kept;
+    an earlier entry of ours is replaced, so running it twice gives the same
+    file. Codex runs new hooks once trusted: /hooks in codex, or `codex exec
+    --dangerously-bypass-hook-trust` for automation.
+
+    Example: bus hook install codex --agent w1
+    """
+    validate_agent_id(agent, "agent")
+    codex_config = import_extra("bus.codex", "mcp", "bus hook install codex")
+    path = (codex_home or codex_config.codex_home()) / codex_config.CONFIG_FILE
+    base = [program or _this_program(), "--db", str(Path(obj.db).absolute())]
+    commands = codex_config.hook_commands(base, agent)
+    try:
+        before = path.read_text()
+    except FileNotFoundError:
+        before = ""
+    after = codex_config.merge_config(before, commands, claude_code.DEFAULT_TIMEOUT_S,
+                                      [*base, "mcp", "--agent", agent],
+                                      _server_env())
+    changed = after != before
+    if changed:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, after.encode())
+    if as_json:
+        echo_json({"config": str(path), "changed": changed, "events": list(commands),
+                   "mcp_server": codex_config.MCP_SERVER})
+    elif changed:
+        click.echo(f"hooks for {', '.join(commands)} and [mcp_servers."
+                   f"{codex_config.MCP_SERVER}] written to {path}; trust the hooks in codex"
+                   " with /hooks")
+    else:
+        click.echo(f"{path} already has these hooks; nothing changed")
+
+
+def _server_env() -> dict[str, str]:
+    """What `bus mcp` needs of this environment under Codex, which starts an MCP server
+    with a few variables of its own only: where this checkout's code is, if set."""
+    return {name: os.environ[name] for name in ("PYTHONPATH",) if os.environ.get(name)}
 
 
 def _this_program() -> str:
