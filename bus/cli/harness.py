@@ -175,7 +175,11 @@ def _rewake(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: f
     delivered = claude_rewake.wait_and_deliver(bus, db, agent, limit, wait, sys.stderr,
                                                claude_rewake.session_gone_fd())
     if delivered is not None:
-        click.get_current_context().exit(claude_rewake.WAKE_EXIT)
+        # Claude Code reads a background hook's output when it exits. Written, flushed and
+        # acked, nothing is left to do: the interpreter's teardown (closing the bus,
+        # unloading modules) took 60-120 ms of the wake, so it is skipped.
+        sys.stderr.flush()
+        os._exit(claude_rewake.WAKE_EXIT)
 
 
 def _answer_stop(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: float,
