@@ -47,15 +47,19 @@ import hashlib
 import os
 import select
 import shlex
+import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 from typing import Any
+from typing import Callable
 from typing import Iterator
 from typing import Mapping
 from typing import Protocol
 from typing import Sequence
+
+import orjson
 
 from bus.inbox import Inbox
 from bus.inbox import TEXT_BUDGET
@@ -71,6 +75,9 @@ REWAKE_SUMMARY = "agentbus: new messages"  # the line the user sees in the termi
 SESSION_PID_ENV = "CLAUDE_PID"
 ATTENDED_ENV = "CLAUDE_CODE_SESSION_ATTENDED"
 SESSION_ENV = "CLAUDE_CODE_SESSION_ID"
+SOCKET_ENV = "CLAUDE_CODE_MESSAGING_SOCKET"
+TOKEN_ENV = "CLAUDE_CODE_MESSAGING_TOKEN"
+SOCKET_TIMEOUT_S = 5.0  # a session that has not read our lines by then is taken as without one
 BLOB_PREVIEW = 2000  # characters read of a payload in the blob store
 
 
@@ -154,10 +161,71 @@ class Log(Protocol):
     def wait_for_change(self, timeout: float, interrupt: int | None = None) -> bool: ...
 
 
-def wait_and_deliver(bus: Log, db_path: str | os.PathLike[str], agent: str, limit: int,
-                     wait: float, out: IO[str], gone_fd: int | None = None) -> Inbox | None:
-    """Wait up to `wait` s for messages for `agent`; write them to `out` and ack them.
+class SessionInbox:
+    """A Claude Code session's inbox socket (2.1.224 and later), where a message starts a
+    turn as soon as it is read, in an idle session too.
 
+    Claude Code advertises it to its hooks in CLAUDE_CODE_MESSAGING_SOCKET (a
+    Unix socket) and CLAUDE_CODE_MESSAGING_TOKEN; a client sends JSON lines,
+    `{"type": "auth", "token": ...}` first, then `{"type": "user", "message":
+    {"role": "user", "content": ...}}` (its own start-up log documents this),
+    and the session reads them once the client closes its side. The model is
+    shown it as a message from a peer. Older versions set neither variable.
+    """
+
+    def __init__(self, path: str, token: str) -> None:
+        self.path = path
+        self.token = token
+
+    @classmethod
+    def of_session(cls, environ: Mapping[str, str] = os.environ) -> SessionInbox | None:
+        path, token = environ.get(SOCKET_ENV), environ.get(TOKEN_ENV)
+        return cls(path, token) if path and token else None
+
+    def post(self, text: str) -> None:
+        """Send `text` and wait until the session has read it all (closed its side).
+
+        OSError (refused, gone, too slow) when it may not have: nothing is acked then.
+        """
+        lines = [{"type": "auth", "token": self.token},
+                 {"type": "user", "message": {"role": "user", "content": text}}]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(SOCKET_TIMEOUT_S)
+            conn.connect(self.path)
+            conn.sendall(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+            conn.shutdown(socket.SHUT_WR)
+            while conn.recv(4096):
+                pass  # whatever it says, it has read our lines once it closes
+
+
+class Delivery:
+    """Where the waiter puts messages: the session's inbox socket where it has one, else
+    its stderr (exit code 2 wakes the session). `route` says which one took them."""
+
+    def __init__(self, inbox: SessionInbox | None, out: IO[str]) -> None:
+        self.inbox = inbox
+        self.out = out
+        self.route: str | None = None
+
+    def __call__(self, text: str) -> None:
+        if self.inbox is not None:
+            try:
+                self.inbox.post(text)
+                self.route = "socket"
+                return
+            except OSError:
+                self.inbox = None  # a session without a working inbox: the hook's way
+        self.out.write(text + "\n")
+        self.out.flush()
+        self.route = "stderr"
+
+
+def wait_and_deliver(bus: Log, db_path: str | os.PathLike[str], agent: str, limit: int,
+                     wait: float, deliver: Callable[[str], None],
+                     gone_fd: int | None = None) -> Inbox | None:
+    """Wait up to `wait` s for messages for `agent`; `deliver` their text, then ack them.
+
+    `deliver` raises when the text may not have arrived, and nothing is acked.
     Returns what was delivered, or None when the wait ended first, or the
     session did (`gone_fd` readable). Between looks it sleeps in
     `Bus.wait_for_change`, woken by any commit to the file.
@@ -169,8 +237,7 @@ def wait_and_deliver(bus: Log, db_path: str | os.PathLike[str], agent: str, limi
             if found:
                 inbox = render(agent, found[:limit], more=len(found) > limit,
                                budget=TEXT_BUDGET)
-                out.write(inbox.text + "\n")
-                out.flush()  # written and flushed: delivered; a kill before here acks nothing
+                deliver(inbox.text)  # delivered once it returns; a kill before acks nothing
                 assert inbox.last_seq is not None
                 bus.ack(agent, inbox.last_seq)
                 return inbox

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -156,3 +158,54 @@ def test_rewake_and_an_answering_hook_never_show_one_message_twice(tmp_path, db)
             proc.terminate()  # it waits on: nothing is left for it
             assert text not in claude.finish(proc).stderr
         assert cursor(db) == []
+
+
+class FakeInbox:
+    """A session's inbox socket: reads one client's lines to its end, then closes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lines: list[dict] = []
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(path))
+        self.server.listen(1)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.server.accept()
+        with conn:
+            data = b""
+            while chunk := conn.recv(65536):
+                data += chunk
+        self.lines = [json.loads(line) for line in data.splitlines()]
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_rewake_posts_to_the_sessions_inbox_socket_and_exits_0(tmp_path, db):
+    inbox = FakeInbox(tmp_path / "inbox.sock")
+    try:
+        claude = session(tmp_path, db, CLAUDE_CODE_MESSAGING_SOCKET=str(inbox.path),
+                         CLAUDE_CODE_MESSAGING_TOKEN="t0k3n")
+        proc = start_waiting(claude)
+        seq = publish(db, "by the socket")
+        reply = claude.finish(proc)
+        inbox.thread.join(READY_S)
+    finally:
+        inbox.close()
+    assert (reply.code, reply.stderr) == (0, "")
+    auth, message = inbox.lines
+    assert auth == {"type": "auth", "token": "t0k3n"}
+    assert message["type"] == "user" and message["message"]["role"] == "user"
+    assert f"#{seq} planner -> w1 note" in message["message"]["content"]
+    assert cursor(db) == []
+
+
+def test_rewake_falls_back_to_stderr_when_the_inbox_socket_is_gone(tmp_path, db):
+    claude = session(tmp_path, db, CLAUDE_CODE_MESSAGING_SOCKET=str(tmp_path / "gone.sock"),
+                     CLAUDE_CODE_MESSAGING_TOKEN="t0k3n")
+    seq = publish(db, "the hook's way")
+    reply = claude.hook("Stop")
+    assert reply.code == 2 and f"#{seq} " in reply.stderr and cursor(db) == []

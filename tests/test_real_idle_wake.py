@@ -6,7 +6,8 @@ pointed at the scripted model. Nobody types: the session is idle from its
 start, its SessionStart waiter (`bus hook claude --rewake`) waiting. A
 `bus publish` from another process must start a turn whose model request
 carries the message; the turn's Stop arms the next waiter, and a second
-message wakes the session again. Timings are scripts/bench_hooks.py's; here
+message wakes the session again. This version has an inbox socket, which the
+waiter posts to; with --no-inbox it exits 2 with the messages instead. Timings are scripts/bench_hooks.py's; here
 every wait is a condition with a deadline.
 """
 
@@ -81,12 +82,28 @@ def terminal(tmp_path: Path):
         term.close()
 
 
+def waiters_without_inbox(settings: Path) -> None:
+    """The installed waiters with --no-inbox: stderr and exit 2, the hook's own way."""
+    data = json.loads(settings.read_text())
+    for entries in data["hooks"].values():
+        for entry in entries:
+            for hook in entry["hooks"]:
+                if "--rewake" in hook["command"]:
+                    hook["command"] += " --no-inbox"
+    settings.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("route", ["inbox", "stderr"])
 def test_idle_claude_code_session_wakes_on_publish_and_is_rearmed(
-        tmp_path: Path, scripted_model: ScriptedModel, client_bus: Path, terminal) -> None:
+        tmp_path: Path, scripted_model: ScriptedModel, client_bus: Path, terminal,
+        route: str) -> None:
+    """By the session's inbox socket (this version has one), and by the hook's exit 2."""
     claude = ClaudeCode(tmp_path, scripted_model, client_bus, agent="ann")
     prepare_interactive(claude, claude.env["ANTHROPIC_API_KEY"])
     run("bus", ["--db", str(client_bus), "hook", "install", "claude", "--agent", "ann",
                 "--project", str(claude.cwd)], claude.env, claude.cwd)
+    if route == "stderr":
+        waiters_without_inbox(claude.cwd / ".claude" / "settings.json")
     term = terminal(claude.env)
     term.start(f"cd {shlex.quote(str(claude.cwd))} && {shlex.quote(claude.binary)}"
                f" --mcp-config {shlex.quote(str(claude.mcp_config))} --strict-mcp-config",
@@ -98,7 +115,7 @@ def test_idle_claude_code_session_wakes_on_publish_and_is_rearmed(
     with Bus.open(client_bus) as bus:
         bus.publish("bob", "note", "wake one", to="ann")
     first = request_with(scripted_model, "wake one")
-    assert "Woken by the agent bus." in first.text()
+    assert ("Woken by the agent bus." in first.text()) == (route == "stderr")
 
     # The turn's Stop armed a new waiter: a second message wakes the idle session again.
     wait_until(lambda: [p for p in rewake_waiters(client_bus) if p != first_waiter], START_S,
@@ -109,5 +126,6 @@ def test_idle_claude_code_session_wakes_on_publish_and_is_rearmed(
     assert "wake one" not in second.text().split("wake two")[-1]  # not shown a second time
     with Bus.open(client_bus) as bus:
         assert bus.poll("ann") == []  # both acked
-    term.wait_for(lambda screen: "agentbus: new messages" in screen,
-                  "the wake's line in the terminal")
+    if route == "stderr":
+        term.wait_for(lambda screen: "agentbus: new messages" in screen,
+                      "the wake's line in the terminal")

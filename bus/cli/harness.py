@@ -113,12 +113,17 @@ def hook() -> None:
               help="Most messages shown per hook call; the rest come next time.")
 @click.option("--rewake", is_flag=True,
               help="Run as the background (asyncRewake) hook of SessionStart and Stop: wait"
-                   " up to --wait s for messages, write them to stderr and exit 2, which"
-                   " starts a turn even in an idle session.")
+                   " up to --wait s for messages, then post them to the session's inbox"
+                   " socket, or write them to stderr and exit 2; either starts a turn, even"
+                   " in an idle session.")
+@click.option("--inbox/--no-inbox", "use_inbox", default=True, show_default=True,
+              help="--rewake: post to the session's inbox socket where Claude Code has one"
+                   " (2.1.224 and later; the model sees a message from a peer); --no-inbox:"
+                   " always stderr and exit 2 (the model sees a system reminder).")
 @json_option
 @pass_bus_context
 def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: int,
-           rewake: bool, as_json: bool) -> None:
+           rewake: bool, use_inbox: bool, as_json: bool) -> None:
     """Read one Claude Code hook event on stdin and answer on stdout.
 
     SessionStart and UserPromptSubmit: the waiting messages join the session as
@@ -129,10 +134,11 @@ def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: 
     Messages shown are acknowledged. Errors exit 1 (Claude Code goes on), never 2.
 
     With --rewake (SessionStart and Stop, as an asyncRewake hook): wait in the
-    background until messages come, up to --wait s, then write them to stderr
-    and exit 2, which wakes the session, idle or not. One waiter per session;
-    it stands down in a session nobody attends (claude -p), and when the
-    session ends. Messages are acknowledged once written.
+    background until messages come, up to --wait s, then post them to the
+    session's inbox socket where it has one, else write them to stderr and
+    exit 2; either wakes the session, idle or not. One waiter per session; it
+    stands down in a session nobody attends (claude -p), and when the session
+    ends. Messages are acknowledged once delivered.
 
     \b
     Example:
@@ -147,7 +153,7 @@ def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: 
     # cd'ed to since; then the event's cwd.
     who = resolve_agent(bus, agent, os.environ.get("CLAUDE_PROJECT_DIR") or event.cwd)
     if rewake:
-        _rewake(bus, obj.db, who, event, wait, limit)
+        _rewake(bus, obj.db, who, event, wait, limit, use_inbox)
         return
     with claude_rewake.delivering(obj.db, who):  # the waiter shows nothing this one shows
         if event.name == claude_code.STOP:
@@ -164,22 +170,25 @@ def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: 
 
 
 def _rewake(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: float,
-            limit: int) -> None:
-    """The background waiter: exit 2 with the messages on stderr, or 0 with nothing."""
+            limit: int, use_inbox: bool) -> None:
+    """The background waiter: the messages posted to the session's inbox (exit 0) or on
+    stderr (exit 2); exit 0 with nothing when the wait or the session ends."""
     session = event.session_id or os.environ.get(claude_rewake.SESSION_ENV)
     if event.name not in claude_code.REWAKE_EVENTS or claude_rewake.unattended() or not session:
         return
     claim = claude_rewake.claim_session(db, session)
     if claim is None:
         return  # the session's waiter is still waiting: it serves this turn's end too
-    delivered = claude_rewake.wait_and_deliver(bus, db, agent, limit, wait, sys.stderr,
+    inbox = claude_rewake.SessionInbox.of_session() if use_inbox else None
+    delivery = claude_rewake.Delivery(inbox, sys.stderr)
+    delivered = claude_rewake.wait_and_deliver(bus, db, agent, limit, wait, delivery,
                                                claude_rewake.session_gone_fd())
     if delivered is not None:
         # Claude Code reads a background hook's output when it exits. Written, flushed and
         # acked, nothing is left to do: the interpreter's teardown (closing the bus,
         # unloading modules) took 60-120 ms of the wake, so it is skipped.
         sys.stderr.flush()
-        os._exit(claude_rewake.WAKE_EXIT)
+        os._exit(claude_rewake.WAKE_EXIT if delivery.route == "stderr" else 0)
 
 
 def _answer_stop(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: float,
