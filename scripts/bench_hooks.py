@@ -9,7 +9,8 @@
   p50; beside `bus inbox --wait` (the plain waiting command) on the same file.
   With the pinned Claude Code binary installed (`make clients`) and tmux:
   an idle interactive session, from the publish to its model request with
-  the message (the scripted model of tests/model_api.py logs it). Target: 1 s.
+  the message (the scripted model of tests/model_api.py logs it), through
+  its inbox socket and through the hook's exit 2. Target: 1 s.
 - tool listing: the bytes of `tools/list` (JSON, as the MCP SDK client gets
   it) of `bus mcp`'s default tool set, beside agent-bus-mcp's, the peer of
   ../shared/peerbench/mcp/ (its venv: setup_venv.sh there). Target: 8 KB.
@@ -128,8 +129,9 @@ def wake_row(db: Path, rounds: int, env: dict[str, str]) -> dict:
             "target": TARGET_WAKE_MS, "ok": p50 <= TARGET_WAKE_MS}
 
 
-def claude_row(workdir: Path, rounds: int, env: dict[str, str]) -> dict | None:
-    """An idle interactive Claude Code session in tmux, woken `rounds` times."""
+def claude_row(workdir: Path, rounds: int, env: dict[str, str], route: str) -> dict | None:
+    """An idle interactive Claude Code session in tmux, woken `rounds` times, through its
+    inbox socket (`route` "inbox") or the hook's exit 2 ("stderr": --no-inbox)."""
     binary = CLAUDE
     if not os.access(binary, os.X_OK) or shutil.which("tmux") is None:
         print(f"(the Claude Code row needs {binary} and tmux: make clients)")
@@ -137,9 +139,10 @@ def claude_row(workdir: Path, rounds: int, env: dict[str, str]) -> dict | None:
     sys.path.insert(0, str(REPO_ROOT))
     from tests.model_api import ScriptedModel  # the scripted model the tests serve
 
+    workdir = workdir / route
     db, home, project = workdir / "claude.db", workdir / "home", workdir / "project"
     for directory in (home, project):
-        directory.mkdir()
+        directory.mkdir(parents=True)
     Bus.open(db).close()
     key = "sk-ant-bench"
     (home / ".claude.json").write_text(json.dumps({
@@ -148,6 +151,9 @@ def claude_row(workdir: Path, rounds: int, env: dict[str, str]) -> dict | None:
         "projects": {str(project): {"hasTrustDialogAccepted": True}}}))
     subprocess.run([BUS, "--db", str(db), "hook", "install", "claude", "--agent", "w1",
                     "--project", str(project)], env=env, check=True, capture_output=True)
+    if route == "stderr":
+        settings = project / ".claude" / "settings.json"
+        settings.write_text(settings.read_text().replace("--rewake", "--rewake --no-inbox"))
     tmux = ["tmux", "-L", f"bench-hooks-{os.getpid()}", "-f", "/dev/null"]
     latencies = []
     with ScriptedModel() as model:
@@ -175,7 +181,7 @@ def claude_row(workdir: Path, rounds: int, env: dict[str, str]) -> dict | None:
         finally:
             subprocess.run([*tmux, "kill-server"], capture_output=True)
     p50 = statistics.median(latencies)
-    return {"case": "publish-to-wake, idle Claude Code session", "value": p50, "unit": "ms",
+    return {"case": f"publish-to-wake, idle Claude Code ({route})", "value": p50, "unit": "ms",
             "baseline": f"max {max(latencies):.0f} ms", "ratio": None,
             "target": TARGET_WAKE_MS, "ok": p50 <= TARGET_WAKE_MS}
 
@@ -250,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [hook_cpu_row(db, args.rounds, env), wake_row(db, args.rounds, env),
                 listing_row(db, env, args.peer_bin, args.peer_preload)]
         if not args.no_claude:
-            rows.append(claude_row(workdir, min(args.rounds, 10), env))
+            rows += [claude_row(workdir, min(args.rounds, 10), env, route)
+                     for route in ("inbox", "stderr")]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     for row in filter(None, rows):

@@ -25,6 +25,7 @@ from tests.hook_harness import ClaudeSession
 from tests.hook_harness import child_env
 from tests.hook_harness import has_inotify_fd
 from tests.hook_harness import installed
+from tests.hook_harness import run
 from tests.hook_harness import wait_until
 
 WAIT_S = 60  # the waiter's --wait: far above anything a test waits for
@@ -209,3 +210,25 @@ def test_rewake_falls_back_to_stderr_when_the_inbox_socket_is_gone(tmp_path, db)
     seq = publish(db, "the hook's way")
     reply = claude.hook("Stop")
     assert reply.code == 2 and f"#{seq} " in reply.stderr and cursor(db) == []
+
+
+def test_install_writes_the_waiter_beside_the_hooks_and_no_rewake_takes_it_out(tmp_path, db):
+    settings = tmp_path / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps({"hooks": {"Stop": [{"hooks": [
+        {"type": "command", "command": "./check.sh"}]}]}}))
+    install = ["--db", str(db), "hook", "install", "claude", "--agent", "w1", "--project",
+               str(tmp_path)]
+    run("bus", install, child_env(tmp_path), tmp_path)
+    hooks = json.loads(settings.read_text())["hooks"]
+    waiters = {event: [h for e in entries for h in e["hooks"] if "--rewake" in h["command"]]
+               for event, entries in hooks.items()}
+    assert {event for event, found in waiters.items() if found} == {"SessionStart", "Stop"}
+    [stop_waiter] = waiters["Stop"]
+    assert stop_waiter["async"] is True and stop_waiter["asyncRewake"] is True
+    assert stop_waiter["timeout"] > claude_rewake.REWAKE_WAIT_S
+    run("bus", [*install, "--no-rewake"], child_env(tmp_path), tmp_path)
+    after = json.loads(settings.read_text())["hooks"]
+    commands = [h["command"] for entries in after.values() for e in entries for h in e["hooks"]]
+    assert not any("--rewake" in c for c in commands)
+    assert "./check.sh" in commands and sum("hook claude" in c for c in commands) == 4
