@@ -24,8 +24,9 @@ checked against the 2.1.332 binary:
 So `bus hook claude --rewake` runs at SessionStart (a session idle from its
 start) and at each Stop (re-armed after every turn), waits on the bus's own
 wake (`Bus.wait_for_change`, no polling) until a message waits for the agent,
-writes the messages to stderr and exits 2. Two files beside the bus database,
-in `claude-wake/`, keep it to one delivery per message:
+then posts the messages to the session's inbox socket (`SessionInbox`) where
+it has one, else writes them to stderr and exits 2. Two files beside the bus
+database, in `claude-wake/`, keep it to one delivery per message:
 
 - a session's *waiter lock*: one waiter per session. A Stop that finds the
   session's waiter still waiting (it was armed before a turn the user
@@ -35,9 +36,10 @@ in `claude-wake/`, keep it to one delivery per message:
   by one is acked before another looks, so no two show it.
 
 Both are `flock` locks, which the kernel drops when their holder dies
-(`kill -9` included); the files stay, empty. Messages are acked once written
-and flushed; a waiter killed before that (its session ended, its timeout)
-acks nothing, and they come with the next hook.
+(`kill -9` included); the files stay, empty, and a session's goes a day after
+its last waiter. Messages are acked once delivered; a waiter killed before
+that (its session ended, its timeout) acks nothing, and they come with the
+next hook.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ STATE_DIR = "claude-wake"  # beside the bus database, as claude-hooks/ (claude_c
 WAKE_EXIT = 2  # the exit code that wakes the session
 REWAKE_WAIT_S = 24 * 3600  # how long a waiter waits, at most, by default
 REWAKE_TIMEOUT_MARGIN_S = 60  # the hook's timeout: the wait and room to start and finish
+STALE_WAITER_S = REWAKE_WAIT_S + 3600  # a waiter lock this old has no waiter left to serve
 REWAKE_MESSAGE = "Woken by the agent bus."  # before the messages, in place of an error's words
 REWAKE_SUMMARY = "agentbus: new messages"  # the line the user sees in the terminal
 SESSION_PID_ENV = "CLAUDE_PID"
@@ -113,13 +116,43 @@ def _open_lock(path: Path) -> int:
 def claim_session(db_path: str | os.PathLike[str], session: str) -> int | None:
     """The session's waiter lock as an open fd, held until it is closed or this process
     dies; None when another waiter holds it."""
-    fd = _open_lock(state_path(db_path, "waiter", session))
+    path = state_path(db_path, "waiter", session)
+    fd = _open_lock(path)
+    if not _try_lock(fd):
+        os.close(fd)
+        return None
+    os.utime(fd)  # the file's age says when its session last had a waiter
+    _prune_waiter_locks(path)
+    return fd
+
+
+def _try_lock(fd: int) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+        return False
+    return True
+
+
+def _prune_waiter_locks(mine: Path) -> None:
+    """Remove the waiter locks of sessions without a waiter for a day (gone sessions).
+
+    Only a lock this process can take is removed, while it holds it: a
+    waiter still waiting keeps its file.
+    """
+    cutoff = time.time() - STALE_WAITER_S
+    for other in mine.parent.glob("waiter-*.lock"):
+        try:
+            if other == mine or other.stat().st_mtime >= cutoff:
+                continue
+            fd = os.open(other, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # another waiter pruned it first
+        try:
+            if _try_lock(fd):
+                other.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
 
 @contextmanager

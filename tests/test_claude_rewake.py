@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,19 @@ def test_install_writes_the_waiter_beside_the_hooks_and_no_rewake_takes_it_out(t
     commands = [h["command"] for entries in after.values() for e in entries for h in e["hooks"]]
     assert not any("--rewake" in c for c in commands)
     assert "./check.sh" in commands and sum("hook claude" in c for c in commands) == 4
+
+
+def test_rewake_prunes_the_locks_of_sessions_gone_for_a_day_but_not_a_held_one(tmp_path, db):
+    old = time.time() - claude_rewake.STALE_WAITER_S - 60
+    gone = claude_rewake.state_path(db, "waiter", "gone-session")
+    held_path = claude_rewake.state_path(db, "waiter", "still-waiting")
+    held = claude_rewake.claim_session(db, "still-waiting")
+    gone.touch()
+    for path in (gone, held_path):
+        os.utime(path, (old, old))
+    mine = claude_rewake.claim_session(db, "new-session")
+    try:
+        assert not gone.exists() and held_path.exists()
+    finally:
+        os.close(mine)
+        os.close(held)
