@@ -7,8 +7,9 @@ start, its SessionStart waiter (`bus hook claude --rewake`) waiting. A
 `bus publish` from another process must start a turn whose model request
 carries the message; the turn's Stop arms the next waiter, and a second
 message wakes the session again. This version has an inbox socket, which the
-waiter posts to; with --no-inbox it exits 2 with the messages instead. Timings are scripts/bench_hooks.py's; here
-every wait is a condition with a deadline.
+waiter posts to; with --no-inbox it exits 2 with the messages instead.
+Timings are scripts/bench_hooks.py's; here every wait is a condition with a
+deadline.
 """
 
 from __future__ import annotations
