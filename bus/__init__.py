@@ -1,28 +1,38 @@
-"""agentbus: a SQLite-backed message bus for coordinating software agents."""
+"""agentbus: a SQLite-backed message bus for coordinating software agents.
+
+The names below are imported when first used (PEP 562), not with the package:
+a command that needs only part of the bus (a Claude Code hook runs at every
+tool call) does not pay for loading the facade and the engines behind it.
+"""
 
 from __future__ import annotations
 
-from bus.api import Bus
-from bus.claims import StaleFence
-from bus.consumer import Consumer
-from bus.consumer import LoopStats
-from bus.consumer import process_loop
-from bus.cursors import Cursor
-from bus.errors import BusBusy
-from bus.errors import BusClosed
-from bus.errors import BusError
-from bus.errors import BusNotFound
-from bus.errors import NotABusDatabase
-from bus.errors import SchemaTooNew
-from bus.errors import UnsupportedFilesystem
-from bus.errors import ValidationFailed
-from bus.messages import Message
-from bus.messages import PublishResult
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Bus", "BusBusy", "BusClosed", "BusError", "BusNotFound", "Consumer", "Cursor",
-    "LoopStats", "Message", "NotABusDatabase", "PublishResult", "SchemaTooNew",
-    "StaleFence", "UnsupportedFilesystem", "ValidationFailed", "__version__", "process_loop",
-]
+# Each public name and the module it lives in.
+_EXPORTS = {
+    "Bus": "bus.api", "StaleFence": "bus.claims", "Consumer": "bus.consumer",
+    "LoopStats": "bus.consumer", "process_loop": "bus.consumer", "Cursor": "bus.cursors",
+    "BusBusy": "bus.errors", "BusClosed": "bus.errors", "BusError": "bus.errors",
+    "BusNotFound": "bus.errors", "NotABusDatabase": "bus.errors", "SchemaTooNew": "bus.errors",
+    "UnsupportedFilesystem": "bus.errors", "ValidationFailed": "bus.errors",
+    "Message": "bus.messages", "PublishResult": "bus.messages",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bus' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # found once; later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

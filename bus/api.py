@@ -29,7 +29,9 @@ import apsw
 from bus import claims
 from bus import cursors
 from bus import heartbeats
+from bus import identities
 from bus import messages
+from bus import receipts
 from bus import reservations as file_reservations  # `Bus.reservations` is a method
 from bus import retention
 from bus import search as full_text
@@ -49,6 +51,7 @@ from bus.db import synchronous_for
 from bus.db import translate_errors
 from bus.db import write_transaction
 from bus.errors import BusClosed
+from bus.errors import BusReadOnly
 from bus.errors import UnknownConsumer
 from bus.errors import ValidationFailed
 from bus.export import JsonlExporter
@@ -62,6 +65,7 @@ from bus.messages import clock_ms
 from bus.payloads import BLOB_THRESHOLD
 from bus.payloads import MAX_PAYLOAD_BYTES
 from bus.payloads import PayloadPolicy
+from bus.receipts import Receipt
 from bus.reservations import DEFAULT_TTL_MS
 from bus.reservations import EXCLUSIVE
 from bus.reservations import Held
@@ -297,8 +301,10 @@ class Bus:
 
     # --- consuming --------------------------------------------------------
 
-    def poll(self, agent: str, limit: int = 100, *, preview: int = 0) -> list[Message]:
-        """Messages for `agent` (addressed to it or broadcast) above its cursor, in seq order.
+    def poll(self, agent: str, limit: int = 100, *, preview: int = 0,
+             include_own: bool = False) -> list[Message]:
+        """Messages for `agent` above its cursor, in seq order: those addressed to it and
+        other agents' broadcasts (its own too with `include_own`).
 
         Never moves the cursor: call `ack` once a message is handled, or it
         comes back on the next poll. With `preview` > 0 a payload in the blob
@@ -309,7 +315,8 @@ class Bus:
         conn = self.conn
         with translate_errors(self.conn):
             after = cursors.position(conn, agent)
-            return messages.select_for_agent(conn, agent, after, limit, self.blobs, preview)
+            return messages.select_for_agent(conn, agent, after, limit, self.blobs, preview,
+                                             include_own)
 
     def reply_to(self, agent: str, message_id: str, after: int) -> Message | None:
         """The first message for `agent` answering `message_id` (its in_reply_to), above
@@ -342,14 +349,15 @@ class Bus:
                 row = row._replace(to_agent=asked.from_agent, in_reply_to=asked.id,
                                    correlation_id=asked.correlation_id)
                 sent = self._write_rows([[row]], conn)[0][0]
-                cursors.advance(conn, agent, seq)
+                cursors.advance(conn, agent, messages.past_own(conn, agent, seq))
         return sent
 
     def ack_if_next(self, agent: str, seq: int) -> bool:
         """Ack `seq` for `agent` only when it is the first message waiting (True then).
 
         Acking never skips another message: with an older one still waiting,
-        nothing moves. One transaction.
+        nothing moves. One transaction. As `ack`, it passes the agent's own
+        broadcasts that follow `seq`.
         """
         messages.validate_agent_id(agent)
         messages.validate_positive_int(seq, "seq")
@@ -357,20 +365,24 @@ class Bus:
         with write_transaction(conn):
             if messages.first_waiting(conn, agent, cursors.position(conn, agent)) != seq:
                 return False
-            cursors.advance(conn, agent, seq)
+            cursors.advance(conn, agent, messages.past_own(conn, agent, seq))
         return True
 
-    def ack(self, agent: str, seq: int) -> int:
+    def ack(self, agent: str, seq: int, *, include_own: bool = False) -> int:
         """Mark everything up to `seq` handled for `agent`; return the cursor position.
 
         The cursor only moves forward: acking an older seq is a no-op. A seq
-        that was never assigned raises ValidationFailed.
+        that was never assigned raises ValidationFailed. The agent's own
+        broadcasts right after `seq` are passed too (poll does not show them),
+        so the position may be above `seq`; with `include_own` (for a reader
+        that polls with it) the cursor stops at `seq`.
         """
         messages.validate_agent_id(agent)
         messages.validate_positive_int(seq, "seq")
         conn = self.conn
         with write_transaction(conn):
-            moved_to = cursors.advance(conn, agent, seq)
+            target = seq if include_own else messages.past_own(conn, agent, seq)
+            moved_to = cursors.advance(conn, agent, target)
             if moved_to is None:
                 raise ValidationFailed(
                     "seq", f"no message has seq {seq}; the last seq is {messages.last_seq(conn)}"
@@ -423,6 +435,43 @@ class Bus:
             if position is None:
                 raise UnknownConsumer(agent, cursors.known(conn), "see `bus consumers`")
         return position
+
+    # --- delivery receipts (bus/receipts.py) ------------------------------
+
+    def record_delivered(self, agent: str, shown: Iterable[Message | int], via: str,
+                         session: str | None = None) -> None:
+        """Record that `agent`'s session was shown these messages (or seqs): their receipts
+        say delivered. Call it where a model or a person is shown them (a hook's output, a
+        tool's result, `bus inbox`), with `via` naming that place (hook:Stop, mcp:poll)
+        and `session` the client's session id where it has one.
+
+        Only messages addressed to `agent` get a receipt; with none among `shown` nothing
+        is written. Inside the caller's transaction when this thread has one open. On a
+        file opened read-only nothing is recorded and nothing is raised: showing a
+        message must not fail for want of its receipt.
+        """
+        seqs = [item if isinstance(item, int) else item.seq for item in shown
+                if isinstance(item, int) or item.to_agent == agent]
+        if not seqs:
+            return
+        messages.validate_agent_id(agent)
+        try:
+            receipts.record_delivered(self.conn, agent, seqs, via, session)
+        except BusReadOnly:
+            pass
+
+    def receipt(self, seq: int) -> Receipt | None:
+        """Message `seq`'s receipt (sent, delivered or acked); None when it is not a
+        direct message (or there is none)."""
+        messages.validate_positive_int(seq, "seq")
+        with translate_errors(self.conn):
+            return receipts.receipt_for(self.conn, seq)
+
+    def recipient_warning(self, to: str | None) -> str | None:
+        """A warning for a message to `to` when the bus never saw an agent of that name
+        (bus/identities.py says what counts); None for a broadcast or a known name."""
+        with translate_errors(self.conn):
+            return identities.recipient_warning(self.conn, to)
 
     def wait_for_change(self, timeout: float, interrupt: int | None = None) -> bool:
         """Block until another connection or process commits, or `timeout` seconds pass.

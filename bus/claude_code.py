@@ -12,18 +12,27 @@ per-event "Decision control" sections; also docs.anthropic.com/en/docs/claude-co
   (stderr goes to Claude, and on Stop it prevents the stop). Any other code
   is a non-blocking error: stderr is shown to the user and Claude goes on. So
   a failure of ours exits 1, never 2.
-- `SessionStart` and `UserPromptSubmit` add context with
+- `SessionStart`, `UserPromptSubmit` and `PostToolUse` add context with
   `{"hookSpecificOutput": {"hookEventName": <event>, "additionalContext": <text>}}`.
-- `PostToolUse` and `Stop` take `{"decision": "block", "reason": <text>}`:
-  after a tool, the reason is shown to Claude; at a stop, Claude does not stop
+  (PostToolUse also takes `decision: "block"`, but Claude Code shows that as a
+  "hook blocking error" naming the command: messages are not failures.)
+- `Stop` takes `{"decision": "block", "reason": <text>}`: Claude does not stop
   and takes the reason as what to do next. No output (or no `decision`) lets
-  the stop happen.
+  the stop happen. Claude Code honours at most CLAUDE_CODE_STOP_HOOK_BLOCK_CAP
+  (default 8) blocks in a row, then ends the turn whatever a hook says: a block
+  beyond the cap would be acked and never seen, so the hook never gives one.
+- `SessionEnd` (its output is ignored) says the session is over.
+- Hooks and MCP servers inherit the settings files' `env`, so a checkout's own
+  `.claude/settings.local.json` can name its agent (`BUS_AGENT`) for the
+  `--agent auto` entries the project shares.
+- An MCP tool runs in `claude -p` only with a `permissions.allow` rule for it
+  (`mcp__<server>__*`); the install writes one for the bus's server.
 - Settings (`.claude/settings.json`): `{"hooks": {<event>: [{"matcher": ...,
   "hooks": [{"type": "command", "command": ..., "timeout": seconds}]}]}}`;
   `matcher` applies to the tool events only (`*` matches every tool) and is
   left out for the others.
 
-Consecutive continues (`--max-continues`) are counted per session in a small
+Consecutive continues (`--max-continues`, at most the cap) are counted per session in a small
 state file beside the bus database, `claude-hooks/<session>.json`: it exists
 only while a streak of blocked stops lasts, and goes when the session is let
 stop (or, for a session that ended mid-streak, a day later). A file rather than a table: the count is a harness's bookkeeping, not
@@ -32,7 +41,6 @@ part of the log, and needs no migration.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -43,24 +51,40 @@ from pathlib import Path
 from typing import Any
 from typing import Callable
 from typing import Mapping
+from typing import Sequence
 
+import apsw
 import orjson
 
-from blobs.files import write_atomically
+from bus import cursors
+from bus import heartbeats
+from bus import identity
+from bus import messages
+from bus.errors import AgentNotResolved
 from bus.errors import ValidationFailed
 
 SESSION_START = "SessionStart"
 USER_PROMPT_SUBMIT = "UserPromptSubmit"
 POST_TOOL_USE = "PostToolUse"
 STOP = "Stop"
-CONTEXT_EVENTS = (SESSION_START, USER_PROMPT_SUBMIT)  # answered with additionalContext
-EVENTS = (SESSION_START, USER_PROMPT_SUBMIT, POST_TOOL_USE, STOP)
+SESSION_END = "SessionEnd"
+CONTEXT_EVENTS = (SESSION_START, USER_PROMPT_SUBMIT, POST_TOOL_USE)  # additionalContext
+EVENTS = (SESSION_START, USER_PROMPT_SUBMIT, POST_TOOL_USE, STOP, SESSION_END)
 TOOL_EVENTS = (POST_TOOL_USE,)  # the events whose entries take a matcher
 REWAKE_EVENTS = (SESSION_START, STOP)  # the background waiter starts at each (claude_rewake)
+# What each event says of the session (bus/heartbeats.py's presence); Stop is idle only
+# when the session is let stop.
+PRESENCE = {SESSION_START: "started", USER_PROMPT_SUBMIT: "working", POST_TOOL_USE: "working",
+            STOP: "idle", SESSION_END: "ended"}
+STOP_CAP_ENV = "CLAUDE_CODE_STOP_HOOK_BLOCK_CAP"
+STOP_CAP_DEFAULT = 8  # Claude Code's, when the variable is unset
+DEFAULT_MAX_CONTINUES = 5  # `bus hook claude --max-continues`
+MCP_SERVER = "agentbus"  # the name the README registers `bus mcp` under
 STATE_DIR = "claude-hooks"
 DEFAULT_TIMEOUT_S = 60  # the reference's default for a command hook
 STALE_STREAK_S = 24 * 3600  # a streak file this old belongs to a session that is gone
 _SAFE_SESSION = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -100,13 +124,39 @@ def parse_event(raw: bytes) -> HookEvent:
 
 
 def context_output(event: str, text: str) -> dict[str, Any]:
-    """SessionStart / UserPromptSubmit: `text` added to what Claude sees."""
+    """SessionStart / UserPromptSubmit / PostToolUse: `text` added to what Claude sees."""
     return {"hookSpecificOutput": {"hookEventName": event, "additionalContext": text}}
 
 
 def block_output(reason: str) -> dict[str, Any]:
-    """PostToolUse: `reason` shown to Claude; Stop: Claude goes on with `reason` as its input."""
+    """Stop: Claude goes on with `reason` as its input."""
     return {"decision": "block", "reason": reason}
+
+
+def stop_block_cap(environ: Mapping[str, str] = os.environ) -> int:
+    """The most Stop blocks in a row Claude Code honours: its variable, else its default.
+
+    A value that is not a whole number >= 0 counts as unset, as the default is
+    what Claude Code then goes by.
+    """
+    raw = environ.get(STOP_CAP_ENV, "").strip()
+    return int(raw) if raw.isdigit() else STOP_CAP_DEFAULT
+
+
+def continues_allowed(max_continues: int, environ: Mapping[str, str] = os.environ) -> int:
+    """Stops in a row a hook may turn into work: its --max-continues, never above the cap."""
+    return min(max_continues, stop_block_cap(environ))
+
+
+def check_max_continues(max_continues: int, environ: Mapping[str, str] = os.environ) -> None:
+    """ValidationFailed when Claude Code would end the turn before `max_continues` blocks."""
+    cap = stop_block_cap(environ)
+    if max_continues > cap:
+        raise ValidationFailed("max-continues", f"is {max_continues}, but Claude Code honours at"
+                               f" most {cap} Stop blocks in a row ({STOP_CAP_ENV}, default"
+                               f" {STOP_CAP_DEFAULT}) and a message given in a block past that"
+                               f" is never seen; use {cap} or less, or raise {STOP_CAP_ENV}"
+                               " for the sessions too")
 
 
 class ContinueCounter:
@@ -129,7 +179,7 @@ class ContinueCounter:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.path, orjson.dumps({"continues": continues}))
+        _write_atomically(self.path, orjson.dumps({"continues": continues}))
         self._prune()
 
     def _prune(self) -> None:
@@ -152,7 +202,68 @@ def _file_name(session_id: str) -> str:
     """The session id itself when it is file-name safe (Claude Code's are UUIDs), else its hash."""
     if _SAFE_SESSION.fullmatch(session_id):
         return f"{session_id}.json"
+    import hashlib  # here, not above: a hook with nothing to show never needs it (entry.py)
     return hashlib.sha256(session_id.encode()).hexdigest()[:32] + ".json"
+
+
+# --- answering an event -------------------------------------------------------------------------
+# What `bus hook claude` does without the CLI, so that the console script answers the common
+# case (nothing to show) before loading click (bus/cli/entry.py), and the command does the same.
+
+
+def hook_agent(conn: apsw.Connection, agent: str, event: HookEvent,
+               environ: Mapping[str, str] = os.environ) -> str | None:
+    """Who answers `event`: `agent`, or for `auto` the worker of the session's directory, else
+    $BUS_AGENT (bus/identity.py); None when `auto` finds neither.
+
+    None means the session belongs to no agent (a lead's session in the main
+    checkout, sharing the project's `auto` entries): the hook stands down
+    quietly rather than fail at every event. The session's project directory
+    decides (Claude Code sets it for hooks), not where Claude has cd'ed to since.
+    """
+    directory = environ.get("CLAUDE_PROJECT_DIR") or event.cwd or os.getcwd()
+    try:
+        return identity.resolve_agent(conn, agent, directory, environ)
+    except AgentNotResolved as exc:
+        if exc.candidates:
+            raise  # two workers claim the directory: a mistake to show, not a session to skip
+        return None
+
+
+def has_waiting(conn: apsw.Connection, agent: str) -> bool:
+    """Whether a message waits for `agent` above its cursor (its own broadcasts do not)."""
+    return messages.first_waiting(conn, agent, cursors.position(conn, agent)) is not None
+
+
+def stop_streak(db_path: str | os.PathLike[str], event: HookEvent) -> tuple[ContinueCounter, int]:
+    """The session's counter and the blocked stops in a row before this one."""
+    counter = ContinueCounter(db_path, event.session_id)
+    return counter, counter.count() if event.stop_hook_active else 0
+
+
+def quiet_answer(conn: apsw.Connection, db_path: str | os.PathLike[str], agent: str,
+                 event: HookEvent, wait: float, max_continues: int,
+                 environ: Mapping[str, str] = os.environ) -> bool:
+    """Answer `event` for `agent` when it shows nothing: keep the session's presence and, at
+    a Stop, end the streak. True when answered so; False when messages wait (or a Stop is
+    to wait `wait` s for one) and the caller is to show them."""
+    if event.name == STOP:
+        counter, streak = stop_streak(db_path, event)
+        if streak < continues_allowed(max_continues, environ) and (
+                wait > 0 or has_waiting(conn, agent)):
+            return False
+        let_stop(conn, agent, counter)
+        return True
+    if event.name != SESSION_END and has_waiting(conn, agent):
+        return False
+    heartbeats.presence(conn, agent, PRESENCE[event.name])
+    return True
+
+
+def let_stop(conn: apsw.Connection, agent: str, counter: ContinueCounter) -> None:
+    """The session stops: its streak ends and it is idle."""
+    counter.reset()
+    heartbeats.presence(conn, agent, PRESENCE[STOP])
 
 
 # --- settings ----------------------------------------------------------------------------------
@@ -162,7 +273,8 @@ def hook_commands(base: list[str], agent: str, wait: float, max_continues: int
                   ) -> dict[str, str]:
     """The command line each event runs: `base` (the bus program and its --db) + `hook claude`."""
     common = [*base, "hook", "claude", "--agent", agent]
-    stop = [*common, "--wait", _number(wait), "--max-continues", str(max_continues)]
+    waits = ["--wait", _number(wait)] if wait else []  # none: a headless run ends at once
+    stop = [*common, *waits, "--max-continues", str(max_continues)]
     return {event: shlex.join(stop if event == STOP else common) for event in EVENTS}
 
 
@@ -201,23 +313,28 @@ def bus_hook_words(command: object, harness: str = "claude") -> list[str] | None
 
 
 def merge_settings(settings: Mapping[str, Any], commands: Mapping[str, str],
-                   timeouts: Mapping[str, int]) -> dict[str, Any]:
-    """`settings` with one entry of ours per event: replaced where one was, appended where not.
+                   timeouts: Mapping[str, int], allow: Sequence[str] = ()) -> dict[str, Any]:
+    """`settings` with one entry of ours per event: replaced where one was, appended where not;
+    and each rule of `allow` in `permissions.allow`, appended where missing.
 
     Everything else (other keys, other events, other hooks of the same event,
-    their order) is kept as it was. ValidationFailed when `hooks` or an
-    event's list has a shape Claude Code would not read.
+    other rules, their order) is kept as it was. ValidationFailed when `hooks`,
+    an event's list or `permissions.allow` has a shape Claude Code would not read.
     """
     merged = dict(settings)
-    hooks = merged.get("hooks", {})
-    if not isinstance(hooks, dict):
-        raise ValidationFailed("hooks", "in the settings file is not an object; fix it by hand"
-                               " (Claude Code reads {\"hooks\": {\"Stop\": [...]}})")
-    hooks = dict(hooks)
+    hooks = dict(_member(merged, "hooks", dict, "{\"hooks\": {\"Stop\": [...]}}"))
     for event, command in commands.items():
         ours = {"type": "command", "command": command, "timeout": timeouts[event]}
         hooks[event] = merge_entries(event, hooks.get(event, []), ours, _is_answering)
     merged["hooks"] = hooks
+    if allow:
+        permissions = dict(_member(merged, "permissions", dict,
+                                   "{\"permissions\": {\"allow\": [...]}}"))
+        rules = list(_member(permissions, "allow", list, "{\"allow\": [\"rule\", ...]}",
+                             "permissions.allow"))
+        rules += [rule for rule in allow if rule not in rules]
+        permissions["allow"] = rules
+        merged["permissions"] = permissions
     return merged
 
 
@@ -246,6 +363,36 @@ def _is_answering(hook: object) -> bool:
 
 def _is_rewake_hook(hook: object) -> bool:
     return isinstance(hook, dict) and is_rewake(hook.get("command"))
+
+
+def merge_env(settings: Mapping[str, Any], name: str, value: str) -> dict[str, Any]:
+    """`settings` with `env[name]` set to `value`, everything else kept."""
+    merged = dict(settings)
+    env = dict(_member(merged, "env", dict, "{\"env\": {\"NAME\": \"value\"}}"))
+    env[name] = value
+    merged["env"] = env
+    return merged
+
+
+def mcp_allow_rules(server: str) -> list[str]:
+    """The permission rule that lets a session call every tool of MCP server `server`.
+
+    ValidationFailed for a name Claude Code would not register (letters, digits, _ and -).
+    """
+    if not _SERVER_NAME.fullmatch(server):
+        raise ValidationFailed("mcp-server", f"{server!r} is not an MCP server name Claude Code"
+                               " accepts: letters, digits, _ and - (as in .mcp.json)")
+    return [f"mcp__{server}__*"]
+
+
+def _member(settings: Mapping[str, Any], key: str, kind: type, shape: str,
+            field: str | None = None) -> Any:
+    value = settings.get(key, kind())
+    if not isinstance(value, kind):
+        raise ValidationFailed(field or key, f"in the settings file is not a JSON"
+                               f" {'object' if kind is dict else 'list'}; fix it by hand"
+                               f" (Claude Code reads {shape})")
+    return value
 
 
 def merge_entries(event: str, entries: object, ours: dict[str, Any] | None,
@@ -311,9 +458,16 @@ def write_settings(path: Path, settings: Mapping[str, Any]) -> bool:
     if before == settings:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, settings_bytes(settings))
+    _write_atomically(path, settings_bytes(settings))
     os.chmod(path, mode)
     return True
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    # Imported here, not above: blobs.files loads tempfile (and with it shutil, random and
+    # hashlib), which a hook with nothing to show never needs (bus/cli/entry.py).
+    from blobs.files import write_atomically
+    write_atomically(path, data)
 
 
 def _umask() -> int:

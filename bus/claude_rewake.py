@@ -55,7 +55,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 from typing import Any
-from typing import Callable
 from typing import Iterator
 from typing import Mapping
 from typing import Protocol
@@ -191,6 +190,9 @@ class Log(Protocol):
 
     def ack(self, agent: str, seq: int) -> int: ...
 
+    def record_delivered(self, agent: str, shown: Sequence[Message], via: str,
+                         session: str | None = None) -> None: ...
+
     def wait_for_change(self, timeout: float, interrupt: int | None = None) -> bool: ...
 
 
@@ -235,10 +237,17 @@ class Delivery:
     """Where the waiter puts messages: the session's inbox socket where it has one, else
     its stderr (exit code 2 wakes the session). `route` says which one took them."""
 
+    VIA = {"socket": "claude:inbox", "stderr": "hook:rewake"}  # the receipts' words
+
     def __init__(self, inbox: SessionInbox | None, out: IO[str]) -> None:
         self.inbox = inbox
         self.out = out
         self.route: str | None = None
+
+    @property
+    def via(self) -> str:
+        """Where the messages went, as their receipts name it (after a delivery)."""
+        return self.VIA[self.route or "stderr"]
 
     def __call__(self, text: str) -> None:
         if self.inbox is not None:
@@ -254,9 +263,10 @@ class Delivery:
 
 
 def wait_and_deliver(bus: Log, db_path: str | os.PathLike[str], agent: str, limit: int,
-                     wait: float, deliver: Callable[[str], None],
+                     wait: float, deliver: Delivery, session: str | None = None,
                      gone_fd: int | None = None) -> Inbox | None:
-    """Wait up to `wait` s for messages for `agent`; `deliver` their text, then ack them.
+    """Wait up to `wait` s for messages for `agent`; `deliver` their text, record their
+    receipts (`session`'s) and ack them.
 
     `deliver` raises when the text may not have arrived, and nothing is acked.
     Returns what was delivered, or None when the wait ended first, or the
@@ -272,6 +282,7 @@ def wait_and_deliver(bus: Log, db_path: str | os.PathLike[str], agent: str, limi
                                budget=TEXT_BUDGET)
                 deliver(inbox.text)  # delivered once it returns; a kill before acks nothing
                 assert inbox.last_seq is not None
+                bus.record_delivered(agent, inbox.shown, deliver.via, session)
                 bus.ack(agent, inbox.last_seq)
                 return inbox
         left = deadline - time.monotonic()

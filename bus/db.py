@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import time
 import urllib.parse
 from pathlib import Path
@@ -367,18 +368,36 @@ def connection_check_identity(conn: apsw.Connection, path: Path, *, mark: bool =
 
 
 def check_file_header(path: Path) -> None:
-    """Refuse a non-empty file that does not start with SQLite's magic header."""
+    """Refuse a non-empty file that does not start with SQLite's magic header.
+
+    The header is read through SQLite's own VFS, never with a plain `open()`:
+    on POSIX, closing any descriptor of a file drops every lock this process
+    holds on it, so a second open beside a live connection would silently
+    take that connection's locks away (sqlite.org/howtocorrupt.html, 2.2).
+    SQLite's unix VFS shares one descriptor per file and defers a close while
+    locks are held.
+    """
     try:
-        with open(path, "rb") as f:
-            head = f.read(len(_SQLITE_MAGIC))
+        if stat.S_ISDIR(os.stat(path).st_mode):
+            raise NotABusDatabase(str(path), "a directory, not a database file")
     except FileNotFoundError:
         return
-    except IsADirectoryError:
-        raise NotABusDatabase(str(path), "a directory, not a database file") from None
     except NotADirectoryError:
         raise NotABusDatabase(str(path), "under a path that is a file, not a directory") from None
+    head = _first_bytes(path, len(_SQLITE_MAGIC))
     if head and head != _SQLITE_MAGIC:
         raise NotABusDatabase(str(path), "not a SQLite database (wrong file header)")
+
+
+def _first_bytes(path: Path, count: int) -> bytes:
+    """The file's first `count` bytes (fewer for a shorter file), read through SQLite's VFS."""
+    with translate_errors(path=str(path)):
+        file = apsw.VFSFile("", str(path.absolute()),
+                            [apsw.SQLITE_OPEN_MAIN_DB | apsw.SQLITE_OPEN_READONLY, 0])
+    try:
+        return file.xRead(count, 0)
+    finally:
+        file.xClose()
 
 
 def check_local_filesystem(path: Path, mounts: str | None = None) -> None:

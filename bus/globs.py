@@ -21,16 +21,20 @@ empty ones (`a//b`); a `/`, `\\` or `[` inside a class, and reversed ranges.
 Two patterns overlap when some path matches both. `overlap` decides it exactly:
 each pattern is an automaton over path segments whose edges test a segment
 with a glob, itself an automaton over characters; the product of the two is
-searched breadth first, a segment step being possible when the two globs have
-a common non-empty word (the same search one level down, over character
-classes as interval sets). The search returns a witness path, or None.
+searched for its cheapest path, a segment step being possible when the two
+globs have a common non-empty word (the same search one level down, over
+character classes as interval sets). The search returns a witness path, or
+None. The witness is the example a reservation conflict shows, so it reads as
+a file name: each star matches a character where it can (`docs/*.md` gives
+docs/a.md, not the hidden docs/.md), and classes give letters and digits first.
 """
 
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import re
-from collections import deque
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Callable
@@ -43,7 +47,15 @@ from bus.errors import ValidationFailed
 MAX_CODEPOINT = 0x10FFFF
 SLASH = ord("/")
 PATTERN_MAX = 1024
-_READABLE = ord("a")
+# The characters an example path is made of where a class allows them, in this order of
+# preference: a witness should read as a file name (docs/a.md), not a control character.
+_FILE_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_-"
+_READABLE = [ord(c) for c in _FILE_NAME_CHARS] + [
+    code for code in range(0x21, 0x7F) if chr(code) not in _FILE_NAME_CHARS + "/"]
+# What a star matching nothing adds to a witness's cost: more than any path's length, so
+# the search gives each star a character wherever some path allows it (`*.md` gives
+# a.md, not the hidden file .md) and lets a star match nothing only where none does.
+_EMPTY_STAR_COST = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -54,15 +66,14 @@ class CharClass:
     intervals: tuple[tuple[int, int], ...]
 
     def first_common(self, other: CharClass) -> str | None:
-        """A character both accept (`a` if they can, for readable witnesses), or None."""
+        """A character both accept (a readable one if they can, see _READABLE), or None."""
         common = [(max(lo_a, lo_b), min(hi_a, hi_b))
                   for lo_a, hi_a in self.intervals for lo_b, hi_b in other.intervals
                   if max(lo_a, lo_b) <= min(hi_a, hi_b)]
         if not common:
             return None
-        if any(lo <= _READABLE <= hi for lo, hi in common):
-            return chr(_READABLE)
-        return chr(common[0][0])
+        readable = (code for code in _READABLE if any(lo <= code <= hi for lo, hi in common))
+        return chr(next(readable, common[0][0]))
 
     def regex(self) -> str:
         return "[" + "".join(_interval_regex(lo, hi) for lo, hi in self.intervals) + "]"
@@ -319,43 +330,50 @@ def _interval_regex(lo: int, hi: int) -> str:
 
 
 def _overlap(a: tuple[Item, ...], b: tuple[Item, ...]) -> str | None:
-    """A path both item lists match whole, by breadth-first search of their product."""
-    segments = _shortest_path((0, 0), (len(a), len(b)),
+    """A path both item lists match whole: the shortest, found in their product."""
+    segments = _cheapest_path((0, 0), (len(a), len(b)),
                               lambda state: _segment_moves(a, b, state))
     return None if segments is None else "/".join(segments)
 
 
-def _shortest_path(start: tuple, goal: tuple,
-                   moves: Callable[[tuple], Iterator[tuple[tuple, str | None]]]
-                   ) -> list[str] | None:
-    """The labels along a shortest path from `start` to `goal` (breadth first; a move
-    labelled None adds nothing), or None when `goal` cannot be reached."""
+Moves = Callable[[tuple], Iterator[tuple[tuple, "str | None", int]]]
+
+
+def _cheapest_path(start: tuple, goal: tuple, moves: Moves) -> list[str] | None:
+    """The labels along a cheapest path from `start` to `goal` (Dijkstra's search over
+    moves of a cost each; a move labelled None adds nothing), or None when `goal`
+    cannot be reached. Of equally cheap paths, the one whose moves come first wins."""
     parents: dict[tuple, tuple[tuple, str | None] | None] = {start: None}
-    queue = deque([start])
+    best = {start: 0}
+    queue = [(0, 0, start)]
+    order = itertools.count(1)  # ties go first in, first out, as a breadth-first search
     while queue:
-        state = queue.popleft()
+        cost, _, state = heapq.heappop(queue)
         if state == goal:
             return _walk_back(parents, state)
-        for nxt, label in moves(state):
-            if nxt not in parents:
+        if cost > best[state]:
+            continue  # reached again more cheaply since this entry was queued
+        for nxt, label, step in moves(state):
+            if cost + step < best.get(nxt, cost + step + 1):
+                best[nxt] = cost + step
                 parents[nxt] = (state, label)
-                queue.append(nxt)
+                heapq.heappush(queue, (cost + step, next(order), nxt))
     return None
 
 
 def _segment_moves(a: tuple[Item, ...], b: tuple[Item, ...],
-                   state: tuple[int, int]) -> Iterator[tuple[tuple[int, int], str | None]]:
+                   state: tuple[int, int]) -> Iterator[tuple[tuple[int, int], str | None, int]]:
     i, j = state
     if i < len(a) and a[i] is GLOBSTAR:
-        yield (i + 1, j), None  # the globstar matches no segment
+        yield (i + 1, j), None, 1  # the globstar matches no segment
     if j < len(b) and b[j] is GLOBSTAR:
-        yield (i, j + 1), None
+        yield (i, j + 1), None, 1
     if i < len(a) and j < len(b):
         glob_a, next_i = (_ANY_SEGMENT, i) if a[i] is GLOBSTAR else (a[i], i + 1)
         glob_b, next_j = (_ANY_SEGMENT, j) if b[j] is GLOBSTAR else (b[j], j + 1)
         word = common_word(glob_a, glob_b)
         if word is not None:
-            yield (next_i, next_j), word
+            yield (next_i, next_j), word, 1
 
 
 def _walk_back(parents: dict, state: tuple) -> list[str]:
@@ -369,25 +387,29 @@ def _walk_back(parents: dict, state: tuple) -> list[str]:
 
 @functools.lru_cache(maxsize=65536)
 def common_word(a: Segment, b: Segment) -> str | None:
-    """A non-empty segment (no `/`) both globs match, or None."""
-    chars = _shortest_path((0, 0, False), (len(a), len(b), True),
+    """A non-empty segment (no `/`) both globs match, or None; each star matches at least
+    one character where some word allows it."""
+    # A state: the positions in a and b, whether a character was taken, and whether the
+    # star at each position has taken one (leaving a star that took none costs more).
+    chars = _cheapest_path((0, 0, False, False, False), (len(a), len(b), True, False, False),
                            lambda state: _char_moves(a, b, state))
     return None if chars is None else "".join(chars)
 
 
-def _char_moves(a: Segment, b: Segment,
-                state: tuple[int, int, bool]) -> Iterator[tuple[tuple[int, int, bool], str | None]]:
-    i, j, nonempty = state
-    if i < len(a) and a[i] is STAR:
-        yield (i + 1, j, nonempty), None  # the star matches no character
+def _char_moves(a: Segment, b: Segment, state: tuple[int, int, bool, bool, bool]
+                ) -> Iterator[tuple[tuple[int, int, bool, bool, bool], str | None, int]]:
+    i, j, nonempty, took_a, took_b = state
+    if i < len(a) and a[i] is STAR:  # leave the star
+        yield (i + 1, j, nonempty, False, took_b), None, 0 if took_a else _EMPTY_STAR_COST
     if j < len(b) and b[j] is STAR:
-        yield (i, j + 1, nonempty), None
+        yield (i, j + 1, nonempty, took_a, False), None, 0 if took_b else _EMPTY_STAR_COST
     if i < len(a) and j < len(b):
-        class_a, next_i = (ANY_CHAR, i) if a[i] is STAR else (a[i], i + 1)
-        class_b, next_j = (ANY_CHAR, j) if b[j] is STAR else (b[j], j + 1)
+        star_a, star_b = a[i] is STAR, b[j] is STAR  # a star stays where it is
+        class_a, next_i = (ANY_CHAR, i) if star_a else (a[i], i + 1)
+        class_b, next_j = (ANY_CHAR, j) if star_b else (b[j], j + 1)
         char = class_a.first_common(class_b)
         if char is not None:
-            yield (next_i, next_j, True), char
+            yield (next_i, next_j, True, star_a, star_b), char, 1
 
 
 # --- the index ---------------------------------------------------------------------------

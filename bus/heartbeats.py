@@ -207,6 +207,22 @@ def _changes(last: tuple | None, status: str, task: str | None,
     return found
 
 
+# A harness session's moments (Claude Code's and Codex's hooks report them) as beats: a
+# session that started or went idle is `idle`, one at work `working`, and one that ended
+# `stopped`, so that no view shows it live. The beat keeps the agent's task and progress.
+PRESENCE_STATUS = {"started": "idle", "working": "working", "idle": "idle", "ended": STOPPED}
+
+
+def presence(conn: apsw.Connection, agent: str, moment: str, now: int | None = None) -> int:
+    """Beat for `agent` as its session's `moment` (a key of PRESENCE_STATUS) says;
+    return the beat time. ValidationFailed for a moment not in PRESENCE_STATUS."""
+    status = PRESENCE_STATUS.get(moment)
+    if status is None:
+        raise ValidationFailed("moment", f"{moment!r} is not one of:"
+                               f" {', '.join(PRESENCE_STATUS)}")
+    return beat(conn, agent, status, KEEP, KEEP, now)
+
+
 def forget(conn: apsw.Connection, agent: str) -> bool:
     """Delete the agent's heartbeat row, and its file reservations, inside the caller's
     transaction; False if it had no heartbeat."""

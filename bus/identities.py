@@ -35,6 +35,20 @@ _GET_SQL = "SELECT value FROM meta WHERE key = ?"
 _PUT_SQL = ("INSERT INTO meta (key, value) VALUES (?, ?)"
             " ON CONFLICT (key) DO UPDATE SET value = excluded.value")
 _BEAT_SQL = "SELECT ts_ms, status FROM heartbeats WHERE agent_id = ?"
+# A compound SELECT with LIMIT 1 stops at the first part that finds the name, so the
+# key lookups come first and only a name none of them knows pays for the last part:
+# "a message from it" reads the log (no index has from_agent first: one would be paid
+# on every publish), which is the rare case of a recipient never seen.
+_EVER_SEEN_SQL = (
+    "SELECT 1 FROM heartbeats WHERE agent_id = :name"
+    " UNION ALL SELECT 1 FROM cursors WHERE agent_id = :name"
+    " UNION ALL SELECT 1 FROM workers WHERE worker_id = :name"
+    " UNION ALL SELECT 1 FROM meta WHERE key = :key"
+    " UNION ALL SELECT 1 FROM receipts WHERE agent = :name"
+    " UNION ALL SELECT 1 FROM tokens WHERE agent = :name"
+    " UNION ALL SELECT 1 FROM messages WHERE from_agent = :name"
+    " LIMIT 1"
+)
 
 
 class NameTaken(BusError):
@@ -61,6 +75,23 @@ class BadReclaimToken(BusError):
                          " free name, or give the token of your earlier join")
         self.field = "reclaim_token"
         self.name = name
+
+
+def ever_seen(conn: apsw.Connection, name: str) -> bool:
+    """Whether any trace of an agent `name` is on the bus: a heartbeat, a cursor, a worker,
+    a joined name, a delivery to it, a token or a message from it."""
+    return conn.execute(_EVER_SEEN_SQL, {"name": name, "key": _KEY_PREFIX + name}).get is not None
+
+
+def recipient_warning(conn: apsw.Connection, to: str | None) -> str | None:
+    """What to tell the sender of a message to `to` when no agent of that name was ever
+    seen (`ever_seen`); None for a broadcast or a known name. Such a message is still
+    accepted, since its agent may come later, but the name is likely a typo."""
+    if to is None or ever_seen(conn, to):
+        return None
+    return (f"no agent named {to!r} is known to this bus (no heartbeat, cursor, worker,"
+            " token, delivery or message from it); the message waits for it. Check the"
+            " name: bus status lists the agents")
 
 
 def join_name(conn: apsw.Connection, name: str, reclaim_token: str | None = None,

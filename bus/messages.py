@@ -52,14 +52,23 @@ _INSERT_SQL = f"{_INSERT_HEAD}{_ROW_VALUES} ON CONFLICT (id) DO NOTHING RETURNIN
 _SEQ_BY_ID_SQL = "SELECT seq FROM messages WHERE id = ?"
 # Two index range scans merged by seq: the cost follows `limit`, not the
 # backlog. The seed's `to_agent IS NULL OR to_agent = ?` sorts every waiting row.
-_POLL_SQL = (
+# An agent's own broadcasts are not waiting for it (it knows what it said): the
+# broadcast scan passes them over unless asked (`_WITH_OWN`). A message an agent
+# addressed to itself is one it asked for, and comes like any other.
+_NOT_OWN = " AND from_agent <> :agent"
+_POLL_WITH_OWN_SQL = (
     f"SELECT {_COLUMNS} FROM messages WHERE to_agent = :agent AND seq > :after"
     f" UNION ALL SELECT {_COLUMNS} FROM messages WHERE to_agent IS NULL AND seq > :after"
     " ORDER BY seq LIMIT :limit"
 )
+_POLL_SQL = (
+    f"SELECT {_COLUMNS} FROM messages WHERE to_agent = :agent AND seq > :after"
+    f" UNION ALL SELECT {_COLUMNS} FROM messages WHERE to_agent IS NULL AND seq > :after"
+    f"{_NOT_OWN} ORDER BY seq LIMIT :limit"
+)
 _PENDING_COUNT_SQL = (
     "SELECT (SELECT count(*) FROM messages WHERE to_agent = :agent AND seq > :after)"
-    " + (SELECT count(*) FROM messages WHERE to_agent IS NULL AND seq > :after)"
+    f" + (SELECT count(*) FROM messages WHERE to_agent IS NULL AND seq > :after{_NOT_OWN})"
 )
 _LIST_SQL = f"SELECT {_COLUMNS} FROM messages WHERE seq > ? ORDER BY seq LIMIT ?"
 _TAIL_SQL = f"SELECT {_COLUMNS} FROM messages ORDER BY seq DESC LIMIT ?"
@@ -70,12 +79,18 @@ _REPLY_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE seq > :after AND in_reply_
 _FIRST_WAITING_SQL = (
     "SELECT min(seq) FROM (SELECT min(seq) AS seq FROM messages"
     " WHERE to_agent = :agent AND seq > :after"
-    " UNION ALL SELECT min(seq) FROM messages WHERE to_agent IS NULL AND seq > :after)"
+    f" UNION ALL SELECT min(seq) FROM messages WHERE to_agent IS NULL AND seq > :after{_NOT_OWN})"
+)
+# The agent's own broadcasts in a row above `after`, up to the next message waiting for it.
+_LAST_OWN_BEFORE_SQL = (
+    "SELECT max(seq) FROM messages WHERE to_agent IS NULL AND from_agent = :agent"
+    " AND seq > :after AND seq < :before"
 )
 # What an answer needs of the message it answers: no payload read.
 _ADDRESS_SQL = "SELECT id, from_agent, to_agent, correlation_id FROM messages WHERE seq = ?"
 _LAST_SEQ_SQL = "SELECT max(seq) FROM messages"  # the newest row is never deleted
 _COUNT_SQL = "SELECT count(*) FROM messages"
+_SEQ_END = 2**63 - 1  # above every seq SQLite can assign
 _REFERENCED_BLOBS_SQL = "SELECT DISTINCT payload_ref FROM messages WHERE payload_ref IS NOT NULL"
 
 
@@ -373,12 +388,17 @@ def _seqs_by_ids_sql(count: int) -> str:
 
 
 def select_for_agent(conn: apsw.Connection, agent: str, after: int, limit: int,
-                     blobs: BlobStore | None = None, preview: int = 0) -> list[Message]:
-    rows = conn.execute(_POLL_SQL, {"agent": agent, "after": after, "limit": limit})
+                     blobs: BlobStore | None = None, preview: int = 0,
+                     include_own: bool = False) -> list[Message]:
+    """The messages for `agent` (to it, or broadcast by another) above `after`, in seq order;
+    with `include_own`, its own broadcasts too."""
+    sql = _POLL_WITH_OWN_SQL if include_own else _POLL_SQL
+    rows = conn.execute(sql, {"agent": agent, "after": after, "limit": limit})
     return [row_to_message(row, blobs, preview) for row in rows]
 
 
 def pending_count(conn: apsw.Connection, agent: str, after: int) -> int:
+    """How many messages wait for `agent` above `after` (its own broadcasts are not waiting)."""
     return conn.execute(_PENDING_COUNT_SQL, {"agent": agent, "after": after}).get
 
 
@@ -397,8 +417,23 @@ def select_reply(conn: apsw.Connection, agent: str, message_id: str, after: int,
 
 
 def first_waiting(conn: apsw.Connection, agent: str, after: int) -> int | None:
-    """The seq of the first message for `agent` (or broadcast) above `after`, or None."""
+    """The seq of the first message for `agent` (to it, or broadcast by another) above
+    `after`, or None."""
     return conn.execute(_FIRST_WAITING_SQL, {"agent": agent, "after": after}).get
+
+
+def past_own(conn: apsw.Connection, agent: str, seq: int) -> int:
+    """Where a cursor goes once `agent` handled `seq`: `seq`, or past the agent's own
+    broadcasts that follow it before the next message waiting for it.
+
+    Poll passes over an agent's own broadcasts, so nothing else would move its
+    cursor past those after the last message it was shown; left there, they
+    would hold back retention and stand as lag.
+    """
+    before = first_waiting(conn, agent, seq)
+    own = conn.execute(_LAST_OWN_BEFORE_SQL, {"agent": agent, "after": seq,
+                                              "before": before or _SEQ_END}).get
+    return seq if own is None else own
 
 
 class Address(NamedTuple):

@@ -138,8 +138,12 @@ class ClaudeSession:
 
     def tool(self, name: str = "Bash") -> HookReply:
         reply = self.hook("PostToolUse", tool_name=name, tool_input={}, tool_response={})
-        if reply.output and reply.output.get("decision") == "block":
-            self.inputs.append(reply.output["reason"])
+        self._take_context(reply)
+        return reply
+
+    def end(self) -> HookReply:
+        reply = self.hook("SessionEnd", reason="prompt_input_exit")
+        assert (reply.code, reply.output) == (0, None), reply.stderr  # its output is ignored
         return reply
 
     def start_stop(self) -> subprocess.Popen:
@@ -160,6 +164,8 @@ class ClaudeSession:
         return self.finish_stop(self.start_stop())
 
     def _take_context(self, reply: HookReply) -> None:
+        """Context reaches the model; a `decision` here would be shown as a hook error."""
         assert reply.code == 0, reply.stderr
         if reply.output:
+            assert set(reply.output) == {"hookSpecificOutput"}, reply.output
             self.inputs.append(reply.output["hookSpecificOutput"]["additionalContext"])

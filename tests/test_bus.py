@@ -276,6 +276,6 @@ def test_a_finished_threads_connection_and_watcher_are_closed(bus: Bus):
         gc.collect()
         time.sleep(0.01)
     assert open_fds() <= before
-    assert bus.poll("t", 100)  # the bus still serves its own thread after all that
+    assert bus.poll("u", 100)  # the bus still serves its own thread after all that
     bus.close()
     bus.close()

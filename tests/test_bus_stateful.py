@@ -36,7 +36,7 @@ class BusModel(RuleBasedStateMachine):
     def open_bus(self):
         self.dir = Path(tempfile.mkdtemp(prefix="agentbus-stateful-"))
         self.bus = Bus.open(self.dir / "bus.db")
-        self.log: list[tuple[int, str, str | None, object]] = []
+        self.log: list[tuple[int, str, str, str | None, object]] = []  # seq id from to payload
         self.cursors: dict[str, int] = {}
         self.cursor_history: dict[str, list[int]] = {}
 
@@ -44,40 +44,58 @@ class BusModel(RuleBasedStateMachine):
         self.bus.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def expected_for(self, agent: str) -> list[tuple[int, object]]:
+    @staticmethod
+    def is_for(agent: str, sender: str, to: str | None, include_own: bool = False) -> bool:
+        """Addressed to `agent`, or another's broadcast (its own too with include_own)."""
+        return to == agent or (to is None and (include_own or sender != agent))
+
+    def expected_for(self, agent: str, include_own: bool) -> list[tuple[int, object]]:
         after = self.cursors.get(agent, 0)
-        return [(seq, payload) for seq, _id, to, payload in self.log
-                if seq > after and to in (None, agent)]
+        return [(seq, payload) for seq, _id, sender, to, payload in self.log
+                if seq > after and self.is_for(agent, sender, to, include_own)]
+
+    def past_own(self, agent: str, seq: int) -> int:
+        """`seq`, or the last of the agent's own broadcasts after it before its next message."""
+        end = seq
+        for later, _id, sender, to, _payload in self.log:
+            if later <= seq:
+                continue
+            if self.is_for(agent, sender, to):
+                break
+            if to is None and sender == agent:
+                end = later
+        return end
 
     @rule(sender=AGENTS, to=RECIPIENTS, message_id=IDS, payload=PAYLOADS)
     def publish(self, sender, to, message_id, payload):
         result = self.bus.publish(sender, "t", payload, to=to, id=message_id)
-        known = {id_: seq for seq, id_, _to, _p in self.log}
+        known = {id_: seq for seq, id_, _s, _to, _p in self.log}
         if message_id in known:
             assert (result.duplicate, result.seq) == (True, known[message_id])
         else:
             assert not result.duplicate
             assert result.seq > (self.log[-1][0] if self.log else 0)
-            self.log.append((result.seq, result.id, to, payload))
+            self.log.append((result.seq, result.id, sender, to, payload))
 
     @rule(batch=st.lists(st.tuples(AGENTS, RECIPIENTS, PAYLOADS), min_size=1, max_size=5))
     def publish_many(self, batch):
         results = self.bus.publish_many(
             [{"from_agent": s, "type": "t", "to": to, "payload": p} for s, to, p in batch])
-        for result, (_s, to, payload) in zip(results, batch):
-            self.log.append((result.seq, result.id, to, payload))
+        for result, (sender, to, payload) in zip(results, batch):
+            self.log.append((result.seq, result.id, sender, to, payload))
 
-    @rule(agent=AGENTS, limit=st.integers(1, 8))
-    def poll(self, agent, limit):
-        got = [(m.seq, m.payload) for m in self.bus.poll(agent, limit)]
-        assert got == self.expected_for(agent)[:limit]
+    @rule(agent=AGENTS, limit=st.integers(1, 8), include_own=st.booleans())
+    def poll(self, agent, limit, include_own):
+        got = [(m.seq, m.payload) for m in self.bus.poll(agent, limit, include_own=include_own)]
+        assert got == self.expected_for(agent, include_own)[:limit]
 
     @precondition(lambda self: self.log)
-    @rule(agent=AGENTS, data=st.data())
-    def ack(self, agent, data):
+    @rule(agent=AGENTS, data=st.data(), include_own=st.booleans())
+    def ack(self, agent, data, include_own):
         seq = data.draw(st.sampled_from([s for s, *_ in self.log]))
-        position = self.bus.ack(agent, seq)
-        self.cursors[agent] = max(self.cursors.get(agent, 0), seq)
+        position = self.bus.ack(agent, seq, include_own=include_own)
+        target = seq if include_own else self.past_own(agent, seq)
+        self.cursors[agent] = max(self.cursors.get(agent, 0), target)
         assert position == self.cursors[agent]
 
     @rule(agent=AGENTS)

@@ -73,10 +73,51 @@ def test_claude_code_merge_keeps_everything_else_and_is_idempotent(before):
 
 
 def test_claude_code_merge_refuses_shapes_claude_code_would_not_read():
-    with pytest.raises(ValidationFailed, match="hooks: in the settings file is not an object"):
+    with pytest.raises(ValidationFailed, match="hooks: in the settings file is not a JSON object"):
         claude_code.merge_settings({"hooks": []}, OURS, TIMEOUTS)
     with pytest.raises(ValidationFailed, match="hooks.Stop: in the settings file is not a list"):
         claude_code.merge_settings({"hooks": {"Stop": {}}}, OURS, TIMEOUTS)
+    allow = claude_code.mcp_allow_rules("agentbus")
+    with pytest.raises(ValidationFailed, match="permissions: .* is not a JSON object"):
+        claude_code.merge_settings({"permissions": ["x"]}, OURS, TIMEOUTS, allow)
+    with pytest.raises(ValidationFailed, match="permissions.allow: .* is not a JSON list"):
+        claude_code.merge_settings({"permissions": {"allow": "x"}}, OURS, TIMEOUTS, allow)
+    with pytest.raises(ValidationFailed, match="env: .* is not a JSON object"):
+        claude_code.merge_env({"env": []}, "BUS_AGENT", "lead")
+
+
+def test_claude_code_merge_adds_the_mcp_rule_once_and_keeps_every_other_rule():
+    before = {"permissions": {"allow": ["Bash(npm test)"], "deny": ["Read(.env)"]}}
+    allow = claude_code.mcp_allow_rules("bus-team")
+    assert allow == ["mcp__bus-team__*"]
+    merged = claude_code.merge_settings(before, OURS, TIMEOUTS, allow)
+    assert merged["permissions"] == {"allow": ["Bash(npm test)", "mcp__bus-team__*"],
+                                     "deny": ["Read(.env)"]}
+    assert claude_code.merge_settings(merged, OURS, TIMEOUTS, allow) == merged
+    with pytest.raises(ValidationFailed, match="mcp-server: 'a b' is not an MCP server name"):
+        claude_code.mcp_allow_rules("a b")
+
+
+def test_claude_code_merge_env_names_the_agent_and_keeps_the_rest():
+    merged = claude_code.merge_env({"env": {"FOO": "1"}, "model": "x"}, "BUS_AGENT", "lead")
+    assert merged == {"env": {"FOO": "1", "BUS_AGENT": "lead"}, "model": "x"}
+
+
+@pytest.mark.parametrize("value, cap", [(None, 8), ("3", 3), (" 12 ", 12), ("0", 0), ("-1", 8),
+                                        ("two", 8), ("", 8), ("2.5", 8)])
+def test_claude_code_stop_cap_reads_claude_codes_variable_else_its_default(value, cap):
+    environ = {} if value is None else {"CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": value}
+    assert claude_code.stop_block_cap(environ) == cap
+    assert claude_code.continues_allowed(10, environ) == min(10, cap)  # never beyond the cap
+    assert claude_code.continues_allowed(1, environ) == min(1, cap)
+
+
+def test_claude_code_max_continues_above_the_cap_is_refused_with_the_fix():
+    claude_code.check_max_continues(8, {})
+    with pytest.raises(ValidationFailed, match=r"max-continues: is 9, but Claude Code honours at"
+                       r" most 8 Stop blocks in a row \(CLAUDE_CODE_STOP_HOOK_BLOCK_CAP"):
+        claude_code.check_max_continues(9, {})
+    claude_code.check_max_continues(20, {"CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": "20"})
 
 
 def test_claude_code_is_ours_knows_bus_hook_claude_only():

@@ -76,6 +76,10 @@ def test_rewake_waits_then_exits_2_with_the_message_on_stderr_and_acks_it(tmp_pa
     assert reply.code == claude_rewake.WAKE_EXIT
     assert f"#{seq} planner -> w1 note" in reply.stderr and "wake up" in reply.stderr
     assert cursor(db) == []
+    with Bus.open(db) as bus:
+        receipt = bus.receipt(seq)
+    assert receipt.state == "acked"
+    assert (receipt.delivery.via, receipt.delivery.session) == ("hook:rewake", claude.session_id)
 
 
 def test_rewake_delivers_what_already_waits_at_once(tmp_path, db):
@@ -203,6 +207,8 @@ def test_rewake_posts_to_the_sessions_inbox_socket_and_exits_0(tmp_path, db):
     assert message["type"] == "user" and message["message"]["role"] == "user"
     assert f"#{seq} planner -> w1 note" in message["message"]["content"]
     assert cursor(db) == []
+    with Bus.open(db) as bus:
+        assert bus.receipt(seq).delivery.via == "claude:inbox"
 
 
 def test_rewake_falls_back_to_stderr_when_the_inbox_socket_is_gone(tmp_path, db):

@@ -151,9 +151,13 @@ def test_init_json_reports_path_created_and_version(db_path: Path) -> None:
     first = run(["init", "--json"], db_path)
     second = run(["init", "--json"], db_path)
     assert first.exit_code == second.exit_code == 0
-    assert json.loads(first.stdout) == {"path": str(db_path), "created": True, "schema_version": LATEST_VERSION}
+    outside_git = {"repository": None, "pattern": None, "exclude_file": None, "added": False}
+    assert json.loads(first.stdout) == {"path": str(db_path), "created": True,
+                                        "schema_version": LATEST_VERSION,
+                                        "git_exclude": outside_git}
     assert json.loads(second.stdout) == {"path": str(db_path), "created": False,
-                                         "schema_version": LATEST_VERSION}
+                                         "schema_version": LATEST_VERSION,
+                                         "git_exclude": outside_git}
 
 
 def test_init_defaults_to_worker_state_path(tmp_path: Path, monkeypatch) -> None:
@@ -162,6 +166,58 @@ def test_init_defaults_to_worker_state_path(tmp_path: Path, monkeypatch) -> None
     assert result.exit_code == 0
     assert result.stdout == f"bus created at .worker-state/bus.db (schema version {LATEST_VERSION})\n"
     assert (tmp_path / ".worker-state" / "bus.db").is_file()
+
+
+def git_repository(path: Path) -> Path:
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    return path
+
+
+def test_init_in_a_git_checkout_excludes_the_bus_directory_once(tmp_path: Path,
+                                                                monkeypatch) -> None:
+    repo = git_repository(tmp_path / "repo")
+    exclude = repo / ".git" / "info" / "exclude"
+    before = exclude.read_text()
+    monkeypatch.chdir(repo)
+    first = run(["init"])
+    assert first.exit_code == 0
+    assert first.stdout == (
+        f"bus created at .worker-state/bus.db (schema version {LATEST_VERSION})\n"
+        "added .worker-state/ to .git/info/exclude so git status ignores it\n")
+    second = run(["init", "--json"])
+    assert json.loads(second.stdout)["git_exclude"] == {
+        "repository": str(repo.resolve()), "pattern": "/.worker-state/", "exclude_file": None,
+        "added": False}
+    assert exclude.read_text() == before + "/.worker-state/\n"  # once, after git's own lines
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo,
+                            capture_output=True, text=True, check=True)
+    assert status.stdout == ""
+
+
+def test_init_excludes_in_the_repository_that_holds_the_bus_not_the_current_one(
+        tmp_path: Path, monkeypatch) -> None:
+    here, there = git_repository(tmp_path / "here"), git_repository(tmp_path / "there")
+    here_before = (here / ".git" / "info" / "exclude").read_text()
+    monkeypatch.chdir(here)
+    result = run(["init", "--json"], there / "state" / "bus.db")
+    assert json.loads(result.stdout)["git_exclude"] == {
+        "repository": str(there.resolve()), "pattern": "/state/",
+        "exclude_file": str((there / ".git" / "info" / "exclude").resolve()), "added": True}
+    assert (here / ".git" / "info" / "exclude").read_text() == here_before
+    assert (there / ".git" / "info" / "exclude").read_text().endswith("\n/state/\n")
+
+
+def test_init_outside_git_or_at_the_top_of_a_checkout_writes_no_exclude(tmp_path: Path) -> None:
+    repo = git_repository(tmp_path / "repo")
+    before = (repo / ".git" / "info" / "exclude").read_text()
+    at_top = run(["init", "--json"], repo / "bus.db")
+    assert json.loads(at_top.stdout)["git_exclude"] == {
+        "repository": str(repo.resolve()), "pattern": None, "exclude_file": None, "added": False}
+    assert (repo / ".git" / "info" / "exclude").read_text() == before
+    outside = run(["init"], tmp_path / "plain" / "bus.db")
+    assert outside.stdout == (f"bus created at {tmp_path / 'plain' / 'bus.db'}"
+                              f" (schema version {LATEST_VERSION})\n")
+    assert not (tmp_path / ".git").exists() and not (tmp_path / "plain" / ".git").exists()
 
 
 def test_init_respects_bus_db_env_var(tmp_path: Path, monkeypatch) -> None:
@@ -280,6 +336,7 @@ def test_commands_exit_75_when_database_stays_locked(initialized: Path) -> None:
 
 
 def test_publish_prints_seq_id_and_durability(bus: Bus, db_path: Path) -> None:
+    bus.heartbeat("worker-1")  # a name the bus knows: no warning
     result = run(["publish", "--from", "planner", "--to", "worker-1", "--type", "task_assign",
                   "--payload", '{"task": "t1"}'], db_path)
     assert result.exit_code == 0
@@ -290,6 +347,25 @@ def test_publish_prints_seq_id_and_durability(bus: Bus, db_path: Path) -> None:
     assert (message.seq, message.id, message.from_agent, message.to_agent, message.type,
             message.payload) == (1, match.group(1), "planner", "worker-1", "task_assign",
                                  {"task": "t1"})
+
+
+def test_publish_to_a_name_never_seen_is_accepted_with_a_warning(bus: Bus,
+                                                                   db_path: Path) -> None:
+    bus.heartbeat("worker-1")
+    warning = ("Warning: no agent named 'worker-l' is known to this bus (no heartbeat, cursor,"
+               " worker, token, delivery or message from it); the message waits for it. Check"
+               " the name: bus status lists the agents\n")
+    typo = run(["publish", "--from", "planner", "--to", "worker-l", "--type", "t"], db_path)
+    assert (typo.exit_code, typo.stderr) == (0, warning)
+    assert typo.stdout.startswith("published seq 1 ")
+    as_json = run(["publish", "--from", "planner", "--to", "worker-l", "--type", "t", "--json"],
+                  db_path)
+    assert json.loads(as_json.stdout)["warning"] == warning[len("Warning: "):-1]
+    assert as_json.stderr == warning
+    assert [m.to_agent for m in bus.list_messages()] == ["worker-l", "worker-l"]
+    for known in (["--to", "worker-1"], ["--to", "planner"], []):  # a sender is known too
+        result = run(["publish", "--from", "planner", "--type", "t", "--json", *known], db_path)
+        assert result.stderr == "" and "warning" not in json.loads(result.stdout)
 
 
 def test_publish_json_has_exact_keys(bus: Bus, db_path: Path) -> None:
@@ -509,6 +585,20 @@ def test_poll_shows_own_and_broadcast_messages_only(bus: Bus, db_path: Path) -> 
         (1, "for_w1", "w1"), (3, "for_all", None), (4, "for_w1_again", "w1")]
     w2 = json_lines(run(["poll", "--agent", "w2", "--json"], db_path).stdout)
     assert [r["seq"] for r in w2] == [2, 3]
+
+
+def test_poll_records_the_delivery_of_the_direct_messages_it_shows(bus: Bus,
+                                                                    db_path: Path) -> None:
+    direct = bus.publish("planner", "for_w1", to="w1").seq
+    broadcast = bus.publish("planner", "for_all").seq
+    assert bus.receipt(direct).state == "sent"
+    run(["poll", "--agent", "w1", "--json"], db_path)
+    receipt = bus.receipt(direct)
+    assert (receipt.state, receipt.delivery.via, receipt.delivery.deliveries) == (
+        "delivered", "poll", 1)
+    assert bus.receipt(broadcast) is None
+    run(["ack", "--agent", "w1", "--seq", str(direct)], db_path)
+    assert bus.receipt(direct).state == "acked"
 
 
 def test_poll_human_format(bus: Bus, db_path: Path) -> None:

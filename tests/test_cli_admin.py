@@ -48,6 +48,7 @@ def test_status_text_shows_every_part(seeded: Bus, db_path: Path) -> None:
     assert lines[6:8] == ["agents: 1 alive", "  agent  state  silent  status   task"]
     assert re.fullmatch(r"  w1     alive  \d+\.\d s +working  t1", lines[8])
     assert lines[9:] == [
+        "receipts: every direct message acked",
         "claims: 0 held, 0 expiring soon, 0 expired, 0 taken over, 0 dead",
         "tasks: 0 ready, 0 blocked, 0 held, 0 done, 0 cancelled",
         "workers: none", "reservations: none", "channels: none",
@@ -87,7 +88,7 @@ def test_status_json(seeded: Bus, db_path: Path) -> None:
     out = json.loads(result.stdout)
     assert set(out) == {"now_ms", "file", "log", "consumers", "agents", "agents_by_state",
                         "claims", "workers", "worker_list", "channels", "pump", "export",
-                        "tasks", "reservations"}
+                        "tasks", "reservations", "receipts"}
     assert out["log"] == {"messages": 3, "last_seq": 3, "oldest_seq": 1,
                           "oldest_ts_ms": out["log"]["oldest_ts_ms"]}
     assert [(c["agent"], c["cursor"], c["pending"], c["lag"]) for c in out["consumers"]] == [

@@ -43,8 +43,11 @@ NOT_ON_THE_COMMAND_LINE = {
     "recipient": "a dead letter's recipient who left its channel (bus dlq replay)",
     "stdin": "bus hook claude: the event Claude Code sends on stdin",
     "hooks": "bus hook install claude: a .claude/settings.json whose hooks is no object",
+    "moment": "heartbeats.presence: a session's moment, which bus hook claude maps from its event",
     "before": "bus serve's message browser: /messages?before=SEQ, a URL parameter",
     "text": "bus serve's message browser: /messages?text=..., a URL parameter",
+    "via": "Bus.record_delivered(via=...): the place that showed a message, set by the bus",
+    "session": "Bus.record_delivered(session=...): a hook's session id, read from the event",
 }
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -239,3 +242,74 @@ def test_write_transaction_waiting_for_the_lock_lets_other_threads_run(db_path, 
     assert time.monotonic() - started < 2.5
     holder.close()
     waiter.close()
+
+
+# --- no stray descriptor on the database file ---------------------------------------------------
+
+
+def own_locks(path: Path) -> list[str]:
+    """This process's POSIX locks on `path`'s inode, as /proc/locks lists them (kind and range)."""
+    inode = path.stat().st_ino
+    mine = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 8 and fields[4] == str(os.getpid()) and fields[5].endswith(f":{inode}"):
+            mine.append(" ".join(fields[1:4] + fields[6:8]))
+    return sorted(mine)
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux's /proc/locks")
+def test_a_second_open_keeps_the_first_connections_locks(db_path):
+    with Bus.open(db_path) as first:
+        first.publish("a", "hello")
+        first.conn.execute("BEGIN")
+        first.conn.execute("SELECT count(*) FROM messages").fetchall()
+        held = own_locks(db_path)
+        assert held, "a read transaction holds a lock on the database file"
+        Bus.open(db_path).close()
+        connect(db_path, readonly=True).close()
+        assert own_locks(db_path) == held
+        first.conn.execute("COMMIT")
+
+
+CLOSING_WRITER = """
+import sys
+from bus import Bus
+for i in range(int(sys.argv[2])):
+    with Bus.open(sys.argv[1]) as bus:  # each close may be the last one: it checkpoints the WAL
+        bus.publish("closer", "tick", {"i": i})
+"""
+
+
+def test_commits_survive_other_opens_and_closes_beside_a_long_lived_writer(db_path):
+    """One process writes on one connection while it also opens and closes others, and another
+    process opens, writes and closes over and over. Had an open dropped the writer's locks,
+    another process's close would take itself for the last one and remove the WAL the writer
+    still commits into: those commits would be lost."""
+    closer_writes = 100
+    with Bus.open(db_path) as writer:
+        writer.publish("writer", "work", {"i": -1})  # its lock on the file is taken
+        closer = subprocess.Popen([sys.executable, "-c", CLOSING_WRITER, str(db_path),
+                                   str(closer_writes)], stderr=subprocess.PIPE)
+        stop = threading.Event()
+
+        def open_and_close() -> None:
+            while not stop.is_set():
+                Bus.open(db_path).close()
+
+        opener = threading.Thread(target=open_and_close)
+        opener.start()
+        ids = set()
+        try:
+            while closer.poll() is None:  # write for as long as the other process comes and goes
+                ids.add(writer.publish("writer", "work", {"i": len(ids)}).id)
+        finally:
+            stop.set()
+            opener.join()
+        assert closer.wait(timeout=120) == 0, closer.stderr.read().decode()
+        assert len(ids) > 100, "the writer wrote while the other process came and went"
+    with Bus.open(db_path) as after:
+        rows = after.conn.execute("SELECT id, from_agent FROM messages").fetchall()
+        assert after.conn.execute("PRAGMA integrity_check").get == "ok"
+    assert ids <= {row_id for row_id, sender in rows if sender == "writer"}
+    assert sum(sender == "closer" for _, sender in rows) == closer_writes

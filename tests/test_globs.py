@@ -72,6 +72,34 @@ def test_glob_overlap_agrees_with_brute_force(a: str, b: str, extra: list[str]) 
             assert pathspec_matches(a, witness) and pathspec_matches(b, witness)
 
 
+@given(patterns(PATTERN_SEGMENTS + ["*.md", "docs", "[!a-z]*"]))
+@example("docs/*.md")
+@example("**/test_*.py")
+def test_glob_example_path_matches_it_and_reads_as_a_file_name(pattern: str) -> None:
+    """The example a conflict names (a glob's overlap with itself) is a path the glob and
+    git match, each star given a character: docs/a.md for docs/*.md, not docs/.md."""
+    glob = parse_glob(pattern)
+    example_path = glob.overlap(glob)
+    assert example_path is not None and glob.matches(example_path)
+    if "!" not in pattern:
+        assert pathspec_matches(pattern, example_path)
+    assert example_path.isprintable()
+    assert not any(segment.startswith(".") for segment in example_path.split("/"))
+
+
+@pytest.mark.parametrize("a, b, example_path", [
+    ("docs/*.md", "docs/*.md", "docs/a.md"),
+    ("docs/*.md", "docs/", "docs/a.md"),
+    ("*.md", "docs/**", "docs/a.md"),
+    ("**/x", "a/**", "a/x"),
+    ("src/[!a]*", "src/*", "src/ba"),
+    ("[!a-z0-9_-]", "*", "!"),
+    (".md", "*.md", ".md"),  # the one path both match: the star matches nothing
+])
+def test_glob_overlap_names_a_readable_example_path(a: str, b: str, example_path: str) -> None:
+    assert parse_glob(a).overlap(parse_glob(b)) == example_path
+
+
 @pytest.mark.parametrize("a, b, overlap", [
     ("src/auth/**", "src/auth/login.py", True),
     ("src/auth/**", "docs/**", False),

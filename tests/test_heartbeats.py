@@ -474,3 +474,16 @@ def test_heartbeat_of_a_killed_process_goes_warn_stale_dead(db_path, bus, childr
         ("victim", "dead"), ("bystander", "alive")]
     # nothing beat for the victim after it was killed
     assert row_of(bus, "victim")[1] == ts
+
+
+def test_presence_maps_a_sessions_moments_to_beats_and_keeps_the_task(bus: Bus):
+    conn = bus.conn
+    heartbeats.beat(conn, "w1", "working", "t1", 0.5)
+    for moment, status in [("started", "idle"), ("working", "working"), ("idle", "idle"),
+                           ("ended", "stopped")]:
+        heartbeats.presence(conn, "w1", moment)
+        [row] = heartbeats.liveness(conn, heartbeats.now_ms(), Thresholds())
+        assert (row.status, row.task, row.progress) == (status, "t1", 0.5)
+    assert row.state == "stopped"  # an ended session is never shown live
+    with pytest.raises(ValidationFailed, match="moment: 'gone' is not one of: started,"):
+        heartbeats.presence(conn, "w1", "gone")

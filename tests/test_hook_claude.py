@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,13 +92,16 @@ def test_hook_context_events_add_the_messages_as_context_and_ack_them(db, env, n
     assert (again.returncode, again.stdout, again.stderr) == (0, b"", b"")
 
 
-def test_hook_post_tool_use_blocks_with_the_messages_as_reason(db, env):
+def test_hook_post_tool_use_adds_the_messages_as_context_not_as_a_block(db, env):
+    """`decision: block` after a tool is shown as a "hook blocking error": messages are not."""
     [seq] = publish(db, ("review", {"file": "a.py", "verdict": "fix the typo"}))
     out = answer(hook(db, env, event("PostToolUse", tool_name="Edit", tool_input={},
                                      tool_response={})))
-    assert set(out) == {"decision", "reason"} and out["decision"] == "block"
-    assert out["reason"].startswith("agentbus: 1 message for w1:\n#")
-    assert '{"file":"a.py","verdict":"fix the typo"}' in out["reason"]
+    assert set(out) == {"hookSpecificOutput"}
+    assert out["hookSpecificOutput"]["hookEventName"] == "PostToolUse"
+    text = out["hookSpecificOutput"]["additionalContext"]
+    assert text.startswith("agentbus: 1 message for w1:\n#")
+    assert '{"file":"a.py","verdict":"fix the typo"}' in text
     assert cursor(db) == seq
     quiet = hook(db, env, event("PostToolUse", tool_name="Edit"))
     assert (quiet.returncode, quiet.stdout) == (0, b"")
@@ -136,8 +140,7 @@ def test_hook_stop_streak_file_exists_only_during_a_streak(db, env):
     assert list((db.parent / "claude-hooks").iterdir()) == []
 
 
-@pytest.mark.parametrize("name", ["Notification", "PreCompact", "SessionEnd", "SubagentStop",
-                                  "PreToolUse"])
+@pytest.mark.parametrize("name", ["Notification", "PreCompact", "SubagentStop", "PreToolUse"])
 def test_hook_unknown_events_are_a_no_op(db, env, name):
     [seq] = publish(db, ("note", "x"))
     done = hook(db, env, event(name))
@@ -270,10 +273,8 @@ def test_hook_agent_auto_in_a_spawned_worktree_is_that_worker(tmp_path, env):
     listed = run("bus", ["--db", str(db), "inbox", "--agent", "auto", "--format", "json"], env,
                  worktree)
     assert json.loads(listed.stdout)["agent"] == "w7"
-    outside = run("bus", ["--db", str(db), "hook", "claude", "--agent", "auto"], env, tmp_path,
-                  input=json.dumps(event("SessionStart") | {"cwd": str(repo)}).encode(),
-                  check=False)
-    assert outside.returncode == 1 and outside.stdout == b""
+    outside = run("bus", ["--db", str(db), "inbox", "--agent", "auto"], env, repo, check=False)
+    assert outside.returncode == 2 and outside.stdout == b""
     assert b"auto found no worker whose worktree contains" in outside.stderr
     # Claude Code names the session's project directory; Claude may have cd'ed out of it.
     publish(db, ("hint", "third"), to="w7")
@@ -308,10 +309,13 @@ def test_install_creates_the_settings_file(tmp_path, db, env):
     done = install(db, env, tmp_path, "--wait", "300")
     path = tmp_path / ".claude" / "settings.json"
     assert done.stdout.decode() == (f"hooks for SessionStart, UserPromptSubmit, PostToolUse,"
-                                    f" Stop and the idle wake on SessionStart, Stop written to"
-                                    f" {path}\n")
-    hooks = json.loads(path.read_text())["hooks"]
-    assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop"}
+                                    f" Stop, SessionEnd, the idle wake on SessionStart, Stop and the rule"
+                                    f" mcp__agentbus__* written to {path}\n")
+    settings = json.loads(path.read_text())
+    assert settings["permissions"] == {"allow": ["mcp__agentbus__*"]}
+    hooks = settings["hooks"]
+    assert set(hooks) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop",
+                          "SessionEnd"}
     assert hooks["PostToolUse"][0]["matcher"] == "*"
     assert "matcher" not in hooks["Stop"][0]
     stop = hooks["Stop"][0]["hooks"][0]
@@ -329,7 +333,8 @@ def test_install_merges_without_loss_and_twice_gives_the_same_file(tmp_path, db,
     install(db, env, tmp_path)
     first = path.read_bytes()
     merged = json.loads(first)
-    assert merged["permissions"] == EXISTING["permissions"] and merged["env"] == {"FOO": "1"}
+    assert merged["permissions"] == {"allow": ["Bash(npm test)", "mcp__agentbus__*"]}
+    assert merged["env"] == {"FOO": "1"}
     assert merged["hooks"]["PreToolUse"] == EXISTING["hooks"]["PreToolUse"]
     assert merged["hooks"]["PostToolUse"][0] == EXISTING["hooks"]["PostToolUse"][0]
     assert merged["hooks"]["Stop"][0] == EXISTING["hooks"]["Stop"][0]
@@ -359,8 +364,8 @@ def test_install_json_reports_what_it_did(tmp_path, db, env):
     done = install(db, env, tmp_path, "--json")
     assert json.loads(done.stdout) == {
         "settings": str(tmp_path / ".claude" / "settings.json"), "changed": True,
-        "events": ["SessionStart", "UserPromptSubmit", "PostToolUse", "Stop"],
-        "rewake": ["SessionStart", "Stop"]}
+        "events": ["SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "SessionEnd"],
+        "allow": ["mcp__agentbus__*"], "rewake": ["SessionStart", "Stop"]}
 
 
 # --- inbox ------------------------------------------------------------------------------------
@@ -424,3 +429,187 @@ def test_install_refuses_an_agent_id_the_bus_would_refuse(tmp_path, db, env):
     assert done.returncode == 2
     assert b"Invalid value for '--agent': contains ' '" in done.stderr
     assert not (tmp_path / ".claude").exists()
+
+
+# --- what the client is sure to show --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cap_env, max_continues, blocks", [
+    ({}, "10", 8),  # Claude Code's default cap: a 9th block would be acked and never seen
+    ({"CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": "3"}, "5", 3),
+    ({"CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": "20"}, "4", 4),
+])
+def test_hook_stop_never_blocks_beyond_the_cap_claude_code_honours(db, env, cap_env,
+                                                                   max_continues, blocks):
+    streak = []
+    for active in [False] + [True] * 12:
+        [seq] = publish(db, ("ping", len(streak)))
+        done = hook(db, env | cap_env, event("Stop", stop_hook_active=active),
+                    "--max-continues", max_continues)
+        if not done.stdout:
+            break
+        assert answer(done)["decision"] == "block"
+        streak.append(seq)
+    assert len(streak) == blocks
+    assert cursor(db) == streak[-1]  # the message it let wait is not acked: it comes next turn
+    nxt = answer(hook(db, env, event("UserPromptSubmit")))
+    assert f"#{seq} planner -> w1 ping" in nxt["hookSpecificOutput"]["additionalContext"]
+
+
+def test_install_refuses_max_continues_above_the_cap_and_writes_nothing(tmp_path, db, env):
+    done = run("bus", ["--db", str(db), "hook", "install", "claude", "--agent", "auto",
+                       "--project", str(tmp_path), "--max-continues", "9"], env, tmp_path,
+               check=False)
+    assert done.returncode == 2
+    assert (b"Invalid value for '--max-continues': is 9, but Claude Code honours at most 8 Stop"
+            b" blocks in a row" in done.stderr)
+    assert not (tmp_path / ".claude").exists()
+    raised = install(db, env | {"CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": "12"}, tmp_path,
+                     "--max-continues", "12")
+    assert raised.returncode == 0, raised.stderr
+
+
+# --- own messages ---------------------------------------------------------------------------------
+
+
+def test_hook_never_shows_an_agent_its_own_broadcasts_and_passes_them(tmp_path, db, env):
+    with Bus.open(db) as bus:
+        bus.publish("w1", "state_change", {"to": "WORKING"})
+        theirs = bus.publish("w2", "state_change", {"to": "WORKING"}).seq
+        bus.publish("w1", "task_done", {"task": "t1"})
+        last = bus.publish("w1", "note", "to myself", to="w1").seq  # addressed: it asked for it
+        bus.publish("w1", "task_done", {"task": "t2"})
+        trailing = bus.publish("w1", "progress", 0.5).seq
+    out = answer(hook(db, env, event("SessionStart")))
+    text = out["hookSpecificOutput"]["additionalContext"]
+    assert text.splitlines()[0] == "agentbus: 2 messages for w1:"
+    assert f"#{theirs} w2 -> * state_change" in text and f"#{last} w1 -> w1 note" in text
+    assert "task_done" not in text and "progress" not in text
+    assert cursor(db) == trailing  # past its own broadcasts after the last one shown
+    status = json.loads(run("bus", ["--db", str(db), "status", "--json"], env, tmp_path).stdout)
+    [mine] = [c for c in status["consumers"] if c["agent"] == "w1"]
+    assert mine["pending"] == 0
+    with Bus.open(db) as bus:
+        bus.publish("w1", "task_done", {"task": "t3"})
+    quiet = hook(db, env, event("PostToolUse", tool_name="Bash"))
+    assert (quiet.returncode, quiet.stdout) == (0, b"")
+    polled = run("bus", ["--db", str(db), "poll", "--agent", "w1", "--json"], env, tmp_path)
+    assert polled.stdout == b""
+    own = run("bus", ["--db", str(db), "poll", "--agent", "w1", "--include-own", "--json"], env,
+              tmp_path)
+    assert [json.loads(line)["type"] for line in own.stdout.splitlines()] == ["task_done"]
+
+
+# --- presence -------------------------------------------------------------------------------------
+
+
+def alive(db: Path, env: dict, cwd: Path) -> dict:
+    done = run("bus", ["--db", str(db), "alive", "--all", "--json"], env, cwd)
+    return {row["agent"]: row for row in map(json.loads, done.stdout.splitlines())}
+
+
+def test_hook_session_keeps_its_presence_and_an_ended_session_is_not_live(tmp_path, db, env):
+    session = installed_session(tmp_path, db, env, tmp_path)
+    session.session_start()
+    assert alive(db, env, tmp_path)["w1"]["status"] == "idle"  # started: alive, no turn yet
+    session.prompt("work")
+    assert alive(db, env, tmp_path)["w1"]["status"] == "working"
+    session.tool()
+    assert alive(db, env, tmp_path)["w1"]["status"] == "working"
+    assert session.stop()
+    assert alive(db, env, tmp_path)["w1"]["status"] == "idle"
+    session.end()
+    ended = alive(db, env, tmp_path)["w1"]
+    assert (ended["status"], ended["state"]) == ("stopped", "stopped")
+    running = run("bus", ["--db", str(db), "alive", "--json"], env, tmp_path)
+    assert running.stdout == b""  # not among the live agents
+    status = json.loads(run("bus", ["--db", str(db), "status", "--json"], env, tmp_path).stdout)
+    assert status["agents_by_state"]["alive"] == 0 and status["agents_by_state"]["stopped"] == 1
+
+
+# --- a lead and its workers in one checkout ------------------------------------------------------
+
+
+def test_hook_auto_outside_every_worktree_stands_down_or_is_the_checkouts_agent(tmp_path, env):
+    repo = make_repo(tmp_path / "repo")
+    db = tmp_path / "state" / "bus.db"
+    spawned = run("worker", ["--db", str(db), "spawn", "--task", "t1", "--worker", "w7",
+                             "--json"], env, repo)
+    worktree = Path(json.loads(spawned.stdout)["worktree"])
+    publish(db, ("plan", "review w7"), to="lead")
+    lead_event = json.dumps(event("SessionStart") | {"cwd": str(repo)}).encode()
+    command = ["--db", str(db), "hook", "claude", "--agent", "auto"]
+    quiet = run("bus", command, env, repo, input=lead_event, check=False)
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, b"", b"")
+    assert "lead" not in alive(db, env, repo)  # no agent's presence was touched
+    named = run("bus", ["--db", str(db), "hook", "install", "claude", "--agent", "lead",
+                        "--local", "--project", str(repo)], env, repo)
+    local = repo / ".claude" / "settings.local.json"
+    assert named.stdout.decode() == f"BUS_AGENT=lead written to {local}\n"
+    assert json.loads(local.read_text()) == {"env": {"BUS_AGENT": "lead"}}
+    lead_env = env | json.loads(local.read_text())["env"]  # as Claude Code passes it on
+    out = answer(run("bus", command, lead_env, repo, input=lead_event, check=False))
+    assert "review w7" in out["hookSpecificOutput"]["additionalContext"]
+    listed = run("bus", ["--db", str(db), "inbox", "--agent", "auto", "--json"], lead_env, repo)
+    assert json.loads(listed.stdout)["agent"] == "lead"  # `bus mcp --agent auto` resolves so too
+    publish(db, ("hint", "look at src/"), to="w7")
+    worker_event = json.dumps(event("SessionStart") | {"cwd": str(worktree)}).encode()
+    mine = answer(run("bus", command, lead_env, worktree, input=worker_event, check=False))
+    assert " for w7:" in mine["hookSpecificOutput"]["additionalContext"]  # the worktree wins
+    bad = run("bus", command, env | {"BUS_AGENT": "a b"}, repo, input=lead_event, check=False)
+    assert bad.returncode == 1 and b"BUS_AGENT" in bad.stderr
+
+
+def test_install_local_refuses_auto(tmp_path, db, env):
+    done = run("bus", ["--db", str(db), "hook", "install", "claude", "--agent", "auto",
+                       "--local", "--project", str(tmp_path)], env, tmp_path, check=False)
+    assert done.returncode == 2 and b"not auto" in done.stderr
+    assert not (tmp_path / ".claude").exists()
+
+
+# --- the fast path --------------------------------------------------------------------------------
+
+
+HEAVY = ("click", "pydantic", "mcp", "bus.api", "bus.channels", "bus.pump", "bus.cli.root",
+         "bus.cli.harness", "bus.views", "blobs.store")
+
+
+def imported_modules(importtime: str) -> set[str]:
+    """The modules `python -X importtime` reported loading."""
+    return {line.split("|")[-1].strip() for line in importtime.splitlines()
+            if line.startswith("import time:") and not line.endswith("imported package")}
+
+
+def test_hook_with_nothing_to_show_loads_no_heavy_module(db, env, tmp_path):
+    """The console script answers a quiet hook itself: no click, no facade, no engines."""
+    setup = (Path(__file__).parent.parent / "setup.cfg").read_text()
+    assert "bus = bus.cli.entry:main" in setup
+    command = [sys.executable, "-X", "importtime", "-m", "bus.cli", "--db", str(db), "hook",
+               "claude", "--agent", "w1"]
+    quiet = subprocess.run(command, input=json.dumps(event("PostToolUse")).encode(), env=env,
+                           cwd=tmp_path, capture_output=True, timeout=60)
+    assert (quiet.returncode, quiet.stdout) == (0, b"")
+    loaded = imported_modules(quiet.stderr.decode())
+    assert "bus.cli.entry" in loaded and "apsw" in loaded
+    assert not {m for m in loaded if m.split(".")[0] in HEAVY or m in HEAVY
+                or any(m.startswith(h + ".") for h in HEAVY)}
+    assert alive(db, env, tmp_path)["w1"]["status"] == "working"  # it answered, and beat
+    publish(db, ("note", "now something waits"))
+    shown = subprocess.run(command, input=json.dumps(event("PostToolUse")).encode(), env=env,
+                           cwd=tmp_path, capture_output=True, timeout=60)
+    assert "click" in imported_modules(shown.stderr.decode())  # the command shows it
+    out = json.loads(shown.stdout)
+    assert "now something waits" in out["hookSpecificOutput"]["additionalContext"]
+
+
+@pytest.mark.parametrize("name", ["Stop", "PostToolUse"])
+def test_hook_gives_what_it_showed_a_receipt_naming_the_event_and_session(db, env, name):
+    [direct] = publish(db, ("question", "which branch?"))
+    with Bus.open(db) as bus:
+        assert bus.receipt(direct).state == "sent"
+    answer(hook(db, env, event(name, stop_hook_active=False)))
+    with Bus.open(db) as bus:
+        receipt = bus.receipt(direct)
+    assert receipt.state == "acked"
+    assert receipt.delivery.via == f"hook:{name}"
+    assert receipt.delivery.session == event(name)["session_id"]

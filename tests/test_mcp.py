@@ -141,7 +141,8 @@ def test_mcp_log_tools_act_as_the_agent(bus: Bus, db_path: Path):
 
     published, again, polled, acked, beat, claimed, renewed, alive, released = \
         asyncio.run(scenario())
-    assert again == {**published, "duplicate": True}
+    assert published.pop("warning").startswith("no agent named 'w1' is known to this bus")
+    assert again == {**published, "duplicate": True}  # no `to`: nobody to warn of
     assert [m["type"] for m in polled["messages"]] == ["task_assign"] and polled["cursor"] == 0
     assert acked == {"cursor": 1}
     assert claimed["granted"] and claimed["claim"]["agent"] == "planner"
@@ -262,6 +263,54 @@ def test_mcp_two_agents_exchange_messages_and_hand_a_task_over(bus: Bus, db_path
     assert rows(bus, "SELECT agent_id, last_acked_seq FROM cursors") == [("bob", offer[0]["seq"])]
     assert rows(bus, "SELECT from_agent, to_agent, type FROM messages ORDER BY seq") == [
         ("alice", "bob", "task_offer"), ("bob", "alice", "task_taken")]
+
+
+def test_mcp_receipts_delivered_by_poll_and_reply_and_in_a_timed_out_exchange(
+        bus: Bus, db_path: Path):
+    """A timed-out exchange says whether its question reached bob's session and whether bob
+    acked it; poll and reply record what they hand bob; a name never seen is warned of."""
+    bus.heartbeat("bob")
+
+    async def bob_reads(bob, ack: bool) -> None:
+        [question] = (await call(bob, "poll", wait_seconds=60))["messages"]
+        if ack:
+            await call(bob, "ack", seq=question["seq"])
+
+    async def asked_while(alice, bob, ack: bool) -> dict:
+        reading = asyncio.create_task(bob_reads(bob, ack))
+        # bob answers nothing: alice's wait runs out after bob has read (and acked)
+        asked = await call(alice, "exchange", to="bob", type="question", wait_seconds=3)
+        await reading
+        return asked
+
+    async def scenario():
+        async with connected(db_path, "alice") as alice, connected(db_path, "bob") as bob:
+            typo = await call(alice, "exchange", to="bobb", type="question", wait_seconds=0.1)
+            published = await call(alice, "publish", to="bobb", type="note")
+            unread = await call(alice, "exchange", to="bob", type="question", wait_seconds=0.1)
+            await call(bob, "ack", seq=unread["sent"]["seq"])
+            read = await asked_while(alice, bob, ack=False)
+            await call(bob, "ack", seq=read["sent"]["seq"])
+            acked = await asked_while(alice, bob, ack=True)
+            note = await call(alice, "publish", to="bob", type="note")
+            await call(bob, "reply", seq=acked["sent"]["seq"], type="answer", wait_seconds=5)
+            return typo, published, unread, read, acked, note
+
+    typo, published, unread, read, acked, note = asyncio.run(scenario())
+    assert typo["warning"].startswith("no agent named 'bobb' is known to this bus")
+    assert typo["question"] == {"state": "sent", "delivered": False, "acked": False}
+    assert published["warning"] == typo["warning"]
+    assert "warning" not in unread and "warning" not in note
+    assert unread["timed_out"] and unread["question"] == {
+        "state": "sent", "delivered": False, "acked": False}
+    for result, state in ((read, "delivered"), (acked, "acked")):
+        assert result["timed_out"] and result["reply"] is None
+        question = result["question"]
+        assert (question["state"], question["delivered"], question["acked"]) == (
+            state, True, state == "acked")
+        assert (question["deliveries"], question["via"]) == (1, "mcp:poll")
+    receipt = bus.receipt(note["seq"])
+    assert (receipt.state, receipt.delivery.via) == ("delivered", "mcp:reply")
 
 
 def test_mcp_search_finds_payload_words_once_search_is_enabled(bus: Bus, db_path: Path):
@@ -494,6 +543,7 @@ def test_cli_mcp_bad_agent_or_missing_bus_is_an_error(bus: Bus, db_path: Path, t
 
 
 def test_cli_mcp_call_runs_one_tool_as_the_agent(bus: Bus, db_path: Path):
+    bus.heartbeat("worker-1")  # a name the bus knows: no warning in the result
     published = run(["mcp", "--agent", "planner", "--call", "publish", "--args",
                      '{"type": "task_assign", "to": "worker-1", "payload": {"task": "t1"}}'],
                     db_path)

@@ -52,6 +52,14 @@ def test_reserve_conflict_names_pattern_holder_mode_and_expiry(bus: Bus) -> None
     assert patterns_of(bus.reservations(now=T0 + 2)) == [("agent-a", "src/auth/**")]
 
 
+def test_reserve_conflict_names_an_example_path_that_reads_as_a_file(bus: Bus) -> None:
+    bus.reserve("agent-a", ["/docs/"], now=T0)
+    with pytest.raises(ReservationConflict) as caught:
+        bus.reserve("agent-b", ["docs/*.md", "src/[!a]*.py"], now=T0 + 1)
+    assert [c.example_path for c in caught.value.conflicts] == ["docs/a.md"]
+    assert "(both match docs/a.md)" in str(caught.value)
+
+
 @pytest.mark.parametrize("mine, theirs, conflict", [
     (("src/auth/**", "exclusive"), ("docs/**", "exclusive"), False),
     (("src/auth/**", "shared"), ("src/auth/login.py", "shared"), False),

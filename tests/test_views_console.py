@@ -57,8 +57,9 @@ def seed_console(bus: Bus, repo: Path) -> None:
     bus.publish("planner", "task_assign", {"task": "t1"}, to="w1", correlation_id="t1")
     question = bus.publish("w1", "question", {"q": "which branch?"}, to="planner",
                            correlation_id="t1")
-    bus.publish("planner", "answer", {"a": "main"}, to="w1", correlation_id="t1",
-                in_reply_to=question.id)
+    answer = bus.publish("planner", "answer", {"a": "main"}, to="w1", correlation_id="t1",
+                         in_reply_to=question.id)
+    bus.record_delivered("w1", [answer.seq], "hook:Stop", session="s-42")  # not acked
     bus.publish("w1", "note", "x" * 6000)  # into the blob store
     bus.channels.create_channel("ops", "group", "planner")
     bus.channels.join_channel("ops", "w1")
@@ -251,6 +252,18 @@ def test_message_detail_has_its_reply_thread_blob_and_deliveries(console_db: Pat
     assert sent.channel["name"] == "ops"
     assert [(d.recipient, d.status) for d in sent.deliveries] == [("w1", "pending")]
     assert read(console_db, queries.message_detail, 10_000) is None
+
+
+def test_message_detail_has_the_receipt_of_a_direct_message(console_db: Path) -> None:
+    states = {seq: read(console_db, queries.message_detail, seq).receipt for seq in (1, 2, 3, 4)}
+    assert [r.state if r else None for r in states.values()] == [
+        "acked", "sent", "delivered", None]  # 4 is a broadcast: no receipt
+    assert (states[3].delivery.via, states[3].delivery.session) == ("hook:Stop", "s-42")
+    assert read(console_db, queries.message_detail, 3).to_json_dict()["receipt"]["state"] == (
+        "delivered")
+    channel_seq = read(console_db, lambda conn: conn.execute(
+        "SELECT seq FROM channel_messages").get)
+    assert read(console_db, queries.message_detail, channel_seq).receipt is None  # a channel's
 
 
 def test_task_rows_and_detail(console_db: Path) -> None:
@@ -506,6 +519,36 @@ def test_console_every_link_of_a_message_page_resolves(generated, tmp_path: Path
         for href in sorted(set(hrefs)):
             answer = page.request.get(href)
             assert answer.status == 200, href
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_console_message_page_shows_whether_it_was_delivered_and_acked(
+        console: Server, console_db: Path, tmp_path: Path) -> None:
+    def receipt(page) -> dict[str, str]:
+        return dict(page.eval_on_selector_all(
+            "#receipt tr", "rows => rows.map(r => [r.cells[0].textContent,"
+                           " r.cells[1].textContent])"))
+
+    with offline_page(console) as page:
+        page.goto(console.url + "messages/3")  # planner -> w1, shown by w1's Stop hook
+        page.wait_for_selector("#receipt")
+        shown = receipt(page)
+        assert shown["state"] == "delivered to the recipient's session, not acked yet"
+        assert (shown["deliveries"], shown["last via"], shown["session"]) == (
+            "1", "hook:Stop", "s-42")
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z",
+                            shown["first delivered"])
+        screenshot(page, tmp_path, "console-receipt")
+        with Bus.open(console_db) as bus:
+            bus.ack("w1", 3)
+        page.reload()
+        assert receipt(page)["state"] == "acked by the recipient"
+        page.goto(console.url + "messages/2")  # w1 -> planner: never shown to planner
+        assert receipt(page) == {"state": "sent, never delivered to the recipient's session"}
+        page.goto(console.url + "messages/4")  # a broadcast has no receipt
+        page.wait_for_selector("#payload")
+        assert page.query_selector("#receipt") is None
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bus import Bus
+from bus import receipts
 from bus.db import connect
 from bus.errors import BusNotFound
 from bus.errors import SchemaOutdated
@@ -119,6 +120,35 @@ def test_status_workers_channels_and_pump(bus: Bus, db_path: Path) -> None:
             found.pump.dead) == (["org"], 1, 1, 1)
 
 
+def test_status_receipts_not_delivered_and_not_acked_oldest_first(bus: Bus,
+                                                                  db_path: Path) -> None:
+    first = bus.publish("ann", "question", to="bob").seq
+    bus.publish("ann", "note", to="bobb")  # a typo: never delivered
+    for _ in range(6):
+        bus.publish("bob", "answer", to="ann")
+    receipts.record_delivered(bus.conn, "bob", [first], "hook:Stop", "s1", now=NOW - 60_000)
+    receipts.record_delivered(bus.conn, "bob", [first], "hook:Stop", "s1", now=NOW - 4_000)
+    found = read_status(db_path, now=NOW)
+    assert (found.receipts.not_delivered, found.receipts.delivered_not_acked) == (7, 1)
+    assert [(r.seq, r.to_agent, r.state) for r in found.receipts.oldest] == [
+        (1, "bob", "delivered"), (2, "bobb", "sent"), (3, "ann", "sent"), (4, "ann", "sent"),
+        (5, "ann", "sent")]
+    assert found.to_json_dict()["receipts"]["oldest"][0]["delivery"] == {
+        "first_ms": NOW - 60_000, "last_ms": NOW - 4_000, "deliveries": 2, "via": "hook:Stop",
+        "session": "s1"}
+    screen = status_lines(found)
+    at = screen.index("receipts: 7 direct messages not delivered, 1 delivered and not acked"
+                      " (the oldest 5)")
+    assert screen[at + 1].split() == ["seq", "from", "to", "type", "sent", "state", "delivered"]
+    assert screen[at + 2].split()[:3] + screen[at + 2].split()[-7:] == [
+        "#1", "ann", "bob", "delivered", "hook:Stop", "2x,", "last", "4.0", "s", "ago"]
+    assert screen[at + 3].split()[-2:] == ["sent", "-"]
+    bus.ack("bob", first)
+    bus.ack("bobb", 2)
+    bus.ack("ann", 8)
+    assert "receipts: every direct message acked" in status_lines(read_status(db_path))
+
+
 def test_status_never_writes_the_file(bus: Bus, db_path: Path) -> None:
     bus.publish("p", "t")
     bus.ack("w", 1)
@@ -145,12 +175,13 @@ def test_status_refuses_a_missing_file_and_an_old_schema(tmp_path: Path) -> None
 
 
 def bus_before_migration_11(path: Path) -> None:
-    """A bus file an earlier release made (schema 10), with one message and one cursor."""
+    """A bus file an earlier release made (schema 10), with one message to w1 and its cursor."""
     conn = connect(path)
     conn.execute("PRAGMA foreign_keys = OFF")  # as the runner applies them
     for migration in available_migrations()[:10]:
         apply_migration(conn, migration)
-    conn.execute("INSERT INTO messages (id, ts_ms, from_agent, type) VALUES (?, ?, 'p', 't')",
+    conn.execute("INSERT INTO messages (id, ts_ms, from_agent, to_agent, type)"
+                 " VALUES (?, ?, 'p', 'w1', 't')",
                  ("0190a000-0000-7000-8000-000000000001", NOW - 5000))
     conn.execute("INSERT INTO cursors (agent_id, last_acked_seq, updated_at_ms) VALUES"
                  " ('w1', 0, ?)", (NOW - 5000,))
@@ -169,6 +200,8 @@ def test_status_reads_a_file_behind_by_migrations_readers_do_not_see(tmp_path: P
     assert (found.file.schema_version, found.file.schema_latest) == (10, LATEST_VERSION)
     assert (found.log.messages, [(c.agent, c.pending) for c in found.consumers]) == (
         1, [("w1", 1)])
+    # No receipts table yet: its direct message reads as sent, never delivered.
+    assert [(r.seq, r.state) for r in found.receipts.oldest] == [(1, "sent")]
     assert status_lines(found)[0].startswith(
         f"bus {old}  schema 10 ({LATEST_VERSION} after bus migrate)  durability normal")
     for command in (["status"], ["status", "--json"], ["consumers"], ["consumer", "info", "w1"]):

@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 
 from bus import __version__
+from bus import git_exclude
 from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
 from bus.cli.context import BusGroup
@@ -27,6 +28,7 @@ from bus.cli.context import json_option
 from bus.cli.flags import pass_context_of
 from bus.cli.layout import add_db_after_command
 from bus.cli.output import echo_json
+from bus.cli.output import shown_path
 from bus.cli.output import echo_listing
 from bus.heartbeats import STATUSES
 from bus.heartbeats import STOPPED
@@ -90,12 +92,13 @@ def spawn(obj: WorkerContext, task: str, worker_id: str | None, repo: str | None
     workers = obj.workers(create=True)
     excluding = workers.unignored_state_dir(root)  # spawn writes it, once it succeeded
     w = workers.spawn(task, worker_id, repo, base)
-    exclude = str(git.exclude_path(root)) if excluding else None
+    exclude = str(git_exclude.exclude_path(root)) if excluding else None
     if as_json:
         echo_json({**w.to_json_dict(), "excluded_in": exclude})
         return
     if exclude:
-        click.echo(f"added {excluding.strip('/')}/ to {_shown(exclude)} so git status ignores it")
+        click.echo(f"added {excluding.strip('/')}/ to {shown_path(exclude)}"
+                   " so git status ignores it")
     click.echo(f"spawned {w.worker} for {w.task} on branch {w.branch}"
                f" from {w.base}; worktree {w.worktree}")
 
@@ -302,18 +305,13 @@ def status(obj: WorkerContext, worker: str | None, as_json: bool) -> None:
 
 
 def _cleaned_line(item: Cleaned) -> str:
-    done = [f"removed worktree {_shown(item.worktree)}" if item.worktree else "no worktree left"]
+    done = [f"removed worktree {shown_path(item.worktree)}" if item.worktree
+            else "no worktree left"]
     if item.branch:
         done.append(f"deleted branch {item.branch} (already in its base)")
     if item.kept_branch:
         done.append(f"kept branch {item.kept_branch} (not merged)")
     return f"{item.worker} ({item.state}): {'; '.join(done)}"
-
-
-def _shown(path: str | Path) -> str:
-    """A path relative to the current directory when it is below it (shorter to read)."""
-    path = Path(path)
-    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 def _report(w: Worker, as_json: bool, text: str | None = None) -> None:

@@ -127,28 +127,6 @@ def delete_branch(repo: Path, branch: str) -> None:
     git("branch", "-D", branch, cwd=repo)
 
 
-def is_ignored(repo: Path, relative: str) -> bool:
-    """True if git ignores the path `relative` (to the repository's top)."""
-    return git("check-ignore", "-q", relative, cwd=repo, check=False).returncode == 0
-
-
-def exclude_path(repo: Path) -> Path:
-    """The repository's own ignore file, `.git/info/exclude` (shared by its worktrees)."""
-    path = Path(git("rev-parse", "--git-path", "info/exclude", cwd=repo).stdout.strip())
-    return path if path.is_absolute() else repo / path
-
-
-def exclude(repo: Path, pattern: str) -> Path:
-    """Append `pattern` to the repository's own .git/info/exclude; return that file."""
-    path = exclude_path(repo)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    existing = path.read_text() if path.exists() else ""
-    separator = "" if not existing or existing.endswith("\n") else "\n"
-    with path.open("a") as out:
-        out.write(f"{separator}{pattern}\n")
-    return path
-
-
 def branch_exists(repo: Path, name: str) -> bool:
     return git("rev-parse", "--verify", "--quiet", f"refs/heads/{name}",
                cwd=repo, check=False).returncode == 0

@@ -24,6 +24,7 @@ from typing import Callable
 from typing import Union
 
 from bus import claims
+from bus import git_exclude
 from bus import heartbeats
 from bus.api import Bus
 from bus.claims import Claim
@@ -212,18 +213,13 @@ class Workers:
     def unignored_state_dir(self, repo: Path) -> str | None:
         """The exclude pattern (`/.worker-state/`) the state directory needs in `repo`:
         None when it is outside the repository or git ignores it already."""
-        state_dir = self.worktrees.parent.resolve()
-        root = Path(repo).resolve()
-        if not state_dir.is_relative_to(root) or state_dir == root:
-            return None
-        relative = state_dir.relative_to(root).as_posix() + "/"
-        return None if git.is_ignored(root, relative) else f"/{relative}"
+        return git_exclude.pattern_needed(self.worktrees.parent, repo)
 
     def ignore_state_dir(self, repo: Path) -> Path | None:
         """Add the state directory to `repo`'s `.git/info/exclude` if git does not ignore
         it yet (so `git status` stays clean); the file written, or None. `spawn` calls it."""
         pattern = self.unignored_state_dir(repo)
-        return git.exclude(Path(repo).resolve(), pattern) if pattern else None
+        return git_exclude.exclude(Path(repo).resolve(), pattern) if pattern else None
 
     def start(self, worker: str, lease_ms: int = DEFAULT_LEASE_MS) -> Worker:
         """ASSIGNED -> WORKING, taking the task's lease in the same transaction."""

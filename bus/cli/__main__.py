@@ -1,3 +1,3 @@
-from bus.cli import main
+from bus.cli.entry import main
 
 main()

@@ -4,7 +4,10 @@ An LLM session that has finished its turn calls no tool, so it never polls.
 Harnesses run hooks at their own moments; these commands answer them with the
 agent's waiting messages (bus/claude_code.py has Claude Code's contract),
 and acknowledge what they showed only once it is written out. `--agent auto`
-is the worker whose worktree contains the directory (bus/identity.py).
+is the worker whose worktree contains the directory, else $BUS_AGENT
+(bus/identity.py). The console script answers a hook with nothing to show
+before it loads this module (bus/cli/entry.py); the command does the same
+through the same functions, then shows what waits.
 """
 
 from __future__ import annotations
@@ -16,36 +19,39 @@ from pathlib import Path
 from typing import Any
 
 import click
-import orjson
 
 from blobs.files import write_atomically
 from bus import claude_code
 from bus import claude_rewake
+from bus import heartbeats
+from bus import identity
 from bus.api import Bus
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.extras import import_extra
 from bus.cli.output import echo_json
+from bus.identity import AGENT_ENV
 from bus.identity import AUTO
-from bus.identity import agent_for_directory
 from bus.inbox import Inbox
 from bus.inbox import TEXT_BUDGET
 from bus.inbox import render
 from bus.messages import validate_agent_id
 
 AGENT_HELP = ("The agent to act as; `auto`: the worker whose worktree contains the working"
-              " directory (as `worker spawn` set it up).")
+              " directory (as `worker spawn` set it up), else $BUS_AGENT.")
 DEFAULT_LIMIT = 20
-DEFAULT_MAX_CONTINUES = 5
+DEFAULT_MAX_CONTINUES = claude_code.DEFAULT_MAX_CONTINUES
 BLOB_PREVIEW = 2000  # characters read of a payload in the blob store
 
 
 def resolve_agent(bus: Bus, agent: str | None, directory: str | None = None) -> str | None:
-    """`agent` itself, or for `auto` the worker whose worktree holds `directory` (default: cwd)."""
-    if agent != AUTO:
-        return agent
-    return agent_for_directory(bus.conn, directory if directory is not None else os.getcwd())
+    """`agent` itself, or for `auto` the worker whose worktree holds `directory` (default:
+    cwd), else $BUS_AGENT."""
+    if agent is None:
+        return None
+    return identity.resolve_agent(bus.conn, agent, directory if directory is not None
+                                  else os.getcwd())
 
 
 def pending(bus: Bus, agent: str, limit: int, wait: float = 0.0,
@@ -62,11 +68,13 @@ def pending(bus: Bus, agent: str, limit: int, wait: float = 0.0,
     return render(agent, found[:limit], more=len(found) > limit, budget=TEXT_BUDGET)
 
 
-def acknowledge(bus: Bus, inbox: Inbox) -> None:
-    """Ack what was shown, once stdout has it: a crash before this shows it again."""
+def acknowledge(bus: Bus, inbox: Inbox, via: str, session: str | None = None) -> None:
+    """Ack what was shown, with its receipts, once stdout has it: a crash before this shows
+    it again."""
     if inbox.last_seq is None:
         return
     sys.stdout.flush()
+    bus.record_delivered(inbox.agent, inbox.shown, via, session)
     bus.ack(inbox.agent, inbox.last_seq)
 
 
@@ -108,7 +116,9 @@ def hook() -> None:
               help="Stop: seconds to wait for a message before letting the session stop.")
 @click.option("--max-continues", default=DEFAULT_MAX_CONTINUES, show_default=True,
               type=click.IntRange(0),
-              help="Stop: the most stops in a row this hook turns into more work.")
+              help="Stop: the most stops in a row this hook turns into more work (never more"
+                   f" than ${claude_code.STOP_CAP_ENV}, default {claude_code.STOP_CAP_DEFAULT},"
+                   " which Claude Code honours).")
 @click.option("--limit", default=DEFAULT_LIMIT, show_default=True, type=click.IntRange(1, 1000),
               help="Most messages shown per hook call; the rest come next time.")
 @click.option("--rewake", is_flag=True,
@@ -126,12 +136,16 @@ def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: 
            rewake: bool, use_inbox: bool, as_json: bool) -> None:
     """Read one Claude Code hook event on stdin and answer on stdout.
 
-    SessionStart and UserPromptSubmit: the waiting messages join the session as
-    context. PostToolUse: they are shown to Claude (decision block). Stop: when
-    messages wait, or arrive within --wait, Claude goes on with them as its
-    next input; otherwise the session stops. With stop_hook_active, at most
-    --max-continues stops in a row are turned into work. Other events: nothing.
-    Messages shown are acknowledged. Errors exit 1 (Claude Code goes on), never 2.
+    SessionStart, UserPromptSubmit and PostToolUse: the waiting messages join
+    the session as context. Stop: when messages wait, or arrive within --wait,
+    Claude goes on with them as its next input; otherwise the session stops.
+    With stop_hook_active, at most --max-continues stops in a row are turned
+    into work, and never more than Claude Code honours. The agent's own
+    broadcasts are not shown. Every event keeps the session's presence
+    (`bus alive`): started, working, idle, and ended at SessionEnd. Other
+    events: nothing. Messages shown are acknowledged. `--agent auto` outside
+    every worker's worktree, with no $BUS_AGENT, answers nothing. Errors exit 1
+    (Claude Code goes on), never 2.
 
     With --rewake (SessionStart and Stop, as an asyncRewake hook): wait in the
     background until messages come, up to --wait s, then post them to the
@@ -142,31 +156,30 @@ def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: 
 
     \b
     Example:
-      bus hook claude --agent auto --wait 300   (as a Stop hook)
+      bus hook claude --agent auto   (as a Stop hook)
       bus hook claude --agent auto --wait 86400 --rewake   (asyncRewake)
     """
     event = claude_code.parse_event(sys.stdin.buffer.read())
     if not event.known:
         return
     bus = obj.open()
-    # The session's project directory (Claude Code sets it for hooks), not where Claude has
-    # cd'ed to since; then the event's cwd.
-    who = resolve_agent(bus, agent, os.environ.get("CLAUDE_PROJECT_DIR") or event.cwd)
-    if rewake:
+    who = claude_code.hook_agent(bus.conn, agent, event)
+    if who is None:
+        return
+    if rewake:  # before quiet_answer: the waiter keeps no presence and never lets a Stop end
         _rewake(bus, obj.db, who, event, wait, limit, use_inbox)
+        return
+    if claude_code.quiet_answer(bus.conn, obj.db, who, event, wait, max_continues):
         return
     with claude_rewake.delivering(obj.db, who):  # the waiter shows nothing this one shows
         if event.name == claude_code.STOP:
-            _answer_stop(bus, obj.db, who, event, wait, max_continues, limit)
+            _answer_stop(bus, obj.db, who, event, wait, limit)
             return
+        heartbeats.presence(bus.conn, who, claude_code.PRESENCE[event.name])
         inbox = pending(bus, who, limit)
-        if not inbox.shown:
-            return
-        if event.name == claude_code.POST_TOOL_USE:
-            echo_json(claude_code.block_output(inbox.text))
-        else:
+        if inbox.shown:
             echo_json(claude_code.context_output(event.name, inbox.text))
-        acknowledge(bus, inbox)
+            acknowledge(bus, inbox, f"hook:{event.name}", event.session_id)
 
 
 def _rewake(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: float,
@@ -181,7 +194,7 @@ def _rewake(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: f
         return  # the session's waiter is still waiting: it serves this turn's end too
     inbox = claude_rewake.SessionInbox.of_session() if use_inbox else None
     delivery = claude_rewake.Delivery(inbox, sys.stderr)
-    delivered = claude_rewake.wait_and_deliver(bus, db, agent, limit, wait, delivery,
+    delivered = claude_rewake.wait_and_deliver(bus, db, agent, limit, wait, delivery, session,
                                                claude_rewake.session_gone_fd())
     if delivered is not None:
         # Claude Code reads a background hook's output when it exits. Written, flushed and
@@ -192,19 +205,17 @@ def _rewake(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: f
 
 
 def _answer_stop(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: float,
-                 max_continues: int, limit: int) -> None:
-    counter = claude_code.ContinueCounter(db, event.session_id)
-    streak = counter.count() if event.stop_hook_active else 0
-    if streak >= max_continues:
-        counter.reset()  # let it stop; what waits comes with the next prompt
-        return
+                 limit: int) -> None:
+    """A Stop that may go on (quiet_answer said so): block with what waits, or let it stop."""
+    counter, streak = claude_code.stop_streak(db, event)
     inbox = pending(bus, agent, limit, wait)
     if not inbox.shown:
-        counter.reset()
+        claude_code.let_stop(bus.conn, agent, counter)
         return
     counter.record(streak + 1)
+    heartbeats.presence(bus.conn, agent, "working")  # the session goes on with them
     echo_json(claude_code.block_output(inbox.text))
-    acknowledge(bus, inbox)
+    acknowledge(bus, inbox, f"hook:{event.name}", event.session_id)
 
 
 @hook.command("codex", cls=NonBlockingCommand)
@@ -244,36 +255,59 @@ def install() -> None:
               type=click.Path(file_okay=False, path_type=Path),
               help="The project whose .claude/settings.json gets the hooks.")
 @click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(0),
-              help="The Stop hook's --wait: seconds an idle session waits for a message.")
+              help="The Stop hook's --wait: seconds a session waits for a message before it"
+                   " stops (0 fits headless `claude -p`, which would sit out the wait).")
 @click.option("--max-continues", default=DEFAULT_MAX_CONTINUES, show_default=True,
-              type=click.IntRange(0), help="The Stop hook's --max-continues.")
+              type=click.IntRange(0),
+              help="The Stop hook's --max-continues; refused above"
+                   f" ${claude_code.STOP_CAP_ENV} (default {claude_code.STOP_CAP_DEFAULT}).")
 @click.option("--command", "program", metavar="PROGRAM",
               help="How the hooks start bus (default: the absolute path of this one).")
+@click.option("--mcp-server", default=claude_code.MCP_SERVER, show_default=True, metavar="NAME",
+              help="The name `bus mcp` is registered under (.mcp.json): its tools are allowed"
+                   " with a permissions.allow rule, mcp__NAME__*.")
+@click.option("--local", is_flag=True,
+              help="Name this checkout's own agent instead: $BUS_AGENT = --agent in"
+                   " .claude/settings.local.json, read by the project's `--agent auto` hooks"
+                   " and MCP server outside every worker's worktree (a lead's checkout).")
 @click.option("--rewake/--no-rewake", default=True, show_default=True,
               help="Also the background hook that wakes an idle session when a message comes"
                    " (SessionStart and Stop, asyncRewake); --no-rewake removes it.")
 @json_option
 @pass_bus_context
 def install_claude(obj: BusContext, agent: str, project: Path, wait: float, max_continues: int,
-                   program: str | None, rewake: bool, as_json: bool) -> None:
-    """Merge the hooks into PROJECT/.claude/settings.json (created if missing).
+                   program: str | None, mcp_server: str, local: bool, rewake: bool,
+                   as_json: bool) -> None:
+    """Merge the hooks and a permission rule into PROJECT/.claude/settings.json.
 
-    Every other setting and hook is kept; an earlier `bus hook claude` entry is
-    replaced, so running it twice gives the same file. The hooks name this
-    bus database by its absolute path. Beside the hooks that answer events,
-    a background one (`--rewake`) wakes an idle session when a message comes.
+    The file is created if missing. Every other setting, hook and rule is
+    kept; an earlier `bus hook claude` entry is replaced, so running it twice
+    gives the same file. The hooks name this bus database by its absolute
+    path. The rule allows the bus's MCP tools, which `claude -p` otherwise
+    denies. Beside the hooks that answer events, a background one
+    (`--rewake`) wakes an idle session when a message comes. With --local,
+    only the checkout's agent is written, to settings.local.json.
 
-    Example: bus hook install claude --agent auto --project . --wait 300
+    \b
+    Example:
+      bus hook install claude --agent auto --project .
+      bus hook install claude --agent lead --local
     """
     if agent != AUTO:
         validate_agent_id(agent, "agent")  # refused now, not at each hook call
+    if local:
+        _name_checkout_agent(project / ".claude" / "settings.local.json", agent, as_json)
+        return
+    claude_code.check_max_continues(max_continues)
     path = project / ".claude" / "settings.json"
     db = str(Path(obj.db).absolute())
     base = [program or _this_program(), "--db", db]
     commands = claude_code.hook_commands(base, agent, wait, max_continues)
     timeouts = {event: claude_code.DEFAULT_TIMEOUT_S for event in commands}
     timeouts[claude_code.STOP] = claude_code.stop_timeout(wait)
-    merged = claude_code.merge_settings(claude_code.read_settings(path), commands, timeouts)
+    allow = claude_code.mcp_allow_rules(mcp_server)
+    merged = claude_code.merge_settings(claude_code.read_settings(path), commands, timeouts,
+                                        allow)
     waiter = (claude_rewake.rewake_command(base, agent, claude_rewake.REWAKE_WAIT_S)
               if rewake else None)
     merged = claude_code.merge_rewake(merged, waiter,
@@ -282,10 +316,11 @@ def install_claude(obj: BusContext, agent: str, project: Path, wait: float, max_
     rewake_events = list(claude_code.REWAKE_EVENTS) if rewake else []
     if as_json:
         echo_json({"settings": str(path), "changed": changed, "events": list(commands),
-                   "rewake": rewake_events})
+                   "allow": allow, "rewake": rewake_events})
     elif changed:
-        woken = f" and the idle wake on {', '.join(rewake_events)}" if rewake else ""
-        click.echo(f"hooks for {', '.join(commands)}{woken} written to {path}")
+        woken = f", the idle wake on {', '.join(rewake_events)}" if rewake else ""
+        click.echo(f"hooks for {', '.join(commands)}{woken} and the rule {', '.join(allow)}"
+                   f" written to {path}")
     else:
         click.echo(f"{path} already has these hooks; nothing changed")
 
@@ -344,6 +379,20 @@ def _server_env() -> dict[str, str]:
     return {name: os.environ[name] for name in ("PYTHONPATH",) if os.environ.get(name)}
 
 
+def _name_checkout_agent(path: Path, agent: str, as_json: bool) -> None:
+    if agent == AUTO:
+        raise click.BadParameter("with --local names this checkout's own agent: give its id"
+                                 " (--agent lead), not auto", param_hint="--agent")
+    settings = claude_code.merge_env(claude_code.read_settings(path), AGENT_ENV, agent)
+    changed = claude_code.write_settings(path, settings)
+    if as_json:
+        echo_json({"settings": str(path), "changed": changed, "env": {AGENT_ENV: agent}})
+    elif changed:
+        click.echo(f"{AGENT_ENV}={agent} written to {path}")
+    else:
+        click.echo(f"{path} already names {agent}; nothing changed")
+
+
 def _this_program() -> str:
     """The `bus` being run, as an absolute path when it is a file (a venv's script)."""
     argv0 = sys.argv[0]
@@ -385,7 +434,9 @@ def inbox(obj: BusContext, agent: str, wait: float, shape: str, ack: bool, limit
     elif found.text:
         click.echo(found.text)
     if ack:
-        acknowledge(bus, found)
+        acknowledge(bus, found, "inbox")
+    else:
+        bus.record_delivered(who, found.shown, "inbox")
 
 
 COMMANDS = [hook, inbox]

@@ -23,10 +23,12 @@ from bus.cli.output import PAYLOAD_PREVIEW
 from bus.cli.output import echo_json
 from bus.cli.output import echo_messages
 from bus.cli.output import echo_query_rows
+from bus.cli.output import shown_path
 from bus.db import connect
 from bus.db import environment_error
 from bus.errors import DatabaseCorrupt
 from bus.errors import ValidationFailed
+from bus.git_exclude import exclude_directory
 from bus.db import check_database
 from bus.schema import migrate
 from bus.schema import schema_status
@@ -45,16 +47,25 @@ PROGRESS_MIN = 50_000  # messages of backlog that earn a progress bar
 def init(obj: BusContext, as_json: bool) -> None:
     """Create the bus database (and its directory) and bring its schema up to date.
 
+    In a git checkout the bus's directory is added to the repository's
+    .git/info/exclude (unless git ignores it already), so `git status` stays
+    clean; outside git nothing else changes.
+
     Example: bus --db .worker-state/bus.db init
     """
     existed = Path(obj.db).exists()
     bus = obj.open(create=True)
     version = bus.schema_version()
+    excluded = exclude_directory(Path(obj.db).absolute().parent)
     if as_json:
-        echo_json({"path": obj.db, "created": not existed, "schema_version": version})
-    else:
-        verb = "ready" if existed else "created"
-        click.echo(f"bus {verb} at {obj.db} (schema version {version})")
+        echo_json({"path": obj.db, "created": not existed, "schema_version": version,
+                   "git_exclude": excluded.to_json_dict()})
+        return
+    verb = "ready" if existed else "created"
+    click.echo(f"bus {verb} at {obj.db} (schema version {version})")
+    if excluded.added:
+        click.echo(f"added {excluded.pattern.strip('/')}/ to {shown_path(excluded.exclude_file)}"
+                   " so git status ignores it")
 
 
 @click.command()
@@ -78,6 +89,10 @@ def publish(obj: BusContext, from_agent: str, type_: str, to: str | None, payloa
             as_json: bool) -> None:
     """Append one message to the bus.
 
+    A message --to a name the bus has never seen (no heartbeat, cursor, worker, token,
+    delivery or message from it) is accepted, since its agent may come later, with a
+    warning on stderr (and a "warning" field with --json).
+
     Example: bus publish --from planner --to worker-1 --type task_assign --payload '{"task": "t1"}'
 
     A holder's result, refused if its lease went to another agent meanwhile:
@@ -85,11 +100,15 @@ def publish(obj: BusContext, from_agent: str, type_: str, to: str | None, payloa
     Example: bus publish --from worker-1 --type result --task t1 --fence 3 --payload '{"ok": true}'
     """
     value = _read_payload(payload, payload_file, obj.max_payload_bytes)
-    result = obj.open().publish(from_agent, type_, value, to=to, id=message_id,
-                                correlation_id=correlation_id, in_reply_to=in_reply_to,
-                                task=task_id, fence=fence)
+    bus = obj.open()
+    result = bus.publish(from_agent, type_, value, to=to, id=message_id,
+                         correlation_id=correlation_id, in_reply_to=in_reply_to,
+                         task=task_id, fence=fence)
+    warning = bus.recipient_warning(to)
+    if warning:
+        click.echo(f"Warning: {warning}", err=True)
     if as_json:
-        echo_json(result.to_json_dict())
+        echo_json({**result.to_json_dict(), **({"warning": warning} if warning else {})})
     elif result.duplicate:
         click.echo(f"duplicate: id {result.id} was already published as seq {result.seq}")
     else:
@@ -104,11 +123,16 @@ def publish(obj: BusContext, from_agent: str, type_: str, to: str | None, payloa
               help="Seconds to wait for a message when none is waiting.")
 @click.option("--from-latest", is_flag=True,
               help="An agent without a cursor starts at the last seq, not the whole log.")
+@click.option("--include-own", is_flag=True,
+              help="Show the agent's own broadcasts too (left out by default: it sent them).")
 @json_option
 @pass_bus_context
 def poll(obj: BusContext, agent: str, limit: int, wait: float, from_latest: bool,
-         as_json: bool) -> None:
+         include_own: bool, as_json: bool) -> None:
     """Show the messages waiting for an agent; the cursor does not move (see `ack`).
+
+    The agent's own broadcasts are not shown unless --include-own; `ack`
+    passes them. The direct messages shown get a delivery receipt (see `bus status`).
 
     Example: bus poll --agent worker-1 --wait 30
     """
@@ -116,12 +140,13 @@ def poll(obj: BusContext, agent: str, limit: int, wait: float, from_latest: bool
     if from_latest:
         bus.start_at_latest(agent)
     preview = _preview(as_json)
-    found = bus.poll(agent, limit, preview=preview)
+    found = bus.poll(agent, limit, preview=preview, include_own=include_own)
     deadline = time.monotonic() + wait
     while not found and time.monotonic() < deadline:
         bus.wait_for_change(deadline - time.monotonic())
-        found = bus.poll(agent, limit, preview=preview)
+        found = bus.poll(agent, limit, preview=preview, include_own=include_own)
     echo_messages(found, as_json)
+    bus.record_delivered(agent, found, "poll")
     if not found and not as_json:
         click.echo(f"no messages for {agent} above seq {bus.cursor(agent)}", err=True)
 
@@ -129,14 +154,20 @@ def poll(obj: BusContext, agent: str, limit: int, wait: float, from_latest: bool
 @click.command()
 @click.option("--agent", required=True, help="Consuming agent id.")
 @click.option("--seq", required=True, type=int, help="Last seq the agent has handled.")
+@click.option("--include-own", is_flag=True,
+              help="Stop at SEQ, not past the agent's own broadcasts after it (for a reader"
+                   " that polls with --include-own).")
 @json_option
 @pass_bus_context
-def ack(obj: BusContext, agent: str, seq: int, as_json: bool) -> None:
+def ack(obj: BusContext, agent: str, seq: int, include_own: bool, as_json: bool) -> None:
     """Mark messages up to SEQ handled; the cursor never moves backwards.
+
+    The agent's own broadcasts that follow SEQ, which poll does not show, are
+    passed too, so the cursor may land above SEQ.
 
     Example: bus ack --agent worker-1 --seq 42
     """
-    position = obj.open().ack(agent, seq)
+    position = obj.open().ack(agent, seq, include_own=include_own)
     if as_json:
         echo_json({"agent": agent, "last_acked_seq": position})
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+from pathlib import Path
 from typing import Any
 from typing import Callable
 from typing import Iterable
@@ -20,6 +21,12 @@ PAYLOAD_PREVIEW = 200  # characters of payload JSON on a human-readable line
 
 def echo_json(obj: Any) -> None:
     click.echo(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode())
+
+
+def shown_path(path: str | Path) -> str:
+    """A path relative to the current directory when it is below it (shorter to read)."""
+    path = Path(path)
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 def echo_messages(found: Iterable[Any], as_json: bool,

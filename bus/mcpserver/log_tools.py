@@ -59,6 +59,11 @@ def _found(message: Any) -> list[Any]:
     return [] if message is None else [message]
 
 
+def _warned(result: dict[str, Any], warning: str | None) -> dict[str, Any]:
+    """`result`, with the warning (a recipient never seen) when there is one."""
+    return {**result, "warning": warning} if warning else result
+
+
 class LogTools:
     """The log's operations, each as the session's agent."""
 
@@ -87,12 +92,14 @@ class LogTools:
         """Publish a message on the bus as yourself. Returns its seq and id.
 
         `duplicate` is true when a message with this id already existed (nothing was written).
+        `warning`: no agent of the name `to` was ever seen on the bus (a typo?); the message
+        waits for it all the same.
         With `task` and `fence`, nothing is written once your lease on the task went to another.
         """
         result = self.bus.publish(self.agent, type, payload, to=to, id=id,
                                   correlation_id=correlation_id, in_reply_to=in_reply_to,
                                   task=task, fence=fence)
-        return result.to_json_dict()
+        return _warned(result.to_json_dict(), self.bus.recipient_warning(to))
 
     def poll(self, limit: Limit = 100, wait_seconds: Wait = 0.0,
              ack_through: Annotated[Optional[int], Field(ge=1, description=(
@@ -107,6 +114,7 @@ class LogTools:
         if ack_through is not None:
             self.bus.ack(self.agent, ack_through)
         found = wait_for_any(self.bus, lambda: self.bus.poll(self.agent, limit), wait_seconds)
+        self.bus.record_delivered(self.agent, found, "mcp:poll")
         return {"messages": [m.to_json_dict() for m in found],
                 "cursor": self.bus.cursor(self.agent)}
 
@@ -125,16 +133,19 @@ class LogTools:
         The reply is the first message to you whose in_reply_to is the question's id (the
         other agent publishes with in_reply_to set). It is acknowledged for you when
         nothing else waits before it (`acked`). `timed_out` true: no answer within
-        wait_seconds; it may still come, and poll returns it then.
+        wait_seconds; it may still come, and poll returns it then. `question` then says
+        whether the question was delivered to the other agent's session and acked.
         """
         sent = self.bus.publish(self.agent, type, payload, to=to, correlation_id=correlation_id)
+        warned = _warned({"sent": sent.to_json_dict()}, self.bus.recipient_warning(to))
         reply = wait_for_any(self.bus, lambda: _found(self.bus.reply_to(
             self.agent, sent.id, sent.seq)), wait_seconds)
-        if not reply:
-            return {"sent": sent.to_json_dict(), "timed_out": True, "reply": None,
-                    "acked": False}
-        return {"sent": sent.to_json_dict(), "timed_out": False,
-                "reply": reply[0].to_json_dict(),
+        if not reply:  # the question's receipt: was it shown to `to`, did it ack it?
+            receipt = self.bus.receipt(sent.seq)  # None only once compacted meanwhile
+            return {**warned, "timed_out": True, "reply": None, "acked": False,
+                    "question": receipt.state_json() if receipt else None}
+        self.bus.record_delivered(self.agent, reply, "mcp:exchange")
+        return {**warned, "timed_out": False, "reply": reply[0].to_json_dict(),
                 "acked": self.bus.ack_if_next(self.agent, reply[0].seq)}
 
     def reply(
@@ -153,6 +164,7 @@ class LogTools:
         """
         sent = self.bus.answer(self.agent, seq, type, payload)
         found = wait_for_any(self.bus, lambda: self.bus.poll(self.agent, limit), wait_seconds)
+        self.bus.record_delivered(self.agent, found, "mcp:reply")
         return {"sent": sent.to_json_dict(), "messages": [m.to_json_dict() for m in found],
                 "cursor": self.bus.cursor(self.agent)}
 

@@ -23,6 +23,7 @@ import orjson
 
 from bus.messages import Message
 from bus.messages import iso_utc
+from bus.receipts import Receipt
 from bus.views import queries
 from bus.views.queries import MessageFilter
 from bus.views.queries import MessagePage
@@ -298,6 +299,7 @@ def message_page(detail: queries.MessageDetail) -> Safe:
                          d.last_error] for d in detail.deliveries], id="deliveries")
     return join([
         pairs(facts), section("payload", Safe(f'<pre id="payload">{esc(shown)}</pre>')),
+        receipt_section(detail.receipt) if detail.receipt else "",
         section("deliveries", deliveries),
         section(f"replies (among the next {queries.REPLY_WINDOW:,} messages)",
                 messages_table(detail.replies, "replies")),
@@ -309,6 +311,22 @@ def message_page(detail: queries.MessageDetail) -> Safe:
                               link(messages_href(type=m.type), f"of type {m.type}"),
                               link(messages_href(before=m.seq + 1), "the log from here")],
                              " · "))])
+
+
+RECEIPT_STATES = {"sent": "sent, never delivered to the recipient's session",
+                  "delivered": "delivered to the recipient's session, not acked yet",
+                  "acked": "acked by the recipient"}
+
+
+def receipt_section(receipt: Receipt) -> Safe:
+    """A direct message's receipt: whether it reached its recipient's session, and how."""
+    facts = [("state", RECEIPT_STATES[receipt.state])]
+    d = receipt.delivery
+    if d is not None:
+        facts += [("first delivered", when(d.first_ms)), ("last delivered", when(d.last_ms)),
+                  ("deliveries", d.deliveries), ("last via", d.via),
+                  ("session", d.session or "-")]
+    return Safe(f'<section id="receipt"><h2>receipt</h2>{pairs(facts)}</section>')
 
 
 def agent_page(detail: queries.AgentDetail, now: int,

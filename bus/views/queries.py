@@ -26,6 +26,7 @@ from typing import Any
 import apsw
 
 from bus import messages
+from bus import receipts
 from bus import search
 from bus import claims
 from bus import tasks
@@ -39,6 +40,7 @@ from bus.heartbeats import Thresholds
 from bus.heartbeats import liveness
 from bus.messages import Message
 from bus.messages import row_to_message
+from bus.receipts import Receipt
 from bus.reservations import Reservation
 from bus.reservations import has_reservations_table
 from bus.reservations import live_reservations
@@ -311,7 +313,7 @@ class Delivery:
 class MessageDetail:
     """A message with what concerns it: the message it answers, its answers (among the
     next REPLY_WINDOW messages), its conversation (same correlation id), its channel
-    side and deliveries."""
+    side and deliveries, and for a direct message its receipt (delivered? acked?)."""
 
     message: Message
     answers: Message | None
@@ -319,9 +321,11 @@ class MessageDetail:
     thread: list[Message]
     channel: dict[str, Any] | None
     deliveries: list[Delivery]
+    receipt: Receipt | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"message": self.message.to_json_dict(),
+                "receipt": self.receipt.state_json() if self.receipt else None,
                 "answers": self.answers.to_json_dict() if self.answers else None,
                 "replies": [m.to_json_dict() for m in self.replies],
                 "thread": [m.to_json_dict() for m in self.thread],
@@ -349,7 +353,8 @@ def message_detail(conn: apsw.Connection, seq: int, blobs: Any = None) -> Messag
     return MessageDetail(
         message, answers, replies, thread,
         dict(zip(("name", "topic", "priority", "status"), channel)) if channel else None,
-        [Delivery(*row) for row in conn.execute(_DELIVERIES_SQL, (seq,))])
+        [Delivery(*row) for row in conn.execute(_DELIVERIES_SQL, (seq,))],
+        receipts.receipt_for(conn, seq))
 
 
 def _messages(conn: apsw.Connection, sql: str, params: Any) -> list[Message]:

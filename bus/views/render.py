@@ -10,6 +10,7 @@ from typing import Any
 from typing import Sequence
 
 from bus.messages import iso_utc
+from bus.receipts import Receipt
 from bus.views.status import Consumer
 from bus.views.status import Status
 
@@ -19,6 +20,7 @@ CLAIM_COLUMNS = ["task", "holder", "fence", "lease left", "attempt"]
 WORKER_COLUMNS = ["worker", "task", "state", "branch", "changed"]
 RESERVATION_COLUMNS = ["pattern", "holder", "mode", "left", "reason"]
 CHANNEL_COLUMNS = ["channel", "type", "state", "open", "awaiting ack", "dead letters"]
+RECEIPT_COLUMNS = ["seq", "from", "to", "type", "sent", "state", "delivered"]
 
 
 def status_lines(status: Status) -> list[str]:
@@ -32,6 +34,8 @@ def status_lines(status: Status) -> list[str]:
                       CONSUMER_COLUMNS, consumer_rows(status))
     lines += _section("agents", counts(status.agents_by_state) or "none has sent a heartbeat",
                       AGENT_COLUMNS, agent_rows(status))
+    lines += _section("receipts", receipts_summary(status), RECEIPT_COLUMNS,
+                      receipt_rows(status))
     lines += _section("claims", claims_summary(status), CLAIM_COLUMNS, claim_rows(status))
     lines.append(f"tasks: {tasks_summary(status)}")
     lines += _section("workers", counts(status.workers) or "none", WORKER_COLUMNS,
@@ -59,6 +63,32 @@ def last_ack(c: Consumer) -> str:
 
 def agent_rows(status: Status) -> list[tuple[Any, ...]]:
     return [(a.agent, a.state, seconds(a.age_s), a.status, a.task or "-") for a in status.agents]
+
+
+def receipts_summary(status: Status) -> str:
+    """`2 direct messages not delivered, 1 delivered and not acked (oldest first)`."""
+    r = status.receipts
+    if not r.not_delivered and not r.delivered_not_acked:
+        return "every direct message acked"
+    waiting = r.not_delivered + r.delivered_not_acked
+    shown = f" (the oldest {len(r.oldest)})" if len(r.oldest) < waiting else ""
+    return (f"{r.not_delivered} direct messages not delivered, {r.delivered_not_acked}"
+            f" delivered and not acked{shown}")
+
+
+def receipt_rows(status: Status) -> list[tuple[Any, ...]]:
+    now = status.now_ms
+    return [(f"#{r.seq}", r.from_agent, r.to_agent, r.type,
+             f"{seconds((now - r.ts_ms) / 1000)} ago", r.state, delivery_cell(r, now))
+            for r in status.receipts.oldest]
+
+
+def delivery_cell(receipt: Receipt, now_ms: int) -> str:
+    """`-`, or `mcp:poll 2x, last 4.2 s ago`: how the message was last shown, how often."""
+    d = receipt.delivery
+    if d is None:
+        return "-"
+    return f"{d.via} {d.deliveries}x, last {seconds((now_ms - d.last_ms) / 1000)} ago"
 
 
 def claim_rows(status: Status) -> list[tuple[Any, ...]]:

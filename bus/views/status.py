@@ -29,6 +29,8 @@ from bus.heartbeats import LIVENESS_STATES
 from bus.heartbeats import Liveness
 from bus.heartbeats import Thresholds
 from bus.heartbeats import liveness
+from bus.receipts import Outstanding
+from bus.receipts import outstanding
 from bus.reservations import Reservation
 from bus.reservations import has_reservations_table
 from bus.reservations import live_reservations
@@ -37,6 +39,7 @@ from bus.tasks import TaskCounts
 from bus.tasks import counts as task_counts
 
 EXPIRING_SOON_MS = 10_000  # a lease with less than this left is about to be taken over
+RECEIPTS_SHOWN = 5  # the oldest direct messages not acknowledged, listed under receipts
 EXPORTER = "(export)"  # the exporter's name among the consumers: no agent id has parentheses
 _OLDEST_SQL = "SELECT seq, ts_ms FROM messages ORDER BY seq LIMIT 1"
 _CURSORS_SQL = "SELECT agent_id, last_acked_seq, updated_at_ms FROM cursors ORDER BY agent_id"
@@ -85,7 +88,7 @@ class LogInfo:
 class Consumer:
     """A cursor (or the exporter's position): how far it is and what waits for it.
 
-    `pending` counts the messages it will be handed (to it or broadcast, above
+    `pending` counts the messages it will be handed (to it or broadcast by another, above
     the cursor); `lag` is how many seqs it is behind the log's last one.
     """
 
@@ -164,6 +167,7 @@ class Status:
     pump: PumpInfo
     export: ExportInfo
     tasks: TaskCounts  # the task graph: open tasks ready, blocked, held; done, cancelled
+    receipts: Outstanding  # direct messages not delivered, or delivered and not acked
     agents_by_state: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -217,7 +221,8 @@ def status_of(conn: apsw.Connection, path: str, durability: str = "normal", *,
             reservations=(live_reservations(conn, at, thresholds)
                           if has_reservations_table(conn) else []),
             channels=[ChannelInfo(*row) for row in conn.execute(_CHANNELS_SQL)],
-            pump=_pump(conn, at), export=export, tasks=task_counts(conn, at, schema.current))
+            pump=_pump(conn, at), export=export, tasks=task_counts(conn, at, schema.current),
+            receipts=outstanding(conn, RECEIPTS_SHOWN))
 
 
 def _file(path: str, schema_version: int, schema_latest: int, durability: str) -> FileInfo:

@@ -14,6 +14,8 @@ PURPOSES = {
     "messages": "the log: one row per message (seq, id, ts_ms, from_agent, to_agent, type,"
                 " correlation_id, in_reply_to, payload JSON or payload_ref to a blob)",
     "cursors": "each consumer's last acknowledged seq (moves forward only, on ack)",
+    "receipts": "delivery receipts of direct messages: when and how often each was shown to"
+                " its recipient, last via what and in which session (acked: the cursor)",
     "heartbeats": "each agent's last beat: time, status (idle/working/blocked), task, progress",
     "task_claims": "leases on tasks: holder, fence, lease end, attempts and their limit",
     "task_fences": "the highest fence handed out per task (kept after release, never reused)",

@@ -1,0 +1,66 @@
+"""An agent's own broadcasts are not waiting for it: poll leaves them out (unless asked),
+the counts of what waits do not count them, and acks pass them, in the library and in the
+readers built on its poll (the MCP tools, `bus poll`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from bus import Bus
+from bus import process_loop
+
+
+def test_own_broadcasts_are_left_out_of_poll_and_counts_unless_asked(bus: Bus):
+    bus.publish("ann", "state_change", {"to": "WORKING"})
+    theirs = bus.publish("bob", "state_change", {"to": "WORKING"}).seq
+    bus.publish("ann", "task_done", {"task": "t1"})
+    assert [m.seq for m in bus.poll("ann")] == [theirs]
+    assert [m.from_agent for m in bus.poll("ann", include_own=True)] == ["ann", "bob", "ann"]
+    bus.set_cursor("ann", 0, create=True)
+    assert [c.pending for c in bus.list_cursors()] == [1]  # bob's; her own two do not wait
+    assert bus.ack("ann", theirs) == 3  # past ann's own task_done, the last message
+    assert [c.pending for c in bus.list_cursors()] == [0]
+    assert bus.ack("bob", theirs) == theirs  # ann's task_done after it waits for bob
+
+
+def test_ack_passes_only_own_broadcasts_before_the_next_waiting_message(bus: Bus):
+    first = bus.publish("bob", "note", 1, to="ann").seq
+    own = [bus.publish("ann", "note", n).seq for n in range(2)]
+    other = bus.publish("cy", "note", 3).seq
+    bus.publish("ann", "note", 4)
+    assert bus.ack("ann", first) == own[-1]  # stops before cy's broadcast, which waits
+    assert [m.seq for m in bus.poll("ann")] == [other]
+    assert bus.ack("ann", first, include_own=True) == own[-1]  # never backwards
+    fresh = Bus.open(bus.path)
+    try:
+        assert fresh.ack("dee", first, include_own=True) == first  # stops at the seq asked
+    finally:
+        fresh.close()
+
+
+def test_exchange_reply_is_acked_though_own_broadcasts_came_before_it(bus: Bus):
+    question = bus.publish("ann", "question", "which branch?", to="bob")
+    bus.publish("ann", "state_change", {"to": "WAITING"})
+    reply = bus.answer("bob", question.seq, "answer", "main")
+    assert bus.ack_if_next("ann", reply.seq)  # nothing of another's waits before it
+    assert bus.cursor("ann") == reply.seq
+
+
+def test_process_loop_does_not_hand_an_agent_its_own_broadcasts(bus: Bus):
+    seen = []
+    bus.publish("worker", "started", None)
+    bus.publish("planner", "task", "t1", to="worker")
+    process_loop(bus, "worker", seen.append, until_idle=True)
+    assert [m.type for m in seen] == ["task"]
+
+
+def test_mcp_poll_tool_leaves_out_the_agents_own_broadcasts(bus: Bus):
+    bus.publish("ann", "task_done", {"task": "t1"})
+    bus.publish("bob", "review", "looks good", to="ann")
+    done = subprocess.run([sys.executable, "-m", "bus.cli", "--db", bus.path, "mcp", "--agent",
+                           "ann", "--call", "poll"], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert [m["type"] for m in result["messages"]] == ["review"]
