@@ -74,7 +74,7 @@ class ModelRequest:
 
     def tool_names(self) -> list[str]:
         """The tools offered to the model, by the names it calls them with."""
-        return [tool_name(tool) for tool in self.body.get("tools") or []]
+        return [name for tool in self.body.get("tools") or [] for name in names_of(tool)]
 
     def visible_tools(self, prefix: str) -> set[str]:
         """The tools named `prefix...` the model can call: offered whole, or named in the
@@ -103,9 +103,14 @@ class ModelRequest:
         return json.dumps(self.body.get("messages") or self.body.get("input") or [])
 
 
-def tool_name(tool: dict[str, Any]) -> str:
-    # The Responses API nests a function's name under "function" in some shapes.
-    return tool.get("name") or (tool.get("function") or {}).get("name") or tool.get("type", "")
+def names_of(tool: dict[str, Any]) -> list[str]:
+    """The names a tool of a request's `tools` is called by: Codex groups an MCP server's
+    tools in a namespace (`mcp__agentbus` holding `publish`), named here as Claude Code
+    names them (`mcp__agentbus__publish`)."""
+    if tool.get("type") == "namespace":
+        return [f"{tool['name']}__{name}" for inner in tool.get("tools") or []
+                for name in names_of(inner)]
+    return [tool.get("name") or tool.get("type", "")]
 
 
 def _blocks(content: Any) -> list[dict[str, Any]]:
@@ -131,6 +136,7 @@ class ScriptedModel:
     def __init__(self, script: list[Planned] | None = None) -> None:
         self.script = list(script or [])
         self.requests: list[ModelRequest] = []
+        self.answers: list[Turn] = []  # what each request was answered, in the same order
         self._changed = threading.Condition()
         self._ids = itertools.count(1)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
@@ -170,17 +176,30 @@ class ScriptedModel:
                 self._changed.wait(left)
             return found
 
+    def wait_for_text(self, text: str, since: int, timeout: float) -> ModelRequest:
+        """The first request of the agent's turns after the `since` first requests whose
+        conversation holds `text` (a prompt, a hook's context, a tool's result)."""
+        return self.wait_for(lambda requests: next(
+            (r for r in requests[since:] if r.offers_tools() and text in r.text()), None),
+            timeout, f"a model request holding {text!r}")
+
     def record(self, request: ModelRequest) -> Turn:
         """Log `request` and choose its answer: the next planned turn if it is the agent's."""
         with self._changed:
             self.requests.append(request)
             self._changed.notify_all()
-            if not request.offers_tools():
-                return Text(SIDE_ANSWER)
-            if not self.script:
-                return Text(DONE)
-            planned = self.script.pop(0)
-        return planned(request) if callable(planned) else planned
+            planned = (Text(SIDE_ANSWER) if not request.offers_tools()
+                       else self.script.pop(0) if self.script else Text(DONE))
+        turn = planned(request) if callable(planned) else planned
+        with self._changed:
+            self.answers.append(turn)
+        return turn
+
+    def turn_ended(self) -> bool:
+        """Whether every request was answered and the last answer ended the agent's turn."""
+        with self._changed:
+            return len(self.answers) == len(self.requests) and (
+                not self.answers or isinstance(self.answers[-1], Text))
 
     def next_id(self, prefix: str) -> str:
         return f"{prefix}_{next(self._ids):04d}"
@@ -297,9 +316,12 @@ def responses_events(model: ScriptedModel, turn: Turn) -> list[dict[str, Any]]:
     """The SSE events of `POST /v1/responses`: created, the output item, completed."""
     response_id = model.next_id("resp")
     if isinstance(turn, ToolUse):
+        namespace, _, name = turn.name.rpartition("__")  # mcp__agentbus__publish, see names_of
         item = {"type": "function_call", "id": model.next_id("fc"),
-                "call_id": model.next_id("call"), "name": turn.name,
+                "call_id": model.next_id("call"), "name": name if namespace else turn.name,
                 "arguments": json.dumps(turn.input)}
+        if namespace:
+            item["namespace"] = namespace
     else:
         item = {"type": "message", "role": "assistant", "id": model.next_id("msg"),
                 "content": [{"type": "output_text", "text": turn.text, "annotations": []}]}

@@ -10,6 +10,7 @@ node_modules holding the same packages (a sibling checkout's, say).
   no updater, telemetry or other traffic, `bus mcp` in an MCP config, and the
   bus's tools allowed by rule (as root Claude Code refuses
   --dangerously-skip-permissions).
+- `InteractiveClaude` runs `claude` in tmux, waits until it is idle and types prompts.
 - `Codex` runs `codex exec --json` with a private CODEX_HOME whose config.toml
   names the scripted model (Responses API) and `bus mcp` under
   [mcp_servers.agentbus].
@@ -23,7 +24,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,15 +39,28 @@ from bus import Bus
 from tests.conftest import REPO_ROOT
 from tests.hook_harness import child_env
 from tests.hook_harness import installed
+from tests.hook_harness import run
 from tests.model_api import ScriptedModel
+from tests.terminal import TMUX
+from tests.terminal import Terminal
 
-CLIENTS = Path(os.environ.get("BUS_TEST_CLIENTS") or REPO_ROOT / "tests" / "clients" / "node_modules")
+CLIENTS = Path(os.environ.get("BUS_TEST_CLIENTS")
+               or REPO_ROOT / "tests" / "clients" / "node_modules")
 CLAUDE = CLIENTS / "@anthropic-ai" / "claude-code-linux-x64" / "claude"
 CODEX = CLIENTS / ".bin" / "codex"
 INSPECTOR = CLIENTS / ".bin" / "mcp-inspector"
+TAP = REPO_ROOT / "tests" / "mcp_tap.py"
+IDLE_PROMPT = re.compile(r"^❯\s*$", re.MULTILINE)  # Claude Code's input line, empty
+BUSY = "esc to interrupt"  # beside its spinner while a turn runs
 CLIENT_TIMEOUT = 180.0
 SERVER = "agentbus"  # the MCP server's name in every client's configuration
 BUS_TOOLS = f"mcp__{SERVER}__"  # how Claude Code and Codex name the server's tools
+
+
+def claude_version() -> str:
+    """The installed Claude Code's version, as it names itself to an MCP server."""
+    client(CLAUDE)
+    return json.loads((CLAUDE.parent / "package.json").read_text())["version"]
 
 
 def client(path: Path) -> str:
@@ -67,6 +84,12 @@ class ClientRun:
     def check(self) -> ClientRun:
         assert self.returncode == 0, (self.stdout[-3000:], self.stderr[-3000:])
         return self
+
+    def hook_responses(self) -> list[dict[str, Any]]:
+        """Claude Code's `hook_response` events (stream-json): each hook run it reports, with
+        its `hook_event`, `exit_code`, `outcome`, `output` and `stderr`."""
+        return [event for event in self.events if event.get("type") == "system"
+                and event.get("subtype") == "hook_response"]
 
 
 def run_client(argv: list[str], env: dict[str, str], cwd: Path,
@@ -96,25 +119,38 @@ def bus_mcp_argv(db: Path, agent: str | None, *extra: str) -> list[str]:
             *extra]
 
 
+def tapped(argv: list[str], log: Path | None) -> list[str]:
+    """`argv` behind tests/mcp_tap.py when `log` is given: each line both ways, timed, in it."""
+    return argv if log is None else [sys.executable, str(TAP), str(log), "--", *argv]
+
+
+def tap_log(log: Path) -> list[dict[str, Any]]:
+    """What the tap saw: {t, from, message} per line, in order (none if it never started)."""
+    return json_lines(log.read_text()) if log.exists() else []
+
+
 class ClaudeCode:
     """Claude Code's native binary in `tmp_path`, pointed at `model`, with `bus mcp` on `db`.
 
-    `mcp_args` are added to `bus mcp`'s command line (`--tools`, say); `env` to
-    the client's environment, which its MCP server and hooks inherit.
+    `mcp_args` are added to `bus mcp`'s command line (`--tools`, say); with
+    `mcp_log`, the server runs behind tests/mcp_tap.py, which logs its traffic
+    there. `env` is the client's environment, which its MCP server and hooks
+    inherit.
     """
 
     def __init__(self, tmp_path: Path, model: ScriptedModel, db: Path, agent: str | None = "ann",
-                 mcp_args: tuple[str, ...] = ()) -> None:
+                 mcp_args: tuple[str, ...] = (), mcp_log: Path | None = None) -> None:
         self.binary = client(CLAUDE)
+        self.db = db
         self.cwd = tmp_path / "project"
         self.home = tmp_path / "claude-home"
         self.cache = tmp_path / "cache"  # XDG_CACHE_HOME: `bus mcp`'s start cache lives here
         self.mcp_config = tmp_path / "mcp.json"
         for directory in (self.cwd, self.home, self.cache):
             directory.mkdir(exist_ok=True)
+        command, *args = tapped(bus_mcp_argv(db, agent, *mcp_args), mcp_log)
         self.mcp_config.write_text(json.dumps({"mcpServers": {SERVER: {
-            "command": bus_mcp_argv(db, agent, *mcp_args)[0],
-            "args": bus_mcp_argv(db, agent, *mcp_args)[1:]}}}))
+            "command": command, "args": args}}}))
         self.env = child_env(tmp_path) | {
             "HOME": str(self.home), "XDG_CACHE_HOME": str(self.cache),
             "XDG_CONFIG_HOME": str(self.home / ".config"),
@@ -125,21 +161,78 @@ class ClaudeCode:
                      "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CONFIG_DIR"):
             self.env.pop(name, None)  # the session running the tests, if any, is not this one
 
+    def install_hooks(self, *options: str) -> None:
+        """`bus hook install claude` in the project: `options` are its own (`--agent ann`)."""
+        run("bus", ["--db", str(self.db), "hook", "install", "claude", "--project",
+                    str(self.cwd), *options], self.env, self.cwd)
+
+    def session_args(self) -> list[str]:
+        """The options of every run: the bus's MCP server only, its tools allowed."""
+        return ["--mcp-config", str(self.mcp_config), "--strict-mcp-config",
+                "--allowedTools", f"{BUS_TOOLS}*"]
+
     def argv(self, prompt: str, *extra: str) -> list[str]:
         return [self.binary, "-p", prompt, "--output-format", "stream-json", "--verbose",
-                "--mcp-config", str(self.mcp_config), "--strict-mcp-config",
-                "--allowedTools", f"{BUS_TOOLS}*", *extra]
+                *self.session_args(), *extra]
 
     def run(self, prompt: str, *extra: str, timeout: float = CLIENT_TIMEOUT) -> ClientRun:
         return run_client(self.argv(prompt, *extra), self.env, self.cwd, timeout)
 
 
+class InteractiveClaude:
+    """Claude Code as a person runs it, in a tmux terminal: for what only an idle session shows.
+
+    `start` answers the first-run questions ahead (onboarding, the API key, trust in the
+    project) in the private HOME, starts `claude` with the options of `claude`'s runs, and
+    returns once it is idle. `prompt` types a line and presses Enter.
+    """
+
+    def __init__(self, claude: ClaudeCode, model: ScriptedModel, tmp_path: Path) -> None:
+        if TMUX is None:
+            pytest.skip("tmux is not installed (make test installs it)")
+        self.claude, self.model = claude, model
+        self.terminal = Terminal(tmp_path, claude.env)
+
+    def start(self, *extra: str) -> None:
+        key = self.claude.env["ANTHROPIC_API_KEY"]
+        (self.claude.home / ".claude.json").write_text(json.dumps({
+            "hasCompletedOnboarding": True, "theme": "dark",
+            "customApiKeyResponses": {"approved": [key[-20:]], "rejected": []},
+            "projects": {str(self.claude.cwd): {"hasTrustDialogAccepted": True,
+                                                "hasCompletedProjectOnboarding": True}}}))
+        argv = [self.claude.binary, *self.claude.session_args(), *extra]
+        self.terminal.start(f"cd {shlex.quote(str(self.claude.cwd))} && {shlex.join(argv)}")
+        self.wait_idle("the session's first idle prompt")
+
+    def idle(self, screen: str) -> bool:
+        """The turn is over for the model and on the screen: an empty input line, no spinner."""
+        return (self.model.turn_ended() and IDLE_PROMPT.search(screen) is not None
+                and BUSY not in screen)
+
+    def wait_idle(self, what: str = "the session going idle") -> str:
+        return self.terminal.wait_for(self.idle, what)
+
+    def prompt(self, text: str) -> int:
+        """Type `text` and Enter; the number of model requests before it, for `model.wait_for`."""
+        since = len(self.model.requests)
+        self.terminal.keys("-l", text)
+        self.terminal.keys("Enter")
+        return since
+
+    def close(self) -> None:
+        self.terminal.close()
+
+
 class Codex:
-    """The Codex CLI in `tmp_path`: CODEX_HOME/config.toml names `model` and `bus mcp` on `db`."""
+    """The Codex CLI in `tmp_path`: CODEX_HOME/config.toml names `model` and `bus mcp` on `db`
+    (`mcp_args` and `mcp_log` as for ClaudeCode). The file is written at each run, from
+    `env` as it is then."""
 
     def __init__(self, tmp_path: Path, model: ScriptedModel, db: Path, agent: str | None = "ann",
-                 mcp_args: tuple[str, ...] = ()) -> None:
+                 mcp_args: tuple[str, ...] = (), mcp_log: Path | None = None) -> None:
         self.binary = client(CODEX)
+        self.model_url = model.url
+        self.server = tapped(bus_mcp_argv(db, agent, *mcp_args), mcp_log)
         self.cwd = tmp_path / "project"
         self.home = tmp_path / "codex-home"
         self.cache = tmp_path / "cache"
@@ -148,11 +241,12 @@ class Codex:
         self.env = child_env(tmp_path) | {"HOME": str(tmp_path), "CODEX_HOME": str(self.home),
                                           "XDG_CACHE_HOME": str(self.cache)}
         self.env.pop("OPENAI_API_KEY", None)
+
+    def config(self) -> str:
         # Codex starts an MCP server with a few variables of its own only: the rest by name.
         server_env = {name: self.env[name] for name in ("PYTHONPATH", "XDG_CACHE_HOME")
                       if name in self.env}
-        argv = bus_mcp_argv(db, agent, *mcp_args)
-        (self.home / "config.toml").write_text("\n".join([
+        return "\n".join([
             'model = "gpt-5-codex"',
             'model_provider = "scripted"',
             'approval_policy = "never"',
@@ -160,21 +254,22 @@ class Codex:
             "",
             "[model_providers.scripted]",
             'name = "scripted model"',
-            f"base_url = {toml_string(model.url + '/v1')}",
+            f"base_url = {toml_string(self.model_url + '/v1')}",
             'wire_api = "responses"',
             "request_max_retries = 0",
             "stream_max_retries = 0",
             "",
             f"[mcp_servers.{SERVER}]",
-            f"command = {toml_string(argv[0])}",
-            f"args = [{', '.join(toml_string(arg) for arg in argv[1:])}]",
+            f"command = {toml_string(self.server[0])}",
+            f"args = [{', '.join(toml_string(arg) for arg in self.server[1:])}]",
             f"env = {{ {', '.join(f'{k} = {toml_string(v)}' for k, v in server_env.items())} }}",
-            ""]))
+            ""])
 
     def argv(self, prompt: str, *extra: str) -> list[str]:
         return [self.binary, "exec", "--json", "--skip-git-repo-check", *extra, prompt]
 
     def run(self, prompt: str, *extra: str, timeout: float = CLIENT_TIMEOUT) -> ClientRun:
+        (self.home / "config.toml").write_text(self.config())
         return run_client(self.argv(prompt, *extra), self.env, self.cwd, timeout)
 
 
@@ -205,6 +300,16 @@ class Inspector:
         return json.loads(done.stdout)
 
 
+def stall_the_sdk(env: dict[str, str], tmp_path: Path) -> None:
+    """Make the MCP SDK's import never end for the `bus mcp` that `env` starts: what a client
+    gets then is what `bus mcp` answers before the SDK is loaded, its fast start."""
+    stalled = tmp_path / "stalled-sdk" / "mcp"
+    stalled.mkdir(parents=True, exist_ok=True)
+    (stalled / "__init__.py").write_text("import time\ntime.sleep(3600)\n")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(stalled.parent),
+                                                      env.get("PYTHONPATH")]))
+
+
 @pytest.fixture
 def scripted_model():
     """A ScriptedModel with an empty script: a test sets `scripted_model.script` first."""
@@ -223,6 +328,14 @@ def client_bus(db_path: Path) -> Path:
 @pytest.fixture
 def claude_code(tmp_path: Path, scripted_model: ScriptedModel, client_bus: Path) -> ClaudeCode:
     return ClaudeCode(tmp_path, scripted_model, client_bus)
+
+
+@pytest.fixture
+def interactive_claude(tmp_path: Path, claude_code: ClaudeCode, scripted_model: ScriptedModel):
+    """An InteractiveClaude, not started yet (hooks may be installed first); closed at the end."""
+    session = InteractiveClaude(claude_code, scripted_model, tmp_path)
+    yield session
+    session.close()
 
 
 @pytest.fixture
