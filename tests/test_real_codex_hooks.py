@@ -23,6 +23,7 @@ from tests.real_clients import SERVER
 from tests.real_clients import Codex
 from tests.real_clients import client_bus  # noqa: F401 - fixture
 from tests.real_clients import codex  # noqa: F401 - fixture
+from tests.real_clients import run_client
 from tests.real_clients import scripted_model  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.real_clients
@@ -31,6 +32,7 @@ TRUSTED = "--dangerously-bypass-hook-trust"
 
 @pytest.fixture
 def installed_codex(codex: Codex, client_bus: Path) -> Codex:
+    (codex.home / "config.toml").write_text(codex.config())  # the fixture's own file, first
     run("bus", ["--db", str(client_bus), "hook", "install", "codex", "--agent", "ann",
                 "--codex-home", str(codex.home)], codex.env, codex.cwd)
     config = tomllib.loads((codex.home / "config.toml").read_text())
@@ -39,12 +41,17 @@ def installed_codex(codex: Codex, client_bus: Path) -> Codex:
     return codex
 
 
+def run_installed(codex: Codex, prompt: str) -> None:
+    """`codex exec` on the installed file as it is (Codex.run would write the fixture's)."""
+    run_client(codex.argv(prompt, TRUSTED), codex.env, codex.cwd).check()
+
+
 def test_codex_hook_delivers_a_waiting_message_and_acks_it(
         installed_codex: Codex, scripted_model: ScriptedModel, client_bus: Path) -> None:
     with Bus.open(client_bus) as bus:
         seq = bus.publish("bob", "note", "read me first", to="ann").seq
     scripted_model.script = [Text("read")]
-    installed_codex.run("hello", TRUSTED).check()
+    run_installed(installed_codex, "hello")
     [first] = scripted_model.agent_requests()
     assert f"#{seq} bob -> ann note" in first.text() and "read me first" in first.text()
     with Bus.open(client_bus) as bus:
@@ -57,6 +64,6 @@ def test_codex_hook_delivers_a_waiting_message_and_acks_it(
 def test_codex_first_start_has_the_bus_tools(
         installed_codex: Codex, scripted_model: ScriptedModel) -> None:
     scripted_model.script = [Text("listed")]
-    installed_codex.run("hello", TRUSTED).check()
+    run_installed(installed_codex, "hello")
     [first] = scripted_model.agent_requests()
     assert SERVER in json.dumps(first.body["tools"])  # Codex names them mcp__agentbus...

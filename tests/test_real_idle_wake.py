@@ -1,60 +1,43 @@
 """An idle Claude Code session wakes when a message comes: the real binary, in tmux.
 
-An interactive session (the pinned native binary, tests/real_clients.py) runs
-in a terminal of its own with the hooks `bus hook install claude` writes,
+An interactive session (the pinned native binary, tests/real_clients.py's
+InteractiveClaude) runs with the hooks `bus hook install claude` writes,
 pointed at the scripted model. Nobody types: the session is idle from its
-start, its SessionStart waiter (`bus hook claude --rewake`) waiting. A
-`bus publish` from another process must start a turn whose model request
-carries the message; the turn's Stop arms the next waiter, and a second
-message wakes the session again. This version has an inbox socket, which the
-waiter posts to; with --no-inbox it exits 2 with the messages instead.
-Timings are scripts/bench_hooks.py's; here every wait is a condition with a
-deadline.
+start, its SessionStart waiter (`bus hook claude --rewake`) waiting. A `bus
+publish` from another process must start a turn whose model request carries
+the message; the turn's Stop arms the next waiter, and a second message wakes
+the session again. This version has an inbox socket, which the waiter posts
+to; with --no-inbox it exits 2 with the messages instead. Timings are
+scripts/bench_hooks.py's; here every wait is a condition with a deadline.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 from pathlib import Path
 
 import pytest
 
 from bus import Bus
 from tests.hook_harness import has_inotify_fd
-from tests.hook_harness import run
 from tests.hook_harness import wait_until
-from tests.model_api import ModelRequest
 from tests.model_api import ScriptedModel
 from tests.real_clients import ClaudeCode
+from tests.real_clients import InteractiveClaude
 from tests.real_clients import client_bus  # noqa: F401 - fixture
 from tests.real_clients import scripted_model  # noqa: F401 - fixture
-from tests.test_views_top import Terminal
-from tests.test_views_top import needs_tmux
 
-pytestmark = [pytest.mark.real_clients, needs_tmux]
+pytestmark = pytest.mark.real_clients
 
 START_S = 90.0  # the session's start, its hooks' and their waiter's, on a loaded machine
 WAKE_S = 30.0  # a wake and the model request after it, with room for a loaded machine
 
 
-def prepare_interactive(claude: ClaudeCode, api_key: str) -> None:
-    """What a person answers at a first start, answered before it: onboarding done, this
-    project trusted, the API key in the environment approved."""
-    state = {"hasCompletedOnboarding": True,
-             "customApiKeyResponses": {"approved": [api_key[-20:]], "rejected": []},
-             "projects": {str(claude.cwd): {"hasTrustDialogAccepted": True,
-                                            "hasCompletedProjectOnboarding": True}}}
-    (claude.home / ".claude.json").write_text(json.dumps(state))
-
-
 def rewake_waiters(db: Path) -> list[int]:
     """The pids of `bus ... --rewake` processes on `db` that are waiting (have their watcher)."""
     found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+    for name in filter(str.isdigit, os.listdir("/proc")):
         try:
             argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
         except OSError:
@@ -62,25 +45,6 @@ def rewake_waiters(db: Path) -> list[int]:
         if b"--rewake" in argv and str(db).encode() in argv and has_inotify_fd(int(name)):
             found.append(int(name))
     return found
-
-
-def request_with(model: ScriptedModel, text: str) -> ModelRequest:
-    return model.wait_for(lambda requests: next(
-        (r for r in requests if r.offers_tools() and text in r.text()), None), WAKE_S,
-        f"a model request carrying {text!r}")
-
-
-@pytest.fixture
-def terminal(tmp_path: Path):
-    terminals = []
-
-    def open_terminal(env: dict[str, str]) -> Terminal:
-        terminals.append(Terminal(tmp_path, env))
-        return terminals[-1]
-
-    yield open_terminal
-    for term in terminals:
-        term.close()
 
 
 def waiters_without_inbox(settings: Path) -> None:
@@ -94,39 +58,42 @@ def waiters_without_inbox(settings: Path) -> None:
     settings.write_text(json.dumps(data))
 
 
+@pytest.fixture
+def interactive(tmp_path: Path, scripted_model: ScriptedModel, client_bus: Path):
+    claude = ClaudeCode(tmp_path, scripted_model, client_bus, agent="ann")
+    claude.install_hooks("--agent", "ann")
+    session = InteractiveClaude(claude, scripted_model, tmp_path)
+    yield session
+    session.close()
+
+
 @pytest.mark.parametrize("route", ["inbox", "stderr"])
 def test_idle_claude_code_session_wakes_on_publish_and_is_rearmed(
-        tmp_path: Path, scripted_model: ScriptedModel, client_bus: Path, terminal,
+        interactive: InteractiveClaude, scripted_model: ScriptedModel, client_bus: Path,
         route: str) -> None:
     """By the session's inbox socket (this version has one), and by the hook's exit 2."""
-    claude = ClaudeCode(tmp_path, scripted_model, client_bus, agent="ann")
-    prepare_interactive(claude, claude.env["ANTHROPIC_API_KEY"])
-    run("bus", ["--db", str(client_bus), "hook", "install", "claude", "--agent", "ann",
-                "--project", str(claude.cwd)], claude.env, claude.cwd)
     if route == "stderr":
-        waiters_without_inbox(claude.cwd / ".claude" / "settings.json")
-    term = terminal(claude.env)
-    term.start(f"cd {shlex.quote(str(claude.cwd))} && {shlex.quote(claude.binary)}"
-               f" --mcp-config {shlex.quote(str(claude.mcp_config))} --strict-mcp-config",
-               size=(160, 45))
+        waiters_without_inbox(interactive.claude.cwd / ".claude" / "settings.json")
+    interactive.start()
     wait_until(lambda: rewake_waiters(client_bus), START_S, "the SessionStart waiter waits")
     [first_waiter] = rewake_waiters(client_bus)
     assert scripted_model.agent_requests() == []  # idle: nobody has asked anything
 
     with Bus.open(client_bus) as bus:
         bus.publish("bob", "note", "wake one", to="ann")
-    first = request_with(scripted_model, "wake one")
+    first = scripted_model.wait_for_text("wake one", 0, WAKE_S)
     assert ("Woken by the agent bus." in first.text()) == (route == "stderr")
 
     # The turn's Stop armed a new waiter: a second message wakes the idle session again.
     wait_until(lambda: [p for p in rewake_waiters(client_bus) if p != first_waiter], START_S,
                "the Stop waiter waits")
+    since = len(scripted_model.requests)
     with Bus.open(client_bus) as bus:
         bus.publish("bob", "note", "wake two", to="ann")
-    second = request_with(scripted_model, "wake two")
+    second = scripted_model.wait_for_text("wake two", since, WAKE_S)
     assert "wake one" not in second.text().split("wake two")[-1]  # not shown a second time
     with Bus.open(client_bus) as bus:
         assert bus.poll("ann") == []  # both acked
     if route == "stderr":
-        term.wait_for(lambda screen: "agentbus: new messages" in screen,
-                      "the wake's line in the terminal")
+        interactive.terminal.wait_for(lambda screen: "agentbus: new messages" in screen,
+                                      "the wake's line in the terminal")
