@@ -49,6 +49,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from typing import Callable
 from typing import Mapping
 from typing import Sequence
 
@@ -70,6 +71,7 @@ SESSION_END = "SessionEnd"
 CONTEXT_EVENTS = (SESSION_START, USER_PROMPT_SUBMIT, POST_TOOL_USE)  # additionalContext
 EVENTS = (SESSION_START, USER_PROMPT_SUBMIT, POST_TOOL_USE, STOP, SESSION_END)
 TOOL_EVENTS = (POST_TOOL_USE,)  # the events whose entries take a matcher
+REWAKE_EVENTS = (SESSION_START, STOP)  # the background waiter starts at each (claude_rewake)
 # What each event says of the session (bus/heartbeats.py's presence); Stop is idle only
 # when the session is let stop.
 PRESENCE = {SESSION_START: "started", USER_PROMPT_SUBMIT: "working", POST_TOOL_USE: "working",
@@ -287,14 +289,27 @@ def stop_timeout(wait: float) -> int:
 
 def is_ours(command: object) -> bool:
     """A hook command that runs `bus ... hook claude` (any agent, any flags)."""
+    return bus_hook_words(command) is not None
+
+
+def is_rewake(command: object) -> bool:
+    """One of ours that waits in the background to wake the session (`--rewake`)."""
+    words = bus_hook_words(command)
+    return words is not None and "--rewake" in words
+
+
+def bus_hook_words(command: object, harness: str = "claude") -> list[str] | None:
+    """The words of a `bus ... hook HARNESS ...` command line; None for anything else."""
     if not isinstance(command, str):
-        return False
+        return None
     try:
         words = shlex.split(command)
     except ValueError:
-        return False
-    return (bool(words) and os.path.basename(words[0]) == "bus"
-            and any(words[i:i + 2] == ["hook", "claude"] for i in range(len(words))))
+        return None
+    if (words and os.path.basename(words[0]) == "bus"
+            and any(words[i:i + 2] == ["hook", harness] for i in range(len(words)))):
+        return words
+    return None
 
 
 def merge_settings(settings: Mapping[str, Any], commands: Mapping[str, str],
@@ -309,7 +324,8 @@ def merge_settings(settings: Mapping[str, Any], commands: Mapping[str, str],
     merged = dict(settings)
     hooks = dict(_member(merged, "hooks", dict, "{\"hooks\": {\"Stop\": [...]}}"))
     for event, command in commands.items():
-        hooks[event] = _merge_event(event, hooks.get(event, []), command, timeouts[event])
+        ours = {"type": "command", "command": command, "timeout": timeouts[event]}
+        hooks[event] = merge_entries(event, hooks.get(event, []), ours, _is_answering)
     merged["hooks"] = hooks
     if allow:
         permissions = dict(_member(merged, "permissions", dict,
@@ -320,6 +336,33 @@ def merge_settings(settings: Mapping[str, Any], commands: Mapping[str, str],
         permissions["allow"] = rules
         merged["permissions"] = permissions
     return merged
+
+
+def merge_rewake(settings: Mapping[str, Any], command: str | None,
+                 hook_fields: Mapping[str, Any]) -> dict[str, Any]:
+    """`settings` with our background waiter (`command`, with `hook_fields` such as `async`)
+    on each of REWAKE_EVENTS, replaced where one was; with `command` None, without it.
+
+    Kept as merge_settings keeps things; the answering entries are left alone.
+    """
+    merged = dict(settings)
+    hooks = dict(merged.get("hooks", {}))  # merge_settings checked its shape
+    ours = None if command is None else {"type": "command", "command": command, **hook_fields}
+    for event in REWAKE_EVENTS:
+        entries = merge_entries(event, hooks.get(event, []), ours, _is_rewake_hook)
+        if entries or event in hooks:
+            hooks[event] = entries
+    merged["hooks"] = hooks
+    return merged
+
+
+def _is_answering(hook: object) -> bool:
+    return isinstance(hook, dict) and is_ours(hook.get("command")) and not is_rewake(
+        hook.get("command"))
+
+
+def _is_rewake_hook(hook: object) -> bool:
+    return isinstance(hook, dict) and is_rewake(hook.get("command"))
 
 
 def merge_env(settings: Mapping[str, Any], name: str, value: str) -> dict[str, Any]:
@@ -352,32 +395,29 @@ def _member(settings: Mapping[str, Any], key: str, kind: type, shape: str,
     return value
 
 
-def _merge_event(event: str, entries: object, command: str, timeout: int) -> list[Any]:
+def merge_entries(event: str, entries: object, ours: dict[str, Any] | None,
+                 same: Callable[[object], bool]) -> list[Any]:
+    """`entries` with `ours` in place of the first hook `same` matches (the others go), or
+    appended in an entry of its own; with `ours` None, only without those."""
     if not isinstance(entries, list):
         raise ValidationFailed(f"hooks.{event}", "in the settings file is not a list; fix it"
                                " by hand")
-    ours = {"type": "command", "command": command, "timeout": timeout}
     result: list[Any] = []
     placed = False
     for entry in entries:
         if isinstance(entry, dict) and isinstance(entry.get("hooks"), list):
-            kept = [h for h in entry["hooks"] if not (isinstance(h, dict)
-                                                     and is_ours(h.get("command")))]
-            if len(kept) < len(entry["hooks"]) and not placed:
-                kept.insert(_index_of_ours(entry["hooks"]), ours)
+            kept = [h for h in entry["hooks"] if not same(h)]
+            if len(kept) < len(entry["hooks"]) and not placed and ours is not None:
+                kept.insert(next(i for i, h in enumerate(entry["hooks"]) if same(h)), ours)
                 placed = True
             if kept:
                 result.append({**entry, "hooks": kept})
             continue
         result.append(entry)
-    if not placed:
+    if not placed and ours is not None:
         group: dict[str, Any] = {"matcher": "*"} if event in TOOL_EVENTS else {}
         result.append({**group, "hooks": [ours]})
     return result
-
-
-def _index_of_ours(hooks: list[Any]) -> int:
-    return next(i for i, h in enumerate(hooks) if isinstance(h, dict) and is_ours(h.get("command")))
 
 
 def read_settings(path: Path) -> dict[str, Any]:

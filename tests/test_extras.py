@@ -20,12 +20,12 @@ import workers
 from tests.conftest import REPO_ROOT
 
 VIEWS = ("textual", "starlette", "uvicorn", "plotly")
-MCP = ("mcp",)
+MCP = ("mcp", "tomlkit")
 SPARK = ("pyspark", "py4j", "pyarrow", "matplotlib")
 EVERY_EXTRA = VIEWS + MCP + SPARK
 # Our modules that exist to use an extra: everything else must import without any.
 EXTRA_MODULES = ("bus.views.top", "bus.views.serve", "bus.views.guard", "bus.views.routes",
-                 "bus.mcpserver", "workers.mcp_tools", "bus.history")
+                 "bus.mcpserver", "workers.mcp_tools", "bus.history", "bus.codex")
 
 # Hides every top-level module named in argv[1] (comma-separated) from every finder, so
 # importing one fails and `importlib.util.find_spec` says None, as where it is not
@@ -117,6 +117,15 @@ def test_bus_mcp_without_mcp_names_the_mcp_extra(tmp_path: Path) -> None:
     assert done.stderr == ("Error: bus mcp needs mcp, which the mcp extra installs:"
                            " pip install 'agentbus[mcp]'\n")
     assert not (tmp_path / ".worker-state").exists()  # refused before opening any bus
+
+
+def test_hook_install_codex_without_tomlkit_names_the_mcp_extra(tmp_path: Path) -> None:
+    done = run_without(("tomlkit",), "bus.cli", "hook", "install", "codex", "--agent", "w1",
+                       "--codex-home", str(tmp_path / "codex"), cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == ("Error: bus hook install codex needs tomlkit, which the mcp extra"
+                           " installs: pip install 'agentbus[mcp]'\n")
+    assert not (tmp_path / "codex").exists()
 
 
 def test_bus_history_without_spark_names_the_spark_extra(tmp_path: Path) -> None:

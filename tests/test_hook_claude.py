@@ -309,8 +309,8 @@ def test_install_creates_the_settings_file(tmp_path, db, env):
     done = install(db, env, tmp_path, "--wait", "300")
     path = tmp_path / ".claude" / "settings.json"
     assert done.stdout.decode() == (f"hooks for SessionStart, UserPromptSubmit, PostToolUse,"
-                                    f" Stop, SessionEnd and the rule mcp__agentbus__* written"
-                                    f" to {path}\n")
+                                    f" Stop, SessionEnd, the idle wake on SessionStart, Stop and the rule"
+                                    f" mcp__agentbus__* written to {path}\n")
     settings = json.loads(path.read_text())
     assert settings["permissions"] == {"allow": ["mcp__agentbus__*"]}
     hooks = settings["hooks"]
@@ -338,13 +338,14 @@ def test_install_merges_without_loss_and_twice_gives_the_same_file(tmp_path, db,
     assert merged["hooks"]["PreToolUse"] == EXISTING["hooks"]["PreToolUse"]
     assert merged["hooks"]["PostToolUse"][0] == EXISTING["hooks"]["PostToolUse"][0]
     assert merged["hooks"]["Stop"][0] == EXISTING["hooks"]["Stop"][0]
-    assert len(merged["hooks"]["Stop"]) == len(merged["hooks"]["PostToolUse"]) == 2
+    assert len(merged["hooks"]["PostToolUse"]) == 2
+    assert len(merged["hooks"]["Stop"]) == 3  # the user's, ours answering, ours waking
     again = install(db, env, tmp_path)
     assert again.stdout.decode() == f"{path} already has these hooks; nothing changed\n"
     assert path.read_bytes() == first
     changed = install(db, env, tmp_path, "--wait", "60")  # new flags replace ours in place
     stops = json.loads(path.read_text())["hooks"]["Stop"]
-    assert len(stops) == 2 and "--wait 60" in stops[1]["hooks"][0]["command"]
+    assert len(stops) == 3 and "--wait 60" in stops[1]["hooks"][0]["command"]
     assert changed.returncode == 0
 
 
@@ -364,7 +365,7 @@ def test_install_json_reports_what_it_did(tmp_path, db, env):
     assert json.loads(done.stdout) == {
         "settings": str(tmp_path / ".claude" / "settings.json"), "changed": True,
         "events": ["SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "SessionEnd"],
-        "allow": ["mcp__agentbus__*"]}
+        "allow": ["mcp__agentbus__*"], "rewake": ["SessionStart", "Stop"]}
 
 
 # --- inbox ------------------------------------------------------------------------------------

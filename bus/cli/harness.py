@@ -20,13 +20,16 @@ from typing import Any
 
 import click
 
+from blobs.files import write_atomically
 from bus import claude_code
+from bus import claude_rewake
 from bus import heartbeats
 from bus import identity
 from bus.api import Bus
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
+from bus.cli.extras import import_extra
 from bus.cli.output import echo_json
 from bus.identity import AGENT_ENV
 from bus.identity import AUTO
@@ -97,11 +100,12 @@ def _non_blocking(exc: click.UsageError) -> click.ClickException:
 
 @click.group()
 def hook() -> None:
-    """Answer an agent harness's hooks with the agent's messages (Claude Code).
+    """Answer an agent harness's hooks with the agent's messages (Claude Code, Codex).
 
     \b
     Example:
       bus hook install claude --agent auto --project .
+      bus hook install codex --agent w1
       echo '{"hook_event_name": "Stop", "session_id": "s1"}' | bus hook claude --agent w1
     """
 
@@ -117,10 +121,19 @@ def hook() -> None:
                    " which Claude Code honours).")
 @click.option("--limit", default=DEFAULT_LIMIT, show_default=True, type=click.IntRange(1, 1000),
               help="Most messages shown per hook call; the rest come next time.")
+@click.option("--rewake", is_flag=True,
+              help="Run as the background (asyncRewake) hook of SessionStart and Stop: wait"
+                   " up to --wait s for messages, then post them to the session's inbox"
+                   " socket, or write them to stderr and exit 2; either starts a turn, even"
+                   " in an idle session.")
+@click.option("--inbox/--no-inbox", "use_inbox", default=True, show_default=True,
+              help="--rewake: post to the session's inbox socket where Claude Code has one"
+                   " (2.1.224 and later; the model sees a message from a peer); --no-inbox:"
+                   " always stderr and exit 2 (the model sees a system reminder).")
 @json_option
 @pass_bus_context
 def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: int,
-           as_json: bool) -> None:
+           rewake: bool, use_inbox: bool, as_json: bool) -> None:
     """Read one Claude Code hook event on stdin and answer on stdout.
 
     SessionStart, UserPromptSubmit and PostToolUse: the waiting messages join
@@ -134,24 +147,61 @@ def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: 
     every worker's worktree, with no $BUS_AGENT, answers nothing. Errors exit 1
     (Claude Code goes on), never 2.
 
-    Example: bus hook claude --agent auto   (as a Stop hook)
+    With --rewake (SessionStart and Stop, as an asyncRewake hook): wait in the
+    background until messages come, up to --wait s, then post them to the
+    session's inbox socket where it has one, else write them to stderr and
+    exit 2; either wakes the session, idle or not. One waiter per session; it
+    stands down in a session nobody attends (claude -p), and when the session
+    ends. Messages are acknowledged once delivered.
+
+    \b
+    Example:
+      bus hook claude --agent auto   (as a Stop hook)
+      bus hook claude --agent auto --wait 86400 --rewake   (asyncRewake)
     """
     event = claude_code.parse_event(sys.stdin.buffer.read())
     if not event.known:
         return
     bus = obj.open()
     who = claude_code.hook_agent(bus.conn, agent, event)
-    if who is None or claude_code.quiet_answer(bus.conn, obj.db, who, event, wait,
-                                               max_continues):
+    if who is None:
         return
-    if event.name == claude_code.STOP:
-        _answer_stop(bus, obj.db, who, event, wait, limit)
+    if rewake:  # before quiet_answer: the waiter keeps no presence and never lets a Stop end
+        _rewake(bus, obj.db, who, event, wait, limit, use_inbox)
         return
-    heartbeats.presence(bus.conn, who, claude_code.PRESENCE[event.name])
-    inbox = pending(bus, who, limit)
-    if inbox.shown:
-        echo_json(claude_code.context_output(event.name, inbox.text))
-        acknowledge(bus, inbox, f"hook:{event.name}", event.session_id)
+    if claude_code.quiet_answer(bus.conn, obj.db, who, event, wait, max_continues):
+        return
+    with claude_rewake.delivering(obj.db, who):  # the waiter shows nothing this one shows
+        if event.name == claude_code.STOP:
+            _answer_stop(bus, obj.db, who, event, wait, limit)
+            return
+        heartbeats.presence(bus.conn, who, claude_code.PRESENCE[event.name])
+        inbox = pending(bus, who, limit)
+        if inbox.shown:
+            echo_json(claude_code.context_output(event.name, inbox.text))
+            acknowledge(bus, inbox, f"hook:{event.name}", event.session_id)
+
+
+def _rewake(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: float,
+            limit: int, use_inbox: bool) -> None:
+    """The background waiter: the messages posted to the session's inbox (exit 0) or on
+    stderr (exit 2); exit 0 with nothing when the wait or the session ends."""
+    session = event.session_id or os.environ.get(claude_rewake.SESSION_ENV)
+    if event.name not in claude_code.REWAKE_EVENTS or claude_rewake.unattended() or not session:
+        return
+    claim = claude_rewake.claim_session(db, session)
+    if claim is None:
+        return  # the session's waiter is still waiting: it serves this turn's end too
+    inbox = claude_rewake.SessionInbox.of_session() if use_inbox else None
+    delivery = claude_rewake.Delivery(inbox, sys.stderr)
+    delivered = claude_rewake.wait_and_deliver(bus, db, agent, limit, wait, delivery, session,
+                                               claude_rewake.session_gone_fd())
+    if delivered is not None:
+        # Claude Code reads a background hook's output when it exits. Written, flushed and
+        # acked, nothing is left to do: the interpreter's teardown (closing the bus,
+        # unloading modules) took 60-120 ms of the wake, so it is skipped.
+        sys.stderr.flush()
+        os._exit(claude_rewake.WAKE_EXIT if delivery.route == "stderr" else 0)
 
 
 def _answer_stop(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: float,
@@ -168,9 +218,35 @@ def _answer_stop(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wa
     acknowledge(bus, inbox, f"hook:{event.name}", event.session_id)
 
 
+@hook.command("codex", cls=NonBlockingCommand)
+@click.option("--agent", required=True, help=AGENT_HELP)
+@click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="Stop: seconds to wait for a message before letting the session stop.")
+@click.option("--max-continues", default=DEFAULT_MAX_CONTINUES, show_default=True,
+              type=click.IntRange(0),
+              help="Stop: the most stops in a row this hook turns into more work.")
+@click.option("--limit", default=DEFAULT_LIMIT, show_default=True, type=click.IntRange(1, 1000),
+              help="Most messages shown per hook call; the rest come next time.")
+@json_option
+@click.pass_context
+def codex(ctx: click.Context, agent: str, wait: float, max_continues: int, limit: int,
+          as_json: bool) -> None:
+    """Read one Codex hook event on stdin and answer on stdout.
+
+    Codex sends and reads the JSON of Claude Code's hooks, so this answers as
+    `bus hook claude` does: SessionStart and UserPromptSubmit add the waiting
+    messages as context; at Stop, Claude goes on with them as its next input.
+    Messages shown are acknowledged. Errors exit 1, never 2.
+
+    Example: bus hook codex --agent w1   (as written by bus hook install codex)
+    """
+    ctx.invoke(claude, agent=agent, wait=wait, max_continues=max_continues, limit=limit,
+               rewake=False, as_json=as_json)
+
+
 @hook.group("install")
 def install() -> None:
-    """Register `bus hook claude` in a harness's settings."""
+    """Register `bus hook claude` or `bus hook codex` in a harness's settings."""
 
 
 @install.command("claude")
@@ -194,18 +270,23 @@ def install() -> None:
               help="Name this checkout's own agent instead: $BUS_AGENT = --agent in"
                    " .claude/settings.local.json, read by the project's `--agent auto` hooks"
                    " and MCP server outside every worker's worktree (a lead's checkout).")
+@click.option("--rewake/--no-rewake", default=True, show_default=True,
+              help="Also the background hook that wakes an idle session when a message comes"
+                   " (SessionStart and Stop, asyncRewake); --no-rewake removes it.")
 @json_option
 @pass_bus_context
 def install_claude(obj: BusContext, agent: str, project: Path, wait: float, max_continues: int,
-                   program: str | None, mcp_server: str, local: bool, as_json: bool) -> None:
+                   program: str | None, mcp_server: str, local: bool, rewake: bool,
+                   as_json: bool) -> None:
     """Merge the hooks and a permission rule into PROJECT/.claude/settings.json.
 
     The file is created if missing. Every other setting, hook and rule is
     kept; an earlier `bus hook claude` entry is replaced, so running it twice
     gives the same file. The hooks name this bus database by its absolute
     path. The rule allows the bus's MCP tools, which `claude -p` otherwise
-    denies. With --local, only the checkout's agent is written, to
-    settings.local.json.
+    denies. Beside the hooks that answer events, a background one
+    (`--rewake`) wakes an idle session when a message comes. With --local,
+    only the checkout's agent is written, to settings.local.json.
 
     \b
     Example:
@@ -227,15 +308,75 @@ def install_claude(obj: BusContext, agent: str, project: Path, wait: float, max_
     allow = claude_code.mcp_allow_rules(mcp_server)
     merged = claude_code.merge_settings(claude_code.read_settings(path), commands, timeouts,
                                         allow)
+    waiter = (claude_rewake.rewake_command(base, agent, claude_rewake.REWAKE_WAIT_S)
+              if rewake else None)
+    merged = claude_code.merge_rewake(merged, waiter,
+                                      claude_rewake.hook_fields(claude_rewake.REWAKE_WAIT_S))
     changed = claude_code.write_settings(path, merged)
+    rewake_events = list(claude_code.REWAKE_EVENTS) if rewake else []
     if as_json:
         echo_json({"settings": str(path), "changed": changed, "events": list(commands),
-                   "allow": allow})
+                   "allow": allow, "rewake": rewake_events})
     elif changed:
-        click.echo(f"hooks for {', '.join(commands)} and the rule {', '.join(allow)}"
+        woken = f", the idle wake on {', '.join(rewake_events)}" if rewake else ""
+        click.echo(f"hooks for {', '.join(commands)}{woken} and the rule {', '.join(allow)}"
                    f" written to {path}")
     else:
         click.echo(f"{path} already has these hooks; nothing changed")
+
+
+@install.command("codex")
+@click.option("--agent", required=True, help="The agent Codex acts as (its hooks and `bus mcp`).")
+@click.option("--codex-home", type=click.Path(file_okay=False, path_type=Path),
+              help="Codex's configuration directory  [default: $CODEX_HOME, else ~/.codex]")
+@click.option("--command", "program", metavar="PROGRAM",
+              help="How the hooks start bus (default: the absolute path of this one).")
+@json_option
+@pass_bus_context
+def install_codex(obj: BusContext, agent: str, codex_home: Path | None, program: str | None,
+                  as_json: bool) -> None:
+    """Merge the hooks and the `bus mcp` server into CODEX_HOME/config.toml.
+
+    The hooks (SessionStart, UserPromptSubmit, Stop) run `bus hook codex`;
+    [mcp_servers.agentbus] runs `bus mcp --agent AGENT`. Both name this bus
+    database by its absolute path. Every other table, key and comment is kept;
+    an earlier entry of ours is replaced, so running it twice gives the same
+    file. Codex runs new hooks once trusted: /hooks in codex, or `codex exec
+    --dangerously-bypass-hook-trust` for automation.
+
+    Example: bus hook install codex --agent w1
+    """
+    validate_agent_id(agent, "agent")
+    codex_config = import_extra("bus.codex", "mcp", "bus hook install codex")
+    path = (codex_home or codex_config.codex_home()) / codex_config.CONFIG_FILE
+    base = [program or _this_program(), "--db", str(Path(obj.db).absolute())]
+    commands = codex_config.hook_commands(base, agent)
+    try:
+        before = path.read_text()
+    except FileNotFoundError:
+        before = ""
+    after = codex_config.merge_config(before, commands, claude_code.DEFAULT_TIMEOUT_S,
+                                      [*base, "mcp", "--agent", agent],
+                                      _server_env())
+    changed = after != before
+    if changed:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, after.encode())
+    if as_json:
+        echo_json({"config": str(path), "changed": changed, "events": list(commands),
+                   "mcp_server": codex_config.MCP_SERVER})
+    elif changed:
+        click.echo(f"hooks for {', '.join(commands)} and [mcp_servers."
+                   f"{codex_config.MCP_SERVER}] written to {path}; trust the hooks in codex"
+                   " with /hooks")
+    else:
+        click.echo(f"{path} already has these hooks; nothing changed")
+
+
+def _server_env() -> dict[str, str]:
+    """What `bus mcp` needs of this environment under Codex, which starts an MCP server
+    with a few variables of its own only: where this checkout's code is, if set."""
+    return {name: os.environ[name] for name in ("PYTHONPATH",) if os.environ.get(name)}
 
 
 def _name_checkout_agent(path: Path, agent: str, as_json: bool) -> None:
