@@ -58,9 +58,6 @@ def test_codex_hook_delivers_a_waiting_message_and_acks_it(
         assert bus.poll("ann") == []  # shown, so acknowledged
 
 
-@pytest.mark.xfail(reason="bus mcp answers initialize slowly for a client version its start"
-                          " cache has not seen, and codex exec does not wait; the fast start's"
-                          " fix is on another branch of this issue", strict=False)
 def test_codex_first_start_has_the_bus_tools(
         installed_codex: Codex, scripted_model: ScriptedModel) -> None:
     scripted_model.script = [Text("listed")]
