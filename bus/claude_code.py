@@ -54,7 +54,6 @@ from typing import Mapping
 from typing import Sequence
 
 import apsw
-import orjson
 
 from bus import cursors
 from bus import heartbeats
@@ -104,8 +103,8 @@ class HookEvent:
 def parse_event(raw: bytes) -> HookEvent:
     """The event in `raw` (stdin); ValidationFailed naming what is wrong with it."""
     try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        data = json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bytes not UTF-8
         shown = raw[:60].decode(errors="replace")
         raise ValidationFailed("stdin", f"is not JSON ({exc}; it began {shown!r}); Claude Code"
                                " sends one JSON object per hook call") from exc
@@ -170,8 +169,8 @@ class ContinueCounter:
         if self.path is None:
             return 0
         try:
-            value = orjson.loads(self.path.read_bytes()).get("continues", 0)
-        except (FileNotFoundError, orjson.JSONDecodeError, AttributeError):
+            value = json.loads(self.path.read_bytes()).get("continues", 0)
+        except (FileNotFoundError, ValueError, AttributeError):
             return 0  # no streak, or a file cut short: counting afresh is the safe side
         return value if isinstance(value, int) and value >= 0 else 0
 
@@ -179,7 +178,7 @@ class ContinueCounter:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(self.path, orjson.dumps({"continues": continues}))
+        _write_atomically(self.path, json.dumps({"continues": continues}).encode())
         self._prune()
 
     def _prune(self) -> None:

@@ -7,7 +7,6 @@ does not look dead. One row per agent, upserted: beats never grow the log.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import threading
@@ -28,7 +27,6 @@ from bus.messages import prepare_row
 from bus.messages import validate_agent_id
 from bus.messages import validate_text
 
-log = logging.getLogger("bus.heartbeat")
 
 STATUSES = ("idle", "working", "blocked", "stopped")
 STOPPED = "stopped"  # the last beat of an agent that finished cleanly (worker done/fail/cancel)
@@ -351,5 +349,7 @@ class Heartbeat:
             if self._on_beat is not None and not last:
                 self._on_beat()
         except (BusError, apsw.Error) as exc:
-            log.warning("heartbeat for %s failed, retrying in %.1f s: %s",
-                        fields[0], self.interval, exc)
+            import logging  # only here: a hook's quiet answer beats without loading logging
+            logging.getLogger("bus.heartbeat").warning(
+                "heartbeat for %s failed, retrying in %.1f s: %s",
+                fields[0], self.interval, exc)

@@ -10,7 +10,6 @@ import functools
 import os
 import re
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from datetime import timezone
@@ -22,7 +21,6 @@ from typing import NamedTuple
 from typing import Sequence
 
 import apsw
-import orjson
 
 from blobs.errors import BlobCorrupt
 from blobs.errors import BlobMissing
@@ -91,6 +89,7 @@ _ADDRESS_SQL = "SELECT id, from_agent, to_agent, correlation_id FROM messages WH
 _LAST_SEQ_SQL = "SELECT max(seq) FROM messages"  # the newest row is never deleted
 _COUNT_SQL = "SELECT count(*) FROM messages"
 _SEQ_END = 2**63 - 1  # above every seq SQLite can assign
+_UUID_EXAMPLE = "00000000-0000-0000-0000-000000000000"
 _REFERENCED_BLOBS_SQL = "SELECT DISTINCT payload_ref FROM messages WHERE payload_ref IS NOT NULL"
 
 
@@ -220,7 +219,7 @@ def validate_message_id(value: object, field: str = "id") -> str:
     if isinstance(value, str) and _UUID.fullmatch(value):
         return value.lower()
     raise ValidationFailed(
-        field, f"{value!r} is not a UUID string like '{uuid.UUID(int=0)}'", value=value
+        field, f"{value!r} is not a UUID string like '{_UUID_EXAMPLE}'", value=value
     )
 
 
@@ -234,6 +233,9 @@ def encode_payload(payload: Any, field: str = "payload") -> str | None:
     """JSON text for a payload; None stays None. Refuses what JSON cannot hold."""
     if payload is None:
         return None
+    # Imported here, not at the top: a hook's quiet answer (bus/cli/entry.py) reads no
+    # payload, and orjson's import costs more than the rest of that answer.
+    import orjson
     try:
         text = orjson.dumps(payload)
     except TypeError as exc:
@@ -521,6 +523,7 @@ def _load_blob_payload(ref: str, blobs: BlobStore | None) -> tuple[Any, str | No
 
 
 def _decode(text: str | bytes) -> tuple[Any, str | None]:
+    import orjson  # as in encode_payload
     try:
         return orjson.loads(text), None
     except orjson.JSONDecodeError:
