@@ -392,7 +392,7 @@ def check_file_header(path: Path) -> None:
 def _first_bytes(path: Path, count: int) -> bytes:
     """The file's first `count` bytes (fewer for a shorter file), read through SQLite's VFS."""
     with translate_errors(path=str(path)):
-        file = apsw.VFSFile("", str(path.absolute()),
+        file = apsw.VFSFile("", os.path.realpath(path),  # resolved, as SQLite opens it
                             [apsw.SQLITE_OPEN_MAIN_DB | apsw.SQLITE_OPEN_READONLY, 0])
     try:
         return file.xRead(count, 0)

@@ -237,6 +237,8 @@ ARGS: dict[str, list[str]] = {
     "bus help": ["status"],
     "bus hook claude": ["--agent", "a"],
     "bus hook install claude": ["--agent", "a", "--project", "{dir}"],
+    "bus hook codex": ["--agent", "a"],
+    "bus hook install codex": ["--agent", "a", "--codex-home", "{dir}/codex"],
     "bus inbox": ["--agent", "a"],
     "bus history": [],
     "bus init": [],
@@ -298,12 +300,14 @@ ARGS: dict[str, list[str]] = {
 # What a command reads on stdin: a hook command gets one event, as Claude Code sends it.
 STDIN: dict[str, str] = {
     "bus hook claude": '{"hook_event_name": "SessionStart", "session_id": "s", "cwd": "/"}',
+    "bus hook codex": '{"hook_event_name": "SessionStart", "session_id": "s", "cwd": "/"}',
 }
 
 # Commands that never open the bus file: the kind of file does not matter to them.
 NO_BUS = {
     "bus help": "prints a command's help",
     "bus hook install claude": "writes .claude/settings.json in --project",
+    "bus hook install codex": "writes config.toml in --codex-home",
     "bus hooks install": "writes a git pre-commit hook naming the file, which it never opens",
     "bus pump oob keygen": "writes a key pair",
     "bus pump oob send": "talks to a running pump's socket, not to the file",
