@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from typing import Callable
 
 import click
 
@@ -110,17 +111,27 @@ def hook() -> None:
     """
 
 
+def answer_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of a command answering a harness's hook event: who, and how much to show."""
+    for option in reversed([
+        click.option("--agent", required=True, help=AGENT_HELP),
+        click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(0),
+                     help="Stop: seconds to wait for a message before letting the session stop."),
+        click.option("--max-continues", default=DEFAULT_MAX_CONTINUES, show_default=True,
+                     type=click.IntRange(0),
+                     help="Stop: the most stops in a row this hook turns into more work (never"
+                          f" more than ${claude_code.STOP_CAP_ENV}, default"
+                          f" {claude_code.STOP_CAP_DEFAULT}, which Claude Code honours)."),
+        click.option("--limit", default=DEFAULT_LIMIT, show_default=True,
+                     type=click.IntRange(1, 1000),
+                     help="Most messages shown per hook call; the rest come next time."),
+    ]):
+        command = option(command)
+    return command
+
+
 @hook.command("claude", cls=NonBlockingCommand)
-@click.option("--agent", required=True, help=AGENT_HELP)
-@click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(0),
-              help="Stop: seconds to wait for a message before letting the session stop.")
-@click.option("--max-continues", default=DEFAULT_MAX_CONTINUES, show_default=True,
-              type=click.IntRange(0),
-              help="Stop: the most stops in a row this hook turns into more work (never more"
-                   f" than ${claude_code.STOP_CAP_ENV}, default {claude_code.STOP_CAP_DEFAULT},"
-                   " which Claude Code honours).")
-@click.option("--limit", default=DEFAULT_LIMIT, show_default=True, type=click.IntRange(1, 1000),
-              help="Most messages shown per hook call; the rest come next time.")
+@answer_options
 @click.option("--rewake", is_flag=True,
               help="Run as the background (asyncRewake) hook of SessionStart and Stop: wait"
                    " up to --wait s for messages, then post them to the session's inbox"
@@ -219,14 +230,7 @@ def _answer_stop(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wa
 
 
 @hook.command("codex", cls=NonBlockingCommand)
-@click.option("--agent", required=True, help=AGENT_HELP)
-@click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(0),
-              help="Stop: seconds to wait for a message before letting the session stop.")
-@click.option("--max-continues", default=DEFAULT_MAX_CONTINUES, show_default=True,
-              type=click.IntRange(0),
-              help="Stop: the most stops in a row this hook turns into more work.")
-@click.option("--limit", default=DEFAULT_LIMIT, show_default=True, type=click.IntRange(1, 1000),
-              help="Most messages shown per hook call; the rest come next time.")
+@answer_options
 @json_option
 @click.pass_context
 def codex(ctx: click.Context, agent: str, wait: float, max_continues: int, limit: int,
