@@ -78,6 +78,7 @@ PRESENCE = {SESSION_START: "started", USER_PROMPT_SUBMIT: "working", POST_TOOL_U
 STOP_CAP_ENV = "CLAUDE_CODE_STOP_HOOK_BLOCK_CAP"
 STOP_CAP_DEFAULT = 8  # Claude Code's, when the variable is unset
 DEFAULT_MAX_CONTINUES = 5  # `bus hook claude --max-continues`
+LIMIT_MAX = 1000  # `bus hook claude --limit`: the most messages one answer may show
 MCP_SERVER = "agentbus"  # the name the README registers `bus mcp` under
 STATE_DIR = "claude-hooks"
 DEFAULT_TIMEOUT_S = 60  # the reference's default for a command hook

@@ -179,3 +179,8 @@ def test_mcp_docs_table_of_groups_is_what_each_group_adds():
              re.findall(r"^\| `([a-z_]+)` \| (.+) \|$", doc, re.M)}
     assert table == {name: [tool for tool in group.TOOLS if tool not in DAILY]
                      for name, group in tool_groups().items()}
+
+
+def test_bus_mcp_help_names_every_tool_of_the_daily_loop() -> None:
+    from bus.cli.mcp import TOOLS_HELP
+    assert [name for name in DAILY if name not in TOOLS_HELP] == []

@@ -324,6 +324,9 @@ def test_a_401_points_to_the_protected_resource_metadata_which_names_bus_token(
             assert metadata["bearer_methods_supported"] == ["header"]
             assert "authorization_servers" not in metadata
             assert "bus token create" in metadata["agentbus_tokens"]
+    # Only those two paths are public: one that merely begins like them needs the token.
+    beyond = local + "/.well-known/oauth-protected-resource-and-more"
+    assert http_status(beyond)[0] == 401
 
 
 # --- beyond loopback, and TLS ------------------------------------------------------------

@@ -61,7 +61,8 @@ def hook_call(args: Sequence[str]) -> HookCall | None:
         limit = int(options.get("--limit", 1))  # shows nothing here; only checked
     except ValueError:
         return None
-    if not (0 <= wait < float("inf")) or max_continues < 0 or limit < 1:
+    if not (0 <= wait < float("inf")) or max_continues < 0 \
+            or not 1 <= limit <= claude_code.LIMIT_MAX:  # as the command's options refuse
         return None
     return HookCall(args[1], options["--agent"], wait, max_continues)
 

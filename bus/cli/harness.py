@@ -123,7 +123,7 @@ def answer_options(command: Callable[..., Any]) -> Callable[..., Any]:
                           f" more than ${claude_code.STOP_CAP_ENV}, default"
                           f" {claude_code.STOP_CAP_DEFAULT}, which Claude Code honours)."),
         click.option("--limit", default=DEFAULT_LIMIT, show_default=True,
-                     type=click.IntRange(1, 1000),
+                     type=click.IntRange(1, claude_code.LIMIT_MAX),
                      help="Most messages shown per hook call; the rest come next time."),
     ]):
         command = option(command)
@@ -413,7 +413,8 @@ def _this_program() -> str:
               type=click.Choice(["text", "json"]),
               help="text: a headline, then each message's header line and body; json: one object.")
 @click.option("--ack", is_flag=True, help="Acknowledge the messages shown, once printed.")
-@click.option("--limit", default=DEFAULT_LIMIT, show_default=True, type=click.IntRange(1, 1000),
+@click.option("--limit", default=DEFAULT_LIMIT, show_default=True,
+              type=click.IntRange(1, claude_code.LIMIT_MAX),
               help="Most messages shown; the rest come next time.")
 @json_option
 @pass_bus_context

@@ -21,8 +21,8 @@ TOOLS_HELP = (
     "Tool groups to list beside the daily loop, comma-separated: tasks (the graph and its"
     " leases), files (reservations), channels, pump, admin (the log's other tools: search,"
     " heartbeat, liveness...), workers (the worker lifecycle), or all. Without it only the"
-    " daily loop is listed: join, publish, exchange, reply, poll, ack, task_ready,"
-    " task_claim_next, task_done, reserve, unreserve.")
+    " daily loop is listed: join (without --agent), publish, publish_many, exchange, reply,"
+    " poll, ack, task_ready, task_claim_next, task_done, reserve, unreserve.")
 
 
 def _chosen_groups(ctx: click.Context, param: click.Parameter,

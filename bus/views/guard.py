@@ -102,8 +102,9 @@ class Guard:
         if refusal is not None:
             return await PlainTextResponse(refusal[1], status_code=refusal[0])(scope, receive, send)
         path = scope.get("path", "")
+        # The protected-resource metadata is public (RFC 9728): those two paths exactly.
         needs_token = (path == MCP_PATH or self.settings.tokens_everywhere) \
-            and not path.startswith(WELL_KNOWN_RESOURCE)
+            and path not in (WELL_KNOWN_RESOURCE, RESOURCE_METADATA_PATH)
         if not needs_token:
             return await self.app(scope, receive, send)
         from_query = path != MCP_PATH and _query_token(scope)
