@@ -54,16 +54,13 @@ _SEQ_BY_ID_SQL = "SELECT seq FROM messages WHERE id = ?"
 # broadcast scan passes them over unless asked (`_WITH_OWN`). A message an agent
 # addressed to itself is one it asked for, and comes like any other.
 _NOT_OWN = " AND from_agent <> :agent"
-_POLL_WITH_OWN_SQL = (
+_POLL_TEMPLATE = (
     f"SELECT {_COLUMNS} FROM messages WHERE to_agent = :agent AND seq > :after"
     f" UNION ALL SELECT {_COLUMNS} FROM messages WHERE to_agent IS NULL AND seq > :after"
-    " ORDER BY seq LIMIT :limit"
+    "{broadcasts} ORDER BY seq LIMIT :limit"
 )
-_POLL_SQL = (
-    f"SELECT {_COLUMNS} FROM messages WHERE to_agent = :agent AND seq > :after"
-    f" UNION ALL SELECT {_COLUMNS} FROM messages WHERE to_agent IS NULL AND seq > :after"
-    f"{_NOT_OWN} ORDER BY seq LIMIT :limit"
-)
+_POLL_SQL = _POLL_TEMPLATE.format(broadcasts=_NOT_OWN)
+_POLL_WITH_OWN_SQL = _POLL_TEMPLATE.format(broadcasts="")
 _PENDING_COUNT_SQL = (
     "SELECT (SELECT count(*) FROM messages WHERE to_agent = :agent AND seq > :after)"
     f" + (SELECT count(*) FROM messages WHERE to_agent IS NULL AND seq > :after{_NOT_OWN})"
