@@ -46,7 +46,6 @@ import os
 import re
 import shlex
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from typing import Callable
@@ -55,72 +54,33 @@ from typing import Sequence
 
 import apsw
 
-from bus import cursors
+from bus import glance
 from bus import heartbeats
-from bus import identity
-from bus import messages
-from bus.errors import AgentNotResolved
+from bus.claude_events import CONTEXT_EVENTS
+from bus.claude_events import DEFAULT_MAX_CONTINUES
+from bus.claude_events import EVENTS
+from bus.claude_events import HookEvent
+from bus.claude_events import LIMIT_MAX
+from bus.claude_events import POST_TOOL_USE
+from bus.claude_events import PRESENCE
+from bus.claude_events import REWAKE_EVENTS
+from bus.claude_events import SESSION_END
+from bus.claude_events import SESSION_START
+from bus.claude_events import STOP
+from bus.claude_events import TOOL_EVENTS
+from bus.claude_events import USER_PROMPT_SUBMIT
+from bus.claude_events import hook_agent
+from bus.claude_events import parse_event
 from bus.errors import ValidationFailed
 
-SESSION_START = "SessionStart"
-USER_PROMPT_SUBMIT = "UserPromptSubmit"
-POST_TOOL_USE = "PostToolUse"
-STOP = "Stop"
-SESSION_END = "SessionEnd"
-CONTEXT_EVENTS = (SESSION_START, USER_PROMPT_SUBMIT, POST_TOOL_USE)  # additionalContext
-EVENTS = (SESSION_START, USER_PROMPT_SUBMIT, POST_TOOL_USE, STOP, SESSION_END)
-TOOL_EVENTS = (POST_TOOL_USE,)  # the events whose entries take a matcher
-REWAKE_EVENTS = (SESSION_START, STOP)  # the background waiter starts at each (claude_rewake)
-# What each event says of the session (bus/heartbeats.py's presence); Stop is idle only
-# when the session is let stop.
-PRESENCE = {SESSION_START: "started", USER_PROMPT_SUBMIT: "working", POST_TOOL_USE: "working",
-            STOP: "idle", SESSION_END: "ended"}
 STOP_CAP_ENV = "CLAUDE_CODE_STOP_HOOK_BLOCK_CAP"
 STOP_CAP_DEFAULT = 8  # Claude Code's, when the variable is unset
-DEFAULT_MAX_CONTINUES = 5  # `bus hook claude --max-continues`
-LIMIT_MAX = 1000  # `bus hook claude --limit`: the most messages one answer may show
 MCP_SERVER = "agentbus"  # the name the README registers `bus mcp` under
 STATE_DIR = "claude-hooks"
 DEFAULT_TIMEOUT_S = 60  # the reference's default for a command hook
 STALE_STREAK_S = 24 * 3600  # a streak file this old belongs to a session that is gone
 _SAFE_SESSION = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-
-@dataclass(frozen=True)
-class HookEvent:
-    """One event as read from stdin: its name, session, directory and Stop's flag."""
-
-    name: str
-    session_id: str | None
-    cwd: str | None
-    stop_hook_active: bool
-
-    @property
-    def known(self) -> bool:
-        return self.name in EVENTS
-
-
-def parse_event(raw: bytes) -> HookEvent:
-    """The event in `raw` (stdin); ValidationFailed naming what is wrong with it."""
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bytes not UTF-8
-        shown = raw[:60].decode(errors="replace")
-        raise ValidationFailed("stdin", f"is not JSON ({exc}; it began {shown!r}); Claude Code"
-                               " sends one JSON object per hook call") from exc
-    if not isinstance(data, dict):
-        raise ValidationFailed("stdin", f"is JSON {type(data).__name__}, not the object"
-                               " Claude Code sends")
-    name = data.get("hook_event_name")
-    if not isinstance(name, str) or not name:
-        raise ValidationFailed("stdin", "has no hook_event_name string; is this command"
-                               " registered as a Claude Code hook?")
-    session = data.get("session_id")
-    cwd = data.get("cwd")
-    return HookEvent(name, session if isinstance(session, str) and session else None,
-                     cwd if isinstance(cwd, str) and cwd else None,
-                     data.get("stop_hook_active") is True)
 
 
 def context_output(event: str, text: str) -> dict[str, Any]:
@@ -211,30 +171,6 @@ def _file_name(session_id: str) -> str:
 # case (nothing to show) before loading click (bus/cli/entry.py), and the command does the same.
 
 
-def hook_agent(conn: apsw.Connection, agent: str, event: HookEvent,
-               environ: Mapping[str, str] = os.environ) -> str | None:
-    """Who answers `event`: `agent`, or for `auto` the worker of the session's directory, else
-    $BUS_AGENT (bus/identity.py); None when `auto` finds neither.
-
-    None means the session belongs to no agent (a lead's session in the main
-    checkout, sharing the project's `auto` entries): the hook stands down
-    quietly rather than fail at every event. The session's project directory
-    decides (Claude Code sets it for hooks), not where Claude has cd'ed to since.
-    """
-    directory = environ.get("CLAUDE_PROJECT_DIR") or event.cwd or os.getcwd()
-    try:
-        return identity.resolve_agent(conn, agent, directory, environ)
-    except AgentNotResolved as exc:
-        if exc.candidates:
-            raise  # two workers claim the directory: a mistake to show, not a session to skip
-        return None
-
-
-def has_waiting(conn: apsw.Connection, agent: str) -> bool:
-    """Whether a message waits for `agent` above its cursor (its own broadcasts do not)."""
-    return messages.first_waiting(conn, agent, cursors.position(conn, agent)) is not None
-
-
 def stop_streak(db_path: str | os.PathLike[str], event: HookEvent) -> tuple[ContinueCounter, int]:
     """The session's counter and the blocked stops in a row before this one."""
     counter = ContinueCounter(db_path, event.session_id)
@@ -250,11 +186,11 @@ def quiet_answer(conn: apsw.Connection, db_path: str | os.PathLike[str], agent: 
     if event.name == STOP:
         counter, streak = stop_streak(db_path, event)
         if streak < continues_allowed(max_continues, environ) and (
-                wait > 0 or has_waiting(conn, agent)):
+                wait > 0 or glance.has_waiting(conn, agent)):
             return False
         let_stop(conn, agent, counter)
         return True
-    if event.name != SESSION_END and has_waiting(conn, agent):
+    if event.name != SESSION_END and glance.has_waiting(conn, agent):
         return False
     heartbeats.presence(conn, agent, PRESENCE[event.name])
     return True

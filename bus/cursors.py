@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import apsw
 
+from bus.glance import position  # the agent's read position: defined light, for hooks
 from bus.messages import now_ms
 
-_POSITION_SQL = "SELECT last_acked_seq FROM cursors WHERE agent_id = ?"
+_EXISTS_SQL = "SELECT 1 FROM cursors WHERE agent_id = ?"
 # One statement: refuse a seq that was never assigned (acking past the end
 # would skip messages not yet published), and never move backwards. The
 # updated time changes only when the cursor does; SET sees the old row.
@@ -57,11 +58,6 @@ class Cursor:
                 "updated_at_ms": self.updated_at_ms, "pending": self.pending}
 
 
-def position(conn: apsw.Connection, agent: str) -> int:
-    """The agent's last acknowledged seq, 0 before its first ack."""
-    return conn.execute(_POSITION_SQL, (agent,)).get or 0
-
-
 def advance(conn: apsw.Connection, agent: str, seq: int) -> int | None:
     """Move the cursor to `seq` if that is forward; return the new position.
 
@@ -80,7 +76,7 @@ def known(conn: apsw.Connection) -> list[str]:
 
 
 def exists(conn: apsw.Connection, agent: str) -> bool:
-    return conn.execute(_POSITION_SQL, (agent,)).get is not None
+    return conn.execute(_EXISTS_SQL, (agent,)).get is not None
 
 
 def set_position(conn: apsw.Connection, agent: str, seq: int) -> None:

@@ -21,6 +21,8 @@ from bus.db import refuse_write
 from bus.db import write_transaction
 from bus.errors import BusError
 from bus.errors import ValidationFailed
+from bus.glance import PRESENCE_STATUS
+from bus.glance import STOPPED
 from bus.messages import insert_row
 from bus.messages import now_ms
 from bus.messages import prepare_row
@@ -29,7 +31,6 @@ from bus.messages import validate_text
 
 
 STATUSES = ("idle", "working", "blocked", "stopped")
-STOPPED = "stopped"  # the last beat of an agent that finished cleanly (worker done/fail/cancel)
 STATES = ("alive", "warn", "stale", "dead")  # in order of increasing silence
 # Every state `liveness` reports: a state judged by silence, or `stopped`
 # whatever the silence. A view that counts agents by state counts these.
@@ -203,12 +204,6 @@ def _changes(last: tuple | None, status: str, task: str | None,
     if status == "blocked" and last_status != "blocked":
         found.append(("task_blocked", {"task": task}))
     return found
-
-
-# A harness session's moments (Claude Code's and Codex's hooks report them) as beats: a
-# session that started or went idle is `idle`, one at work `working`, and one that ended
-# `stopped`, so that no view shows it live. The beat keeps the agent's task and progress.
-PRESENCE_STATUS = {"started": "idle", "working": "working", "idle": "idle", "ended": STOPPED}
 
 
 def presence(conn: apsw.Connection, agent: str, moment: str, now: int | None = None) -> int:

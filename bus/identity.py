@@ -9,25 +9,56 @@ worktree, so the directory names the worker. The `workers` table
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Mapping
-from typing import NamedTuple
+import re
+from collections import namedtuple
 
 import apsw
 
 from bus.errors import AgentNotResolved
-from bus.messages import validate_agent_id
-from bus.worker_table import TERMINAL_STATES
+from bus.errors import ValidationFailed
+
+TYPE_CHECKING = False  # typing's own flag costs the hook's fast path the typing module
+if TYPE_CHECKING:
+    from typing import Mapping
 
 AUTO = "auto"  # the --agent value that asks for this resolution
 AGENT_ENV = "BUS_AGENT"  # who `auto` is outside every worker's worktree, when set
 _LISTED = 5  # workers an error names before it says "and N more"
+# The states a worker never leaves (the workers table, bus/worker_table.py, re-exports
+# them; workers/machine.py builds its TERMINAL from them, and a test holds them equal).
+TERMINAL_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED"})
+AGENT_ID_MAX = 128
+_AGENT_ID = re.compile(r"[A-Za-z0-9._:-]+")
+_VALID_AGENT_IDS: set[str] = set()
+_VALID_AGENT_IDS_MAX = 4096
+
+# A worker's id, state and worktree (its real path, symlinks resolved).
+WorkerPlace = namedtuple("WorkerPlace", "worker state worktree")
 
 
-class WorkerPlace(NamedTuple):
-    worker: str
-    state: str
-    worktree: Path
+def validate_agent_id(value: object, field: str = "agent") -> str:
+    """An agent id: 1-128 characters of letters, digits and . _ : -"""
+    # The same few agents publish again and again: a set lookup instead of
+    # the regex for ids already seen (only valid ones are kept, a few thousand).
+    if type(value) is str and value in _VALID_AGENT_IDS:
+        return value
+    if isinstance(value, str) and 0 < len(value) <= AGENT_ID_MAX and _AGENT_ID.fullmatch(value):
+        if len(_VALID_AGENT_IDS) >= _VALID_AGENT_IDS_MAX:
+            _VALID_AGENT_IDS.clear()
+        _VALID_AGENT_IDS.add(value)
+        return value
+    raise ValidationFailed(field, _agent_id_problem(value), value=value)
+
+
+def _agent_id_problem(value: object) -> str:
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    if not value:
+        return "must not be empty"
+    if len(value) > AGENT_ID_MAX:
+        return f"is {len(value)} characters long; the limit is {AGENT_ID_MAX}"
+    bad = next(ch for ch in value if not _AGENT_ID.fullmatch(ch))
+    return f"contains {bad!r}; allowed are letters, digits and . _ : -"
 
 
 def agent_for_directory(conn: apsw.Connection, path: str | os.PathLike[str],
@@ -47,8 +78,8 @@ def agent_for_directory(conn: apsw.Connection, path: str | os.PathLike[str],
     places = _worker_places(conn)
     matching = [p for p in places if _contains(p.worktree, directory)]
     if matching:
-        depth = max(len(p.worktree.parts) for p in matching)
-        matching = [p for p in matching if len(p.worktree.parts) == depth]
+        depth = max(len(p.worktree) for p in matching)  # the innermost: the longest path
+        matching = [p for p in matching if len(p.worktree) == depth]
     working = [p for p in matching if p.state not in TERMINAL_STATES]
     chosen = working or matching
     if len(chosen) == 1:
@@ -79,16 +110,16 @@ def _worker_places(conn: apsw.Connection) -> list[WorkerPlace]:
     return [WorkerPlace(worker, state, _real(worktree)) for worker, state, worktree in rows]
 
 
-def _real(path: str | os.PathLike[str]) -> Path:
+def _real(path: str | os.PathLike[str]) -> str:
     """Symlinks resolved on both sides: /tmp and /private/tmp, a linked checkout."""
-    return Path(os.path.realpath(os.path.abspath(path)))
+    return os.path.realpath(os.path.abspath(path))
 
 
-def _contains(worktree: Path, directory: Path) -> bool:
-    return directory == worktree or worktree in directory.parents
+def _contains(worktree: str, directory: str) -> bool:
+    return directory == worktree or directory.startswith(worktree.rstrip(os.sep) + os.sep)
 
 
-def _none_message(directory: Path, places: list[WorkerPlace]) -> str:
+def _none_message(directory: str, places: list[WorkerPlace]) -> str:
     if not places:
         looked = "the bus has no workers"
     else:
@@ -100,7 +131,7 @@ def _none_message(directory: Path, places: list[WorkerPlace]) -> str:
             f" this checkout's agent in ${AGENT_ENV}")
 
 
-def _ambiguous_message(directory: Path, chosen: list[WorkerPlace]) -> str:
+def _ambiguous_message(directory: str, chosen: list[WorkerPlace]) -> str:
     shown = ", ".join(f"{p.worker} ({p.state}) at {p.worktree}" for p in chosen)
     return (f"agent: auto found {len(chosen)} workers whose worktree contains {directory}"
             f" ({shown}); give the id of the one to act as")

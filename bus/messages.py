@@ -26,14 +26,16 @@ from blobs.errors import BlobCorrupt
 from blobs.errors import BlobMissing
 from blobs.errors import BlobRefInvalid
 from bus.errors import ValidationFailed
+from bus.glance import NOT_OWN
+from bus.glance import first_waiting
+from bus.glance import now_ms
+from bus.identity import validate_agent_id
 
 if TYPE_CHECKING:
     from blobs.store import BlobStore
 
-AGENT_ID_MAX = 128
 TYPE_MAX = 128
 REFERENCE_MAX = 256  # correlation_id, in_reply_to
-_AGENT_ID = re.compile(r"[A-Za-z0-9._:-]+")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 PUBLISH_KEYS = ("from_agent", "type", "payload", "to", "id", "correlation_id", "in_reply_to")
 _PUBLISH_KEY_SET = frozenset(PUBLISH_KEYS)
@@ -53,29 +55,22 @@ _SEQ_BY_ID_SQL = "SELECT seq FROM messages WHERE id = ?"
 # An agent's own broadcasts are not waiting for it (it knows what it said): the
 # broadcast scan passes them over unless asked (`_WITH_OWN`). A message an agent
 # addressed to itself is one it asked for, and comes like any other.
-_NOT_OWN = " AND from_agent <> :agent"
 _POLL_TEMPLATE = (
     f"SELECT {_COLUMNS} FROM messages WHERE to_agent = :agent AND seq > :after"
     f" UNION ALL SELECT {_COLUMNS} FROM messages WHERE to_agent IS NULL AND seq > :after"
     "{broadcasts} ORDER BY seq LIMIT :limit"
 )
-_POLL_SQL = _POLL_TEMPLATE.format(broadcasts=_NOT_OWN)
+_POLL_SQL = _POLL_TEMPLATE.format(broadcasts=NOT_OWN)
 _POLL_WITH_OWN_SQL = _POLL_TEMPLATE.format(broadcasts="")
 _PENDING_COUNT_SQL = (
     "SELECT (SELECT count(*) FROM messages WHERE to_agent = :agent AND seq > :after)"
-    f" + (SELECT count(*) FROM messages WHERE to_agent IS NULL AND seq > :after{_NOT_OWN})"
+    f" + (SELECT count(*) FROM messages WHERE to_agent IS NULL AND seq > :after{NOT_OWN})"
 )
 _LIST_SQL = f"SELECT {_COLUMNS} FROM messages WHERE seq > ? ORDER BY seq LIMIT ?"
 _TAIL_SQL = f"SELECT {_COLUMNS} FROM messages ORDER BY seq DESC LIMIT ?"
 # Only the rows published since the question are read (the seq range is the primary key).
 _REPLY_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE seq > :after AND in_reply_to = :id"
               " AND (to_agent = :agent OR to_agent IS NULL) ORDER BY seq LIMIT 1")
-# The first message waiting for an agent above its cursor: the heads of poll's two scans.
-_FIRST_WAITING_SQL = (
-    "SELECT min(seq) FROM (SELECT min(seq) AS seq FROM messages"
-    " WHERE to_agent = :agent AND seq > :after"
-    f" UNION ALL SELECT min(seq) FROM messages WHERE to_agent IS NULL AND seq > :after{_NOT_OWN})"
-)
 # The agent's own broadcasts in a row above `after`, up to the next message waiting for it.
 _LAST_OWN_BEFORE_SQL = (
     "SELECT max(seq) FROM messages WHERE to_agent IS NULL AND from_agent = :agent"
@@ -167,35 +162,6 @@ class Row(NamedTuple):
 
 
 # --- validation -----------------------------------------------------------
-
-
-def validate_agent_id(value: object, field: str = "agent") -> str:
-    """An agent id: 1-128 characters of letters, digits and . _ : -"""
-    # The same few agents publish again and again: a set lookup instead of
-    # the regex for ids already seen (only valid ones are kept, a few thousand).
-    if type(value) is str and value in _VALID_AGENT_IDS:
-        return value
-    if isinstance(value, str) and 0 < len(value) <= AGENT_ID_MAX and _AGENT_ID.fullmatch(value):
-        if len(_VALID_AGENT_IDS) >= _VALID_AGENT_IDS_MAX:
-            _VALID_AGENT_IDS.clear()
-        _VALID_AGENT_IDS.add(value)
-        return value
-    raise ValidationFailed(field, _agent_id_problem(value), value=value)
-
-
-_VALID_AGENT_IDS: set[str] = set()
-_VALID_AGENT_IDS_MAX = 4096
-
-
-def _agent_id_problem(value: object) -> str:
-    if not isinstance(value, str):
-        return f"must be a string, got {type(value).__name__}"
-    if not value:
-        return "must not be empty"
-    if len(value) > AGENT_ID_MAX:
-        return f"is {len(value)} characters long; the limit is {AGENT_ID_MAX}"
-    bad = next(ch for ch in value if not _AGENT_ID.fullmatch(ch))
-    return f"contains {bad!r}; allowed are letters, digits and . _ : -"
 
 
 def validate_text(value: object, field: str, limit: int, optional: bool = False) -> str | None:
@@ -415,12 +381,6 @@ def select_reply(conn: apsw.Connection, agent: str, message_id: str, after: int,
     return None if row is None else row_to_message(row, blobs)
 
 
-def first_waiting(conn: apsw.Connection, agent: str, after: int) -> int | None:
-    """The seq of the first message for `agent` (to it, or broadcast by another) above
-    `after`, or None."""
-    return conn.execute(_FIRST_WAITING_SQL, {"agent": agent, "after": after}).get
-
-
 def past_own(conn: apsw.Connection, agent: str, seq: int) -> int:
     """Where a cursor goes once `agent` handled `seq`: `seq`, or past the agent's own
     broadcasts that follow it before the next message waiting for it.
@@ -546,10 +506,6 @@ def new_message_id() -> str:
 
 # RFC 9562 variant bits: the first hex digit of the fourth group is 8, 9, a or b.
 _UUID_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def clock_ms(now: object) -> int:

@@ -8,7 +8,6 @@ runner and the connection importing each other.
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,6 @@ import bus.migrations
 # One place: the package `bus.migrations` (setup.cfg maps it to the top-level
 # migrations/ folder), wherever the install put it.
 MIGRATIONS_DIR = Path(bus.migrations.__file__).resolve().parent
-_MIGRATION_NAME = re.compile(r"(\d{4})_(\w+)\.sql")
 # A migration whose leading comments hold this line changes nothing a reader
 # sees (the same tables, columns and rows to SELECT): the read-only views of
 # this code read a file that still lacks it, as they read one that has it.
@@ -48,7 +46,7 @@ def migrations_in(directory: Path) -> tuple[Migration, ...]:
     """The migration files of `directory` in version order; numbering must run 1, 2, 3, ..."""
     found = []
     for path in directory.glob("*.sql"):
-        match = _MIGRATION_NAME.fullmatch(path.name)
+        match = bus.migrations.NAME.fullmatch(path.name)
         if match:
             found.append(Migration(int(match.group(1)), match.group(2), path))
     found.sort(key=lambda m: m.version)
@@ -61,5 +59,4 @@ def migrations_in(directory: Path) -> tuple[Migration, ...]:
 @functools.cache
 def supported_version() -> int:
     """The newest schema version this code can read and write (the last migration's)."""
-    found = migrations_in(MIGRATIONS_DIR)
-    return found[-1].version if found else 0
+    return bus.migrations.newest_version()

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import apsw
 
-# workers/machine.py builds TERMINAL from these (a test holds them equal).
-TERMINAL_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED"})
+from bus.identity import TERMINAL_STATES  # noqa: F401  (defined light, for hooks)
+
 COLUMNS = ("worker_id, task_id, state, repo, base, branch, worktree, head_commit,"
            " merge_commit, note, created_at_ms, updated_at_ms")
 _GET_SQL = f"SELECT {COLUMNS} FROM workers WHERE worker_id = ?"

@@ -56,7 +56,7 @@ from bus.messages import new_message_id
 from bus.cursors import _ACK_SQL
 from bus.export import _ROWS_SQL
 from bus.export import format_line
-from bus.cursors import _POSITION_SQL
+from bus.glance import _POSITION_SQL
 from bus.schema import available_migrations
 
 TARGETS = {"publish (1 per txn)": 0.8, "publish_many (100 per txn)": 0.7,

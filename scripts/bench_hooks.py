@@ -3,7 +3,8 @@
 - hook CPU: `bus hook claude` answering a PostToolUse event with nothing
   waiting (what every tool call of a Claude Code session pays), CPU (user +
   system) of the child at the median, beside the interpreter's own start
-  (`python -c pass`) in the same run. Target: at most 30 ms.
+  (`python -c pass`) in the same run. Target: at most 30 ms. Shown apart: the
+  same with a presence beat due (once per glance.PRESENCE_FRESH_MS at most).
 - publish-to-wake: the background waiter (`bus hook claude --rewake`)
   waiting, a publish from this process, until its stderr holds the message,
   p50; beside `bus inbox --wait` (the plain waiting command) on the same file.
@@ -37,6 +38,7 @@ from pathlib import Path
 import orjson
 
 from bus import Bus
+from bus import glance
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUS = str(Path(sys.executable).parent / "bus")
@@ -57,17 +59,30 @@ def child_cpu_ms(argv: list[str], stdin: bytes, env: dict[str, str]) -> float:
     return ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)) * 1000
 
 
-def hook_cpu_row(db: Path, rounds: int, env: dict[str, str]) -> dict:
+def hook_cpu_rows(db: Path, rounds: int, env: dict[str, str]) -> list[dict]:
+    """The hook's CPU with nothing waiting: within PRESENCE_FRESH_MS of the session's last
+    beat (most tool calls of a working session: answered at a glance), and with a beat due
+    (at most one call per PRESENCE_FRESH_MS: the library writes it)."""
     event = orjson.dumps({"session_id": "bench", "cwd": str(db.parent),
                           "hook_event_name": "PostToolUse", "tool_name": "Bash"})
     hook = [BUS, "--db", str(db), "hook", "claude", "--agent", "w1"]
     base = [sys.executable, "-c", "pass"]
-    hook_ms = [child_cpu_ms(hook, event, env) for _ in range(rounds)]
-    base_ms = [child_cpu_ms(base, b"", env) for _ in range(rounds)]
-    median, floor = statistics.median(hook_ms), statistics.median(base_ms)
-    return {"case": "hook CPU, nothing waiting (PostToolUse)", "value": median, "unit": "ms",
-            "baseline": f"python -c pass {floor:.1f} ms", "ratio": median / floor,
-            "target": TARGET_HOOK_CPU_MS, "ok": median <= TARGET_HOOK_CPU_MS}
+    child_cpu_ms(hook, event, env)  # the session's first beat
+    fresh_ms = [child_cpu_ms(hook, event, env) for _ in range(rounds)]
+    due_ms = []
+    for _ in range(rounds):
+        with Bus.open(db) as bus:  # the last beat as old as the window: this call beats
+            bus.conn.execute("UPDATE heartbeats SET ts_ms = ts_ms - ? WHERE agent_id = 'w1'",
+                             (glance.PRESENCE_FRESH_MS,))
+        due_ms.append(child_cpu_ms(hook, event, env))
+    floor = statistics.median([child_cpu_ms(base, b"", env) for _ in range(rounds)])
+    baseline = f"python -c pass {floor:.1f} ms"
+    fresh, due = statistics.median(fresh_ms), statistics.median(due_ms)
+    return [{"case": "hook CPU, nothing waiting (PostToolUse)", "value": fresh, "unit": "ms",
+             "baseline": baseline, "ratio": fresh / floor, "target": TARGET_HOOK_CPU_MS,
+             "ok": fresh <= TARGET_HOOK_CPU_MS},
+            {"case": "  the same with a presence beat due", "value": due, "unit": "ms",
+             "baseline": baseline, "ratio": due / floor, "target": None, "ok": True}]
 
 
 def has_watcher(pid: int) -> bool:
@@ -253,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         db = workdir / "bus.db"
         Bus.open(db).close()
-        rows = [hook_cpu_row(db, args.rounds, env), wake_row(db, args.rounds, env),
+        rows = [*hook_cpu_rows(db, args.rounds, env), wake_row(db, args.rounds, env),
                 listing_row(db, env, args.peer_bin, args.peer_preload)]
         if not args.no_claude:
             rows += [claude_row(workdir, min(args.rounds, 10), env, route)
@@ -262,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     for row in filter(None, rows):
         ratio = "" if row["ratio"] is None else f"  {row['ratio']:.2f}x"
-        print(f"{row['case']:44} {row['value']:9.1f} {row['unit']:2} (target <= {row['target']:g})"
+        target = "" if row["target"] is None else f"(target <= {row['target']:g})"
+        print(f"{row['case']:44} {row['value']:9.1f} {row['unit']:2} {target:17}"
               f"  baseline: {row['baseline']}{ratio}  {'ok' if row['ok'] else 'MISSED'}")
     return 0 if all(row["ok"] for row in filter(None, rows)) else 1
 

@@ -15,7 +15,7 @@ from bus import BusClosed
 from bus import Message
 from bus import PublishResult
 from bus import ValidationFailed
-from bus.messages import _FIRST_WAITING_SQL
+from bus.glance import _FIRST_WAITING_SQL
 from bus.messages import _POLL_SQL
 
 

@@ -16,9 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import apsw
 import pytest
 
+import bus.migrations
 from bus import Bus
+from bus import glance
 from tests.hook_harness import ClaudeSession
 from tests.hook_harness import child_env
 from tests.hook_harness import has_inotify_fd
@@ -600,6 +603,68 @@ def test_hook_with_nothing_to_show_loads_no_heavy_module(db, env, tmp_path):
     assert "click" in imported_modules(shown.stderr.decode())  # the command shows it
     out = json.loads(shown.stdout)
     assert "now something waits" in out["hookSpecificOutput"]["additionalContext"]
+
+
+# Not pathlib: a checkout's editable install loads it to find the package (a wheel does not;
+# scripts/bench_hooks.py measures the hook from one).
+LIBRARY = ("dataclasses", "typing", "inspect", "bus.claude_code", "bus.db", "bus.messages",
+           "bus.heartbeats")
+
+
+def beat_time(db: Path, agent: str = "w1") -> int:
+    conn = apsw.Connection(str(db))
+    try:
+        return conn.execute("SELECT ts_ms FROM heartbeats WHERE agent_id = ?", (agent,)).get
+    finally:
+        conn.close()
+
+
+def age_beat(db: Path, by_ms: int, agent: str = "w1") -> None:
+    conn = apsw.Connection(str(db))
+    try:
+        conn.execute("UPDATE heartbeats SET ts_ms = ts_ms - ? WHERE agent_id = ?", (by_ms, agent))
+    finally:
+        conn.close()
+
+
+def test_hook_whose_presence_is_fresh_reads_with_apsw_alone_and_writes_nothing(db, env, tmp_path):
+    """Within PRESENCE_FRESH_MS of a beat saying the same, a quiet hook loads no library module
+    beyond its light ones and writes nothing; once the beat is older, or says otherwise, the
+    hook beats again."""
+    command = [sys.executable, "-X", "importtime", "-m", "bus.cli", "--db", str(db), "hook",
+               "claude", "--agent", "w1"]
+
+    def quiet(name: str) -> set[str]:
+        done = subprocess.run(command, input=json.dumps(event(name)).encode(), env=env,
+                              cwd=tmp_path, capture_output=True, timeout=60)
+        assert (done.returncode, done.stdout) == (0, b""), done.stderr
+        return imported_modules(done.stderr.decode())
+
+    assert "bus.claude_code" in quiet("SessionStart")  # no beat yet: the library writes one
+    started = beat_time(db)
+    loaded = quiet("SessionStart")  # the same presence, just now: nothing to do
+    assert not loaded & set(LIBRARY), loaded & set(LIBRARY)
+    assert beat_time(db) == started
+    assert "bus.claude_code" in quiet("PostToolUse")  # started (idle) -> working: a beat
+    assert alive(db, env, tmp_path)["w1"]["status"] == "working"
+    working = beat_time(db)
+    assert not quiet("PostToolUse") & set(LIBRARY)
+    assert beat_time(db) == working
+    age_beat(db, glance.PRESENCE_FRESH_MS)
+    assert "bus.claude_code" in quiet("PostToolUse")  # as old as the window: beat again
+    assert beat_time(db) > working - glance.PRESENCE_FRESH_MS
+
+
+def test_hook_fast_path_hands_a_file_of_another_schema_version_to_the_command(db, env):
+    """A file the code must migrate first (or refuse) is never answered at a glance."""
+    answer_quietly = hook(db, env, event("PostToolUse"))
+    assert (answer_quietly.returncode, answer_quietly.stdout) == (0, b"")
+    conn = apsw.Connection(str(db))
+    conn.execute(f"PRAGMA user_version = {bus.migrations.newest_version() + 1}")
+    conn.close()
+    refused = hook(db, env, event("PostToolUse"))
+    assert refused.returncode == 1
+    assert b"upgrade agentbus" in refused.stderr
 
 
 @pytest.mark.parametrize("name", ["Stop", "PostToolUse"])

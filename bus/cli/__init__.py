@@ -8,10 +8,9 @@ loading click and the commands.
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name.startswith("__"):
         raise AttributeError(name)
     return getattr(importlib.import_module("bus.cli.root"), name)
