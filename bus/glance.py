@@ -35,6 +35,12 @@ _FIRST_WAITING_SQL = (
 _BEAT_SQL = "SELECT status, ts_ms FROM heartbeats WHERE agent_id = ?"
 
 
+def open_reader(path: str) -> apsw.Connection:
+    """A connection to an existing bus file for these reads alone: no pragmas, no checks, and
+    never a new file (bus/db.py opens every connection that writes or serves a command)."""
+    return apsw.Connection(path, flags=apsw.SQLITE_OPEN_READWRITE)
+
+
 def position(conn: apsw.Connection, agent: str) -> int:
     """The agent's last acknowledged seq, 0 before its first ack."""
     return conn.execute(_POSITION_SQL, (agent,)).get or 0

@@ -96,7 +96,7 @@ def at_a_glance(call: HookCall, event: claude_events.HookEvent) -> bool | None:
     """Step 1: True when nothing is to be shown or written, False when messages wait (the
     command shows them), None when step 2 is to decide (a beat or a Stop is due)."""
     try:
-        conn = apsw.Connection(call.db, flags=apsw.SQLITE_OPEN_READWRITE)  # never creates
+        conn = glance.open_reader(call.db)
     except apsw.Error:
         return False  # the command names what is wrong with the file
     try:
