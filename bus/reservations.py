@@ -51,6 +51,8 @@ from bus.globs import parse_glob
 from bus.heartbeats import STOPPED
 from bus.heartbeats import Thresholds
 from bus.messages import iso_utc
+from bus.worker_table import AT_WORK_SQL
+from bus.worker_table import TERMINAL_STATES
 
 EXCLUSIVE = "exclusive"
 SHARED = "shared"
@@ -59,9 +61,6 @@ DEFAULT_TTL_MS = 3600 * 1000
 TTL_MAX_MS = 7 * 24 * 3600 * 1000
 REASON_MAX = 500
 PATTERNS_MAX = 1000  # in one call
-# The worker states after which a worker's reservations end: workers.machine.TERMINAL
-# (the bus cannot import workers; tests/test_reservations.py checks they agree).
-WORKER_TERMINAL = ("COMPLETED", "CANCELLED", "FAILED")
 
 _COLUMNS = "r.id, r.agent_id, r.pattern, r.mode, r.reason, r.created_at_ms, r.expires_at_ms"
 # Each reservation with what decides whether it is live: its holder's last beat and worker.
@@ -87,7 +86,7 @@ _UPSERT_SQL = (
 _TABLE_SQL = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'file_reservations'"
 _WORKTREES_SQL = (
     "SELECT worker_id, worktree FROM workers"
-    " WHERE state NOT IN ('COMPLETED', 'CANCELLED', 'FAILED') ORDER BY worker_id"
+    f" WHERE {AT_WORK_SQL} ORDER BY worker_id"
 )
 
 
@@ -218,7 +217,7 @@ def holder_ended(beat_ms: int | None, status: str | None, worker_state: str | No
     its last beat and its worker's state."""
     if beat_ms is not None and status != STOPPED and now - beat_ms >= dead_ms:
         return "dead"
-    if worker_state in WORKER_TERMINAL:
+    if worker_state in TERMINAL_STATES:
         return "worker"
     return None
 

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 import apsw
 
-from bus.identity import TERMINAL_STATES  # noqa: F401  (defined light, for hooks)
+from bus.identity import TERMINAL_STATES  # defined light, for hooks
+
+# The workers still at work, as SQL: the terminal states are spelled once, above.
+AT_WORK_SQL = f"state NOT IN ({', '.join(repr(state) for state in sorted(TERMINAL_STATES))})"
 
 COLUMNS = ("worker_id, task_id, state, repo, base, branch, worktree, head_commit,"
            " merge_commit, note, created_at_ms, updated_at_ms")

@@ -12,7 +12,6 @@ from bus import Bus
 from bus import heartbeats
 from bus.errors import ValidationFailed
 from bus.heartbeats import Thresholds
-from bus.reservations import WORKER_TERMINAL
 from bus.reservations import NotReserved
 from bus.reservations import PathsReserved
 from bus.reservations import ReservationConflict
@@ -138,7 +137,6 @@ def test_reservation_of_an_agent_with_live_beats_lives(bus: Bus) -> None:
 
 
 def test_reservation_ends_when_its_holders_worker_finishes(bus: Bus, tmp_path: Path) -> None:
-    assert frozenset(WORKER_TERMINAL) == TERMINAL
     working = Worker("w1", "t1", WORKING, str(tmp_path), "main", "w1/t1", str(tmp_path / "wt"),
                      None, None, None, T0, T0)
     registry.insert(bus.conn, working)

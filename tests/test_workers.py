@@ -1189,7 +1189,17 @@ def test_workers_random_commands_never_leave_the_machine(tmp_path: Path, data) -
         event(f"ended {replayed}")  # see --hypothesis-show-statistics
 
 
-def test_the_lifecycles_terminal_states_are_the_ones_every_reader_of_the_table_uses():
-    from bus.worker_table import TERMINAL_STATES
+def test_a_worker_is_at_work_in_sql_exactly_when_the_machine_says_it_is_not_terminal(tmp_path):
+    """worker_table.AT_WORK_SQL (reservations, the registry) agrees with machine.TERMINAL."""
+    from bus.worker_table import AT_WORK_SQL
+    from workers import registry
+    from workers.registry import Worker
 
-    assert machine.TERMINAL == TERMINAL_STATES
+    with Bus.open(tmp_path / "bus.db") as bus:
+        for state in STATES:
+            registry.insert(bus.conn, Worker(f"w-{state}", "t", state, "/r", "main", "b", "/wt",
+                                             None, None, None, 1, 1))
+        at_work = {worker for (worker,) in bus.conn.execute(
+            f"SELECT worker_id FROM workers WHERE {AT_WORK_SQL}")}
+    assert at_work == {f"w-{state}" for state in STATES if state not in machine.TERMINAL}
+    assert machine.TERMINAL == {"COMPLETED", "CANCELLED", "FAILED"}

@@ -17,6 +17,7 @@ while a worker is ASSIGNED or WORKING, run starts an ASSIGNED worker first;
 from __future__ import annotations
 
 from bus.errors import BusError
+from bus.worker_table import TERMINAL_STATES
 
 ASSIGNED = "ASSIGNED"
 WORKING = "WORKING"
@@ -27,7 +28,7 @@ CANCELLED = "CANCELLED"
 FAILED = "FAILED"
 
 STATES = (ASSIGNED, WORKING, IN_REVIEW, APPROVED, COMPLETED, CANCELLED, FAILED)
-TERMINAL = frozenset({COMPLETED, CANCELLED, FAILED})  # bus.worker_table.TERMINAL_STATES
+TERMINAL = TERMINAL_STATES  # the bus defines them: its readers of the table need them too
 ACTIVE = tuple(s for s in STATES if s not in TERMINAL)
 
 # (state, command) -> next state. The whole machine; nothing else decides.

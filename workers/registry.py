@@ -17,6 +17,7 @@ import orjson
 
 from blobs.files import write_atomically
 from bus.errors import BusError
+from bus.worker_table import AT_WORK_SQL
 from bus.worker_table import COLUMNS
 from bus.worker_table import Worker
 from bus.worker_table import get_worker
@@ -27,7 +28,7 @@ __all__ = ["UnknownWorker", "Worker", "WorkerExists", "exists", "get", "insert",
 
 _OTHERS_ON_TASK_SQL = (
     f"SELECT {COLUMNS} FROM workers WHERE task_id = ? AND worker_id != ?"
-    " AND state NOT IN ('COMPLETED', 'CANCELLED', 'FAILED') ORDER BY created_at_ms, worker_id"
+    f" AND {AT_WORK_SQL} ORDER BY created_at_ms, worker_id"
 )
 _INSERT_SQL = f"INSERT INTO workers ({COLUMNS}) VALUES ({', '.join('?' * 12)})"
 _UPDATE_SQL = (
