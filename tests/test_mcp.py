@@ -300,6 +300,9 @@ def test_mcp_receipts_delivered_by_poll_and_reply_and_in_a_timed_out_exchange(
         async with connected(db_path, "alice") as alice, connected(db_path, "bob") as bob:
             typo = await call(alice, "exchange", to="bobb", type="question", wait_seconds=0.1)
             published = await call(alice, "publish", to="bobb", type="note")
+            batch = await call(alice, "publish_many", messages=[
+                {"to": "bobb", "type": "note"}, {"to": "bob", "type": "note"},
+                {"type": "broadcast"}, {"to": "bobb", "type": "note"}])
             unread = await call(alice, "exchange", to="bob", type="question", wait_seconds=0.1)
             await call(bob, "ack", seq=unread["sent"]["seq"])
             read = await asked_while(alice, bob, ack=False)
@@ -307,12 +310,14 @@ def test_mcp_receipts_delivered_by_poll_and_reply_and_in_a_timed_out_exchange(
             acked = await asked_while(alice, bob, ack=True)
             note = await call(alice, "publish", to="bob", type="note")
             await call(bob, "reply", seq=acked["sent"]["seq"], type="answer", wait_seconds=5)
-            return typo, published, unread, read, acked, note
+            return typo, published, batch, unread, read, acked, note
 
-    typo, published, unread, read, acked, note = asyncio.run(scenario())
+    typo, published, batch, unread, read, acked, note = asyncio.run(scenario())
     assert typo["warning"].startswith("no agent named 'bobb' is known to this bus")
     assert typo["question"] == {"state": "sent", "delivered": False, "acked": False}
     assert published["warning"] == typo["warning"]
+    assert [m.get("warning") for m in batch["published"]] == [typo["warning"], None, None,
+                                                               typo["warning"]]
     assert "warning" not in unread and "warning" not in note
     assert unread["timed_out"] and unread["question"] == {
         "state": "sent", "delivered": False, "acked": False}

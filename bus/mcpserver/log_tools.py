@@ -169,11 +169,15 @@ class LogTools:
     ) -> dict[str, Any]:
         """Publish up to 100 messages in one transaction, all or nothing; each like publish.
 
-        Returns each seq and id, in order. An error names the bad one (messages[3].type).
+        Returns each seq and id (and warning) in order; an error names the bad one
+        (messages[3].type).
         """
         batch = [{"from_agent": self.agent, **m.model_dump(exclude_none=True)}
                  for m in messages]
-        return {"published": [result.to_json_dict() for result in self.bus.publish_many(batch)]}
+        published = self.bus.publish_many(batch)
+        warnings = {to: self.bus.recipient_warning(to) for to in {m.get("to") for m in batch}}
+        return {"published": [_warned(result.to_json_dict(), warnings[m.get("to")])
+                              for result, m in zip(published, batch)]}
 
     def cursor_reset(self, seq: Annotated[Optional[int], Field(ge=0, description=(
             "Where to put your cursor: 0 reads everything again; omit to skip everything"
