@@ -280,3 +280,42 @@ def row_to_message(row: tuple[Any, ...],
     extra = row[13:]
     return ChannelMessage(seq, id_, channel, sender, type_, content, topic, priority, corr, reply,
                           ts, status, error, *extra)
+
+
+# --- the channels as the views list them ---------------------------------------------------
+
+# Open deliveries are kept on the channel row; the ones awaiting an ack have a deadline
+# (a partial index covers them); dead letters are counted per channel.
+_SUMMARY_SQL = (
+    "SELECT c.id, c.name, c.type, c.owner, c.state, c.delivery_mode, c.open_deliveries,"
+    " (SELECT count(*) FROM deliveries d WHERE d.channel_id = c.id AND d.deadline_ms IS NOT NULL"
+    " AND d.status != 'pending'),"
+    " (SELECT count(*) FROM dead_letters l WHERE l.channel_id = c.id) FROM channels c"
+)
+_SUMMARIES_SQL = f"{_SUMMARY_SQL} ORDER BY c.name"
+_SUMMARY_BY_NAME_SQL = f"{_SUMMARY_SQL} WHERE c.name = ?"
+
+
+@dataclass(frozen=True)
+class ChannelSummary:
+    """A channel with its deliveries in flight and its dead letters, as the views show it."""
+
+    name: str
+    type: str
+    owner: str
+    state: str
+    delivery_mode: str
+    open_deliveries: int
+    awaiting_ack: int  # handed out, not yet acked
+    dead_letters: int
+
+
+def channel_summaries(conn: apsw.Connection) -> list[ChannelSummary]:
+    """Every channel, by name."""
+    return [ChannelSummary(*row[1:]) for row in conn.execute(_SUMMARIES_SQL)]
+
+
+def channel_summary(conn: apsw.Connection, name: str) -> tuple[int, ChannelSummary] | None:
+    """The channel `name`'s id and summary, or None when there is none."""
+    row = conn.execute(_SUMMARY_BY_NAME_SQL, (name,)).fetchone()
+    return None if row is None else (row[0], ChannelSummary(*row[1:]))

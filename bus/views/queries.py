@@ -30,6 +30,8 @@ from bus import receipts
 from bus import search
 from bus import claims
 from bus import tasks
+from bus.channels.queries import ChannelSummary
+from bus.channels.queries import channel_summary
 from bus.claims import Claim
 from bus.claims import DeadClaim
 from bus.claims import list_claims
@@ -100,16 +102,6 @@ _STATE_CHANGES_SQL = (
 _FROM_RECENT_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE from_agent = :agent"
                     " AND seq > :floor ORDER BY seq DESC LIMIT :limit")
 _TO_RECENT_SQL = f"SELECT {_COLUMNS} FROM messages WHERE to_agent = ? ORDER BY seq DESC LIMIT ?"
-_CHANNELS_SQL = (
-    "SELECT c.id, c.name, c.type, c.owner, c.state, c.delivery_mode, c.open_deliveries,"
-    " (SELECT count(*) FROM dead_letters l WHERE l.channel_id = c.id) FROM channels c"
-    " ORDER BY c.name"
-)
-_CHANNEL_SQL = (
-    "SELECT c.id, c.name, c.type, c.owner, c.state, c.delivery_mode, c.open_deliveries,"
-    " (SELECT count(*) FROM dead_letters l WHERE l.channel_id = c.id) FROM channels c"
-    " WHERE c.name = ?"
-)
 _PARTICIPANTS_SQL = ("SELECT agent, role, joined_at_ms FROM participants WHERE channel_id = ?"
                      " ORDER BY agent")
 _CHANNELS_OF_AGENT_SQL = ("SELECT c.name, p.role FROM participants p JOIN channels c"
@@ -451,17 +443,6 @@ def worker_detail(conn: apsw.Connection, worker: str) -> WorkerDetail | None:
 
 
 @dataclass(frozen=True)
-class Channel:
-    name: str
-    type: str
-    owner: str
-    state: str
-    delivery_mode: str
-    open_deliveries: int
-    dead_letters: int
-
-
-@dataclass(frozen=True)
 class DeadLetter:
     id: int
     seq: int
@@ -474,7 +455,7 @@ class DeadLetter:
 
 @dataclass(frozen=True)
 class ChannelDetail:
-    channel: Channel
+    channel: ChannelSummary
     participants: list[tuple[str, str, int]]
     deliveries: list[tuple[int, Delivery]] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
@@ -487,15 +468,11 @@ class ChannelDetail:
                 "dead_letters": [dataclasses.asdict(d) for d in self.dead_letters]}
 
 
-def list_channels(conn: apsw.Connection) -> list[Channel]:
-    return [Channel(*row[1:]) for row in conn.execute(_CHANNELS_SQL)]
-
-
 def channel_detail(conn: apsw.Connection, name: str, limit: int = 100) -> ChannelDetail | None:
-    row = conn.execute(_CHANNEL_SQL, (name,)).fetchone()
-    if row is None:
+    found = channel_summary(conn, name)
+    if found is None:
         return None
-    channel_id, channel = row[0], Channel(*row[1:])
+    channel_id, channel = found
     deliveries = [(r[0], Delivery(name, *r[1:]))
                   for r in conn.execute(_CHANNEL_DELIVERIES_SQL, (channel_id, limit))]
     return ChannelDetail(channel, conn.execute(_PARTICIPANTS_SQL, (channel_id,)).fetchall(),

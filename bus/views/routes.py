@@ -27,6 +27,7 @@ from bus import claims
 from bus import messages
 from bus import worker_table
 from bus.blob_store import BusBlobStore
+from bus.channels.queries import channel_summaries
 from bus.db import connect
 from bus.db import translate_busy
 from bus.errors import SearchDisabled
@@ -264,7 +265,7 @@ _CHANNEL_SORT = {"channel": "name", "type": "type", "owner": "owner", "state": "
 
 
 def channels_table(conn: apsw.Connection, _now: int, params: dict[str, str]) -> Safe:
-    found = queries.list_channels(conn)
+    found = channel_summaries(conn)
     rows, sort = pages.sort_rows(found, params, _CHANNEL_SORT, "channel")
     return pages.join([pages.counts("channels", pages.tally(c.type for c in found)), pages.table(
         ("channel", "type", "owner", "state", "open", "dead letters"),

@@ -20,6 +20,8 @@ import apsw
 
 from bus import integrity
 from bus import messages
+from bus.channels.queries import ChannelSummary
+from bus.channels.queries import channel_summaries
 from bus.claims import Claim
 from bus.claims import list_claims
 from bus.db import connect
@@ -48,15 +50,6 @@ _DEAD_CLAIMS_SQL = "SELECT count(*) FROM dead_claims"
 _WORKERS_SQL = "SELECT state, count(*) FROM workers GROUP BY state ORDER BY state"
 _WORKER_LIST_SQL = ("SELECT worker_id, task_id, state, branch, updated_at_ms FROM workers"
                     " ORDER BY worker_id")
-# Open deliveries are kept on the channel row; the ones awaiting an ack have a
-# deadline (a partial index covers them); dead letters are counted per channel.
-_CHANNELS_SQL = (
-    "SELECT name, type, state, open_deliveries,"
-    " (SELECT count(*) FROM deliveries d WHERE d.channel_id = c.id AND d.deadline_ms IS NOT NULL"
-    " AND d.status != 'pending'),"
-    " (SELECT count(*) FROM dead_letters l WHERE l.channel_id = c.id)"
-    " FROM channels c ORDER BY name"
-)
 _ORGANISMS_SQL = "SELECT name FROM pump_organisms ORDER BY name"
 # A pending unit whose lease runs is being handled; one without is queued.
 _PUMP_UNITS_SQL = (
@@ -126,16 +119,6 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True)
-class ChannelInfo:
-    name: str
-    type: str
-    state: str
-    open_deliveries: int
-    awaiting_ack: int
-    dead_letters: int
-
-
-@dataclass(frozen=True)
 class PumpInfo:
     organisms: list[str]
     queued: int
@@ -163,7 +146,7 @@ class Status:
     workers: dict[str, int]  # how many in each state
     worker_list: list[WorkerInfo]
     reservations: list[Reservation]  # the live file reservations, by pattern
-    channels: list[ChannelInfo]
+    channels: list[ChannelSummary]
     pump: PumpInfo
     export: ExportInfo
     tasks: TaskCounts  # the task graph: open tasks ready, blocked, held; done, cancelled
@@ -220,7 +203,7 @@ def status_of(conn: apsw.Connection, path: str, durability: str = "normal", *,
             worker_list=[WorkerInfo(*row) for row in conn.execute(_WORKER_LIST_SQL)],
             reservations=(live_reservations(conn, at, thresholds)
                           if has_reservations_table(conn) else []),
-            channels=[ChannelInfo(*row) for row in conn.execute(_CHANNELS_SQL)],
+            channels=channel_summaries(conn),
             pump=_pump(conn, at), export=export, tasks=task_counts(conn, at, schema.current),
             receipts=outstanding(conn, RECEIPTS_SHOWN))
 
