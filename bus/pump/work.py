@@ -26,6 +26,11 @@ from bus.messages import row_to_message
 if TYPE_CHECKING:
     from blobs.store import BlobStore
 
+_UNITS_NEWEST_SQL = (
+    "SELECT id, organism, input_seq, listener, kind, thread, status, attempts, max_attempts,"
+    " lease_owner, lease_until_ms, created_at_ms, finished_at_ms, outcome FROM pump_work"
+    " ORDER BY id DESC LIMIT ?"
+)
 _UNIT_COLUMNS = "id, input_seq, listener, kind, thread, attempts, max_attempts"
 _INSERT_UNIT_SQL = (
     "INSERT INTO pump_work (organism, input_seq, listener, kind, thread, max_attempts,"
@@ -352,3 +357,27 @@ def units_for_input(conn: apsw.Connection, input_seq: int) -> list[Unit]:
 def dead_units(conn: apsw.Connection, organism: str, limit: int = 1000) -> list[DeadUnit]:
     """The organism's dead units, oldest first."""
     return [DeadUnit(*row) for row in conn.execute(_DEAD_SQL, (organism, limit))]
+
+
+class PumpUnit(NamedTuple):
+    """A work unit as the console lists it: where it stands, its lease and its outcome."""
+
+    id: int
+    organism: str
+    input_seq: int
+    listener: str
+    kind: str
+    thread: str
+    status: str
+    attempts: int
+    max_attempts: int
+    lease_owner: str | None
+    lease_until_ms: int
+    created_ms: int
+    finished_ms: int | None
+    outcome: str | None
+
+
+def newest_units(conn: apsw.Connection, limit: int = 1000) -> list[PumpUnit]:
+    """The newest pump work units, newest first."""
+    return [PumpUnit(*row) for row in conn.execute(_UNITS_NEWEST_SQL, (limit,))]

@@ -116,11 +116,6 @@ _DEAD_LETTERS_SQL = (
     " l.dead_lettered_at_ms FROM dead_letters l JOIN channels c ON c.id = l.channel_id"
     " WHERE (:channel IS NULL OR l.channel_id = :channel) ORDER BY l.id DESC LIMIT :limit"
 )
-_PUMP_UNITS_SQL = (
-    "SELECT id, organism, input_seq, listener, kind, thread, status, attempts, max_attempts,"
-    " lease_owner, lease_until_ms, created_at_ms, finished_at_ms, outcome FROM pump_work"
-    " ORDER BY id DESC LIMIT ?"
-)
 _ANY_ABOUT_SQL = "SELECT 1 FROM messages WHERE correlation_id = ? LIMIT 1"
 _TASKS_TABLE_SQL = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tasks'"
 _CLAIM_EVENTS_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE correlation_id = :task"
@@ -483,29 +478,6 @@ def list_dead_letters(conn: apsw.Connection, channel_id: int | None = None,
                       limit: int = 1000) -> list[DeadLetter]:
     return [DeadLetter(*row) for row in conn.execute(
         _DEAD_LETTERS_SQL, {"channel": channel_id, "limit": limit})]
-
-
-@dataclass(frozen=True)
-class PumpUnit:
-    id: int
-    organism: str
-    input_seq: int
-    listener: str
-    kind: str
-    thread: str
-    status: str
-    attempts: int
-    max_attempts: int
-    lease_owner: str | None
-    lease_until_ms: int
-    created_ms: int
-    finished_ms: int | None
-    outcome: str | None
-
-
-def list_pump_units(conn: apsw.Connection, limit: int = 1000) -> list[PumpUnit]:
-    """The newest pump work units, newest first."""
-    return [PumpUnit(*row) for row in conn.execute(_PUMP_UNITS_SQL, (limit,))]
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from bus.errors import SearchDisabled
 from bus.errors import ValidationFailed
 from bus.heartbeats import Thresholds
 from bus.heartbeats import liveness
+from bus.pump.work import newest_units
 from bus.views import pages
 from bus.views import queries
 from bus.views.charts import History
@@ -291,7 +292,7 @@ _PUMP_SORT = {"id": "id", "organism": "organism", "listener": "listener", "statu
 
 
 def pump_table(conn: apsw.Connection, _now: int, params: dict[str, str]) -> Safe:
-    found = queries.list_pump_units(conn)
+    found = newest_units(conn)
     rows, sort = pages.sort_rows(found, params, _PUMP_SORT, "id")
     return pages.join([pages.counts("pump units", pages.tally(u.status for u in found)),
                        pages.table(
