@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any
+from typing import Callable
 from typing import Iterable
 from typing import Mapping
 from typing import Sequence
+from typing import TypeVar
 
 import apsw
 
@@ -81,6 +84,9 @@ from bus.schema import migrate
 from bus.wake import ChangeWatcher
 
 POLL_LIMIT_MAX = 10_000
+# A wait fetches again at least this often, for what time alone brings (bus.wait_for).
+WAIT_SLICE_S = 1.0
+T = TypeVar("T")
 GC_GRACE_SECONDS = 3600.0
 
 
@@ -301,22 +307,26 @@ class Bus:
 
     # --- consuming --------------------------------------------------------
 
-    def poll(self, agent: str, limit: int = 100, *, preview: int = 0,
+    def poll(self, agent: str, limit: int = 100, *, wait: float = 0.0, preview: int = 0,
              include_own: bool = False) -> list[Message]:
         """Messages for `agent` above its cursor, in seq order: those addressed to it and
         other agents' broadcasts (its own too with `include_own`).
 
-        Never moves the cursor: call `ack` once a message is handled, or it
-        comes back on the next poll. With `preview` > 0 a payload in the blob
-        store is not loaded: `payload_preview` holds its first `preview` bytes.
+        With `wait` > 0 and nothing waiting, waits up to `wait` seconds for a
+        message (`wait_for`: woken by commits, no polling). Never moves the
+        cursor: call `ack` once a message is handled, or it comes back on the
+        next poll. With `preview` > 0 a payload in the blob store is not
+        loaded: `payload_preview` holds its first `preview` bytes.
         """
         messages.validate_agent_id(agent)
         _validate_limit(limit)
-        conn = self.conn
-        with translate_errors(self.conn):
-            after = cursors.position(conn, agent)
-            return messages.select_for_agent(conn, agent, after, limit, self.blobs, preview,
-                                             include_own)
+
+        def select() -> list[Message]:
+            with translate_errors(self.conn):
+                after = cursors.position(self.conn, agent)
+                return messages.select_for_agent(self.conn, agent, after, limit, self.blobs,
+                                                 preview, include_own)
+        return self.wait_for(select, wait)
 
     def reply_to(self, agent: str, message_id: str, after: int) -> Message | None:
         """The first message for `agent` answering `message_id` (its in_reply_to), above
@@ -472,6 +482,23 @@ class Bus:
         (bus/identities.py says what counts); None for a broadcast or a known name."""
         with translate_errors(self.conn):
             return identities.recipient_warning(self.conn, to)
+
+    def wait_for(self, fetch: Callable[[], T], seconds: float,
+                 done: Callable[[T], bool] = bool) -> T:
+        """`fetch()`, then again after each commit to the file, until `done` says its result
+        is enough (by default: it is not empty) or `seconds` pass; the last result.
+
+        Every wait of the library and its commands for something to arrive is
+        this one: a message, a reply, a channel delivery, a pump answer. It
+        fetches again at least every WAIT_SLICE_S too, for what time alone
+        brings (a channel's retry coming due).
+        """
+        found = fetch()
+        deadline = time.monotonic() + seconds
+        while not done(found) and (remaining := deadline - time.monotonic()) > 0:
+            self.wait_for_change(min(WAIT_SLICE_S, remaining))
+            found = fetch()
+        return found
 
     def wait_for_change(self, timeout: float, interrupt: int | None = None) -> bool:
         """Block until another connection or process commits, or `timeout` seconds pass.

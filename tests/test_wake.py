@@ -681,3 +681,35 @@ def test_waiting_threads_are_counted_while_they_wait_and_only_then(mode: str, bu
     trigger.join()
     assert seen == [1] and _WAITERS.count == 0
     assert wait(0.05) is False and _WAITERS.count == 0
+
+
+# --- the one wait of the library: Bus.wait_for and poll(wait=) ----------------------------
+
+
+def test_poll_with_wait_returns_the_message_another_process_publishes(bus: Bus, spawn) -> None:
+    """poll(wait=) blocks until a commit brings a message, not until its wait runs out."""
+    child = spawn()
+    assert bus.poll("parent") == []
+    trigger = WhenBlocked(lambda: child.send("publish"))
+    started = time.monotonic()
+    found = bus.poll("parent", wait=WAIT_TIMEOUT)
+    trigger.join()
+    assert [m.payload for m in found] == [{"n": 0}]
+    assert time.monotonic() - started < WAIT_TIMEOUT / 2
+    assert child.read_line() == "published 1"
+    child.finish()
+
+
+def test_wait_for_returns_the_last_result_when_nothing_is_enough(bus: Bus) -> None:
+    """Without commits it fetches again each WAIT_SLICE_S and hands back what it has."""
+    calls = []
+
+    def fetch() -> list[int]:
+        calls.append(time.monotonic())
+        return [len(calls)]
+
+    started = time.monotonic()
+    assert bus.wait_for(fetch, 2.5, done=lambda found: found[0] > 99) == [len(calls)]
+    assert time.monotonic() - started >= 2.5
+    assert len(calls) >= 3  # the first fetch, then one per slice of at most a second
+    assert bus.wait_for(lambda: ["here"], 60) == ["here"]  # enough at once: no wait

@@ -11,7 +11,6 @@ pure stream of messages.
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 from typing import Callable
 
@@ -35,7 +34,6 @@ from bus.cli.output import echo_rows
 from bus.cli.output import shortened
 from bus.messages import iso_utc
 
-WAIT_SLICE_S = 1.0  # re-run receive at least this often: retries become visible by time
 
 agent_option = click.option("--agent", required=True, help="Agent id.")
 
@@ -163,11 +161,8 @@ def receive(obj: BusContext, agent: str, wait: float, as_json: bool, **options: 
     bus = obj.open()
     engine = bus.channels
     flt = _filter(engine, options)
-    found = engine.receive_messages(agent, flt)
-    deadline = time.monotonic() + wait
-    while not found.messages and time.monotonic() < deadline:
-        bus.wait_for_change(min(WAIT_SLICE_S, deadline - time.monotonic()))
-        found = engine.receive_messages(agent, flt)
+    found = bus.wait_for(lambda: engine.receive_messages(agent, flt), wait,
+                         done=lambda result: bool(result.messages))
     _echo_result(found, as_json, f"for {agent}", "more are waiting: receive again")
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 from typing import Callable
@@ -61,11 +60,7 @@ def pending(bus: Bus, agent: str, limit: int, wait: float = 0.0,
 
     `preview`: characters read of a payload in the blob store (0: all of it).
     """
-    deadline = time.monotonic() + wait
-    found = bus.poll(agent, limit + 1, preview=preview)
-    while not found and time.monotonic() < deadline:
-        bus.wait_for_change(deadline - time.monotonic())
-        found = bus.poll(agent, limit + 1, preview=preview)
+    found = bus.poll(agent, limit + 1, wait=wait, preview=preview)
     return render(agent, found[:limit], more=len(found) > limit, budget=TEXT_BUDGET)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -140,11 +139,7 @@ def poll(obj: BusContext, agent: str, limit: int, wait: float, from_latest: bool
     if from_latest:
         bus.start_at_latest(agent)
     preview = _preview(as_json)
-    found = bus.poll(agent, limit, preview=preview, include_own=include_own)
-    deadline = time.monotonic() + wait
-    while not found and time.monotonic() < deadline:
-        bus.wait_for_change(deadline - time.monotonic())
-        found = bus.poll(agent, limit, preview=preview, include_own=include_own)
+    found = bus.poll(agent, limit, wait=wait, preview=preview, include_own=include_own)
     echo_messages(found, as_json)
     bus.record_delivered(agent, found, "poll")
     if not found and not as_json:

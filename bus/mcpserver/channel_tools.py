@@ -21,7 +21,6 @@ from bus.mcpserver.kinds import DISCARDS
 from bus.mcpserver.kinds import READS
 from bus.mcpserver.kinds import SETS
 from bus.mcpserver.session import AgentSession
-from bus.mcpserver.session import wait_for_any
 
 ChannelName = Annotated[str, Field(description="The channel's name.")]
 OptionalChannel = Annotated[Optional[str], Field(description="Only this channel; omit for all.")]
@@ -66,7 +65,7 @@ class ChannelTools:
         (completed or failed), or it is delivered again after the channel's ack timeout.
         """
         flt = {"channel": channel, "limit": limit}
-        found = wait_for_any(self.bus, lambda: _Page(self.bus.channels.receive_messages(
+        found = self.bus.wait_for(lambda: _Page(self.bus.channels.receive_messages(
             self.agent, flt)), wait_seconds)
         return found.to_json_dict()
 

@@ -24,7 +24,6 @@ from bus.mcpserver.kinds import READS
 from bus.mcpserver.kinds import RESETS
 from bus.mcpserver.kinds import SETS
 from bus.mcpserver.session import AgentSession
-from bus.mcpserver.session import wait_for_any
 
 # Any JSON value, spelled as strict validators accept it: one type per branch (an empty
 # schema constrains nothing, and a list of types is lost on single-type dialects).
@@ -111,7 +110,7 @@ class LogTools:
         """
         if ack_through is not None:
             self.bus.ack(self.agent, ack_through)
-        found = wait_for_any(self.bus, lambda: self.bus.poll(self.agent, limit), wait_seconds)
+        found = self.bus.poll(self.agent, limit, wait=wait_seconds)
         self.bus.record_delivered(self.agent, found, "mcp:poll")
         return {"messages": [m.to_json_dict() for m in found],
                 "cursor": self.bus.cursor(self.agent)}
@@ -133,7 +132,7 @@ class LogTools:
         """
         sent = self.bus.publish(self.agent, type, payload, to=to, correlation_id=correlation_id)
         warned = _warned({"sent": sent.to_json_dict()}, self.bus.recipient_warning(to))
-        reply = wait_for_any(self.bus, lambda: _found(self.bus.reply_to(
+        reply = self.bus.wait_for(lambda: _found(self.bus.reply_to(
             self.agent, sent.id, sent.seq)), wait_seconds)
         if not reply:  # the question's receipt: was it shown to `to`, did it ack it?
             receipt = self.bus.receipt(sent.seq)  # None only once compacted meanwhile
@@ -156,7 +155,7 @@ class LogTools:
         The answer goes to its sender, in_reply_to set (its `exchange` returns).
         """
         sent = self.bus.answer(self.agent, seq, type, payload)
-        found = wait_for_any(self.bus, lambda: self.bus.poll(self.agent, limit), wait_seconds)
+        found = self.bus.poll(self.agent, limit, wait=wait_seconds)
         self.bus.record_delivered(self.agent, found, "mcp:reply")
         return {"sent": sent.to_json_dict(), "messages": [m.to_json_dict() for m in found],
                 "cursor": self.bus.cursor(self.agent)}

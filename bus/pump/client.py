@@ -15,7 +15,6 @@ Replies are the envelopes on the conversation thread after the request.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
@@ -225,13 +224,10 @@ def wait_replies(bus: Bus, sent: Sent, count: int = 1, timeout: float = 30.0) ->
 
     Returns what arrived within `timeout` seconds (maybe fewer, maybe none).
     """
-    deadline = time.monotonic() + timeout
     got: list[Received] = []
-    while True:
-        got += replies(bus, sent, got[-1].message.seq if got else None)
-        if len(got) >= count or any(item.final for item in got):
-            return got
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return got
-        bus.wait_for_change(min(remaining, 1.0))
+
+    def more() -> list[Received]:
+        got.extend(replies(bus, sent, got[-1].message.seq if got else None))
+        return got
+    return bus.wait_for(more, timeout,
+                        done=lambda found: len(found) >= count or any(r.final for r in found))
