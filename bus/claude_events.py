@@ -38,9 +38,10 @@ DEFAULT_MAX_CONTINUES = 5  # `bus hook claude --max-continues`
 LIMIT_MAX = 1000  # `bus hook claude --limit`: the most messages one answer may show
 
 
-class HookEvent(namedtuple("HookEvent", "name session_id cwd stop_hook_active")):
+class HookEvent(namedtuple("HookEvent", "name session_id cwd stop_hook_active transcript_path",
+                           defaults=(None,))):
     """One event as read from stdin: its name (str), session (str or None), directory
-    (str or None) and Stop's flag (bool)."""
+    (str or None), Stop's flag (bool) and the session's transcript file (str or None)."""
 
     __slots__ = ()
 
@@ -66,9 +67,11 @@ def parse_event(raw: bytes) -> HookEvent:
                                " registered as a Claude Code hook?")
     session = data.get("session_id")
     cwd = data.get("cwd")
+    transcript = data.get("transcript_path")
     return HookEvent(name, session if isinstance(session, str) and session else None,
                      cwd if isinstance(cwd, str) and cwd else None,
-                     data.get("stop_hook_active") is True)
+                     data.get("stop_hook_active") is True,
+                     transcript if isinstance(transcript, str) and transcript else None)
 
 
 def hook_agent(conn: apsw.Connection, agent: str, event: HookEvent,

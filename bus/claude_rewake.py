@@ -25,7 +25,8 @@ So `bus hook claude --rewake` runs at SessionStart (a session idle from its
 start) and at each Stop (re-armed after every turn), waits on the bus's own
 wake (`Bus.wait_for_change`, no polling) until a message waits for the agent,
 then posts the messages to the session's inbox socket (`SessionInbox`) where
-it has one, else writes them to stderr and exits 2. Two files beside the bus
+it has one and the session records them as queued, else writes them to
+stderr and exits 2. Two files beside the bus
 database, in `claude-wake/`, keep it to one delivery per message:
 
 - a session's *waiter lock*: one waiter per session. A Stop that finds the
@@ -79,7 +80,8 @@ ATTENDED_ENV = "CLAUDE_CODE_SESSION_ATTENDED"
 SESSION_ENV = "CLAUDE_CODE_SESSION_ID"
 SOCKET_ENV = "CLAUDE_CODE_MESSAGING_SOCKET"
 TOKEN_ENV = "CLAUDE_CODE_MESSAGING_TOKEN"
-SOCKET_TIMEOUT_S = 5.0  # a session that has not read our lines by then is taken as without one
+SOCKET_TIMEOUT_S = 5.0  # a session that has not queued our lines by then is taken as without one
+TRANSCRIPT_LOOK_S = 0.01  # between looks at the transcript for the session's enqueue record
 BLOB_PREVIEW = 2000  # characters read of a payload in the blob store
 
 
@@ -196,6 +198,10 @@ class Log(Protocol):
     def wait_for_change(self, timeout: float, interrupt: int | None = None) -> bool: ...
 
 
+class NotAccepted(OSError):
+    """The session's inbox read our lines but did not record them as queued."""
+
+
 class SessionInbox:
     """A Claude Code session's inbox socket (2.1.224 and later), where a message starts a
     turn as soon as it is read, in an idle session too.
@@ -206,31 +212,82 @@ class SessionInbox:
     {"role": "user", "content": ...}}` (its own start-up log documents this),
     and the session reads them once the client closes its side. The model is
     shown it as a message from a peer. Older versions set neither variable.
+
+    The socket never answers on the connection: 2.1.332 closes its side both
+    when it queued the message and when it dropped it (a bad token, a line it
+    could not parse), so the close says nothing. What says the session
+    accepted it is its transcript (the hook event's `transcript_path`): a
+    queued message is recorded there at once, as `{"type": "queue-operation",
+    "operation": "enqueue", "content": <the text>}`, in an idle session and a
+    busy one alike. So a post counts only once that line appears; a session
+    whose transcript is unknown, or that records another shape (another
+    protocol version), gets the hook's way (stderr and exit 2) instead.
     """
 
-    def __init__(self, path: str, token: str) -> None:
+    def __init__(self, path: str, token: str, transcript: str) -> None:
         self.path = path
         self.token = token
+        self.transcript = Path(transcript)
 
     @classmethod
-    def of_session(cls, environ: Mapping[str, str] = os.environ) -> SessionInbox | None:
+    def of_session(cls, transcript: str | None,
+                   environ: Mapping[str, str] = os.environ) -> SessionInbox | None:
+        """The session's inbox, or None where it has none or we could not confirm a post."""
         path, token = environ.get(SOCKET_ENV), environ.get(TOKEN_ENV)
-        return cls(path, token) if path and token else None
+        return cls(path, token, transcript) if path and token and transcript else None
 
     def post(self, text: str) -> None:
-        """Send `text` and wait until the session has read it all (closed its side).
+        """Send `text`; return once the session has recorded it as queued.
 
-        OSError (refused, gone, too slow) when it may not have: nothing is acked then.
+        OSError (refused, gone, too slow, NotAccepted) when it may not have:
+        nothing is acked then.
         """
+        offset = self._transcript_size()
         lines = [{"type": "auth", "token": self.token},
                  {"type": "user", "message": {"role": "user", "content": text}}]
+        deadline = time.monotonic() + SOCKET_TIMEOUT_S
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(SOCKET_TIMEOUT_S)
             conn.connect(self.path)
             conn.sendall(b"".join(orjson.dumps(line) + b"\n" for line in lines))
             conn.shutdown(socket.SHUT_WR)
             while conn.recv(4096):
-                pass  # whatever it says, it has read our lines once it closes
+                pass  # it has read our lines once it closes; whether it took them, see below
+        self._wait_for_enqueue(text, offset, deadline)
+
+    def _transcript_size(self) -> int:
+        try:
+            return self.transcript.stat().st_size
+        except FileNotFoundError:
+            return 0  # a session's transcript appears with its first record
+
+    def _wait_for_enqueue(self, text: str, offset: int, deadline: float) -> None:
+        """Return when the transcript records `text` queued after `offset`; NotAccepted when
+        it has not by `deadline`. The session writes it as it reads our lines, so this
+        looks every few ms for a moment (a file has no commit signal to wake on)."""
+        while True:
+            if self._enqueued(text, offset):
+                return
+            if time.monotonic() >= deadline:
+                raise NotAccepted(f"{self.transcript} records no queued message of ours")
+            time.sleep(TRANSCRIPT_LOOK_S)
+
+    def _enqueued(self, text: str, offset: int) -> bool:
+        try:
+            with self.transcript.open("rb") as transcript:
+                transcript.seek(offset)
+                tail = transcript.read()
+        except FileNotFoundError:
+            return False
+        for line in tail.splitlines():
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # a line still being written: the next look reads it whole
+            if (isinstance(record, dict) and record.get("type") == "queue-operation"
+                    and record.get("operation") == "enqueue" and record.get("content") == text):
+                return True
+        return False
 
 
 class Delivery:
@@ -256,7 +313,10 @@ class Delivery:
                 self.route = "socket"
                 return
             except OSError:
-                self.inbox = None  # a session without a working inbox: the hook's way
+                # A session without a working inbox, or one that did not record our post: the
+                # hook's way. If it did take the post after all, it sees the messages twice,
+                # which at-least-once allows; acking on a guess could lose them.
+                self.inbox = None
         self.out.write(text + "\n")
         self.out.flush()
         self.route = "stderr"

@@ -132,7 +132,7 @@ def test_claude_code_parse_event_reads_the_documented_fields():
     event = claude_code.parse_event(json.dumps({
         "session_id": "abc", "transcript_path": "/t", "cwd": "/w", "hook_event_name": "Stop",
         "stop_hook_active": True}).encode())
-    assert event == claude_code.HookEvent("Stop", "abc", "/w", True)
+    assert event == claude_code.HookEvent("Stop", "abc", "/w", True, "/t")
     assert event.known
     other = claude_code.parse_event(b'{"hook_event_name": "Notification", "stop_hook_active": 1}')
     assert other == claude_code.HookEvent("Notification", None, None, False)

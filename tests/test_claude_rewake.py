@@ -167,10 +167,13 @@ def test_rewake_and_an_answering_hook_never_show_one_message_twice(tmp_path, db)
 
 
 class FakeInbox:
-    """A session's inbox socket: reads one client's lines to its end, then closes."""
+    """A session's inbox socket: reads one client's lines to its end, then closes; with
+    `transcript`, records the message queued there as Claude Code does (2.1.332), else
+    drops it as Claude Code drops a line with a bad token: closing all the same."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, transcript: Path | None = None) -> None:
         self.path = path
+        self.transcript = transcript
         self.lines: list[dict] = []
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(path))
@@ -184,14 +187,19 @@ class FakeInbox:
             data = b""
             while chunk := conn.recv(65536):
                 data += chunk
-        self.lines = [json.loads(line) for line in data.splitlines()]
+            self.lines = [json.loads(line) for line in data.splitlines()]
+            if self.transcript is not None:
+                record = {"type": "queue-operation", "operation": "enqueue",
+                          "content": self.lines[-1]["message"]["content"]}
+                with self.transcript.open("a") as out:
+                    out.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
         self.server.close()
 
 
 def test_rewake_posts_to_the_sessions_inbox_socket_and_exits_0(tmp_path, db):
-    inbox = FakeInbox(tmp_path / "inbox.sock")
+    inbox = FakeInbox(tmp_path / "inbox.sock", transcript=tmp_path / "t.jsonl")
     try:
         claude = session(tmp_path, db, CLAUDE_CODE_MESSAGING_SOCKET=str(inbox.path),
                          CLAUDE_CODE_MESSAGING_TOKEN="t0k3n")
@@ -209,6 +217,37 @@ def test_rewake_posts_to_the_sessions_inbox_socket_and_exits_0(tmp_path, db):
     assert cursor(db) == []
     with Bus.open(db) as bus:
         assert bus.receipt(seq).delivery.via == "claude:inbox"
+
+
+def test_rewake_falls_back_to_stderr_when_the_session_does_not_record_the_post(tmp_path, db):
+    """The socket closes whether the session queued the message or dropped it: only its
+    transcript's enqueue record counts, and without one the hook's way delivers."""
+    inbox = FakeInbox(tmp_path / "inbox.sock", transcript=None)
+    try:
+        claude = session(tmp_path, db, CLAUDE_CODE_MESSAGING_SOCKET=str(inbox.path),
+                         CLAUDE_CODE_MESSAGING_TOKEN="stale")
+        seq = publish(db, "dropped by the socket")
+        reply = claude.hook("Stop")
+        inbox.thread.join(READY_S)
+    finally:
+        inbox.close()
+    assert inbox.lines[0] == {"type": "auth", "token": "stale"}  # it was posted, and dropped
+    assert reply.code == 2 and f"#{seq} " in reply.stderr
+    assert cursor(db) == []
+    with Bus.open(db) as bus:
+        assert bus.receipt(seq).delivery.via == "hook:rewake"
+
+
+def test_rewake_without_a_transcript_to_confirm_by_never_posts(tmp_path, db):
+    inbox = FakeInbox(tmp_path / "inbox.sock", transcript=tmp_path / "t.jsonl")
+    try:
+        claude = session(tmp_path, db, CLAUDE_CODE_MESSAGING_SOCKET=str(inbox.path),
+                         CLAUDE_CODE_MESSAGING_TOKEN="t0k3n")
+        seq = publish(db, "no transcript")
+        reply = claude.hook("Stop", transcript_path=None)
+    finally:
+        inbox.close()
+    assert reply.code == 2 and f"#{seq} " in reply.stderr and inbox.lines == []
 
 
 def test_rewake_falls_back_to_stderr_when_the_inbox_socket_is_gone(tmp_path, db):

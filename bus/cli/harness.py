@@ -198,7 +198,7 @@ def _rewake(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: f
     claim = claude_rewake.claim_session(db, session)
     if claim is None:
         return  # the session's waiter is still waiting: it serves this turn's end too
-    inbox = claude_rewake.SessionInbox.of_session() if use_inbox else None
+    inbox = claude_rewake.SessionInbox.of_session(event.transcript_path) if use_inbox else None
     delivery = claude_rewake.Delivery(inbox, sys.stderr)
     delivered = claude_rewake.wait_and_deliver(bus, db, agent, limit, wait, delivery, session,
                                                claude_rewake.session_gone_fd())
