@@ -23,6 +23,7 @@ from bus import Bus
 from bus import BusError
 from bus import BusNotFound
 from bus import ValidationFailed
+from bus import glance
 from bus import heartbeats
 from bus.heartbeats import Heartbeat
 from bus.heartbeats import Liveness
@@ -487,3 +488,21 @@ def test_presence_maps_a_sessions_moments_to_beats_and_keeps_the_task(bus: Bus):
     assert row.state == "stopped"  # an ended session is never shown live
     with pytest.raises(ValidationFailed, match="moment: 'gone' is not one of: started,"):
         heartbeats.presence(conn, "w1", "gone")
+
+
+@pytest.mark.parametrize("moment", list(heartbeats.PRESENCE_STATUS))
+@pytest.mark.parametrize("before", heartbeats.STATUSES)
+def test_presence_is_fresh_exactly_when_the_beat_would_change_nothing_but_its_time(
+        bus: Bus, before: str, moment: str):
+    """The hook's fast path skips a presence beat it judges fresh (bus/glance.py): that is
+    right only when the beat would write every column as it is, bar the time."""
+    conn = bus.conn
+    heartbeats.beat(conn, "w1", before, "t1", 0.5)
+    fresh = glance.presence_is_fresh(conn, "w1", moment)
+    row_sql = "SELECT status, current_task, progress FROM heartbeats WHERE agent_id = 'w1'"
+    kept = conn.execute(row_sql).fetchone()
+    seq = bus.poll("observer", 1000)[-1].seq if bus.poll("observer", 1000) else 0
+    heartbeats.presence(conn, "w1", moment)
+    after = conn.execute(row_sql).fetchone()
+    published = [m for m in bus.poll("observer", 1000) if m.seq > seq]
+    assert fresh == (after == kept and published == [])
