@@ -367,7 +367,7 @@ class Bus:
 
         Acking never skips another message: with an older one still waiting,
         nothing moves. One transaction. As `ack`, it passes the agent's own
-        broadcasts that follow `seq`.
+        messages that follow `seq`.
         """
         messages.validate_agent_id(agent)
         messages.validate_positive_int(seq, "seq")
@@ -383,7 +383,7 @@ class Bus:
 
         The cursor only moves forward: acking an older seq is a no-op. A seq
         that was never assigned raises ValidationFailed. The agent's own
-        broadcasts right after `seq` are passed too (poll does not show them),
+        messages right after `seq` are passed too (poll does not show them),
         so the position may be above `seq`; with `include_own` (for a reader
         that polls with it) the cursor stops at `seq`.
         """

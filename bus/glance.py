@@ -23,13 +23,14 @@ PRESENCE_STATUS = {"started": "idle", "working": "working", "idle": "idle", "end
 # below the 30 s after which a silent agent shows as `warn` (bus/heartbeats.py).
 PRESENCE_FRESH_MS = 10_000
 
-# An agent's own broadcasts are not waiting for it (it knows what it said).
+# An agent's own messages are not waiting for it (it knows what it said): its broadcasts,
+# and what it addressed to itself.
 NOT_OWN = " AND from_agent <> :agent"
 _POSITION_SQL = "SELECT last_acked_seq FROM cursors WHERE agent_id = ?"
 # The first message waiting for an agent above its cursor: the heads of poll's two scans.
 _FIRST_WAITING_SQL = (
     "SELECT min(seq) FROM (SELECT min(seq) AS seq FROM messages"
-    " WHERE to_agent = :agent AND seq > :after"
+    f" WHERE to_agent = :agent AND seq > :after{NOT_OWN}"
     f" UNION ALL SELECT min(seq) FROM messages WHERE to_agent IS NULL AND seq > :after{NOT_OWN})"
 )
 _BEAT_SQL = "SELECT status, ts_ms FROM heartbeats WHERE agent_id = ?"
@@ -47,13 +48,13 @@ def position(conn: apsw.Connection, agent: str) -> int:
 
 
 def first_waiting(conn: apsw.Connection, agent: str, after: int) -> int | None:
-    """The seq of the first message for `agent` (to it, or broadcast by another) above
+    """The seq of the first message for `agent` (to it or broadcast, by another agent) above
     `after`, or None."""
     return conn.execute(_FIRST_WAITING_SQL, {"agent": agent, "after": after}).get
 
 
 def has_waiting(conn: apsw.Connection, agent: str) -> bool:
-    """Whether a message waits for `agent` above its cursor (its own broadcasts do not)."""
+    """Whether a message waits for `agent` above its cursor (its own messages do not)."""
     return first_waiting(conn, agent, position(conn, agent)) is not None
 
 

@@ -52,18 +52,18 @@ _INSERT_SQL = f"{_INSERT_HEAD}{_ROW_VALUES} ON CONFLICT (id) DO NOTHING RETURNIN
 _SEQ_BY_ID_SQL = "SELECT seq FROM messages WHERE id = ?"
 # Two index range scans merged by seq: the cost follows `limit`, not the
 # backlog. The seed's `to_agent IS NULL OR to_agent = ?` sorts every waiting row.
-# An agent's own broadcasts are not waiting for it (it knows what it said): the
-# broadcast scan passes them over unless asked (`_WITH_OWN`). A message an agent
-# addressed to itself is one it asked for, and comes like any other.
+# An agent's own messages are not waiting for it (it knows what it said): both scans
+# pass over what it sent, its broadcasts and what it addressed to itself, unless asked
+# (`_WITH_OWN`, for a reader of the whole log as the agent).
 _POLL_TEMPLATE = (
-    f"SELECT {_COLUMNS} FROM messages WHERE to_agent = :agent AND seq > :after"
+    f"SELECT {_COLUMNS} FROM messages WHERE to_agent = :agent AND seq > :after{{own}}"
     f" UNION ALL SELECT {_COLUMNS} FROM messages WHERE to_agent IS NULL AND seq > :after"
-    "{broadcasts} ORDER BY seq LIMIT :limit"
+    "{own} ORDER BY seq LIMIT :limit"
 )
-_POLL_SQL = _POLL_TEMPLATE.format(broadcasts=NOT_OWN)
-_POLL_WITH_OWN_SQL = _POLL_TEMPLATE.format(broadcasts="")
+_POLL_SQL = _POLL_TEMPLATE.format(own=NOT_OWN)
+_POLL_WITH_OWN_SQL = _POLL_TEMPLATE.format(own="")
 _PENDING_COUNT_SQL = (
-    "SELECT (SELECT count(*) FROM messages WHERE to_agent = :agent AND seq > :after)"
+    f"SELECT (SELECT count(*) FROM messages WHERE to_agent = :agent AND seq > :after{NOT_OWN})"
     f" + (SELECT count(*) FROM messages WHERE to_agent IS NULL AND seq > :after{NOT_OWN})"
 )
 _LIST_SQL = f"SELECT {_COLUMNS} FROM messages WHERE seq > ? ORDER BY seq LIMIT ?"
@@ -71,10 +71,10 @@ _TAIL_SQL = f"SELECT {_COLUMNS} FROM messages ORDER BY seq DESC LIMIT ?"
 # Only the rows published since the question are read (the seq range is the primary key).
 _REPLY_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE seq > :after AND in_reply_to = :id"
               " AND (to_agent = :agent OR to_agent IS NULL) ORDER BY seq LIMIT 1")
-# The agent's own broadcasts in a row above `after`, up to the next message waiting for it.
+# The agent's own messages (broadcasts, and to itself) in a row above `after`, up to the next message waiting for it.
 _LAST_OWN_BEFORE_SQL = (
-    "SELECT max(seq) FROM messages WHERE to_agent IS NULL AND from_agent = :agent"
-    " AND seq > :after AND seq < :before"
+    "SELECT max(seq) FROM messages WHERE from_agent = :agent"
+    " AND (to_agent IS NULL OR to_agent = :agent) AND seq > :after AND seq < :before"
 )
 # What an answer needs of the message it answers: no payload read.
 _ADDRESS_SQL = "SELECT id, from_agent, to_agent, correlation_id FROM messages WHERE seq = ?"
@@ -355,15 +355,15 @@ def _seqs_by_ids_sql(count: int) -> str:
 def select_for_agent(conn: apsw.Connection, agent: str, after: int, limit: int,
                      blobs: BlobStore | None = None, preview: int = 0,
                      include_own: bool = False) -> list[Message]:
-    """The messages for `agent` (to it, or broadcast by another) above `after`, in seq order;
-    with `include_own`, its own broadcasts too."""
+    """The messages for `agent` (to it or broadcast, by another agent) above `after`, in seq
+    order; with `include_own`, its own too (its broadcasts, and what it sent itself)."""
     sql = _POLL_WITH_OWN_SQL if include_own else _POLL_SQL
     rows = conn.execute(sql, {"agent": agent, "after": after, "limit": limit})
     return [row_to_message(row, blobs, preview) for row in rows]
 
 
 def pending_count(conn: apsw.Connection, agent: str, after: int) -> int:
-    """How many messages wait for `agent` above `after` (its own broadcasts are not waiting)."""
+    """How many messages wait for `agent` above `after` (its own messages are not waiting)."""
     return conn.execute(_PENDING_COUNT_SQL, {"agent": agent, "after": after}).get
 
 
@@ -383,9 +383,9 @@ def select_reply(conn: apsw.Connection, agent: str, message_id: str, after: int,
 
 def past_own(conn: apsw.Connection, agent: str, seq: int) -> int:
     """Where a cursor goes once `agent` handled `seq`: `seq`, or past the agent's own
-    broadcasts that follow it before the next message waiting for it.
+    messages that follow it before the next message waiting for it.
 
-    Poll passes over an agent's own broadcasts, so nothing else would move its
+    Poll passes over an agent's own messages, so nothing else would move its
     cursor past those after the last message it was shown; left there, they
     would hold back retention and stand as lag.
     """

@@ -46,8 +46,8 @@ class BusModel(RuleBasedStateMachine):
 
     @staticmethod
     def is_for(agent: str, sender: str, to: str | None, include_own: bool = False) -> bool:
-        """Addressed to `agent`, or another's broadcast (its own too with include_own)."""
-        return to == agent or (to is None and (include_own or sender != agent))
+        """Addressed to `agent` or broadcast, by another agent (by itself too with include_own)."""
+        return (to == agent or to is None) and (include_own or sender != agent)
 
     def expected_for(self, agent: str, include_own: bool) -> list[tuple[int, object]]:
         after = self.cursors.get(agent, 0)
@@ -55,14 +55,14 @@ class BusModel(RuleBasedStateMachine):
                 if seq > after and self.is_for(agent, sender, to, include_own)]
 
     def past_own(self, agent: str, seq: int) -> int:
-        """`seq`, or the last of the agent's own broadcasts after it before its next message."""
+        """`seq`, or the last of the agent's own messages after it before its next message."""
         end = seq
         for later, _id, sender, to, _payload in self.log:
             if later <= seq:
                 continue
             if self.is_for(agent, sender, to):
                 break
-            if to is None and sender == agent:
+            if sender == agent and to in (None, agent):
                 end = later
         return end
 

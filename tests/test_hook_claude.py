@@ -475,19 +475,20 @@ def test_install_refuses_max_continues_above_the_cap_and_writes_nothing(tmp_path
 # --- own messages ---------------------------------------------------------------------------------
 
 
-def test_hook_never_shows_an_agent_its_own_broadcasts_and_passes_them(tmp_path, db, env):
+def test_hook_never_shows_an_agent_its_own_messages_and_passes_them(tmp_path, db, env):
     with Bus.open(db) as bus:
         bus.publish("w1", "state_change", {"to": "WORKING"})
         theirs = bus.publish("w2", "state_change", {"to": "WORKING"}).seq
         bus.publish("w1", "task_done", {"task": "t1"})
-        last = bus.publish("w1", "note", "to myself", to="w1").seq  # addressed: it asked for it
+        last = bus.publish("w2", "note", "to w1", to="w1").seq
+        bus.publish("w1", "note", "to myself", to="w1")
         bus.publish("w1", "task_done", {"task": "t2"})
         trailing = bus.publish("w1", "progress", 0.5).seq
     out = answer(hook(db, env, event("SessionStart")))
     text = out["hookSpecificOutput"]["additionalContext"]
     assert text.splitlines()[0] == "agentbus: 2 messages for w1:"
-    assert f"#{theirs} w2 -> * state_change" in text and f"#{last} w1 -> w1 note" in text
-    assert "task_done" not in text and "progress" not in text
+    assert f"#{theirs} w2 -> * state_change" in text and f"#{last} w2 -> w1 note" in text
+    assert "task_done" not in text and "progress" not in text and "to myself" not in text
     assert cursor(db) == trailing  # past its own broadcasts after the last one shown
     status = json.loads(run("bus", ["--db", str(db), "status", "--json"], env, tmp_path).stdout)
     [mine] = [c for c in status["consumers"] if c["agent"] == "w1"]

@@ -1,4 +1,4 @@
-"""An agent's own broadcasts are not waiting for it: poll leaves them out (unless asked),
+"""An agent's own messages (its broadcasts, and what it sent itself) are not waiting for it: poll leaves them out (unless asked),
 the counts of what waits do not count them, and acks pass them, in the library and in the
 readers built on its poll (the MCP tools, `bus poll`)."""
 
@@ -23,6 +23,19 @@ def test_own_broadcasts_are_left_out_of_poll_and_counts_unless_asked(bus: Bus):
     assert bus.ack("ann", theirs) == 3  # past ann's own task_done, the last message
     assert [c.pending for c in bus.list_cursors()] == [0]
     assert bus.ack("bob", theirs) == theirs  # ann's task_done after it waits for bob
+
+
+def test_own_direct_messages_are_left_out_of_poll_counts_and_the_glance_unless_asked(bus: Bus):
+    from bus import glance
+    own = bus.publish("ann", "note", "a reminder to herself", to="ann").seq
+    assert bus.poll("ann") == [] and not glance.has_waiting(bus.conn, "ann")
+    assert [m.seq for m in bus.poll("ann", include_own=True)] == [own]
+    theirs = bus.publish("bob", "note", "to ann", to="ann").seq
+    bus.publish("ann", "note", "another to herself", to="ann")
+    assert [m.seq for m in bus.poll("ann")] == [theirs]
+    bus.set_cursor("ann", 0, create=True)
+    assert [c.pending for c in bus.list_cursors()] == [1]
+    assert bus.ack("ann", theirs) == theirs + 1  # past her own note after bob's
 
 
 def test_ack_passes_only_own_broadcasts_before_the_next_waiting_message(bus: Bus):

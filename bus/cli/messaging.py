@@ -123,14 +123,15 @@ def publish(obj: BusContext, from_agent: str, type_: str, to: str | None, payloa
 @click.option("--from-latest", is_flag=True,
               help="An agent without a cursor starts at the last seq, not the whole log.")
 @click.option("--include-own", is_flag=True,
-              help="Show the agent's own broadcasts too (left out by default: it sent them).")
+              help="Show the agent's own messages too, broadcast or sent to itself (left out by"
+                   " default: it sent them).")
 @json_option
 @pass_bus_context
 def poll(obj: BusContext, agent: str, limit: int, wait: float, from_latest: bool,
          include_own: bool, as_json: bool) -> None:
     """Show the messages waiting for an agent; the cursor does not move (see `ack`).
 
-    The agent's own broadcasts are not shown unless --include-own; `ack`
+    The agent's own messages are not shown unless --include-own; `ack`
     passes them. The direct messages shown get a delivery receipt (see `bus status`).
 
     Example: bus poll --agent worker-1 --wait 30
@@ -150,14 +151,14 @@ def poll(obj: BusContext, agent: str, limit: int, wait: float, from_latest: bool
 @click.option("--agent", required=True, help="Consuming agent id.")
 @click.option("--seq", required=True, type=int, help="Last seq the agent has handled.")
 @click.option("--include-own", is_flag=True,
-              help="Stop at SEQ, not past the agent's own broadcasts after it (for a reader"
+              help="Stop at SEQ, not past the agent's own messages after it (for a reader"
                    " that polls with --include-own).")
 @json_option
 @pass_bus_context
 def ack(obj: BusContext, agent: str, seq: int, include_own: bool, as_json: bool) -> None:
     """Mark messages up to SEQ handled; the cursor never moves backwards.
 
-    The agent's own broadcasts that follow SEQ, which poll does not show, are
+    The agent's own messages that follow SEQ, which poll does not show, are
     passed too, so the cursor may land above SEQ.
 
     Example: bus ack --agent worker-1 --seq 42
