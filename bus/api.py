@@ -843,6 +843,13 @@ class Bus:
         with translate_errors(self.conn):
             return messages.select_after(self.conn, after, limit, self.blobs, preview)
 
+    def message_for(self, agent: str, seq: int) -> list[Message]:
+        """The message `seq` whole, acked or not, when it is one for `agent` (to it, or a
+        broadcast); [] otherwise. For the rest of a body a hook showed cut short."""
+        messages.validate_positive_int(seq, "seq")
+        found = self.list_messages(seq - 1, 1)
+        return [m for m in found if m.seq == seq and m.to_agent in (None, agent)]
+
     def last_messages(self, count: int, *, preview: int = 0) -> list[Message]:
         """The newest `count` messages, oldest first; `preview` as in `poll`."""
         _validate_limit(count)

@@ -79,15 +79,16 @@ def _body(message: Message) -> str | None:
     if message.payload_error:
         return f"(payload unreadable: {message.payload_error})"
     if message.payload_preview is not None:  # a blob: only its first characters were read
-        return _cut(message.payload_preview, message.payload_size or 0)
+        return _cut(message.payload_preview, message.payload_size or 0, message.seq)
     if message.payload is None:
         return None
     if isinstance(message.payload, str):
         text = message.payload
     else:
         text = orjson.dumps(message.payload).decode()
-    return text if len(text) <= BODY_MAX else _cut(text, len(text.encode()))
+    return text if len(text) <= BODY_MAX else _cut(text, len(text.encode()), message.seq)
 
 
-def _cut(text: str, size: int) -> str:
-    return f"{text[:BODY_MAX]}... (cut; {size} bytes in all)"
+def _cut(text: str, size: int, seq: int) -> str:
+    """The body's first characters, and how to get the rest (the MCP tool `poll` by seq)."""
+    return f"{text[:BODY_MAX]}... (cut; {size} bytes in all: poll with seq={seq} for the rest)"

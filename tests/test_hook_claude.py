@@ -187,12 +187,15 @@ def test_hook_shows_what_fits_and_acks_only_that(db, env):
 
 
 def test_hook_long_bodies_are_cut_and_the_text_keeps_its_budget(db, env):
-    publish(db, ("inline", "y" * 3000), *[("blob", "x" * 5000) for _ in range(8)])
+    inline, blob, *_ = publish(db, ("inline", "y" * 3000),
+                               *[("blob", "x" * 5000) for _ in range(8)])
     out = answer(hook(db, env, event("SessionStart")))
     text = out["hookSpecificOutput"]["additionalContext"]
     assert len(text) < 10_000
-    assert "y" * 2000 + "... (cut; 3000 bytes in all)" in text
-    assert "... (cut; 5002 bytes in all)" in text  # in the blob store: its JSON, read in part
+    assert ("y" * 2000 + f"... (cut; 3000 bytes in all: poll with seq={inline} for the rest)"
+            in text)
+    # in the blob store: its JSON, read in part
+    assert f"... (cut; 5002 bytes in all: poll with seq={blob} for the rest)" in text
     assert cursor(db) < 9  # the rest wait for the next hook
 
 

@@ -135,6 +135,22 @@ def test_mcp_lists_every_tool_and_resource_and_none_takes_an_identity(bus: Bus, 
                                                    "bus://messages/{seq}"}
 
 
+def test_mcp_poll_by_seq_gives_one_message_whole_and_leaves_the_cursor(bus: Bus,
+                                                                        db_path: Path):
+    long = bus.publish("boss", "note", "z" * 5000, to="planner").seq
+    other = bus.publish("boss", "note", "not for the planner", to="ann").seq
+
+    async def scenario():
+        async with connected(db_path, "planner") as client:
+            return (await call(client, "poll", seq=long), await call(client, "poll", seq=other),
+                    await call(client, "poll", seq=long + 99))
+
+    whole, not_mine, none = asyncio.run(scenario())
+    assert [(m["seq"], m["payload"]) for m in whole["messages"]] == [(long, "z" * 5000)]
+    assert not_mine["messages"] == [] and none["messages"] == []
+    assert bus.cursor("planner") == 0
+
+
 def test_mcp_log_tools_act_as_the_agent(bus: Bus, db_path: Path):
     bus.publish("boss", "task_assign", {"task": "t1"}, to="planner")
 

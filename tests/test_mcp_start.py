@@ -100,7 +100,7 @@ def test_a_warm_start_answers_from_the_cache_in_the_agents_name_and_then_serves(
     assert warm_instructions == cold_instructions.replace("alice", "bob")
     assert warm_tools == cold_tools
     assert sent["duplicate"] is False
-    assert [(m.from_agent, m.payload) for m in bus.poll("bob", 10)] == [("bob", "from bob")]
+    assert [(m.from_agent, m.payload) for m in bus.poll("bob", 10, include_own=True)] == [("bob", "from bob")]
 
 
 def test_a_2026_era_client_starts_warm_too(bus: Bus, db_path: Path, tmp_path: Path):
@@ -208,7 +208,7 @@ def test_requests_written_at_once_then_stdin_closed_are_all_answered(
     answers = [orjson.loads(line) for line in served.stdout.splitlines()]
     assert sorted(answer["id"] for answer in answers) == [1, 2, 3, 4, 5]
     assert all("result" in answer for answer in answers), answers
-    assert sorted(m.payload for m in bus.poll("gina", 10)) == [1, 2, 3, 4, 5]
+    assert sorted(m.payload for m in bus.poll("gina", 10, include_own=True)) == [1, 2, 3, 4, 5]
 
 
 def test_a_client_closing_stdin_after_its_answers_ends_the_server(bus: Bus, db_path: Path,
@@ -229,7 +229,7 @@ def test_a_client_closing_stdin_after_its_answers_ends_the_server(bus: Bus, db_p
         assert server_process.wait(timeout=60) == 0
     finally:
         server_process.kill()
-    assert [m.type for m in bus.poll("gina", 10)] == ["note"]
+    assert [m.type for m in bus.poll("gina", 10, include_own=True)] == ["note"]
 
 
 def _command(db_path: Path) -> list[str]:

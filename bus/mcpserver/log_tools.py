@@ -101,16 +101,22 @@ class LogTools:
 
     def poll(self, limit: Limit = 100, wait_seconds: Wait = 0.0,
              ack_through: Annotated[Optional[int], Field(ge=1, description=(
-                 "First acknowledge every message up to this seq (the last you handled)."
+                 "First ack up to this seq (the last you handled)."
+             ))] = None,
+             seq: Annotated[Optional[int], Field(ge=1, description=(
+                 "Just this message, whole (a hook cut it)."
              ))] = None,
              ) -> dict[str, Any]:
         """Read your waiting messages (to you, or broadcast by others), oldest first.
 
-        They come back until acked: pass the last seq you handled as ack_through, or `ack`.
+        They come back until acked: ack_through, or `ack`.
         """
         if ack_through is not None:
             self.bus.ack(self.agent, ack_through)
-        found = self.bus.poll(self.agent, limit, wait=wait_seconds)
+        if seq is not None:
+            found = self.bus.message_for(self.agent, seq)
+        else:
+            found = self.bus.poll(self.agent, limit, wait=wait_seconds)
         self.bus.record_delivered(self.agent, found, "mcp:poll")
         return {"messages": [m.to_json_dict() for m in found],
                 "cursor": self.bus.cursor(self.agent)}
