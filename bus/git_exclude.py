@@ -11,11 +11,15 @@ git (or without git installed) nothing is.
 
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from bus.errors import ValidationFailed
 from bus.githooks import git_output
+
+_GLOB_CHARS = re.compile(r"[\\*?\[#!]")  # what a pattern reads as more than itself
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,9 @@ def pattern_needed(directory: str | Path, repo: str | Path) -> str | None:
     directory, root = Path(directory).resolve(), Path(repo).resolve()
     if not directory.is_relative_to(root) or directory == root:
         return None
-    pattern = _anchored(directory, root)
-    return None if is_ignored(root, pattern.lstrip("/")) else pattern
+    if is_ignored(root, directory.relative_to(root).as_posix()):
+        return None
+    return _anchored(directory, root)
 
 
 def is_ignored(repo: Path, relative: str) -> bool:
@@ -92,4 +97,20 @@ def exclude(repo: Path, pattern: str) -> Path:
 
 
 def _anchored(directory: Path, root: Path) -> str:
-    return "/" + directory.relative_to(root).as_posix() + "/"
+    """`/<path>/`: this directory alone, at the top of the work tree, whatever its name."""
+    return "/" + escape_pattern(directory.relative_to(root).as_posix()) + "/"
+
+
+def escape_pattern(path: str) -> str:
+    """`path` as a gitignore pattern that matches it and nothing else (gitignore(5)).
+
+    `*`, `?`, `[` and `\\` are glob syntax and `#` or `!` at the start of a
+    line a comment or a negation: each is escaped with a backslash. (A trailing
+    space, which git strips, never ends our line: the pattern ends with `/`.) A
+    line break cannot be written in the file at all: ValidationFailed then,
+    rather than a line that means another path.
+    """
+    if "\n" in path or "\r" in path:
+        raise ValidationFailed("directory", f"{path!r} holds a line break, which"
+                               " .git/info/exclude cannot hold; choose another directory")
+    return _GLOB_CHARS.sub(r"\\\g<0>", path)
