@@ -11,7 +11,8 @@ command's output (`kill %1` then shows what the killed job printed).
 
 What differs from run to run is replaced by placeholders on both sides
 (`normalize`): the scratch directory shows as `~/app`, UUIDs, ISO times,
-epoch milliseconds, git hashes and `Ns ago`; runs of spaces count as one.
+epoch milliseconds, git hashes, `Ns ago` and the schema version (`bus init`
+names the newest, which each migration moves); runs of spaces count as one.
 
     python -m tests.readme_transcripts README.md    # print each block as it runs now
 
@@ -39,6 +40,8 @@ _PLACEHOLDERS = [
     (re.compile(r"\b1\d{12}\b"), "<ms>"),
     (re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b"), "<hash>"),
     (re.compile(r"\b\d+s ago\b"), "<age>"),
+    # The newest schema version goes up with each migration; the README shows one of them.
+    (re.compile(r"\bschema version \d+\b"), "schema version <version>"),
     (re.compile(r"[ \t]+"), " "),
 ]
 

@@ -55,8 +55,10 @@ def test_transcripts_parse_commands_outputs_and_refuse_an_unclosed_block() -> No
 
 def test_normalize_hides_what_changes_between_runs(tmp_path: Path) -> None:
     shown = (f"{tmp_path}/x 5efc7cf8-edbb-4a24-9958-c8688b13c9b1 2026-11-22T18:15:53.312Z"
-             " 1795371354983 487a75aa49eb 12s ago  a   b  \n")
-    assert normalize(shown, tmp_path) == "~/app/x <uuid> <time> <ms> <hash> <age> a b"
+             " 1795371354983 487a75aa49eb 12s ago  a   b  (schema version 16)\n")
+    assert normalize(shown, tmp_path) == ("~/app/x <uuid> <time> <ms> <hash> <age> a b"
+                                          " (schema version <version>)")
+    assert normalize("(schema version 17)") == normalize("(schema version 16)")
 
 
 def test_a_session_that_prints_something_else_fails(tmp_path: Path) -> None:
