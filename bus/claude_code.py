@@ -71,7 +71,12 @@ from bus.claude_events import TOOL_EVENTS
 from bus.claude_events import USER_PROMPT_SUBMIT
 from bus.claude_events import hook_agent
 from bus.claude_events import parse_event
+from bus.claude_rewake import delivering
 from bus.errors import ValidationFailed
+from bus.inbox import Inbox
+from bus.inbox import Log
+from bus.inbox import acknowledge
+from bus.inbox import pending
 
 STOP_CAP_ENV = "CLAUDE_CODE_STOP_HOOK_BLOCK_CAP"
 STOP_CAP_DEFAULT = 8  # Claude Code's, when the variable is unset
@@ -200,6 +205,52 @@ def let_stop(conn: apsw.Connection, agent: str, counter: ContinueCounter) -> Non
     """The session stops: its streak ends and it is idle."""
     counter.reset()
     heartbeats.presence(conn, agent, PRESENCE[STOP])
+
+
+def answer(log: Log, conn: apsw.Connection, db_path: str | os.PathLike[str], agent: str,
+           event: HookEvent, wait: float, max_continues: int, limit: int,
+           emit: Callable[[dict[str, Any]], None],
+           environ: Mapping[str, str] = os.environ) -> Inbox | None:
+    """Answer `event` for `agent`: `emit` the hook's JSON output when messages are to be
+    shown, then ack them with their receipts; return what was shown (None: nothing).
+
+    `emit` writes the output where Claude Code reads it (stdout) and returns once
+    it is written: what it was given is acked only then. The stop policy: a Stop
+    turns into more work (a block) while messages wait, or come within `wait`,
+    at most `max_continues` stops in a row and never beyond the cap Claude Code
+    honours (`continues_allowed`), as a block it ignores would be acked unseen.
+    The agent's delivery lock (claude_rewake) is held from the read to the ack,
+    so its background waiter never shows the same messages.
+    """
+    if quiet_answer(conn, db_path, agent, event, wait, max_continues, environ):
+        return None
+    with delivering(db_path, agent):
+        if event.name == STOP:
+            shown, output = _stop_answer(log, conn, db_path, agent, event, wait, limit)
+        else:
+            heartbeats.presence(conn, agent, PRESENCE[event.name])
+            shown = pending(log, agent, limit)
+            output = context_output(event.name, shown.text) if shown.shown else None
+        if output is None:
+            return None
+        emit(output)
+        acknowledge(log, shown, f"hook:{event.name}", event.session_id)
+        return shown
+
+
+def _stop_answer(log: Log, conn: apsw.Connection, db_path: str | os.PathLike[str], agent: str,
+                 event: HookEvent, wait: float, limit: int
+                 ) -> tuple[Inbox, dict[str, Any] | None]:
+    """A Stop that may go on (quiet_answer said so): a block with what waits, or None to
+    let it stop."""
+    counter, streak = stop_streak(db_path, event)
+    shown = pending(log, agent, limit, wait)
+    if not shown.shown:
+        let_stop(conn, agent, counter)
+        return shown, None
+    counter.record(streak + 1)
+    heartbeats.presence(conn, agent, "working")  # the session goes on with them
+    return shown, block_output(shown.text)
 
 
 # --- settings ----------------------------------------------------------------------------------

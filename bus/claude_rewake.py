@@ -23,7 +23,7 @@ checked against the 2.1.332 binary:
 
 So `bus hook claude --rewake` runs at SessionStart (a session idle from its
 start) and at each Stop (re-armed after every turn), waits on the bus's own
-wake (`Bus.wait_for_change`, no polling) until a message waits for the agent,
+wake (`Bus.wait_for`, no polling) until a message waits for the agent,
 then posts the messages to the session's inbox socket (`SessionInbox`) where
 it has one and the session records them as queued, else writes them to
 stderr and exits 2. Two files beside the bus
@@ -58,15 +58,13 @@ from typing import IO
 from typing import Any
 from typing import Iterator
 from typing import Mapping
-from typing import Protocol
-from typing import Sequence
 
 import orjson
 
 from bus.inbox import Inbox
-from bus.inbox import TEXT_BUDGET
-from bus.inbox import render
-from bus.messages import Message
+from bus.inbox import Log
+from bus.inbox import acknowledge
+from bus.inbox import pending
 
 STATE_DIR = "claude-wake"  # beside the bus database, as claude-hooks/ (claude_code)
 WAKE_EXIT = 2  # the exit code that wakes the session
@@ -82,7 +80,6 @@ SOCKET_ENV = "CLAUDE_CODE_MESSAGING_SOCKET"
 TOKEN_ENV = "CLAUDE_CODE_MESSAGING_TOKEN"
 SOCKET_TIMEOUT_S = 5.0  # a session that has not queued our lines by then is taken as without one
 TRANSCRIPT_LOOK_S = 0.01  # between looks at the transcript for the session's enqueue record
-BLOB_PREVIEW = 2000  # characters read of a payload in the blob store
 
 
 def rewake_command(base: list[str], agent: str, wait: float) -> str:
@@ -183,19 +180,6 @@ def _gone(fd: int | None) -> bool:
     if fd is None:
         return False
     return bool(select.select([fd], [], [], 0)[0])  # a pidfd is readable once its process ended
-
-
-class Log(Protocol):
-    """What the waiter uses of the `Bus` facade (bus/api.py, a part above this one)."""
-
-    def poll(self, agent: str, limit: int = ..., *, preview: int = ...) -> Sequence[Message]: ...
-
-    def ack(self, agent: str, seq: int) -> int: ...
-
-    def record_delivered(self, agent: str, shown: Sequence[Message], via: str,
-                         session: str | None = None) -> None: ...
-
-    def wait_for_change(self, timeout: float, interrupt: int | None = None) -> bool: ...
 
 
 class NotAccepted(OSError):
@@ -330,23 +314,22 @@ def wait_and_deliver(bus: Log, db_path: str | os.PathLike[str], agent: str, limi
 
     `deliver` raises when the text may not have arrived, and nothing is acked.
     Returns what was delivered, or None when the wait ended first, or the
-    session did (`gone_fd` readable). Between looks it sleeps in
-    `Bus.wait_for_change`, woken by any commit to the file.
+    session did (`gone_fd` readable). The wait is `Bus.wait_for`'s (woken by
+    commits, and at least every second, when it also sees the session gone);
+    the messages are read again under the delivery lock, as another hook may
+    have shown them meanwhile.
     """
     deadline = time.monotonic() + wait
     while not _gone(gone_fd):
         with delivering(db_path, agent):
-            found = bus.poll(agent, limit + 1, preview=BLOB_PREVIEW)
-            if found:
-                inbox = render(agent, found[:limit], more=len(found) > limit,
-                               budget=TEXT_BUDGET)
+            inbox = pending(bus, agent, limit)
+            if inbox.shown:
                 deliver(inbox.text)  # delivered once it returns; a kill before acks nothing
-                assert inbox.last_seq is not None
-                bus.record_delivered(agent, inbox.shown, deliver.via, session)
-                bus.ack(agent, inbox.last_seq)
+                acknowledge(bus, inbox, deliver.via, session)
                 return inbox
         left = deadline - time.monotonic()
         if left <= 0:
             return None
-        bus.wait_for_change(left, interrupt=gone_fd)
+        bus.wait_for(lambda: bus.poll(agent, 1), left,
+                     lambda found: bool(found) or _gone(gone_fd))
     return None

@@ -6,12 +6,20 @@ any other payload as compact JSON. The text has a budget of characters (a
 model's context is the scarce thing, and Claude Code cuts long hook output):
 messages that do not fit are left out whole, so the caller acknowledges only
 up to the last one shown and the rest come next time.
+
+`pending` reads what waits (waiting for it on the bus's own wake) and
+`acknowledge` acks what was shown, with its receipts: every harness's answer
+(the hooks, their background waiter, `bus inbox`) is these two around its
+own way of showing the text.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+from typing import Protocol
 from typing import Sequence
+from typing import TypeVar
 
 import orjson
 
@@ -19,6 +27,24 @@ from bus.messages import Message
 
 TEXT_BUDGET = 9000  # characters: under the 10,000 Claude Code keeps of a hook's output
 BODY_MAX = 2000  # characters of one body before it is cut
+BLOB_PREVIEW = 2000  # characters read of a payload in the blob store (a body shows no more)
+
+T = TypeVar("T")
+
+
+class Log(Protocol):
+    """What a harness's answer uses of the `Bus` facade (bus/api.py, a part above this one)."""
+
+    def poll(self, agent: str, limit: int = ..., *, wait: float = ...,
+             preview: int = ...) -> Sequence[Message]: ...
+
+    def ack(self, agent: str, seq: int) -> int: ...
+
+    def record_delivered(self, agent: str, shown: Sequence[Message], via: str,
+                         session: str | None = None) -> None: ...
+
+    def wait_for(self, fetch: Callable[[], T], seconds: float,
+                 done: Callable[[T], bool] = ...) -> T: ...
 
 
 @dataclass(frozen=True)
@@ -33,6 +59,26 @@ class Inbox:
     @property
     def last_seq(self) -> int | None:
         return self.shown[-1].seq if self.shown else None
+
+
+def pending(log: Log, agent: str, limit: int, wait: float = 0.0,
+            preview: int = BLOB_PREVIEW) -> Inbox:
+    """The messages waiting for `agent` as text, at most `limit`; waiting up to `wait` s
+    (`Bus.poll`'s wait: woken by commits) for one when none waits.
+
+    `preview`: characters read of a payload in the blob store (0: all of it).
+    """
+    found = log.poll(agent, limit + 1, wait=wait, preview=preview)
+    return render(agent, found[:limit], more=len(found) > limit, budget=TEXT_BUDGET)
+
+
+def acknowledge(log: Log, inbox: Inbox, via: str, session: str | None = None) -> None:
+    """Ack what `inbox` showed, with its receipts (`via`, `session`). Call it once the
+    text is where the agent will see it: a crash before this shows it again."""
+    if inbox.last_seq is None:
+        return
+    log.record_delivered(inbox.agent, inbox.shown, via, session)
+    log.ack(inbox.agent, inbox.last_seq)
 
 
 def render(agent: str, found: Sequence[Message], more: bool = False,

@@ -2,8 +2,9 @@
 
 An LLM session that has finished its turn calls no tool, so it never polls.
 Harnesses run hooks at their own moments; these commands answer them with the
-agent's waiting messages (bus/claude_code.py has Claude Code's contract),
-and acknowledge what they showed only once it is written out. `--agent auto`
+agent's waiting messages. The answers and their policy (what to show, when a
+Stop goes on, what is acked) are the library's: bus/claude_code.py `answer`
+and bus/claude_rewake.py; these commands read the event and write the output. `--agent auto`
 is the worker whose worktree contains the directory, else $BUS_AGENT
 (bus/identity.py). The console script answers a hook with nothing to show
 before it loads this module (bus/cli/entry.py); the command does the same
@@ -23,7 +24,6 @@ import click
 from blobs.files import write_atomically
 from bus import claude_code
 from bus import claude_rewake
-from bus import heartbeats
 from bus import identity
 from bus.api import Bus
 from bus.cli.context import BusContext
@@ -33,16 +33,15 @@ from bus.cli.extras import import_extra
 from bus.cli.output import echo_json
 from bus.identity import AGENT_ENV
 from bus.identity import AUTO
-from bus.inbox import Inbox
-from bus.inbox import TEXT_BUDGET
-from bus.inbox import render
+from bus.inbox import BLOB_PREVIEW
+from bus.inbox import acknowledge
+from bus.inbox import pending
 from bus.messages import validate_agent_id
 
 AGENT_HELP = ("The agent to act as; `auto`: the worker whose worktree contains the working"
               " directory (as `worker spawn` set it up), else $BUS_AGENT.")
 DEFAULT_LIMIT = 20
 DEFAULT_MAX_CONTINUES = claude_code.DEFAULT_MAX_CONTINUES
-BLOB_PREVIEW = 2000  # characters read of a payload in the blob store
 
 
 def resolve_agent(bus: Bus, agent: str | None, directory: str | None = None) -> str | None:
@@ -52,26 +51,6 @@ def resolve_agent(bus: Bus, agent: str | None, directory: str | None = None) -> 
         return None
     return identity.resolve_agent(bus.conn, agent, directory if directory is not None
                                   else os.getcwd())
-
-
-def pending(bus: Bus, agent: str, limit: int, wait: float = 0.0,
-            preview: int = BLOB_PREVIEW) -> Inbox:
-    """The messages waiting for `agent`, waiting up to `wait` s (woken by commits) for one.
-
-    `preview`: characters read of a payload in the blob store (0: all of it).
-    """
-    found = bus.poll(agent, limit + 1, wait=wait, preview=preview)
-    return render(agent, found[:limit], more=len(found) > limit, budget=TEXT_BUDGET)
-
-
-def acknowledge(bus: Bus, inbox: Inbox, via: str, session: str | None = None) -> None:
-    """Ack what was shown, with its receipts, once stdout has it: a crash before this shows
-    it again."""
-    if inbox.last_seq is None:
-        return
-    sys.stdout.flush()
-    bus.record_delivered(inbox.agent, inbox.shown, via, session)
-    bus.ack(inbox.agent, inbox.last_seq)
 
 
 class NonBlockingCommand(click.Command):
@@ -172,20 +151,16 @@ def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: 
     who = claude_code.hook_agent(bus.conn, agent, event)
     if who is None:
         return
-    if rewake:  # before quiet_answer: the waiter keeps no presence and never lets a Stop end
+    if rewake:  # not an answer: the waiter keeps no presence and never lets a Stop end
         _rewake(bus, obj.db, who, event, wait, limit, use_inbox)
         return
-    if claude_code.quiet_answer(bus.conn, obj.db, who, event, wait, max_continues):
-        return
-    with claude_rewake.delivering(obj.db, who):  # the waiter shows nothing this one shows
-        if event.name == claude_code.STOP:
-            _answer_stop(bus, obj.db, who, event, wait, limit)
-            return
-        heartbeats.presence(bus.conn, who, claude_code.PRESENCE[event.name])
-        inbox = pending(bus, who, limit)
-        if inbox.shown:
-            echo_json(claude_code.context_output(event.name, inbox.text))
-            acknowledge(bus, inbox, f"hook:{event.name}", event.session_id)
+    claude_code.answer(bus, bus.conn, obj.db, who, event, wait, max_continues, limit, _emit)
+
+
+def _emit(output: dict[str, Any]) -> None:
+    """The hook's answer on stdout, written out before its messages are acked."""
+    echo_json(output)
+    sys.stdout.flush()
 
 
 def _rewake(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: float,
@@ -208,20 +183,6 @@ def _rewake(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: f
         # unloading modules) took 60-120 ms of the wake, so it is skipped.
         sys.stderr.flush()
         os._exit(claude_rewake.WAKE_EXIT if delivery.route == "stderr" else 0)
-
-
-def _answer_stop(bus: Bus, db: str, agent: str, event: claude_code.HookEvent, wait: float,
-                 limit: int) -> None:
-    """A Stop that may go on (quiet_answer said so): block with what waits, or let it stop."""
-    counter, streak = claude_code.stop_streak(db, event)
-    inbox = pending(bus, agent, limit, wait)
-    if not inbox.shown:
-        claude_code.let_stop(bus.conn, agent, counter)
-        return
-    counter.record(streak + 1)
-    heartbeats.presence(bus.conn, agent, "working")  # the session goes on with them
-    echo_json(claude_code.block_output(inbox.text))
-    acknowledge(bus, inbox, f"hook:{event.name}", event.session_id)
 
 
 @hook.command("codex", cls=NonBlockingCommand)
@@ -434,6 +395,7 @@ def inbox(obj: BusContext, agent: str, wait: float, shape: str, ack: bool, limit
     elif found.text:
         click.echo(found.text)
     if ack:
+        sys.stdout.flush()  # printed before it is acked: a crash now shows it again
         acknowledge(bus, found, "inbox")
     else:
         bus.record_delivered(who, found.shown, "inbox")
