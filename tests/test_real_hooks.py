@@ -80,6 +80,7 @@ def test_no_agent_is_shown_its_own_messages_and_post_tool_use_is_context_not_an_
     claude_code.install_hooks("--agent", "ann", "--no-rewake")
     with Bus.open(client_bus) as bus:
         bus.publish("ann", "state_change", {"to": "WORKING"})  # her own broadcast
+        bus.publish("ann", "note", "a note to herself", to="ann")  # her own, to herself
         bus.publish("bob", "note", "hello from bob", to="ann")
 
     def publish_then_wait(request: ModelRequest) -> ToolUse:
@@ -95,6 +96,7 @@ def test_no_agent_is_shown_its_own_messages_and_post_tool_use_is_context_not_an_
     assert "cy reviewed it" in second.text()
     seen = seen_by_model(scripted_model)
     assert "ann -> *" not in seen  # neither her state_change nor her task_done came back
+    assert "a note to herself" not in seen
     assert "blocking error" not in seen.lower()
     with Bus.open(client_bus) as bus:
         assert bus.poll("ann") == []
