@@ -587,6 +587,19 @@ def test_poll_shows_own_and_broadcast_messages_only(bus: Bus, db_path: Path) -> 
     assert [r["seq"] for r in w2] == [2, 3]
 
 
+def test_poll_seq_shows_that_message_whole_if_it_is_the_agents_and_leaves_the_cursor(
+        bus: Bus, db_path: Path) -> None:
+    long = bus.publish("planner", "note", "x" * 5000, to="w1").seq
+    other = bus.publish("planner", "note", "for w2", to="w2").seq
+    bus.ack("w1", long)
+    [row] = json_lines(run(["poll", "--agent", "w1", "--seq", str(long), "--json"],
+                           db_path).stdout)
+    assert (row["seq"], row["payload"]) == (long, "x" * 5000)  # acked, and whole
+    missing = run(["poll", "--agent", "w1", "--seq", str(other)], db_path)
+    assert (missing.exit_code, missing.stdout) == (0, "")
+    assert bus.cursor("w1") == long
+
+
 def test_poll_records_the_delivery_of_the_direct_messages_it_shows(bus: Bus,
                                                                     db_path: Path) -> None:
     direct = bus.publish("planner", "for_w1", to="w1").seq

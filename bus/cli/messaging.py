@@ -125,14 +125,17 @@ def publish(obj: BusContext, from_agent: str, type_: str, to: str | None, payloa
 @click.option("--include-own", is_flag=True,
               help="Show the agent's own messages too, broadcast or sent to itself (left out by"
                    " default: it sent them).")
+@click.option("--seq", type=click.IntRange(1),
+              help="Only this message, whole, acked or not (one a hook showed cut short).")
 @json_option
 @pass_bus_context
 def poll(obj: BusContext, agent: str, limit: int, wait: float, from_latest: bool,
-         include_own: bool, as_json: bool) -> None:
+         include_own: bool, seq: int | None, as_json: bool) -> None:
     """Show the messages waiting for an agent; the cursor does not move (see `ack`).
 
     The agent's own messages are not shown unless --include-own; `ack`
     passes them. The direct messages shown get a delivery receipt (see `bus status`).
+    --seq N: that message alone, whole (the rest of a body a hook cut).
 
     Example: bus poll --agent worker-1 --wait 30
     """
@@ -140,11 +143,15 @@ def poll(obj: BusContext, agent: str, limit: int, wait: float, from_latest: bool
     if from_latest:
         bus.start_at_latest(agent)
     preview = _preview(as_json)
-    found = bus.poll(agent, limit, wait=wait, preview=preview, include_own=include_own)
+    if seq is not None:
+        found = bus.message_for(agent, seq)
+    else:
+        found = bus.poll(agent, limit, wait=wait, preview=preview, include_own=include_own)
     echo_messages(found, as_json)
     bus.record_delivered(agent, found, "poll")
     if not found and not as_json:
-        click.echo(f"no messages for {agent} above seq {bus.cursor(agent)}", err=True)
+        where = f"at seq {seq}" if seq is not None else f"above seq {bus.cursor(agent)}"
+        click.echo(f"no messages for {agent} {where}", err=True)
 
 
 @click.command()
