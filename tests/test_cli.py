@@ -506,7 +506,7 @@ def test_publish_accepts_longest_agent_id(bus: Bus, db_path: Path) -> None:
     agent = "a" * 128
     result = run(["publish", "--from", agent, "--to", agent, "--type", "t"], db_path)
     assert result.exit_code == 0
-    assert bus.poll(agent)[0].from_agent == agent
+    assert bus.poll(agent, include_own=True)[0].from_agent == agent
 
 
 @pytest.mark.parametrize("to,reason", [

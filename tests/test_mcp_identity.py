@@ -74,7 +74,7 @@ def test_mcp_reclaim_token_takes_the_name_back_after_a_restart(bus: Bus, db_path
     async def first_run():
         async with unnamed(db_path) as client:
             joined = await call(client, "join", name="alice")
-            await call(client, "publish", type="note", to="alice")
+            await call(client, "publish", type="note", to="bob")
             return joined["reclaim_token"]
 
     async def restarted(token: str):
@@ -87,12 +87,13 @@ def test_mcp_reclaim_token_takes_the_name_back_after_a_restart(bus: Bus, db_path
             return stolen, wrong, never, back, inbox
 
     token = asyncio.run(first_run())
+    bus.publish("bob", "note", "while alice was away", to="alice")
     stolen, wrong, never, back, inbox = asyncio.run(restarted(token))
     assert stolen["code"] == "name_taken"
     assert (wrong["code"], wrong["argument"]) == ("bad_reclaim_token", "reclaim_token")
     assert never["code"] == "bad_reclaim_token" and "nobody ever joined" in never["message"]
     assert back == {"agent": "alice", "reclaim_token": token}
-    assert [(m["from"], m["type"]) for m in inbox["messages"]] == [("alice", "note")]
+    assert [(m["from"], m["type"]) for m in inbox["messages"]] == [("bob", "note")]
     stored = rows(bus, "SELECT key, value FROM meta WHERE key LIKE 'agent_name:%'")
     assert [key for key, _ in stored] == ["agent_name:alice"]
     assert token not in stored[0][1]  # only its hash is in the file
