@@ -240,10 +240,13 @@ class SessionInbox:
         self._wait_for_enqueue(text, offset, deadline)
 
     def _transcript_size(self) -> int:
+        """Where the session's next records will start. NotAccepted when it has no transcript
+        yet: a session nobody has spoken to writes its first records only at the end of
+        its first turn (2.1.332), too late to confirm a post by; the hook's way it is."""
         try:
             return self.transcript.stat().st_size
         except FileNotFoundError:
-            return 0  # a session's transcript appears with its first record
+            raise NotAccepted(f"{self.transcript} does not exist yet") from None
 
     def _wait_for_enqueue(self, text: str, offset: int, deadline: float) -> None:
         """Return when the transcript records `text` queued after `offset`; NotAccepted when

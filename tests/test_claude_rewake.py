@@ -200,6 +200,7 @@ class FakeInbox:
 
 def test_rewake_posts_to_the_sessions_inbox_socket_and_exits_0(tmp_path, db):
     inbox = FakeInbox(tmp_path / "inbox.sock", transcript=tmp_path / "t.jsonl")
+    (tmp_path / "t.jsonl").write_text("")  # the session's transcript: it was spoken to
     try:
         claude = session(tmp_path, db, CLAUDE_CODE_MESSAGING_SOCKET=str(inbox.path),
                          CLAUDE_CODE_MESSAGING_TOKEN="t0k3n")
@@ -223,6 +224,7 @@ def test_rewake_falls_back_to_stderr_when_the_session_does_not_record_the_post(t
     """The socket closes whether the session queued the message or dropped it: only its
     transcript's enqueue record counts, and without one the hook's way delivers."""
     inbox = FakeInbox(tmp_path / "inbox.sock", transcript=None)
+    (tmp_path / "t.jsonl").write_text("")
     try:
         claude = session(tmp_path, db, CLAUDE_CODE_MESSAGING_SOCKET=str(inbox.path),
                          CLAUDE_CODE_MESSAGING_TOKEN="stale")
@@ -238,13 +240,16 @@ def test_rewake_falls_back_to_stderr_when_the_session_does_not_record_the_post(t
         assert bus.receipt(seq).delivery.via == "hook:rewake"
 
 
-def test_rewake_without_a_transcript_to_confirm_by_never_posts(tmp_path, db):
+@pytest.mark.parametrize("named", [False, True])
+def test_rewake_without_a_transcript_to_confirm_by_never_posts(tmp_path, db, named):
+    """No transcript_path, or none written yet (a session nobody has spoken to)."""
     inbox = FakeInbox(tmp_path / "inbox.sock", transcript=tmp_path / "t.jsonl")
     try:
         claude = session(tmp_path, db, CLAUDE_CODE_MESSAGING_SOCKET=str(inbox.path),
                          CLAUDE_CODE_MESSAGING_TOKEN="t0k3n")
         seq = publish(db, "no transcript")
-        reply = claude.hook("Stop", transcript_path=None)
+        extra = {} if named else {"transcript_path": None}
+        reply = claude.hook("Stop", **extra)
     finally:
         inbox.close()
     assert reply.code == 2 and f"#{seq} " in reply.stderr and inbox.lines == []

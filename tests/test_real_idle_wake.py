@@ -7,7 +7,8 @@ start, its SessionStart waiter (`bus hook claude --rewake`) waiting. A `bus
 publish` from another process must start a turn whose model request carries
 the message; the turn's Stop arms the next waiter, and a second message wakes
 the session again. This version has an inbox socket, which the waiter posts
-to; with --no-inbox it exits 2 with the messages instead. Timings are
+to once the session has a transcript to confirm the post by (after its first
+turn); with --no-inbox, or before that, it exits 2 with the messages instead. Timings are
 scripts/bench_hooks.py's; here every wait is a condition with a deadline.
 """
 
@@ -80,20 +81,24 @@ def test_idle_claude_code_session_wakes_on_publish_and_is_rearmed(
     assert scripted_model.agent_requests() == []  # idle: nobody has asked anything
 
     with Bus.open(client_bus) as bus:
-        bus.publish("bob", "note", "wake one", to="ann")
+        one = bus.publish("bob", "note", "wake one", to="ann").seq
     first = scripted_model.wait_for_text("wake one", 0, WAKE_S)
-    assert ("Woken by the agent bus." in first.text()) == (route == "stderr")
+    # A session nobody has spoken to has no transcript yet to confirm a post by: the first
+    # wake is the hook's exit 2 on either route.
+    assert "Woken by the agent bus." in first.text()
 
     # The turn's Stop armed a new waiter: a second message wakes the idle session again.
     wait_until(lambda: [p for p in rewake_waiters(client_bus) if p != first_waiter], START_S,
                "the Stop waiter waits")
     since = len(scripted_model.requests)
     with Bus.open(client_bus) as bus:
-        bus.publish("bob", "note", "wake two", to="ann")
+        two = bus.publish("bob", "note", "wake two", to="ann").seq
     second = scripted_model.wait_for_text("wake two", since, WAKE_S)
     assert "wake one" not in second.text().split("wake two")[-1]  # not shown a second time
     with Bus.open(client_bus) as bus:
         assert bus.poll("ann") == []  # both acked
+        vias = [bus.receipt(seq).delivery.via for seq in (one, two)]
+    assert vias == ["hook:rewake", "claude:inbox" if route == "inbox" else "hook:rewake"]
     if route == "stderr":
         interactive.terminal.wait_for(lambda screen: "agentbus: new messages" in screen,
                                       "the wake's line in the terminal")
