@@ -47,6 +47,7 @@ import re
 import shlex
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import Callable
 from typing import Mapping
@@ -71,12 +72,11 @@ from bus.claude_events import TOOL_EVENTS
 from bus.claude_events import USER_PROMPT_SUBMIT
 from bus.claude_events import hook_agent
 from bus.claude_events import parse_event
-from bus.claude_rewake import delivering
 from bus.errors import ValidationFailed
-from bus.inbox import Inbox
-from bus.inbox import Log
-from bus.inbox import acknowledge
-from bus.inbox import pending
+
+if TYPE_CHECKING:
+    from bus.inbox import Inbox
+    from bus.inbox import Log
 
 STOP_CAP_ENV = "CLAUDE_CODE_STOP_HOOK_BLOCK_CAP"
 STOP_CAP_DEFAULT = 8  # Claude Code's, when the variable is unset
@@ -224,6 +224,11 @@ def answer(log: Log, conn: apsw.Connection, db_path: str | os.PathLike[str], age
     """
     if quiet_answer(conn, db_path, agent, event, wait, max_continues, environ):
         return None
+    # Imported here, not above: the fast path's quiet answer (bus/cli/entry.py) loads this
+    # module, and the waiter's socket and locks cost it a few ms it never needs.
+    from bus.claude_rewake import delivering
+    from bus.inbox import acknowledge
+    from bus.inbox import pending
     with delivering(db_path, agent):
         if event.name == STOP:
             shown, output = _stop_answer(log, conn, db_path, agent, event, wait, limit)
@@ -243,6 +248,7 @@ def _stop_answer(log: Log, conn: apsw.Connection, db_path: str | os.PathLike[str
                  ) -> tuple[Inbox, dict[str, Any] | None]:
     """A Stop that may go on (quiet_answer said so): a block with what waits, or None to
     let it stop."""
+    from bus.inbox import pending  # as in `answer`
     counter, streak = stop_streak(db_path, event)
     shown = pending(log, agent, limit, wait)
     if not shown.shown:
