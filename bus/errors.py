@@ -309,6 +309,9 @@ RAISED_ABOVE = {
                         "OobKeyError", "Backpressure"),
     "bus.replica.errors": ("LitestreamMissing", "ReplicaUrlInvalid", "SyncIntervalInvalid",
                            "RestoreTargetExists", "RestoreFailed"),
+    "bus.mirror.errors": ("NatsUrlInvalid", "NatsUnreachable", "JetStreamUnavailable",
+                          "StreamMismatch", "SubjectsTaken", "StreamOfAnotherBus",
+                          "ImportSubjectsInvalid"),
 }
 _HOME = {name: module for module, names in RAISED_ABOVE.items() for name in names}
 

@@ -27,7 +27,7 @@ EVERY_EXTRA = VIEWS + MCP + SPARK + NATS
 # Our modules that exist to use an extra: everything else must import without any.
 EXTRA_MODULES = ("bus.views.top", "bus.views.serve", "bus.views.guard", "bus.views.routes",
                  "bus.mcpserver", "workers.mcp_tools", "bus.history", "bus.codex",
-                 "bus.mirror.jetstream")
+                 "bus.mirror.jetstream", "bus.mirror.importing")
 
 # Hides every top-level module named in argv[1] (comma-separated) from every finder, so
 # importing one fails and `importlib.util.find_spec` says None, as where it is not
@@ -158,3 +158,13 @@ def test_extras_all_is_every_extra_and_core_has_none_of_them() -> None:
         if module != "py4j":  # pyspark's own dependency
             assert module not in core
     assert "plotly" in extras["spark"]  # report.html draws its charts with it
+
+
+def test_bus_mirror_nats_without_nats_names_the_nats_extra(tmp_path: Path) -> None:
+    db = str(tmp_path / "bus.db")
+    assert run_without(NATS, "bus.cli", "--db", db, "init", cwd=tmp_path).returncode == 0
+    done = run_without(NATS, "bus.cli", "--db", db, "mirror", "nats", "--url",
+                       "nats://127.0.0.1:4222", "--stream", "BUS", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == ("Error: bus mirror nats needs nats, which the nats extra installs:"
+                           " pip install 'agentbus[nats]'\n")
