@@ -184,7 +184,7 @@ def test_replicate_config_only_writes_litestream_yml_beside_the_bus(db_path: Pat
         f"dbs:\n- path: {db_path}\n  monitor-interval: 500ms\n  replica:\n"
         f"    url: {url}\n    sync-interval: 500ms\n")
     assert run(["status"], db_path).stdout.splitlines()[-1] == (
-        f"replica: {url} at txid 0, caught up (sync every 500ms)")
+        f"replica: {url}, nothing replicated yet (is `bus replicate` running?)")
 
 
 @pytest.mark.parametrize("argv,error", [

@@ -57,6 +57,8 @@ def replica_summary(status: Status) -> str:
     assert r is not None
     if r.replica_txid is None:
         return f"{r.url} (position not read), Litestream took txid {r.local_txid}"
+    if r.replica_txid == 0:
+        return f"{r.url}, nothing replicated yet (is `bus replicate` running?)"
     if not r.lag_txns:
         return f"{r.url} at txid {r.replica_txid}, caught up (sync every {r.sync_interval})"
     return (f"{r.url} at txid {r.replica_txid}, {r.lag_txns} transactions"
