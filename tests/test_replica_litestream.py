@@ -50,7 +50,8 @@ def wait_until(condition, timeout: float, what: str):
 
 
 def start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    # Nobody reads their stdout (a full pipe would block them); stderr has only tracebacks.
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
 
 
@@ -70,8 +71,12 @@ def last_seq(db: Path) -> int:
 
 
 def rows(db: Path) -> list[tuple[int, str, int]]:
+    """(seq, id, ts_ms) of every message, in seq order."""
+    found: list[tuple[int, str, int]] = []
     with Bus.open(db) as bus:
-        return [(m.seq, m.id, m.ts_ms) for m in bus.list_messages(0, 10_000)]
+        while page := bus.list_messages(found[-1][0] if found else 0, 10_000):
+            found += [(m.seq, m.id, m.ts_ms) for m in page]
+    return found
 
 
 @pytest.fixture
@@ -113,7 +118,13 @@ def test_replica_litestream_kill9_everything_then_restore_loses_at_most_the_last
     synced_before = replicated_txid(db)
     # Then more writes, so the host dies at some point between two syncs.
     more = last_seq(db) + 500
-    wait_until(lambda: last_seq(db) >= more, 60, "500 more messages")
+    try:
+        wait_until(lambda: last_seq(db) >= more, 60, "500 more messages")
+    except AssertionError:
+        for worker in workers:
+            if worker.poll() is not None:
+                print(worker.args, worker.returncode, worker.stderr.read()[-2000:])
+        raise
     # The host dies: Litestream first (what it had shipped is all the replica has).
     killed_ms = int(time.time() * 1000)
     kill9(litestream)
