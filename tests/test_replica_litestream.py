@@ -80,6 +80,16 @@ def rows(db: Path) -> list[tuple[int, str, int]]:
 
 
 @pytest.fixture
+def spawned():
+    """The test's child processes: any still running at teardown is kill -9'd."""
+    children: list[subprocess.Popen[str]] = []
+    yield children
+    for child in children:
+        if child.poll() is None:
+            kill9(child)
+
+
+@pytest.fixture
 def replicating(tmp_path: Path, python_env: dict[str, str]):
     """A bus under tmp/primary replicating with `bus replicate` to tmp/replica; yields both."""
     db = tmp_path / "primary" / "bus.db"
@@ -98,12 +108,13 @@ def replicating(tmp_path: Path, python_env: dict[str, str]):
 
 @pytest.mark.slow
 def test_replica_litestream_kill9_everything_then_restore_loses_at_most_the_last_sync(
-        replicating, tmp_path: Path, python_env: dict[str, str]) -> None:
+        replicating, spawned: list, tmp_path: Path, python_env: dict[str, str]) -> None:
     db, replica, litestream = replicating
     with Bus.open(db) as bus:
         for agent in ("c1", "c2"):
             bus.set_cursor(agent, 0, create=True)
-    workers = [start([sys.executable, PROCS, "publish", str(db), f"p{i}"], python_env)
+    workers = spawned  # killed at teardown whatever happens here
+    workers += [start([sys.executable, PROCS, "publish", str(db), f"p{i}"], python_env)
                for i in range(2)]
     workers += [start([sys.executable, PROCS, "consume", str(db), f"c{i}"], python_env)
                 for i in (1, 2)]
