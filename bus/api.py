@@ -766,7 +766,8 @@ class Bus:
         """Delete messages older than `keep_days` that every cursor has acked.
 
         Then delete orphaned blobs (after `grace_seconds`) and checkpoint the
-        WAL with TRUNCATE. `dry_run` only counts the messages.
+        WAL with TRUNCATE (PASSIVE on a bus Litestream replicates: it must see every
+        frame of the WAL before it goes). `dry_run` only counts the messages.
         """
         if isinstance(keep_days, bool) or not isinstance(keep_days, (int, float)) \
                 or not 0 <= keep_days < float("inf"):

@@ -307,6 +307,11 @@ RAISED_ABOVE = {
                         "OrganismInvalid", "OobRefused", "UnsignedRequest", "BadSignature",
                         "MalformedRequest", "StaleRequest", "ReplayedRequest", "OobSocketError",
                         "OobKeyError", "Backpressure"),
+    "bus.replica.errors": ("LitestreamMissing", "ReplicaUrlInvalid", "SyncIntervalInvalid",
+                           "RestoreTargetExists", "RestoreFailed"),
+    "bus.mirror.errors": ("NatsUrlInvalid", "NatsUnreachable", "JetStreamUnavailable",
+                          "StreamMismatch", "SubjectsTaken", "StreamOfAnotherBus",
+                          "ImportSubjectsInvalid"),
 }
 _HOME = {name: module for module, names in RAISED_ABOVE.items() for name in names}
 

@@ -32,6 +32,10 @@ _MIN_CURSOR_SQL = (
     " (SELECT max(seq) FROM messages) - 1)"
 )
 _CHECKPOINT_SQL = "PRAGMA wal_checkpoint(TRUNCATE)"
+# Litestream reads the WAL behind the application's back and must see every
+# frame before it is gone: a bus it replicates checkpoints PASSIVE only, and
+# leaves truncating the WAL to Litestream (https://litestream.io/tips/).
+_PASSIVE_CHECKPOINT_SQL = "PRAGMA wal_checkpoint(PASSIVE)"
 # A channel message stays while a delivery of it is unfinished or a dead
 # letter: the channel tables cascade from `messages`, so deleting it would
 # drop work nobody has acknowledged.
@@ -60,12 +64,13 @@ class CompactReport:
     blobs: list[str] = field(default_factory=list)
     wal_bytes_before: int = 0
     wal_bytes_after: int = 0
+    checkpoint: str = "truncate"  # "passive" on a bus Litestream replicates
 
     def to_json_dict(self) -> dict[str, object]:
         return {"dry_run": self.dry_run, "cutoff_ms": self.cutoff_ms,
                 "acked_through": self.acked_through, "messages": self.messages,
                 "blobs": len(self.blobs), "wal_bytes_before": self.wal_bytes_before,
-                "wal_bytes_after": self.wal_bytes_after}
+                "wal_bytes_after": self.wal_bytes_after, "checkpoint": self.checkpoint}
 
 
 def acked_through(conn: apsw.Connection) -> int:
@@ -83,7 +88,8 @@ def compact(conn: apsw.Connection, blobs: BlobStore, cutoff_ms: int, grace_secon
         return report
     report.messages = _delete_in_batches(conn, report.acked_through, cutoff_ms)
     report.blobs = blobs.gc(referenced_blobs(conn), grace_seconds)
-    report.wal_bytes_before, report.wal_bytes_after = checkpoint(conn)
+    report.checkpoint = "passive" if replicated_by_litestream(conn.filename) else "truncate"
+    report.wal_bytes_before, report.wal_bytes_after = checkpoint(conn, report.checkpoint)
     return report
 
 
@@ -98,17 +104,25 @@ def _delete_in_batches(conn: apsw.Connection, through_seq: int, cutoff_ms: int) 
             return deleted
 
 
-def checkpoint(conn: apsw.Connection) -> tuple[int, int]:
+def checkpoint(conn: apsw.Connection, mode: str = "truncate") -> tuple[int, int]:
     """Copy the WAL into the database and truncate it; return its size before and after.
 
     TRUNCATE waits (busy timeout) for readers to finish; if some still hold
     old snapshots it does what it can and the WAL is truncated next time.
+    `mode="passive"` (a replicated bus) copies what it can and truncates nothing.
     Run as a PRAGMA (a statement step) so apsw lets other threads run meanwhile.
     """
     wal = Path(conn.filename + "-wal")
     before = _size(wal)
-    conn.execute(_CHECKPOINT_SQL).fetchall()
+    conn.execute(_PASSIVE_CHECKPOINT_SQL if mode == "passive" else _CHECKPOINT_SQL).fetchall()
     return before, _size(wal)
+
+
+def replicated_by_litestream(path: str) -> bool:
+    """Whether Litestream replicates the file at `path`: its `.<name>-litestream`
+    directory is beside it (Litestream makes it on start; https://litestream.io/tips/)."""
+    db = Path(path)
+    return (db.parent / f".{db.name}-litestream").is_dir()
 
 
 def _size(path: Path) -> int:

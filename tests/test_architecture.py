@@ -6,7 +6,8 @@ The top-level packages, lowest first: `blobs/` (imports nothing of ours), `bus/`
 Inside `bus/`, lowest first: the modules at its top (the log); `channels/`,
 `xml/` and `history/` beside each other; the facade (`bus/api.py`, which
 `bus/__init__.py` exposes: the one part that is not a folder, because it gathers
-the log and the engine that everything above builds on); `pump/`; `views/`;
+the log and the engine that everything above builds on); `pump/`, `replica/`
+(Litestream) and `mirror/` (NATS JetStream) beside each other; `views/`;
 `mcpserver/`; `cli/`. A module imports its own part or a lower one, never a part
 beside or above it, and no import cycle exists between modules, whether the
 import is at the top of the file, inside a function or under TYPE_CHECKING.
@@ -32,7 +33,8 @@ PACKAGES = ("blobs", "bus", "workers")  # lowest first
 # Folders installed under another name (setup.cfg's package_dir): the schema files.
 INSTALLED_AS = {"bus.migrations": ROOT / "migrations" / "__init__.py"}
 # Inside bus/, lowest first: "" is the top of bus/ (the log), "api" the facade.
-BUS_LAYERS = (("",), ("channels", "xml", "history"), ("api",), ("pump",), ("views",),
+BUS_LAYERS = (("",), ("channels", "xml", "history"), ("api",), ("pump", "replica", "mirror"),
+              ("views",),
               ("mcpserver",), ("cli",))
 FACADE = {"bus", "bus.api"}
 
@@ -194,6 +196,7 @@ def test_architecture_parts_are_the_folders():
     assert part_of("bus.history") == part_of("bus.history.job") == "bus.history"
     assert rank_of("blobs") < rank_of("bus") < rank_of("bus.channels") == rank_of("bus.xml")
     assert rank_of("bus.xml") < rank_of("bus.api") < rank_of("bus.pump") < rank_of("bus.views")
+    assert rank_of("bus.pump") == rank_of("bus.replica") == rank_of("bus.mirror")
     assert rank_of("bus.views") < rank_of("bus.mcpserver") < rank_of("bus.cli") < rank_of("workers")
 
 

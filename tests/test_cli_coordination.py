@@ -741,7 +741,8 @@ def test_compact_json_and_keep_days(bus: Bus, db_path: Path) -> None:
     assert kept.exit_code == 0
     report = json.loads(kept.stdout)
     assert list(report) == ["dry_run", "cutoff_ms", "acked_through", "messages", "blobs",
-                            "wal_bytes_before", "wal_bytes_after"]
+                            "wal_bytes_before", "wal_bytes_after", "checkpoint"]
+    assert report["checkpoint"] == "truncate"  # no Litestream beside this bus
     assert (report["dry_run"], report["acked_through"], report["messages"], report["blobs"],
             report["wal_bytes_after"]) == (False, 3, 0, 1, 0)
     assert abs(report["cutoff_ms"] - (now_ms() - 30 * DAY_MS)) < 60_000

@@ -37,7 +37,7 @@ def test_cli_help_lists_every_visible_command_once_under_its_part():
     assert result.exit_code == 0
     sections = section_of_help(result.stdout)
     assert list(sections) == ["Options", "Log", "Coordination", "Channels", "Pump and XML",
-                              "Agents", "Export and history", "Admin"]
+                              "Agents", "Export and history", "Beyond one host", "Admin"]
     listed = [name for title, names in sections.items() if title != "Options" for name in names]
     visible = sorted(name for name, cmd in main.commands.items() if not cmd.hidden)
     assert sorted(listed) == visible

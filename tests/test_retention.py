@@ -220,7 +220,7 @@ def test_compact_report_fields_and_json(tmp_path: Path) -> None:
         assert report.to_json_dict() == {
             "dry_run": False, "cutoff_ms": now - DAY_MS // 2, "acked_through": gone,
             "messages": 4, "blobs": 1, "wal_bytes_before": report.wal_bytes_before,
-            "wal_bytes_after": 0}
+            "wal_bytes_after": 0, "checkpoint": "truncate"}
         assert bus.blobs.list_refs() == [refs[kept]]
         assert seqs(bus) == [kept]
 

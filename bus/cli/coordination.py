@@ -295,7 +295,9 @@ def compact(obj: BusContext, keep_days: float, dry_run: bool, grace_seconds: flo
                f" acked by every cursor (through seq {report.acked_through})")
     if not dry_run:
         click.echo(f"deleted {len(report.blobs)} unreferenced blob(s)")
-        click.echo(f"WAL {report.wal_bytes_before} -> {report.wal_bytes_after} bytes")
+        note = " (passive checkpoint: Litestream replicates this bus)" \
+            if report.checkpoint == "passive" else ""
+        click.echo(f"WAL {report.wal_bytes_before} -> {report.wal_bytes_after} bytes{note}")
 
 
 def _result_json(result: ClaimResult) -> dict[str, object]:

@@ -26,6 +26,7 @@ SECTIONS = (
     ("Pump and XML", ("pump", "xml")),
     ("Agents", ("mcp", "hook", "inbox", "token")),
     ("Export and history", ("export", "history")),
+    ("Beyond one host", ("replicate", "restore", "mirror")),
     ("Admin", ("status", "check", "top", "serve", "consumers", "consumer", "cursor", "sql",
                "tables", "schema", "migrate", "gc", "compact", "help")),
 )

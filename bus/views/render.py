@@ -46,7 +46,23 @@ def status_lines(status: Status) -> list[str]:
                       CHANNEL_COLUMNS, channel_rows(status))
     lines.append(f"pump: {pump_summary(status)}")
     lines.append(f"export: {export_summary(status)}")
+    if status.replica is not None:
+        lines.append(f"replica: {replica_summary(status)}")
     return lines
+
+
+def replica_summary(status: Status) -> str:
+    """`file:///backups/bus at txid 42, caught up` or `..., 3 transactions (1.2s) behind`."""
+    r = status.replica
+    assert r is not None
+    if r.replica_txid is None:
+        return f"{r.url} (position not read), Litestream took txid {r.local_txid}"
+    if r.replica_txid == 0:
+        return f"{r.url}, nothing replicated yet (is `bus replicate` running?)"
+    if not r.lag_txns:
+        return f"{r.url} at txid {r.replica_txid}, caught up (sync every {r.sync_interval})"
+    return (f"{r.url} at txid {r.replica_txid}, {r.lag_txns} transactions"
+            f" ({seconds(r.lag_ms / 1000)}) behind (sync every {r.sync_interval})")
 
 
 def consumer_rows(status: Status) -> list[tuple[Any, ...]]:

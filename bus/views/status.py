@@ -34,6 +34,8 @@ from bus.heartbeats import liveness
 from bus.receipts import Outstanding
 from bus.receipts import outstanding
 from bus.reservations import Reservation
+from bus.replica.position import ReplicaPosition
+from bus.replica.position import replica_position
 from bus.reservations import has_reservations_table
 from bus.reservations import live_reservations
 from bus.schema import schema_status
@@ -151,6 +153,7 @@ class Status:
     export: ExportInfo
     tasks: TaskCounts  # the task graph: open tasks ready, blocked, held; done, cancelled
     receipts: Outstanding  # direct messages not delivered, or delivered and not acked
+    replica: ReplicaPosition | None = None  # Litestream's replica, once `bus replicate` ran
     agents_by_state: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -180,14 +183,20 @@ def read_status(path: str | os.PathLike[str], durability: str = "normal", *,
     # from indexes alone would report a damaged file as healthy.
     conn = connect(path, readonly=True, check=True)
     try:
-        return status_of(conn, os.fspath(path), durability, now=now, thresholds=thresholds)
+        return status_of(conn, os.fspath(path), durability, now=now, thresholds=thresholds,
+                         remote_replica=True)
     finally:
         conn.close()
 
 
 def status_of(conn: apsw.Connection, path: str, durability: str = "normal", *,
-              now: int | None = None, thresholds: Thresholds | None = None) -> Status:
-    """The status through an open connection (a live view keeps one), in one read snapshot."""
+              now: int | None = None, thresholds: Thresholds | None = None,
+              remote_replica: bool = False) -> Status:
+    """The status through an open connection (a live view keeps one), in one read snapshot.
+
+    A replica other than file:// is asked where it is only with `remote_replica`
+    (a one-off status may wait for the network; a live view refreshing does not).
+    """
     at = messages.now_ms() if now is None else now
     with translate_busy(conn), conn:  # an error names the file
         schema = schema_status(conn, path)
@@ -205,7 +214,8 @@ def status_of(conn: apsw.Connection, path: str, durability: str = "normal", *,
                           if has_reservations_table(conn) else []),
             channels=channel_summaries(conn),
             pump=_pump(conn, at), export=export, tasks=task_counts(conn, at, schema.current),
-            receipts=outstanding(conn, RECEIPTS_SHOWN))
+            receipts=outstanding(conn, RECEIPTS_SHOWN),
+            replica=replica_position(path, remote=remote_replica, now_ms=at))
 
 
 def _file(path: str, schema_version: int, schema_latest: int, durability: str) -> FileInfo:

