@@ -24,6 +24,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
+from bus.channels.queries import channel_detail
 from bus.db import connect
 from bus.errors import SearchDisabled
 from bus.errors import ValidationFailed
@@ -289,8 +290,8 @@ def test_agent_worker_and_channel_details(console_db: Path) -> None:
     assert [h.to_state for h in worker.history] == ["ASSIGNED", "WORKING", "CANCELLED"]
     assert worker.worker.note == "not needed"
     assert read(console_db, queries.worker_detail, "nobody") is None
-    channel = read(console_db, queries.channel_detail, "ops")
-    assert [p[0] for p in channel.participants] == ["planner", "w1"]
+    channel = read(console_db, channel_detail, "ops")
+    assert [p.agent for p in channel.participants] == ["planner", "w1"]
     assert len(channel.deliveries) == 1
 
 

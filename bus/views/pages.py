@@ -21,6 +21,8 @@ from urllib.parse import urlencode
 
 import orjson
 
+from bus.channels.queries import ChannelDetail
+from bus.channels.queries import DeadLetterSummary
 from bus.messages import Message
 from bus.messages import iso_utc
 from bus.receipts import Receipt
@@ -294,7 +296,7 @@ def message_page(detail: queries.MessageDetail) -> Safe:
              else orjson.dumps(m.payload, option=orjson.OPT_INDENT_2).decode())
     deliveries = table(("channel", "recipient", "status", "attempts", "retries", "delivered",
                         "acked", "last error"),
-                       [[channel_link(d.channel), agent_link(d.recipient), d.status, d.attempts,
+                       [[channel_link(detail.channel["name"]), agent_link(d.recipient), d.status, d.attempts,
                          d.retry_count, when(d.delivered_at_ms), when(d.acked_at_ms),
                          d.last_error] for d in detail.deliveries], id="deliveries")
     return join([
@@ -384,7 +386,7 @@ def worker_page(detail: queries.WorkerDetail) -> Safe:
                          link(messages_href(sender=w.worker), "all messages from it"))])
 
 
-def channel_page(detail: queries.ChannelDetail) -> Safe:
+def channel_page(detail: ChannelDetail) -> Safe:
     c = detail.channel
     facts = [("type", c.type), ("owner", agent_link(c.owner)), ("state", c.state),
              ("delivery", c.delivery_mode), ("open deliveries", c.open_deliveries),
@@ -392,8 +394,8 @@ def channel_page(detail: queries.ChannelDetail) -> Safe:
     return join([
         pairs(facts),
         section("participants", table(("agent", "role", "joined"),
-                                      [[agent_link(a), r, when(j)]
-                                       for a, r, j in detail.participants], id="participants")),
+                                      [[agent_link(p.agent), p.role, when(p.joined_at_ms)]
+                                       for p in detail.participants], id="participants")),
         section("newest deliveries", table(
             ("seq", "recipient", "status", "attempts", "retries", "delivered", "acked",
              "last error"),
@@ -403,7 +405,7 @@ def channel_page(detail: queries.ChannelDetail) -> Safe:
         section("dead letters", dead_letters_table(detail.dead_letters, "dead-letters"))])
 
 
-def dead_letters_table(letters: Iterable[queries.DeadLetter], id: str, sort: Any = None,
+def dead_letters_table(letters: Iterable[DeadLetterSummary], id: str, sort: Any = None,
                        sortable: Sequence[str] = ()) -> Safe:
     return table(("id", "seq", "channel", "recipient", "retries", "last error", "dead since"),
                  [[d.id, message_link(d.seq), channel_link(d.channel), agent_link(d.recipient),

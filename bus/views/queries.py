@@ -30,8 +30,8 @@ from bus import receipts
 from bus import search
 from bus import claims
 from bus import tasks
-from bus.channels.queries import ChannelSummary
-from bus.channels.queries import channel_summary
+from bus.channels.queries import Delivery
+from bus.channels.queries import deliveries_of
 from bus.claims import Claim
 from bus.claims import DeadClaim
 from bus.claims import list_claims
@@ -85,11 +85,6 @@ _REPLIES_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE seq > :seq AND seq <= :s
                 " AND in_reply_to = :id ORDER BY seq LIMIT :limit")
 _THREAD_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE correlation_id = ? ORDER BY seq"
                f" LIMIT {THREAD_MAX}")
-_DELIVERIES_SQL = (
-    "SELECT c.name, d.recipient, d.status, d.attempts, d.retry_count, d.delivered_at_ms,"
-    " d.acked_at_ms, d.last_error FROM deliveries d JOIN channels c ON c.id = d.channel_id"
-    " WHERE d.seq = ? ORDER BY d.recipient"
-)
 _CHANNEL_OF_SQL = ("SELECT c.name, m.topic, m.priority, m.status FROM channel_messages m"
                    " JOIN channels c ON c.id = m.channel_id WHERE m.seq = ?")
 # A worker's transitions are its own state_change messages (the lifecycle
@@ -102,20 +97,8 @@ _STATE_CHANGES_SQL = (
 _FROM_RECENT_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE from_agent = :agent"
                     " AND seq > :floor ORDER BY seq DESC LIMIT :limit")
 _TO_RECENT_SQL = f"SELECT {_COLUMNS} FROM messages WHERE to_agent = ? ORDER BY seq DESC LIMIT ?"
-_PARTICIPANTS_SQL = ("SELECT agent, role, joined_at_ms FROM participants WHERE channel_id = ?"
-                     " ORDER BY agent")
 _CHANNELS_OF_AGENT_SQL = ("SELECT c.name, p.role FROM participants p JOIN channels c"
                           " ON c.id = p.channel_id WHERE p.agent = ? ORDER BY c.name")
-_CHANNEL_DELIVERIES_SQL = (
-    "SELECT d.seq, d.recipient, d.status, d.attempts, d.retry_count, d.delivered_at_ms,"
-    " d.acked_at_ms, d.last_error FROM channel_messages m JOIN deliveries d ON d.seq = m.seq"
-    " WHERE m.channel_id = ? ORDER BY m.seq DESC, d.recipient LIMIT ?"
-)
-_DEAD_LETTERS_SQL = (
-    "SELECT l.id, l.seq, c.name, l.recipient, l.retry_count, l.last_error,"
-    " l.dead_lettered_at_ms FROM dead_letters l JOIN channels c ON c.id = l.channel_id"
-    " WHERE (:channel IS NULL OR l.channel_id = :channel) ORDER BY l.id DESC LIMIT :limit"
-)
 _ANY_ABOUT_SQL = "SELECT 1 FROM messages WHERE correlation_id = ? LIMIT 1"
 _TASKS_TABLE_SQL = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tasks'"
 _CLAIM_EVENTS_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE correlation_id = :task"
@@ -285,18 +268,6 @@ def _min_seq(conn: apsw.Connection) -> int:
 
 
 @dataclass(frozen=True)
-class Delivery:
-    channel: str
-    recipient: str
-    status: str
-    attempts: int
-    retry_count: int
-    delivered_at_ms: int | None
-    acked_at_ms: int | None
-    last_error: str | None
-
-
-@dataclass(frozen=True)
 class MessageDetail:
     """A message with what concerns it: the message it answers, its answers (among the
     next REPLY_WINDOW messages), its conversation (same correlation id), its channel
@@ -317,7 +288,8 @@ class MessageDetail:
                 "replies": [m.to_json_dict() for m in self.replies],
                 "thread": [m.to_json_dict() for m in self.thread],
                 "channel": self.channel,
-                "deliveries": [dataclasses.asdict(d) for d in self.deliveries]}
+                "deliveries": [{"channel": self.channel["name"], **d.to_json_dict()}
+                               for d in self.deliveries]}
 
 
 def get_message(conn: apsw.Connection, key: int | str, blobs: Any = None) -> Message | None:
@@ -340,7 +312,7 @@ def message_detail(conn: apsw.Connection, seq: int, blobs: Any = None) -> Messag
     return MessageDetail(
         message, answers, replies, thread,
         dict(zip(("name", "topic", "priority", "status"), channel)) if channel else None,
-        [Delivery(*row) for row in conn.execute(_DELIVERIES_SQL, (seq,))],
+        deliveries_of(conn, seq),
         receipts.receipt_for(conn, seq))
 
 
@@ -434,50 +406,7 @@ def worker_detail(conn: apsw.Connection, worker: str) -> WorkerDetail | None:
     return WorkerDetail(found, history, sent)
 
 
-# --- channels, dead letters, pump units, claims -------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    id: int
-    seq: int
-    channel: str
-    recipient: str
-    retry_count: int
-    last_error: str
-    dead_lettered_at_ms: int
-
-
-@dataclass(frozen=True)
-class ChannelDetail:
-    channel: ChannelSummary
-    participants: list[tuple[str, str, int]]
-    deliveries: list[tuple[int, Delivery]] = field(default_factory=list)
-    dead_letters: list[DeadLetter] = field(default_factory=list)
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return {"channel": dataclasses.asdict(self.channel),
-                "participants": [{"agent": a, "role": r, "joined_at_ms": j}
-                                 for a, r, j in self.participants],
-                "deliveries": [{"seq": s, **dataclasses.asdict(d)} for s, d in self.deliveries],
-                "dead_letters": [dataclasses.asdict(d) for d in self.dead_letters]}
-
-
-def channel_detail(conn: apsw.Connection, name: str, limit: int = 100) -> ChannelDetail | None:
-    found = channel_summary(conn, name)
-    if found is None:
-        return None
-    channel_id, channel = found
-    deliveries = [(r[0], Delivery(name, *r[1:]))
-                  for r in conn.execute(_CHANNEL_DELIVERIES_SQL, (channel_id, limit))]
-    return ChannelDetail(channel, conn.execute(_PARTICIPANTS_SQL, (channel_id,)).fetchall(),
-                         deliveries, list_dead_letters(conn, channel_id, limit))
-
-
-def list_dead_letters(conn: apsw.Connection, channel_id: int | None = None,
-                      limit: int = 1000) -> list[DeadLetter]:
-    return [DeadLetter(*row) for row in conn.execute(
-        _DEAD_LETTERS_SQL, {"channel": channel_id, "limit": limit})]
+# --- claims -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,9 @@ from bus import claims
 from bus import messages
 from bus import worker_table
 from bus.blob_store import BusBlobStore
+from bus.channels.queries import channel_detail
 from bus.channels.queries import channel_summaries
+from bus.channels.queries import dead_letter_summaries
 from bus.db import connect
 from bus.db import translate_busy
 from bus.errors import SearchDisabled
@@ -182,7 +184,7 @@ class Console:
     def channel(self, request: Request) -> HTMLResponse:
         name = request.path_params["name"]
         return self.reader.page(f"channel {name}", lambda conn, _now: pages.channel_page(_found(
-            queries.channel_detail(conn, name), f"no channel {name!r} (see the channels table)")))
+            channel_detail(conn, name), f"no channel {name!r} (see the channels table)")))
 
     def task(self, request: Request) -> HTMLResponse:
         name = request.path_params["name"]
@@ -280,7 +282,7 @@ _DEAD_LETTER_SORT = {"id": "id", "seq": "seq", "channel": "channel", "recipient"
 
 
 def dead_letters_table(conn: apsw.Connection, _now: int, params: dict[str, str]) -> Safe:
-    found = queries.list_dead_letters(conn)
+    found = dead_letter_summaries(conn)
     rows, sort = pages.sort_rows(found, params, _DEAD_LETTER_SORT, "id")
     return pages.join([pages.counts("dead letters", pages.tally(d.channel for d in found)),
                        pages.dead_letters_table(rows, "dead-letters", sort,
