@@ -23,10 +23,12 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
+from bus import browse
 from bus import claims
 from bus import messages
 from bus import worker_table
 from bus.blob_store import BusBlobStore
+from bus.browse import LogFilter
 from bus.channels.queries import channel_detail
 from bus.channels.queries import channel_summaries
 from bus.channels.queries import dead_letter_summaries
@@ -42,7 +44,6 @@ from bus.views import queries
 from bus.views.charts import History
 from bus.views.follow import read_failure
 from bus.views.pages import Safe
-from bus.views.queries import MessageFilter
 
 GIT_TIMEOUT_S = 5
 COMMITS_MAX = 50
@@ -144,15 +145,15 @@ class Console:
         fragment = request.headers.get(FRAGMENT_HEADER) == "results"
         show = pages.messages_results if fragment else pages.messages_page
         try:
-            filt = MessageFilter.from_params(dict(request.query_params))
+            filt = LogFilter.from_params(dict(request.query_params))
         except ValidationFailed as exc:
             return self.reader.page("messages", lambda conn, now: show(
-                MessageFilter(), None, f"{exc.field}: {exc.reason}"),
+                LogFilter(), None, f"{exc.field}: {exc.reason}"),
                 scripts=BROWSE_SCRIPTS, fragment=fragment)
 
         def render(conn: apsw.Connection, now: int) -> Safe:
             try:
-                page = queries.list_messages(conn, filt, now)
+                page = browse.list_messages(conn, filt, now)
             except (ValidationFailed, SearchDisabled) as exc:
                 return show(filt, None, str(exc))
             return show(filt, page, None)
