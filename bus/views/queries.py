@@ -38,8 +38,10 @@ from bus.reservations import has_reservations_table
 from bus.reservations import live_reservations
 from bus.tasks import TaskDetail
 from bus.tasks import Task
+from bus.worker_table import StateChange
 from bus.worker_table import Worker
 from bus.worker_table import get_worker
+from bus.worker_table import state_changes
 
 REPLY_WINDOW = 10_000  # replies are looked for among this many messages after their question
 THREAD_MAX = 50  # of a conversation on a message's page; the browser pages through the rest
@@ -56,13 +58,6 @@ _THREAD_SQL = (f"SELECT {COLUMNS} FROM messages WHERE correlation_id = ? ORDER B
                f" LIMIT {THREAD_MAX}")
 _CHANNEL_OF_SQL = ("SELECT c.name, m.topic, m.priority, m.status FROM channel_messages m"
                    " JOIN channels c ON c.id = m.channel_id WHERE m.seq = ?")
-# A worker's transitions are its own state_change messages (the lifecycle
-# publishes each in the transaction that makes it); from the newest back.
-_STATE_CHANGES_SQL = (
-    "SELECT seq, ts_ms, payload ->> '$.from', payload ->> '$.to', payload ->> '$.command'"
-    " FROM messages WHERE from_agent = :worker AND type = 'state_change' AND json_valid(payload)"
-    " AND seq > :floor ORDER BY seq"
-)
 _FROM_RECENT_SQL = (f"SELECT {COLUMNS} FROM messages WHERE from_agent = :agent"
                     " AND seq > :floor ORDER BY seq DESC LIMIT :limit")
 _TO_RECENT_SQL = f"SELECT {COLUMNS} FROM messages WHERE to_agent = ? ORDER BY seq DESC LIMIT ?"
@@ -180,15 +175,6 @@ def agent_detail(conn: apsw.Connection, agent: str, now: int,
 
 
 @dataclass(frozen=True)
-class StateChange:
-    seq: int
-    ts_ms: int
-    from_state: str | None
-    to_state: str
-    command: str | None
-
-
-@dataclass(frozen=True)
 class WorkerDetail:
     worker: Worker
     history: list[StateChange]
@@ -210,8 +196,7 @@ def worker_detail(conn: apsw.Connection, worker: str) -> WorkerDetail | None:
     if found is None:
         return None
     floor = max(0, messages.last_seq(conn) - SCAN_WINDOW)
-    history = [StateChange(*r) for r in conn.execute(_STATE_CHANGES_SQL,
-                                                     {"worker": worker, "floor": floor})]
+    history = state_changes(conn, worker, floor)
     sent = _messages(conn, _FROM_RECENT_SQL, {"agent": worker, "floor": floor,
                                               "limit": RECENT_MAX})
     return WorkerDetail(found, history, sent)
