@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from bus import Bus
 from bus import browse
+from bus import tasks
 from bus.browse import LogFilter
 from bus.channels.queries import channel_detail
 from bus.db import connect
@@ -269,12 +270,12 @@ def test_message_detail_has_the_receipt_of_a_direct_message(console_db: Path) ->
 
 
 def test_task_rows_and_detail(console_db: Path) -> None:
-    rows = {t.task_id: t for t in read(console_db, queries.list_task_rows, now_ms())}
+    rows = {t.task_id: t for t in read(console_db, tasks.list_task_rows, now_ms())}
     assert (rows["build"].status, rows["build"].holder, rows["build"].fence) == ("held", "w1", 1)
     assert rows["ship"].status == "blocked"
-    detail = read(console_db, queries.task_detail, "ship", now_ms())
+    detail = read(console_db, tasks.find_task_detail, "ship", now_ms())
     assert [t.task_id for t in detail.dependencies] == ["build"]
-    assert read(console_db, queries.task_detail, "t2", now_ms()) is None  # leased only
+    assert read(console_db, tasks.find_task_detail, "t2", now_ms()) is None  # leased only
     assert [m.type for m in read(console_db, queries.claim_events, "t2")] == ["task_reclaimed"]
 
 

@@ -17,18 +17,14 @@ import apsw
 
 from bus import messages
 from bus import receipts
-from bus import claims
-from bus import tasks
+from bus.browse import SCAN_WINDOW
 from bus.channels.queries import Delivery
 from bus.channels.queries import deliveries_of
 from bus.claims import Claim
-from bus.claims import DeadClaim
 from bus.claims import list_claims
-from bus.claims import list_dead
 from bus.heartbeats import Liveness
 from bus.heartbeats import Thresholds
 from bus.heartbeats import liveness
-from bus.browse import SCAN_WINDOW
 from bus.messages import COLUMNS
 from bus.messages import Message
 from bus.messages import row_to_message
@@ -36,8 +32,6 @@ from bus.receipts import Receipt
 from bus.reservations import Reservation
 from bus.reservations import has_reservations_table
 from bus.reservations import live_reservations
-from bus.tasks import TaskDetail
-from bus.tasks import Task
 from bus.worker_table import StateChange
 from bus.worker_table import Worker
 from bus.worker_table import get_worker
@@ -64,7 +58,6 @@ _TO_RECENT_SQL = f"SELECT {COLUMNS} FROM messages WHERE to_agent = ? ORDER BY se
 _CHANNELS_OF_AGENT_SQL = ("SELECT c.name, p.role FROM participants p JOIN channels c"
                           " ON c.id = p.channel_id WHERE p.agent = ? ORDER BY c.name")
 _ANY_ABOUT_SQL = "SELECT 1 FROM messages WHERE correlation_id = ? LIMIT 1"
-_TASKS_TABLE_SQL = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tasks'"
 _CLAIM_EVENTS_SQL = (f"SELECT {COLUMNS} FROM messages WHERE correlation_id = :task"
                      " AND type IN ('task_reclaimed', 'task_released', 'task_dead')"
                      " ORDER BY seq DESC LIMIT :limit")
@@ -205,16 +198,6 @@ def worker_detail(conn: apsw.Connection, worker: str) -> WorkerDetail | None:
 # --- claims -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ClaimsTable:
-    held: list[Claim]
-    dead: list[DeadClaim]
-
-
-def claims_table(conn: apsw.Connection) -> ClaimsTable:
-    return ClaimsTable(list_claims(conn), list_dead(conn))
-
-
 def has_messages_about(conn: apsw.Connection, task: str) -> bool:
     """Whether any message carries `task` as its correlation id (its index answers)."""
     return conn.execute(_ANY_ABOUT_SQL, (task,)).fetchone() is not None
@@ -225,65 +208,7 @@ def claim_events(conn: apsw.Connection, task: str, limit: int = RECENT_MAX) -> l
     return _messages(conn, _CLAIM_EVENTS_SQL, {"task": task, "limit": limit})
 
 
-# --- tasks and reservations (migrations 13 and 14; an older file has none) -----------------
-
-
-TASK_FILTERS = ("ready", "blocked", "held", "open", "done", "cancelled")
-
-
-@dataclass(frozen=True)
-class TaskRow:
-    """A task of the graph with what stops it now: `status` is ready, blocked, held,
-    done or cancelled; `holder` and `fence` are its live lease's."""
-
-    task: Task
-    status: str
-    holder: str | None
-    fence: int | None
-
-    @property
-    def task_id(self) -> str:
-        return self.task.task_id
-
-    @property
-    def priority(self) -> int:
-        return self.task.priority
-
-    @property
-    def created_ms(self) -> int:
-        return self.task.created_at_ms
-
-
-def has_task_graph(conn: apsw.Connection) -> bool:
-    return conn.execute(_TASKS_TABLE_SQL).get is not None
-
-
-def list_task_rows(conn: apsw.Connection, now: int) -> list[TaskRow]:
-    """Every task of the graph, oldest first, with its status now (none in an older file)."""
-    if not has_task_graph(conn):
-        return []
-    held = {c.task_id: c for c in list_claims(conn) if not c.expired(now)}
-    found = []
-    for task in tasks.list_tasks(conn):
-        claim = held.get(task.task_id)
-        if task.state != tasks.OPEN:
-            status = task.state
-        elif claim is not None:
-            status = "held"
-        else:
-            status = "blocked" if task.waiting_on else "ready"
-        found.append(TaskRow(task, status, claim.agent if claim else None,
-                             claim.fence if claim else None))
-    return found
-
-
-def task_detail(conn: apsw.Connection, task_id: str, now: int) -> TaskDetail | None:
-    """The task's dependencies, dependents, lease and newest events, as `bus task show`
-    reads them; None if the graph has no such task."""
-    task = tasks.get(conn, task_id) if has_task_graph(conn) else None
-    if task is None:
-        return None
-    return tasks.task_detail_of(conn, task, now)
+# --- reservations (migration 13; an older file has none) ---------------------------------
 
 
 def list_reservations(conn: apsw.Connection, now: int) -> list[Reservation]:

@@ -26,6 +26,7 @@ from starlette.routing import Route
 from bus import browse
 from bus import claims
 from bus import messages
+from bus import tasks
 from bus import worker_table
 from bus.blob_store import BusBlobStore
 from bus.browse import LogFilter
@@ -191,7 +192,7 @@ class Console:
         name = request.path_params["name"]
 
         def render(conn: apsw.Connection, now: int) -> Safe:
-            detail = queries.task_detail(conn, name, now)
+            detail = tasks.find_task_detail(conn, name, now)
             claim = claims.get(conn, name)
             found = queries.claim_events(conn, name)
             if detail is None and claim is None and not queries.has_messages_about(conn, name):
@@ -252,7 +253,7 @@ _CLAIM_SORT = {"task": "task_id", "holder": "agent", "fence": "fence", "claimed"
 
 
 def claims_table(conn: apsw.Connection, now: int, params: dict[str, str]) -> Safe:
-    found = queries.claims_table(conn)
+    found = claims.claims_table(conn)
     rows, sort = pages.sort_rows(found.held, params, _CLAIM_SORT, "task")
     expired = sum(c.expired(now) for c in found.held)
     line = pages.counts("claims", {"held": len(found.held) - expired, "expired": expired,
@@ -313,7 +314,7 @@ _TASK_SORT = {"task": "task_id", "status": "status", "priority": "priority", "ho
 
 def tasks_table(conn: apsw.Connection, now: int, params: dict[str, str]) -> Safe:
     """The task graph; `?status=ready` (blocked, held, done, cancelled) shows those only."""
-    found = queries.list_task_rows(conn, now)
+    found = tasks.list_task_rows(conn, now)
     wanted = params.get("status")
     shown = [t for t in found if wanted in (None, "", t.status)]
     rows, sort = pages.sort_rows(shown, params, _TASK_SORT, "task")
