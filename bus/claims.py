@@ -297,6 +297,19 @@ def list_dead(conn: apsw.Connection) -> list[DeadClaim]:
         return [DeadClaim(*row) for row in conn.execute(_LIST_DEAD_SQL)]
 
 
+@dataclass(frozen=True)
+class ClaimsTable:
+    """The claims now (expired ones included) and the dead ones, as one reader shows them."""
+
+    held: list[Claim]
+    dead: list[DeadClaim]
+
+
+def claims_table(conn: apsw.Connection) -> ClaimsTable:
+    """Every claim and every dead claim, in the caller's transaction."""
+    return ClaimsTable(list_claims(conn), list_dead(conn))
+
+
 def validate_task(task_id: object) -> str:
     return messages.validate_text(task_id, "task_id", TASK_ID_MAX)
 

@@ -94,21 +94,30 @@ def connect(
     with translate_errors(path=str(path)):
         conn = _open_read_only(path) if readonly else apsw.Connection(str(path), flags=_READ_WRITE)
         try:
-            conn.set_busy_handler(wait_when_busy())
-            connection_check_identity(conn, path)
-            if readonly:
-                connection_read_only(conn)
-                if check and not checked:
-                    integrity.connection_check_at_open(conn, path)
-            else:
-                connection_apply_pragmas(conn, synchronous)
-                integrity.refuse_if_marked(conn.filename)
-                if not checked:
-                    integrity.connection_check_at_open(conn, path)
+            connection_set_up(conn, path, readonly, synchronous,
+                              check_integrity=not checked and (check or not readonly))
         except BaseException:
             conn.close()
             raise
     return conn
+
+
+def connection_set_up(conn: apsw.Connection, path: Path, readonly: bool, synchronous: str, *,
+                      check_integrity: bool) -> None:
+    """Refuse a file the bus must not touch, then give a new connection the bus's settings.
+
+    `check_integrity`: also look for damage now (a file judged whole before
+    the open, by check_before_open, is not read twice).
+    """
+    conn.set_busy_handler(wait_when_busy())
+    connection_check_identity(conn, path)
+    if readonly:
+        connection_read_only(conn)
+    else:
+        connection_apply_pragmas(conn, synchronous)
+        integrity.refuse_if_marked(conn.filename)
+    if check_integrity:
+        integrity.connection_check_at_open(conn, path)
 
 
 def check_before_open(path: Path) -> bool:

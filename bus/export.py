@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
+import threading
 from datetime import datetime
 from datetime import timezone
 from pathlib import Path
+from typing import Any
+from typing import Callable
 from typing import Iterator
 
 import apsw
@@ -34,6 +38,7 @@ from bus.errors import ValidationFailed
 from bus.files import translate_os_errors
 
 BATCH = 20_000  # messages per write + fsync + state update
+FOLLOW_WAKE_S = 1.0  # a follow looks again at least this often, even without a wake
 _STATE_SQL = "SELECT last_seq, path, part, bytes FROM export_state WHERE id = 1"
 _SAVE_SQL = (
     "UPDATE export_state SET last_seq = ?, path = ?, part = ?, bytes = ?"
@@ -157,6 +162,39 @@ class JsonlExporter:
                 written += len(data)
             self._save(last_seq, rows[-1][0], written)
             yield len(rows)
+
+    def follow(self, wait_for_change: Callable[[float], object],
+               wake_s: float = FOLLOW_WAKE_S) -> None:
+        """Export as messages arrive until Ctrl-C (SIGINT), then return.
+
+        `wait_for_change(seconds)` blocks until the bus file changes or the
+        seconds pass (`Bus.wait_for_change`). The lines of a batch are on disk
+        before its state commits: stopping in between is safe (the next run
+        completes the state) but leaves the export behind its file, so a
+        SIGINT during a batch only asks the loop to stop once the batch is
+        recorded; one while waiting stops at once. Off the main thread, where
+        no SIGINT arrives, it follows until the process ends.
+        """
+        exporting = False
+        stop = False
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            nonlocal stop
+            if not exporting:
+                raise KeyboardInterrupt
+            stop = True
+
+        previous = _set_sigint_handler(on_sigint)
+        try:
+            while not stop:
+                wait_for_change(wake_s)
+                exporting = True
+                self.export()
+                exporting = False
+        except KeyboardInterrupt:
+            return
+        finally:
+            _set_sigint_handler(previous)
 
     def pending(self) -> int:
         """Messages not exported yet."""
@@ -313,6 +351,14 @@ class JsonlExporter:
             except OSError:
                 os.ftruncate(self._fd, start)
                 raise
+
+
+def _set_sigint_handler(handler: Any) -> Any:
+    """Install `handler` for SIGINT on the main thread; the one it replaces (None elsewhere,
+    where Python allows no handler and no SIGINT arrives)."""
+    if handler is None or threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, handler)
 
 
 def _line_date(line: bytes) -> str:

@@ -40,7 +40,8 @@ _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}
 PUBLISH_KEYS = ("from_agent", "type", "payload", "to", "id", "correlation_id", "in_reply_to")
 _PUBLISH_KEY_SET = frozenset(PUBLISH_KEYS)
 
-_COLUMNS = (
+# The columns row_to_message reads, in its order.
+COLUMNS = (
     "seq, id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to, payload, payload_ref"
 )
 _INSERT_HEAD = (
@@ -56,8 +57,8 @@ _SEQ_BY_ID_SQL = "SELECT seq FROM messages WHERE id = ?"
 # pass over what it sent, its broadcasts and what it addressed to itself, unless asked
 # (`_WITH_OWN`, for a reader of the whole log as the agent).
 _POLL_TEMPLATE = (
-    f"SELECT {_COLUMNS} FROM messages WHERE to_agent = :agent AND seq > :after{{own}}"
-    f" UNION ALL SELECT {_COLUMNS} FROM messages WHERE to_agent IS NULL AND seq > :after"
+    f"SELECT {COLUMNS} FROM messages WHERE to_agent = :agent AND seq > :after{{own}}"
+    f" UNION ALL SELECT {COLUMNS} FROM messages WHERE to_agent IS NULL AND seq > :after"
     "{own} ORDER BY seq LIMIT :limit"
 )
 _POLL_SQL = _POLL_TEMPLATE.format(own=NOT_OWN)
@@ -66,10 +67,10 @@ _PENDING_COUNT_SQL = (
     f"SELECT (SELECT count(*) FROM messages WHERE to_agent = :agent AND seq > :after{NOT_OWN})"
     f" + (SELECT count(*) FROM messages WHERE to_agent IS NULL AND seq > :after{NOT_OWN})"
 )
-_LIST_SQL = f"SELECT {_COLUMNS} FROM messages WHERE seq > ? ORDER BY seq LIMIT ?"
-_TAIL_SQL = f"SELECT {_COLUMNS} FROM messages ORDER BY seq DESC LIMIT ?"
+_LIST_SQL = f"SELECT {COLUMNS} FROM messages WHERE seq > ? ORDER BY seq LIMIT ?"
+_TAIL_SQL = f"SELECT {COLUMNS} FROM messages ORDER BY seq DESC LIMIT ?"
 # Only the rows published since the question are read (the seq range is the primary key).
-_REPLY_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE seq > :after AND in_reply_to = :id"
+_REPLY_SQL = (f"SELECT {COLUMNS} FROM messages WHERE seq > :after AND in_reply_to = :id"
               " AND (to_agent = :agent OR to_agent IS NULL) ORDER BY seq LIMIT 1")
 # The agent's own messages (broadcasts, and to itself) in a row above `after`, up to the next message waiting for it.
 _LAST_OWN_BEFORE_SQL = (

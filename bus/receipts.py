@@ -86,8 +86,10 @@ _SQL = {True: _statements("receipts"), False: _statements(_NONE_RECORDED)}
 
 
 @dataclass(frozen=True)
-class Delivery:
-    """When and how a message was shown to its recipient: first, latest, how often."""
+class SessionDelivery:
+    """When and how a direct message was shown to its recipient's session: first, latest,
+    how often. (A channel's `Delivery` is another thing: one recipient's copy of a channel
+    message, with its acks and retries.)"""
 
     first_ms: int
     last_ms: int
@@ -107,7 +109,7 @@ class Receipt:
     type: str
     ts_ms: int
     state: str
-    delivery: Delivery | None
+    delivery: SessionDelivery | None
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"seq": self.seq, "id": self.id, "from": self.from_agent, "to": self.to_agent,
@@ -181,7 +183,7 @@ def has_receipts_table(conn: apsw.Connection) -> bool:
 
 def _receipt(row: tuple) -> Receipt:
     seq, id_, from_agent, to_agent, type_, ts_ms, acked, *delivered = row
-    delivery = Delivery(*delivered) if delivered[0] is not None else None
+    delivery = SessionDelivery(*delivered) if delivered[0] is not None else None
     state = ACKED if acked else DELIVERED if delivery is not None else SENT
     return Receipt(seq, id_, from_agent, to_agent, type_, ts_ms, state, delivery)
 

@@ -99,6 +99,7 @@ _HELD_COUNT_SQL = (
 )
 _STATE_COUNTS_SQL = "SELECT state, count(*) FROM tasks GROUP BY state"
 _LIST_SQL = f"SELECT {_COLUMNS} FROM tasks ORDER BY seq"
+_TASKS_TABLE_SQL = "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'tasks'"
 _LIST_STATE_SQL = f"SELECT {_COLUMNS} FROM tasks WHERE state = ? ORDER BY seq"
 _DEPENDENCIES_SQL = (
     f"SELECT {_T_COLUMNS} FROM task_dependencies e JOIN tasks t ON t.seq = e.depends_on_seq"
@@ -220,6 +221,29 @@ class TaskDetail:
                 "lease_until_ms": claim.lease_until_ms if claim else None,
                 "events": [{"seq": seq, "ts_ms": ts, "from": sender, "type": type_}
                            for seq, ts, sender, type_ in self.events]}
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """A task of the graph with what stops it now: `status` is ready, blocked, held,
+    done or cancelled; `holder` and `fence` are its live lease's."""
+
+    task: Task
+    status: str
+    holder: str | None
+    fence: int | None
+
+    @property
+    def task_id(self) -> str:
+        return self.task.task_id
+
+    @property
+    def priority(self) -> int:
+        return self.task.priority
+
+    @property
+    def created_ms(self) -> int:
+        return self.task.created_at_ms
 
 
 # --- operations: one transaction each on the connection given -------------------
@@ -386,6 +410,37 @@ def _task_event(conn: apsw.Connection, agent: str, type: str,
 
 
 # --- inside the caller's transaction ---------------------------------------------
+
+
+def has_task_graph(conn: apsw.Connection) -> bool:
+    """Whether the file has the task graph yet (a read-only view may read an older file)."""
+    return conn.execute(_TASKS_TABLE_SQL).get is not None
+
+
+def list_task_rows(conn: apsw.Connection, now: int) -> list[TaskRow]:
+    """Every task of the graph, oldest first, with its status now (none in an older file)."""
+    if not has_task_graph(conn):
+        return []
+    held = {c.task_id: c for c in claims.list_claims(conn) if not c.expired(now)}
+    found = []
+    for task in (Task(*row) for row in conn.execute(_LIST_SQL)):
+        claim = held.get(task.task_id)
+        if task.state != OPEN:
+            status = task.state
+        elif claim is not None:
+            status = "held"
+        else:
+            status = "blocked" if task.waiting_on else "ready"
+        found.append(TaskRow(task, status, claim.agent if claim else None,
+                             claim.fence if claim else None))
+    return found
+
+
+def find_task_detail(conn: apsw.Connection, task_id: str, now: int) -> TaskDetail | None:
+    """The task's dependencies, dependents, lease and newest events, as `bus task show`
+    reads them; None if the graph has no such task (or the file no graph)."""
+    task = get(conn, task_id) if has_task_graph(conn) else None
+    return None if task is None else task_detail_of(conn, task, now)
 
 
 def get(conn: apsw.Connection, task_id: str) -> Task | None:

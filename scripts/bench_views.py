@@ -254,10 +254,10 @@ def sql_alone(path: Path, params: dict[str, str]) -> float:
     """Seconds to open the file read-only, run the page's SQL and fetch it."""
     from bus.db import connect
     from bus.messages import now_ms
-    from bus.views.queries import MessageFilter
-    from bus.views.queries import message_page_params
-    from bus.views.queries import message_page_sql
-    filt = MessageFilter.from_params(params)
+    from bus.browse import LogFilter
+    from bus.browse import message_page_params
+    from bus.browse import message_page_sql
+    filt = LogFilter.from_params(params)
     started = time.perf_counter()
     conn = connect(path, readonly=True)
     with conn:

@@ -200,6 +200,26 @@ def test_architecture_parts_are_the_folders():
     assert rank_of("bus.views") < rank_of("bus.mcpserver") < rank_of("bus.cli") < rank_of("workers")
 
 
+def dataclasses_by_name() -> dict[str, list[str]]:
+    """Each dataclass name in the library -> the modules that define a dataclass by it."""
+    found: dict[str, list[str]] = {}
+    for module, path in module_files().items():
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.ClassDef) and any(
+                    "dataclass" in ast.unparse(decorator) for decorator in node.decorator_list):
+                found.setdefault(node.name, []).append(module)
+    return found
+
+
+def test_architecture_each_read_model_is_defined_once():
+    """A read model (a dataclass) is defined once: the part that owns the data defines it
+    and every reader composes it, and two different things get names that tell them apart."""
+    twice = {name: modules for name, modules in dataclasses_by_name().items()
+             if len(modules) > 1}
+    assert twice == {}
+    assert "ChannelSummary" in dataclasses_by_name()  # the walk sees the library's dataclasses
+
+
 def test_architecture_click_only_in_the_cli_modules():
     """click is imported only by a module named cli or inside a cli folder."""
     outside = []

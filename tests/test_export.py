@@ -24,6 +24,7 @@ import re
 import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -841,6 +842,39 @@ def test_export_follow_subprocess_exports_new_messages_until_sigint(
     assert (stdout, stderr) == (b"", b"")
     assert_exactly_once(bus, out)
     assert bus.export_jsonl() == 0  # the state ended where the file ends
+
+
+FOLLOWER = """
+import sys
+from bus import Bus
+with Bus.open(sys.argv[1]) as bus, bus.exporter(sys.argv[2]) as exporter:
+    print(exporter.export(), flush=True)
+    exporter.follow(bus.wait_for_change)
+print("stopped", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_exporter_follow_returns_at_sigint_with_every_message_once(
+        bus: Bus, db_path: Path, tmp_path: Path, python_env) -> None:
+    """The library's follow (what `bus export --follow` calls) stops at Ctrl-C and returns."""
+    out = tmp_path / "follow.jsonl"
+    publish(bus, 2)
+    proc = subprocess.Popen([sys.executable, "-c", FOLLOWER, str(db_path), str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=python_env,
+                            preexec_fn=restore_sigint)
+    try:
+        assert read_line_with_deadline(proc.stdout) == b"2\n"
+        publish(bus, 5, seed=7)
+        wait_for_file_lines(out, 7, proc)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, stdout, stderr) == (0, b"stopped\n", b"")
+    assert_exactly_once(bus, out)
 
 
 # --- the command line ------------------------------------------------------------

@@ -24,6 +24,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
+from bus import browse
+from bus import tasks
+from bus.browse import LogFilter
+from bus.channels.queries import channel_detail
 from bus.db import connect
 from bus.errors import SearchDisabled
 from bus.errors import ValidationFailed
@@ -34,7 +38,6 @@ from bus.views.charts import claims_by_agent
 from bus.views.charts import message_rate
 from bus.views.charts import worker_swimlane
 from bus.views.pages import sort_rows
-from bus.views.queries import MessageFilter
 from bus.views.routes import branch_commits
 from bus.views.status import status_of
 from tests.broken_files import break_the_file
@@ -94,15 +97,15 @@ def read(db: Path, fn, *args):
         conn.close()
 
 
-def all_pages(db: Path, filt: MessageFilter) -> list[int]:
+def all_pages(db: Path, filt: LogFilter) -> list[int]:
     """Every seq the browser shows for `filt`, following its `older` links to the end."""
     seqs: list[int] = []
     while True:
-        page = read(db, queries.list_messages, filt, now_ms())
+        page = read(db, browse.list_messages, filt, now_ms())
         seqs += [m.seq for m in page.messages]
         if page.next_before is None:
             return seqs
-        filt = MessageFilter(**{**filt.__dict__, "before": page.next_before})
+        filt = LogFilter(**{**filt.__dict__, "before": page.next_before})
 
 
 # --- the query functions ------------------------------------------------------------------
@@ -133,13 +136,13 @@ def reference(db: Path, where) -> list[int]:
     ({"type": "tick", "sender": "a0", "to": "a1"},
      lambda t, f, to, c: (t, f, to) == ("tick", "a0", "a1")),
 ])
-@pytest.mark.parametrize("window", [queries.SCAN_WINDOW, 40])
+@pytest.mark.parametrize("window", [browse.SCAN_WINDOW, 40])
 def test_list_messages_pages_every_match_once_newest_first(
         mixed_db: Path, monkeypatch: pytest.MonkeyPatch, given, where, window: int) -> None:
     """Page by page, by seq: each match once, in order, also when a page stops at the
     scan window before it is full (a small window here)."""
     monkeypatch.setattr(queries, "SCAN_WINDOW", window)
-    assert all_pages(mixed_db, MessageFilter(**given, limit=7)) == reference(mixed_db, where)
+    assert all_pages(mixed_db, LogFilter(**given, limit=7)) == reference(mixed_db, where)
 
 
 MIXED_TYPES = ("tick", "tock", "rare")
@@ -161,12 +164,12 @@ def test_list_messages_pages_match_a_reference_model(mixed_db: Path, filt: dict,
     def matches(*columns) -> bool:
         return all(columns[names[k]] == v for k, v in filt.items())
     expected = [seq for seq in reference(mixed_db, matches) if before is None or seq < before]
-    original = queries.SCAN_WINDOW
-    queries.SCAN_WINDOW = window  # a module constant; put back below
+    original = browse.SCAN_WINDOW
+    browse.SCAN_WINDOW = window  # a module constant; put back below
     try:
-        shown = all_pages(mixed_db, MessageFilter(**filt, limit=limit, before=before))
+        shown = all_pages(mixed_db, LogFilter(**filt, limit=limit, before=before))
     finally:
-        queries.SCAN_WINDOW = original
+        browse.SCAN_WINDOW = original
     assert shown == expected
 
 
@@ -179,11 +182,11 @@ def test_list_messages_since_starts_at_the_first_message_of_the_range(db_path: P
     conn.close()
     for cut in sorted(set(times.values())):
         first = min(seq for seq, ts in times.items() if ts >= cut)
-        assert read(db_path, queries.first_seq_at, cut) == first
+        assert read(db_path, browse.first_seq_at, cut) == first
     newest = max(times.values())
-    shown = all_pages(db_path, MessageFilter(since="1h"))
+    shown = all_pages(db_path, LogFilter(since="1h"))
     assert shown == sorted(times, reverse=True)  # all within the hour
-    page = read(db_path, queries.list_messages, MessageFilter(since="1s"), newest + 60_000)
+    page = read(db_path, browse.list_messages, LogFilter(since="1s"), newest + 60_000)
     assert page.messages == [] and page.next_before is None
 
 
@@ -193,34 +196,34 @@ def test_list_messages_since_starts_at_the_first_message_of_the_range(db_path: P
 ])
 def test_message_filter_names_the_bad_parameter(params, field: str) -> None:
     with pytest.raises(ValidationFailed) as refused:
-        MessageFilter.from_params(params)
+        LogFilter.from_params(params)
     assert refused.value.field == field
 
 
 def test_message_filter_round_trips_through_its_parameters() -> None:
     params = {"type": "note", "sender": "a b", "to": "w1", "task": "t/1", "since": "15m",
               "text": "deploy", "before": "42", "limit": "10"}
-    assert MessageFilter.from_params(params).params() == params
-    assert MessageFilter.from_params({"type": " ", "limit": "50"}).params() == {}
+    assert LogFilter.from_params(params).params() == params
+    assert LogFilter.from_params({"type": " ", "limit": "50"}).params() == {}
 
 
 def test_list_messages_full_text_when_enabled(mixed_db: Path) -> None:
     with pytest.raises(SearchDisabled):
-        read(mixed_db, queries.list_messages, MessageFilter(text="i"), now_ms())
+        read(mixed_db, browse.list_messages, LogFilter(text="i"), now_ms())
     with Bus.open(mixed_db) as bus:
         bus.publish("a0", "note", "deploy the frontend")
         bus.enable_search()
-    page = read(mixed_db, queries.list_messages, MessageFilter(text="frontend"), now_ms())
+    page = read(mixed_db, browse.list_messages, LogFilter(text="frontend"), now_ms())
     assert [m.payload for m in page.messages] == ["deploy the frontend"]
     with pytest.raises(ValidationFailed) as refused:
-        read(mixed_db, queries.list_messages, MessageFilter(text='"unclosed'), now_ms())
+        read(mixed_db, browse.list_messages, LogFilter(text='"unclosed'), now_ms())
     assert refused.value.field == "text"
 
 
-def plan(db: Path, filt: MessageFilter) -> str:
+def plan(db: Path, filt: LogFilter) -> str:
     def explain(conn):
-        params = queries.message_page_params(conn, filt, now_ms())
-        rows = conn.execute("EXPLAIN QUERY PLAN " + queries.message_page_sql(filt), params)
+        params = browse.message_page_params(conn, filt, now_ms())
+        rows = conn.execute("EXPLAIN QUERY PLAN " + browse.message_page_sql(filt), params)
         return " | ".join(row[-1] for row in rows)
     return read(db, explain)
 
@@ -233,7 +236,7 @@ def plan(db: Path, filt: MessageFilter) -> str:
 ])
 def test_list_messages_walks_an_index_never_the_whole_table(mixed_db: Path, given,
                                                             uses: str) -> None:
-    shown = plan(mixed_db, MessageFilter(**given))
+    shown = plan(mixed_db, LogFilter(**given))
     assert uses in shown, shown
     assert "TEMP B-TREE" not in shown, shown  # no sort: the order is the index's
 
@@ -267,12 +270,12 @@ def test_message_detail_has_the_receipt_of_a_direct_message(console_db: Path) ->
 
 
 def test_task_rows_and_detail(console_db: Path) -> None:
-    rows = {t.task_id: t for t in read(console_db, queries.list_task_rows, now_ms())}
+    rows = {t.task_id: t for t in read(console_db, tasks.list_task_rows, now_ms())}
     assert (rows["build"].status, rows["build"].holder, rows["build"].fence) == ("held", "w1", 1)
     assert rows["ship"].status == "blocked"
-    detail = read(console_db, queries.task_detail, "ship", now_ms())
+    detail = read(console_db, tasks.find_task_detail, "ship", now_ms())
     assert [t.task_id for t in detail.dependencies] == ["build"]
-    assert read(console_db, queries.task_detail, "t2", now_ms()) is None  # leased only
+    assert read(console_db, tasks.find_task_detail, "t2", now_ms()) is None  # leased only
     assert [m.type for m in read(console_db, queries.claim_events, "t2")] == ["task_reclaimed"]
 
 
@@ -289,8 +292,8 @@ def test_agent_worker_and_channel_details(console_db: Path) -> None:
     assert [h.to_state for h in worker.history] == ["ASSIGNED", "WORKING", "CANCELLED"]
     assert worker.worker.note == "not needed"
     assert read(console_db, queries.worker_detail, "nobody") is None
-    channel = read(console_db, queries.channel_detail, "ops")
-    assert [p[0] for p in channel.participants] == ["planner", "w1"]
+    channel = read(console_db, channel_detail, "ops")
+    assert [p.agent for p in channel.participants] == ["planner", "w1"]
     assert len(channel.deliveries) == 1
 
 
@@ -567,7 +570,7 @@ def test_console_filters_round_trip_through_the_url(generated, tmp_path: Path) -
         shown = page.eval_on_selector_all(
             "#messages tr", "rows => rows.slice(1).map(r => [...r.cells].map(c => c.textContent))")
         expected = reference(db, lambda t, f, to, c: (t, f) == ("state_change", "worker-03"))
-        assert [int(row[0]) for row in shown] == expected[:queries.PAGE_SIZE]
+        assert [int(row[0]) for row in shown] == expected[:browse.PAGE_SIZE]
         page.reload()  # the URL alone brings the same view back, filters filled in
         assert page.input_value("input[name=type]") == "state_change"
         assert page.input_value("input[name=sender]") == "worker-03"
@@ -592,7 +595,7 @@ def test_console_filters_and_pages_inside_the_open_page(generated, tmp_path: Pat
     with every filter in the URL, back and forward included; without, the same form and
     links navigate; a bus that cannot be read then gets the page that says so."""
     server, db = generated
-    size = queries.PAGE_SIZE
+    size = browse.PAGE_SIZE
     every = reference(db, lambda t, f, to, c: True)
     expected = reference(db, lambda t, f, to, c: t == "state_change")
     assert len(expected) > size  # so there is an older page

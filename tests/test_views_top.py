@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bus import Bus
+from bus import worker_table
 from bus.db import connect
 from bus.views import details
 from bus.views.status import read_status
@@ -352,7 +353,7 @@ def test_task_rows_and_details_say_what_holds_each_task(bus: Bus, db_path: Path)
 
 
 @pytest.mark.parametrize("sql, params", [
-    (details._STATE_CHANGES_SQL, {"task": "t1", "worker": "w1", "limit": 5}),
+    (worker_table._TASK_STATE_CHANGES_SQL, {"task": "t1", "worker": "w1", "limit": 5}),
     (details._AGENT_MESSAGES_SQL, {"agent": "w1", "floor": 0, "limit": 5}),
     (details._TASK_MESSAGES_SQL, ("t1", 5)),
 ], ids=["worker history", "agent messages", "task messages"])

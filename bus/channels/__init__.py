@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from bus.channels.deadletters import DeadLetter
 from bus.channels.engine import Channels
-from bus.channels.engine import Delivery
 from bus.channels.engine import StoreLimits
 from bus.channels.queries import ChannelMessage
+from bus.channels.queries import Delivery
 from bus.channels.queries import MessageFilter
 from bus.channels.queries import QueryResult
 from bus.channels.store import Channel

@@ -38,11 +38,13 @@ from bus.channels.delivery import TickReport
 from bus.channels.errors import StoreCapacity
 from bus.channels.errors import StoreFull
 from bus.channels.queries import ChannelMessage
+from bus.channels.queries import Delivery
 from bus.channels.queries import FROM_SQL
 from bus.channels.queries import MESSAGE_COLUMNS
 from bus.channels.queries import MessageFilter
 from bus.channels.queries import QueryResult
 from bus.channels.queries import connection_register_functions
+from bus.channels.queries import deliveries_of
 from bus.channels.queries import filter_sql
 from bus.channels.queries import order_sql
 from bus.channels.queries import row_to_message
@@ -82,10 +84,6 @@ CAPACITY_WARNING_EVERY_MS = 60_000
 _THREAD_SQL = (
     "SELECT " + MESSAGE_COLUMNS + FROM_SQL + " WHERE m.correlation_id = ? ORDER BY cm.seq"
 )
-_DELIVERIES_SQL = (
-    "SELECT recipient, status, attempts, retry_count, delivered_at_ms, acked_at_ms, note,"
-    " last_error FROM deliveries WHERE seq = ? ORDER BY recipient"
-)
 
 
 @dataclass(frozen=True)
@@ -104,23 +102,6 @@ class StoreLimits:
     max_file_bytes: int = 2 * 1024 ** 3
     reserve_bytes: int = 100 * 1024 ** 2
     warn_bytes: int = 200 * 1024 ** 2
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One recipient's copy of a message and where it stands."""
-
-    recipient: str
-    status: str
-    attempts: int
-    retry_count: int
-    delivered_at_ms: int | None
-    acked_at_ms: int | None
-    note: str | None
-    last_error: str | None
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 class Log(Protocol):
@@ -414,7 +395,7 @@ class Channels:
         seq = message.seq if isinstance(message, ChannelMessage) else message
         validate_positive_int(seq, "message")
         with translate_busy():
-            return [Delivery(*row) for row in self.conn.execute(_DELIVERIES_SQL, (seq,))]
+            return deliveries_of(self.conn, seq)
 
     def tick(self, now: int | None = None) -> TickReport:
         """Run every timer due by `now` (default: the clock): retries, dead letters, expiries."""

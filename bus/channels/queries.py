@@ -10,8 +10,10 @@ functions registered on the connection (`connection_register_functions`).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
+from dataclasses import field
 from dataclasses import fields
 from typing import Any
 from typing import Callable
@@ -20,6 +22,7 @@ from typing import Iterator
 import apsw
 import orjson
 
+from bus.channels.store import Participant
 from bus.channels.topics import MULTI
 from bus.channels.topics import SINGLE
 from bus.channels.topics import matches
@@ -282,6 +285,47 @@ def row_to_message(row: tuple[Any, ...],
                           ts, status, error, *extra)
 
 
+# --- deliveries: each recipient's copy of a message ------------------------------------------
+
+_DELIVERY_COLUMNS = ("d.recipient, d.status, d.attempts, d.retry_count, d.delivered_at_ms,"
+                     " d.acked_at_ms, d.note, d.last_error")
+_DELIVERIES_SQL = (f"SELECT {_DELIVERY_COLUMNS} FROM deliveries d WHERE d.seq = ?"
+                   " ORDER BY d.recipient")
+_NEWEST_DELIVERIES_SQL = (
+    f"SELECT d.seq, {_DELIVERY_COLUMNS} FROM channel_messages m JOIN deliveries d"
+    " ON d.seq = m.seq WHERE m.channel_id = ? ORDER BY m.seq DESC, d.recipient LIMIT ?"
+)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One recipient's copy of a message and where it stands."""
+
+    recipient: str
+    status: str
+    attempts: int
+    retry_count: int
+    delivered_at_ms: int | None
+    acked_at_ms: int | None
+    note: str | None
+    last_error: str | None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def deliveries_of(conn: apsw.Connection, seq: int) -> list[Delivery]:
+    """Every recipient's delivery of message `seq` (none for a message of no channel)."""
+    return [Delivery(*row) for row in conn.execute(_DELIVERIES_SQL, (seq,))]
+
+
+def newest_deliveries(conn: apsw.Connection, channel_id: int,
+                      limit: int) -> list[tuple[int, Delivery]]:
+    """The channel's newest `limit` deliveries, as (seq, delivery), newest message first."""
+    return [(row[0], Delivery(*row[1:]))
+            for row in conn.execute(_NEWEST_DELIVERIES_SQL, (channel_id, limit))]
+
+
 # --- the channels as the views list them ---------------------------------------------------
 
 # Open deliveries are kept on the channel row; the ones awaiting an ack have a deadline
@@ -319,3 +363,67 @@ def channel_summary(conn: apsw.Connection, name: str) -> tuple[int, ChannelSumma
     """The channel `name`'s id and summary, or None when there is none."""
     row = conn.execute(_SUMMARY_BY_NAME_SQL, (name,)).fetchone()
     return None if row is None else (row[0], ChannelSummary(*row[1:]))
+
+
+# --- one channel's page: its people, its newest deliveries, its dead letters -----------------
+
+_PARTICIPANTS_BY_AGENT_SQL = ("SELECT agent, role, joined_at_ms FROM participants"
+                              " WHERE channel_id = ? ORDER BY agent")
+_DEAD_LETTER_SUMMARIES_SQL = (
+    "SELECT l.id, l.seq, c.name, l.recipient, l.retry_count, l.last_error,"
+    " l.dead_lettered_at_ms FROM dead_letters l JOIN channels c ON c.id = l.channel_id"
+    " WHERE (:channel IS NULL OR l.channel_id = :channel) ORDER BY l.id DESC LIMIT :limit"
+)
+
+
+@dataclass(frozen=True)
+class DeadLetterSummary:
+    """A dead letter as a list of them shows it: which message, to whom, why, and when,
+    without the message's content (the `DeadLetter` of bus/channels/deadletters.py
+    carries the whole message, for replay and `bus dlq show`)."""
+
+    id: int
+    seq: int
+    channel: str
+    recipient: str
+    retry_count: int
+    last_error: str
+    dead_lettered_at_ms: int
+
+
+def dead_letter_summaries(conn: apsw.Connection, channel_id: int | None = None,
+                          limit: int = 1000) -> list[DeadLetterSummary]:
+    """The newest dead letters first, of one channel or of all."""
+    return [DeadLetterSummary(*row) for row in conn.execute(
+        _DEAD_LETTER_SUMMARIES_SQL, {"channel": channel_id, "limit": limit})]
+
+
+@dataclass(frozen=True)
+class ChannelDetail:
+    """A channel with its participants (by name), its newest deliveries (seq, delivery)
+    and its newest dead letters."""
+
+    channel: ChannelSummary
+    participants: list[Participant]
+    deliveries: list[tuple[int, Delivery]] = field(default_factory=list)
+    dead_letters: list[DeadLetterSummary] = field(default_factory=list)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"channel": dataclasses.asdict(self.channel),
+                "participants": [p.to_json_dict() for p in self.participants],
+                "deliveries": [{"seq": s, "channel": self.channel.name, **d.to_json_dict()}
+                               for s, d in self.deliveries],
+                "dead_letters": [dataclasses.asdict(d) for d in self.dead_letters]}
+
+
+def channel_detail(conn: apsw.Connection, name: str, limit: int = 100) -> ChannelDetail | None:
+    """The channel `name` with the newest `limit` deliveries and dead letters; None when
+    there is no such channel."""
+    found = channel_summary(conn, name)
+    if found is None:
+        return None
+    channel_id, channel = found
+    participants = [Participant(*row)
+                    for row in conn.execute(_PARTICIPANTS_BY_AGENT_SQL, (channel_id,))]
+    return ChannelDetail(channel, participants, newest_deliveries(conn, channel_id, limit),
+                         dead_letter_summaries(conn, channel_id, limit))

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from typing import Any
+from typing import Callable
 
 import click
 
+from bus.api import Bus
 from bus.cli.context import BusContext
 from bus.cli.context import pass_bus_context
 from bus.cli.extras import import_extra
 from bus.cli.mcp import tools_option
-from bus.tokens import TokenChecker
 
 
 @click.command()
@@ -84,18 +85,10 @@ def serve(obj: BusContext, host: str, port: int, with_mcp: bool, tools: frozense
         click.echo("note: --allow-remote is no longer needed: a non-loopback --host is served"
                    " when a token exists (bus token create), and every request needs one",
                    err=True)
-    # The page alone on loopback reads the file read-only; tokens need the bus
-    # (a token's last use is written), and so do the tools.
-    needs_bus = with_mcp or require_token or host not in views.LOOPBACK
-    bus = obj.open() if needs_bus else None
-    extra: dict[str, Any] = {}
-    if with_mcp:
-        http = import_extra("bus.mcpserver.http", "mcp", "bus serve --mcp")
-        endpoint = http.McpEndpoint(bus, tools)
-        extra = {"extra_routes": endpoint.routes(), "extra_lifespan": endpoint.running}
+    options = views.ServerOptions(host, port, allowed_hosts, certfile, keyfile, require_token)
 
     def ready(url: str) -> None:
-        if host not in views.LOOPBACK and certfile is None:
+        if options.plain_http_beyond_loopback:
             click.echo(f"warning: serving {host} over plain HTTP: tokens and the bus cross the"
                        " network readable by anyone on the path; give --certfile and --keyfile",
                        err=True)
@@ -103,12 +96,16 @@ def serve(obj: BusContext, host: str, port: int, with_mcp: bool, tools: frozense
         click.echo(f"serving {obj.db} at {url}{mcp_note} (Ctrl-C stops)")
 
     try:
-        views.serve(obj.db, host, port, durability=obj.durability, ready=ready,
-                    checker=TokenChecker(bus) if bus is not None else None,
-                    allowed_hosts=allowed_hosts, certfile=certfile,
-                    keyfile=keyfile, require_token=require_token, **extra)
+        views.serve(obj.db, options, durability=obj.durability, ready=ready, open_bus=obj.open,
+                    extension=_mcp_endpoint(tools) if with_mcp else None)
     except KeyboardInterrupt:
         pass  # uvicorn has shut down cleanly and re-raised the Ctrl-C: stopping is the normal end
+
+
+def _mcp_endpoint(tools: frozenset[str]) -> Callable[[Bus], Any]:
+    """The MCP endpoint at /mcp, made once the server has opened the bus."""
+    http = import_extra("bus.mcpserver.http", "mcp", "bus serve --mcp")
+    return lambda bus: http.McpEndpoint(bus, tools)
 
 
 COMMANDS = [top, serve]

@@ -3,7 +3,6 @@ check."""
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -387,37 +386,10 @@ def export(obj: BusContext, out: str | None, follow: bool, partition_by: str | N
             else:
                 click.echo(f"exported {total} message(s) to {exporter.path}")
             if follow:
-                _follow_export(bus, exporter)
+                exporter.follow(bus.wait_for_change)
         except KeyboardInterrupt:
             if not follow:
                 raise
-
-
-def _follow_export(bus: Bus, exporter) -> None:
-    """Export as messages arrive until Ctrl-C; a Ctrl-C mid-batch lets the batch finish.
-
-    The lines of a batch are on disk before its state commits: stopping in
-    between is safe (the next run completes the state) but leaves the export
-    behind its file, so SIGINT during an export only asks the loop to stop.
-    """
-    exporting = False
-    stop = False
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        nonlocal stop
-        if not exporting:
-            raise KeyboardInterrupt
-        stop = True
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        while not stop:
-            bus.wait_for_change(FOLLOW_WAKE_S)
-            exporting = True
-            exporter.export()
-            exporting = False
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _export_with_progress(exporter) -> int:

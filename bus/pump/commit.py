@@ -58,7 +58,7 @@ from bus.pump.envelopes import huh_element
 from bus.pump.envelopes import is_huh
 from bus.pump.errors import ThreadClosed
 from bus.pump.errors import ThreadNotFound
-from bus.pump.handlers import Output
+from bus.pump.handlers import ReadyReply
 from bus.pump.routing import Listener
 from bus.pump.routing import Routes
 from bus.pump.threads import CONVERSATION_DEPTH
@@ -91,7 +91,7 @@ class Finished:
 
     unit: Unit
     input: Message
-    outputs: tuple[Output, ...] = ()
+    outputs: tuple[ReadyReply, ...] = ()
     huh: etree._Element | None = None
 
 
@@ -604,7 +604,7 @@ class Batch:
                       to=caller.name, in_reply_to=in_reply_to, kind="answer",
                       encoded_from=encoded_from)
 
-    def _final(self, output: Output, reply_id: str, unit: Unit, message: Message) -> None:
+    def _final(self, output: ReadyReply, reply_id: str, unit: Unit, message: Message) -> None:
         """A FinalAnswer goes to the client on its conversation thread: the chain from the
         unit's thread up (the callers that forwarded to it) and the conversation close."""
         conversation = threads.close_chain(self.conn, unit.thread, self.now)

@@ -108,7 +108,7 @@ class HandlerFailed(BusError):
 
 
 @dataclass(frozen=True)
-class Output:
+class ReadyReply:
     """A reply ready for the commit: its payload element and where it goes."""
 
     element: etree._Element
@@ -194,7 +194,7 @@ def replies_of(result: object) -> list[Reply]:
 
 
 def outputs_of(replies: list[Reply], peers: tuple[str, ...],
-               visible: tuple[str, ...] | None = None) -> list[Output]:
+               visible: tuple[str, ...] | None = None) -> list[ReadyReply]:
     """Payload elements of `replies`, calls checked; HandlerFailed names the problem.
 
     A call (`Reply.to`) must go to one of `peers`, and, when the listener has an
@@ -206,7 +206,7 @@ def outputs_of(replies: list[Reply], peers: tuple[str, ...],
         if reply.to is not None and reply.to not in may_call:
             raise _call_denied(index, reply.to, peers, visible)
         cls = type(reply.payload)
-        outputs.append(Output(_element(reply.payload, index), reply.to,
+        outputs.append(ReadyReply(_element(reply.payload, index), reply.to,
                               isinstance(reply.payload, FinalAnswer),
                               cls if is_xmlified(cls) else None))
     return outputs

@@ -178,12 +178,7 @@ class Stepper:
         with nothing else in flight must hear what is left from this step.
         """
         must_scan = until_idle and not any(in_flight.values())
-        size = self.commit_batch
-        batches = [finished[first:first + size] for first in range(0, len(finished), size)]
-        last = batches.pop() if batches else []
-        for earlier in batches:  # more commits follow at once: checkpoints on the thread
-            with self._batch(earlier, checkpoints.THREAD):
-                pass
+        last = self._commit_all_but_the_last_batch(finished)
         inlined = self._route_inline()
         conn = self.bus.conn
         routes = self.table.routes
@@ -216,6 +211,17 @@ class Stepper:
             self.scan.claimed(batch.now + self.lease_ms, claimed, full_claim, scan)
         return Step(claimed, routes, full or inlined >= ROUTE_BATCH, pending, next_expiry,
                     alone)
+
+    def _commit_all_but_the_last_batch(self, finished: list[Finished]) -> list[Finished]:
+        """Commit `finished` but its last `commit_batch` units, a transaction per batch;
+        the last batch, which the step's own transaction commits."""
+        size = self.commit_batch
+        batches = [finished[first:first + size] for first in range(0, len(finished), size)]
+        last = batches.pop() if batches else []
+        for earlier in batches:  # more commits follow at once: checkpoints on the thread
+            with self._batch(earlier, checkpoints.THREAD):
+                pass
+        return last
 
     def _route_inline(self) -> int:
         """While inline listeners have requests waiting: transactions that route

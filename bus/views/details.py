@@ -13,7 +13,6 @@ Plain strings, as bus/views/render.py: the terminal view puts them on a screen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Sequence
 
@@ -26,6 +25,8 @@ from bus.messages import Message
 from bus.messages import iso_utc
 from bus.messages import row_to_message
 from bus.tasks import task_detail_of
+from bus.worker_table import StateChange
+from bus.worker_table import task_state_changes
 from bus.views import render
 from bus.views.status import Status
 
@@ -43,14 +44,6 @@ _CONTROLS = {code: " " for code in [*range(32), 127]}
 _COLUMNS = (
     "seq, id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to, payload, payload_ref"
 )
-# The lifecycle gives each state_change its task as correlation id, so
-# idx_messages_correlation_seq serves it: no index leads with the type or the
-# sender (each would cost every publish), and a scan would read the whole log.
-_STATE_CHANGES_SQL = (
-    "SELECT seq, ts_ms, payload ->> '$.from', payload ->> '$.to', payload ->> '$.command'"
-    " FROM messages WHERE correlation_id = :task AND type = 'state_change'"
-    " AND from_agent = :worker AND json_valid(payload) ORDER BY seq DESC LIMIT :limit"
-)
 # Sent: the seq range bounds the scan (no index leads with the sender); received:
 # idx_messages_to_seq walks from the newest.
 _AGENT_MESSAGES_SQL = (
@@ -66,20 +59,9 @@ _TASK_MESSAGES_SQL = (
 )
 
 
-@dataclass(frozen=True)
-class StateChange:
-    seq: int
-    ts_ms: int
-    from_state: str | None
-    to_state: str | None
-    command: str | None
-
-
 def worker_history(conn: apsw.Connection, worker: str, task: str) -> list[StateChange]:
     """The transitions of `worker` on `task`, oldest first (the newest HISTORY_MAX)."""
-    rows = conn.execute(_STATE_CHANGES_SQL, {"task": task, "worker": worker,
-                                             "limit": HISTORY_MAX}).fetchall()
-    return [StateChange(*row) for row in reversed(rows)]
+    return task_state_changes(conn, worker, task, HISTORY_MAX)
 
 
 def agent_messages(conn: apsw.Connection, agent: str,

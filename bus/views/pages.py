@@ -21,12 +21,15 @@ from urllib.parse import urlencode
 
 import orjson
 
+from bus import browse
+from bus.browse import LogFilter
+from bus.browse import LogPage
+from bus.channels.queries import ChannelDetail
+from bus.channels.queries import DeadLetterSummary
 from bus.messages import Message
 from bus.messages import iso_utc
 from bus.receipts import Receipt
 from bus.views import queries
-from bus.views.queries import MessageFilter
-from bus.views.queries import MessagePage
 
 NAV = (("/", "overview"), ("/messages", "messages"), ("/agents", "agents"),
        ("/workers", "workers"), ("/tasks", "tasks"), ("/claims", "claims"),
@@ -229,7 +232,7 @@ _FILTER_FIELDS = (("type", "type"), ("sender", "from"), ("to", "to"), ("task", "
                   ("since", "since (15m, 1h, 2d)"), ("text", "text"))
 
 
-def messages_page(filt: MessageFilter, page: MessagePage | None, error: str | None) -> Safe:
+def messages_page(filt: LogFilter, page: LogPage | None, error: str | None) -> Safe:
     """The filter form (a GET form: the filters are the URL), then messages_results."""
     inputs = "".join(
         f'<label>{esc(label)} <input name="{name}" value="{esc(getattr(filt, name) or "")}"'
@@ -241,7 +244,7 @@ def messages_page(filt: MessageFilter, page: MessagePage | None, error: str | No
     return Safe(form + messages_results(filt, page, error))
 
 
-def messages_results(filt: MessageFilter, page: MessagePage | None, error: str | None) -> Safe:
+def messages_results(filt: LogFilter, page: LogPage | None, error: str | None) -> Safe:
     """What the filters found: the page and its links, or why not (`error`). Also served
     alone, for /static/browse.js to put in place of the one shown (see Console.browse)."""
     if error is not None:
@@ -252,7 +255,7 @@ def messages_results(filt: MessageFilter, page: MessagePage | None, error: str |
         notes.append("text search is off for this bus (`bus search --enable` turns it on)")
     if page.scanned_to is not None:
         notes.append(f"no more matches down to seq {page.scanned_to} (a page reads at most"
-                     f" {queries.SCAN_WINDOW:,} messages without an indexed filter);"
+                     f" {browse.SCAN_WINDOW:,} messages without an indexed filter);"
                      " older ones follow")
     paging = [link(messages_href(**filt.params(before=None)), "newest", id="newest")]
     if page.next_before is not None:
@@ -292,9 +295,10 @@ def message_page(detail: queries.MessageDetail) -> Safe:
                       f" {detail.channel['priority']} / {detail.channel['status']}"))
     shown = (m.payload_preview if m.payload_ref is not None
              else orjson.dumps(m.payload, option=orjson.OPT_INDENT_2).decode())
+    channel = channel_link(detail.channel["name"]) if detail.channel else ""
     deliveries = table(("channel", "recipient", "status", "attempts", "retries", "delivered",
                         "acked", "last error"),
-                       [[channel_link(d.channel), agent_link(d.recipient), d.status, d.attempts,
+                       [[channel, agent_link(d.recipient), d.status, d.attempts,
                          d.retry_count, when(d.delivered_at_ms), when(d.acked_at_ms),
                          d.last_error] for d in detail.deliveries], id="deliveries")
     return join([
@@ -384,7 +388,7 @@ def worker_page(detail: queries.WorkerDetail) -> Safe:
                          link(messages_href(sender=w.worker), "all messages from it"))])
 
 
-def channel_page(detail: queries.ChannelDetail) -> Safe:
+def channel_page(detail: ChannelDetail) -> Safe:
     c = detail.channel
     facts = [("type", c.type), ("owner", agent_link(c.owner)), ("state", c.state),
              ("delivery", c.delivery_mode), ("open deliveries", c.open_deliveries),
@@ -392,8 +396,8 @@ def channel_page(detail: queries.ChannelDetail) -> Safe:
     return join([
         pairs(facts),
         section("participants", table(("agent", "role", "joined"),
-                                      [[agent_link(a), r, when(j)]
-                                       for a, r, j in detail.participants], id="participants")),
+                                      [[agent_link(p.agent), p.role, when(p.joined_at_ms)]
+                                       for p in detail.participants], id="participants")),
         section("newest deliveries", table(
             ("seq", "recipient", "status", "attempts", "retries", "delivered", "acked",
              "last error"),
@@ -403,7 +407,7 @@ def channel_page(detail: queries.ChannelDetail) -> Safe:
         section("dead letters", dead_letters_table(detail.dead_letters, "dead-letters"))])
 
 
-def dead_letters_table(letters: Iterable[queries.DeadLetter], id: str, sort: Any = None,
+def dead_letters_table(letters: Iterable[DeadLetterSummary], id: str, sort: Any = None,
                        sortable: Sequence[str] = ()) -> Safe:
     return table(("id", "seq", "channel", "recipient", "retries", "last error", "dead since"),
                  [[d.id, message_link(d.seq), channel_link(d.channel), agent_link(d.recipient),

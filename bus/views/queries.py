@@ -3,22 +3,12 @@
 Every function takes an open connection (read-only for the views) and reads
 in the caller's transaction; each returns plain dataclasses with a
 `to_json_dict`. The pages render them, the MCP resources return their JSON,
-and neither computes an answer of its own.
-
-Paging is by seq, newest first (keyset: `seq < :before`), so a page costs the
-same at the first message as at the millionth. Filters the indexes on
-`messages` serve (recipient: idx_messages_to_seq; task: idx_messages_correlation_seq;
-text: the FTS5 index) walk their index; the others (type, sender) walk the
-log backwards from `before` and stop after SCAN_WINDOW messages, so a rare
-type never reads the whole log in one page: the page says where it stopped
-and the next one goes on from there. Indexes on type or sender would cost
-every publish (DESIGN.md, "Every index on messages is paid on each publish").
+and neither computes an answer of its own. The log's pages are bus/browse.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
@@ -27,33 +17,26 @@ import apsw
 
 from bus import messages
 from bus import receipts
-from bus import search
-from bus import claims
-from bus import tasks
-from bus.channels.queries import ChannelSummary
-from bus.channels.queries import channel_summary
+from bus.browse import SCAN_WINDOW
+from bus.channels.queries import Delivery
+from bus.channels.queries import deliveries_of
 from bus.claims import Claim
-from bus.claims import DeadClaim
 from bus.claims import list_claims
-from bus.claims import list_dead
-from bus.errors import ValidationFailed
 from bus.heartbeats import Liveness
 from bus.heartbeats import Thresholds
 from bus.heartbeats import liveness
+from bus.messages import COLUMNS
 from bus.messages import Message
 from bus.messages import row_to_message
 from bus.receipts import Receipt
 from bus.reservations import Reservation
 from bus.reservations import has_reservations_table
 from bus.reservations import live_reservations
-from bus.tasks import TaskDetail
-from bus.tasks import Task
+from bus.worker_table import StateChange
 from bus.worker_table import Worker
 from bus.worker_table import get_worker
+from bus.worker_table import state_changes
 
-PAGE_SIZE = 50
-PAGE_SIZE_MAX = 500
-SCAN_WINDOW = 200_000  # messages a page without an indexed filter reads at most
 REPLY_WINDOW = 10_000  # replies are looked for among this many messages after their question
 THREAD_MAX = 50  # of a conversation on a message's page; the browser pages through the rest
 RECENT_MAX = 20
@@ -61,239 +44,26 @@ PREVIEW_BYTES = 4096  # of a payload kept in the blob store
 # What the bus announces when a lease changes hands or ends (bus/claims.py _announce).
 CLAIM_EVENT_TYPES = ("task_reclaimed", "task_released", "task_dead")
 
-_COLUMNS = ("seq, id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to,"
-            " payload, payload_ref")
-# A filter's condition; only those given are joined (identifiers are these
-# constants, every value is bound).
-_CONDITIONS = {
-    "type": "type = :type",
-    "sender": "from_agent = :sender",
-    "to": "to_agent = :to",
-    "task": "correlation_id = :task",
-    "since": "ts_ms >= :since",
-    "text": "seq IN (SELECT rowid FROM message_search WHERE message_search MATCH :text)",
-}
-_INDEXED = frozenset({"to", "task", "text"})
-_SEQ_RANGE = "seq < :before AND seq >= :floor"
-_SINCE_UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-_SINCE_RE = re.compile(r"^\s*(\d{1,6})\s*([smhdw])\s*$")
-_FIRST_AT_OR_AFTER_SQL = "SELECT seq, ts_ms FROM messages WHERE seq >= ? ORDER BY seq LIMIT 1"
-_MIN_SEQ_SQL = "SELECT min(seq) FROM messages"
-_BY_SEQ_SQL = f"SELECT {_COLUMNS} FROM messages WHERE seq = ?"
-_BY_ID_SQL = f"SELECT {_COLUMNS} FROM messages WHERE id = ?"
-_REPLIES_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE seq > :seq AND seq <= :seq + :window"
+_BY_SEQ_SQL = f"SELECT {COLUMNS} FROM messages WHERE seq = ?"
+_BY_ID_SQL = f"SELECT {COLUMNS} FROM messages WHERE id = ?"
+_REPLIES_SQL = (f"SELECT {COLUMNS} FROM messages WHERE seq > :seq AND seq <= :seq + :window"
                 " AND in_reply_to = :id ORDER BY seq LIMIT :limit")
-_THREAD_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE correlation_id = ? ORDER BY seq"
+_THREAD_SQL = (f"SELECT {COLUMNS} FROM messages WHERE correlation_id = ? ORDER BY seq"
                f" LIMIT {THREAD_MAX}")
-_DELIVERIES_SQL = (
-    "SELECT c.name, d.recipient, d.status, d.attempts, d.retry_count, d.delivered_at_ms,"
-    " d.acked_at_ms, d.last_error FROM deliveries d JOIN channels c ON c.id = d.channel_id"
-    " WHERE d.seq = ? ORDER BY d.recipient"
-)
 _CHANNEL_OF_SQL = ("SELECT c.name, m.topic, m.priority, m.status FROM channel_messages m"
                    " JOIN channels c ON c.id = m.channel_id WHERE m.seq = ?")
-# A worker's transitions are its own state_change messages (the lifecycle
-# publishes each in the transaction that makes it); from the newest back.
-_STATE_CHANGES_SQL = (
-    "SELECT seq, ts_ms, payload ->> '$.from', payload ->> '$.to', payload ->> '$.command'"
-    " FROM messages WHERE from_agent = :worker AND type = 'state_change' AND json_valid(payload)"
-    " AND seq > :floor ORDER BY seq"
-)
-_FROM_RECENT_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE from_agent = :agent"
+_FROM_RECENT_SQL = (f"SELECT {COLUMNS} FROM messages WHERE from_agent = :agent"
                     " AND seq > :floor ORDER BY seq DESC LIMIT :limit")
-_TO_RECENT_SQL = f"SELECT {_COLUMNS} FROM messages WHERE to_agent = ? ORDER BY seq DESC LIMIT ?"
-_PARTICIPANTS_SQL = ("SELECT agent, role, joined_at_ms FROM participants WHERE channel_id = ?"
-                     " ORDER BY agent")
+_TO_RECENT_SQL = f"SELECT {COLUMNS} FROM messages WHERE to_agent = ? ORDER BY seq DESC LIMIT ?"
 _CHANNELS_OF_AGENT_SQL = ("SELECT c.name, p.role FROM participants p JOIN channels c"
                           " ON c.id = p.channel_id WHERE p.agent = ? ORDER BY c.name")
-_CHANNEL_DELIVERIES_SQL = (
-    "SELECT d.seq, d.recipient, d.status, d.attempts, d.retry_count, d.delivered_at_ms,"
-    " d.acked_at_ms, d.last_error FROM channel_messages m JOIN deliveries d ON d.seq = m.seq"
-    " WHERE m.channel_id = ? ORDER BY m.seq DESC, d.recipient LIMIT ?"
-)
-_DEAD_LETTERS_SQL = (
-    "SELECT l.id, l.seq, c.name, l.recipient, l.retry_count, l.last_error,"
-    " l.dead_lettered_at_ms FROM dead_letters l JOIN channels c ON c.id = l.channel_id"
-    " WHERE (:channel IS NULL OR l.channel_id = :channel) ORDER BY l.id DESC LIMIT :limit"
-)
 _ANY_ABOUT_SQL = "SELECT 1 FROM messages WHERE correlation_id = ? LIMIT 1"
-_TASKS_TABLE_SQL = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tasks'"
-_CLAIM_EVENTS_SQL = (f"SELECT {_COLUMNS} FROM messages WHERE correlation_id = :task"
+_CLAIM_EVENTS_SQL = (f"SELECT {COLUMNS} FROM messages WHERE correlation_id = :task"
                      " AND type IN ('task_reclaimed', 'task_released', 'task_dead')"
                      " ORDER BY seq DESC LIMIT :limit")
 
 
-# --- the message browser -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MessageFilter:
-    """What `/messages` shows; every field is a URL parameter of the same name.
-
-    `since` is relative ("15m", "1h", "2d"); `before` is the keyset: messages
-    with a lower seq (None: from the newest).
-    """
-
-    type: str | None = None
-    sender: str | None = None
-    to: str | None = None
-    task: str | None = None
-    since: str | None = None
-    text: str | None = None
-    before: int | None = None
-    limit: int = PAGE_SIZE
-
-    @classmethod
-    def from_params(cls, params: dict[str, str]) -> MessageFilter:
-        """From URL parameters; empty ones are absent. ValidationFailed names a bad one."""
-        given = {k: v.strip() for k, v in params.items() if v.strip()}
-        before = given.get("before")
-        limit = given.get("limit", str(PAGE_SIZE))
-        if before is not None and not before.isdigit():
-            raise ValidationFailed("before", f"must be a seq (a whole number), got {before!r}")
-        if not limit.isdigit() or not 1 <= int(limit) <= PAGE_SIZE_MAX:
-            raise ValidationFailed("limit", f"must be 1-{PAGE_SIZE_MAX}, got {limit!r}")
-        found = cls(**{k: given.get(k) for k in ("type", "sender", "to", "task", "since", "text")},
-                    before=int(before) if before is not None else None, limit=int(limit))
-        if found.since is not None:
-            since_ms(found.since)  # refuse a bad one now, with its name
-        return found
-
-    def params(self, **changes: Any) -> dict[str, str]:
-        """The URL parameters of this filter (with `changes`), the empty ones left out."""
-        # not dataclasses.asdict, which deep-copies: a page asks twice, and it was
-        # a tenth of the page's time
-        values = {**vars(self), **changes}
-        if values["limit"] == PAGE_SIZE:
-            values["limit"] = None
-        return {k: str(v) for k, v in values.items() if v is not None}
-
-    def conditions(self) -> list[str]:
-        return [name for name in _CONDITIONS if getattr(self, name) is not None]
-
-
-@dataclass(frozen=True)
-class MessagePage:
-    """One page of the browser: the messages, and where the next (older) page starts.
-
-    `scanned_to` is the lowest seq this page looked at when it stopped at the
-    scan window without filling the page (None when it did not stop early);
-    `next_before` is None at the oldest message.
-    """
-
-    messages: list[Message]
-    next_before: int | None
-    scanned_to: int | None
-    search_enabled: bool
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return {"messages": [m.to_json_dict() for m in self.messages],
-                "next_before": self.next_before, "scanned_to": self.scanned_to,
-                "search_enabled": self.search_enabled}
-
-
-def since_ms(text: str) -> int:
-    """"15m", "1h", "2d" as milliseconds; ValidationFailed naming `since` otherwise."""
-    match = _SINCE_RE.match(text)
-    if match is None:
-        raise ValidationFailed("since", f"must be a number and a unit (s, m, h, d, w), like 15m"
-                                        f" or 1h, got {text!r}")
-    return int(match.group(1)) * _SINCE_UNITS[match.group(2)]
-
-
-def message_page_sql(filt: MessageFilter) -> str:
-    """The browser's SQL for `filt` (also run alone by scripts/bench_views.py)."""
-    where = [_CONDITIONS[name] for name in filt.conditions()]
-    return (f"SELECT {_COLUMNS} FROM messages WHERE {' AND '.join(where + [_SEQ_RANGE])}"
-            " ORDER BY seq DESC LIMIT :limit")
-
-
-def message_page_params(conn: apsw.Connection, filt: MessageFilter, now: int) -> dict[str, Any]:
-    """The values message_page_sql binds: the filter's, and the seq range to walk
-    (`floor`: where this page stops, see page_range)."""
-    return _page_params_and_start(conn, filt, now)[0]
-
-
-def _page_params_and_start(conn: apsw.Connection, filt: MessageFilter,
-                           now: int) -> tuple[dict[str, Any], int]:
-    """message_page_params, and where the filter's range starts (see page_range)."""
-    params: dict[str, Any] = {name: getattr(filt, name) for name in filt.conditions()}
-    if filt.since is not None:
-        params["since"] = now - since_ms(filt.since)
-    before, floor, start = page_range(conn, filt, params.get("since"))
-    params.update(before=before, floor=floor, limit=filt.limit)
-    return params, start
-
-
-def page_range(conn: apsw.Connection, filt: MessageFilter,
-               since: int | None) -> tuple[int, int, int]:
-    """(before, floor, start) of a page: it shows seqs below `before` and at or above
-    `floor`; the filter's range begins at `start` (the first message of `since`, or
-    the oldest). `floor` is `start` when an index serves the filter, else at most
-    SCAN_WINDOW below `before`."""
-    before = filt.before if filt.before is not None else messages.last_seq(conn) + 1
-    # seq orders time: the first message of the range is found by bisection, not a scan
-    start = first_seq_at(conn, since) if since is not None else _min_seq(conn)
-    indexed = bool(_INDEXED & set(filt.conditions()))
-    return before, start if indexed else max(start, before - SCAN_WINDOW), start
-
-
-def list_messages(conn: apsw.Connection, filt: MessageFilter, now: int,
-                  blobs: Any = None) -> MessagePage:
-    """A page of messages matching `filt`, newest first (see the module's note on paging).
-
-    Raises SearchDisabled for `text` on a bus without the search index, and
-    ValidationFailed naming `text` for a query FTS5 cannot parse.
-    """
-    enabled = search.is_enabled(conn)
-    if filt.text is not None and not enabled:
-        raise search.SearchDisabled()
-    params, start = _page_params_and_start(conn, filt, now)
-    try:
-        rows = conn.execute(message_page_sql(filt), params).fetchall()
-    except apsw.SQLError as exc:  # only the FTS5 query can be malformed here
-        raise ValidationFailed("text", f"{exc}; use words, \"a phrase\", OR, NOT or prefix*"
-                                       " (FTS5 syntax)") from None
-    found = [row_to_message(row, blobs, preview=200) for row in rows]
-    if len(found) == filt.limit:
-        return MessagePage(found, found[-1].seq, None, enabled)
-    floor = params["floor"]
-    if floor > start:  # stopped at the window: the next page goes on from there
-        return MessagePage(found, floor, floor, enabled)
-    return MessagePage(found, None, None, enabled)
-
-
-def first_seq_at(conn: apsw.Connection, ts_ms: int) -> int:
-    """The lowest seq whose message is at or after `ts_ms`, by bisecting the log on seq
-    (commit times grow with seq): some twenty primary-key lookups, not a scan."""
-    low, high = _min_seq(conn), messages.last_seq(conn) + 1
-    while low < high:
-        middle = (low + high) // 2
-        row = conn.execute(_FIRST_AT_OR_AFTER_SQL, (middle,)).fetchone()
-        if row is None or row[1] >= ts_ms:
-            high = middle
-        else:
-            low = row[0] + 1
-    return low
-
-
-def _min_seq(conn: apsw.Connection) -> int:
-    return conn.execute(_MIN_SEQ_SQL).get or 0
-
-
 # --- one message ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Delivery:
-    channel: str
-    recipient: str
-    status: str
-    attempts: int
-    retry_count: int
-    delivered_at_ms: int | None
-    acked_at_ms: int | None
-    last_error: str | None
 
 
 @dataclass(frozen=True)
@@ -317,7 +87,8 @@ class MessageDetail:
                 "replies": [m.to_json_dict() for m in self.replies],
                 "thread": [m.to_json_dict() for m in self.thread],
                 "channel": self.channel,
-                "deliveries": [dataclasses.asdict(d) for d in self.deliveries]}
+                "deliveries": [{"channel": self.channel["name"], **d.to_json_dict()}
+                               for d in self.deliveries]}
 
 
 def get_message(conn: apsw.Connection, key: int | str, blobs: Any = None) -> Message | None:
@@ -340,7 +111,7 @@ def message_detail(conn: apsw.Connection, seq: int, blobs: Any = None) -> Messag
     return MessageDetail(
         message, answers, replies, thread,
         dict(zip(("name", "topic", "priority", "status"), channel)) if channel else None,
-        [Delivery(*row) for row in conn.execute(_DELIVERIES_SQL, (seq,))],
+        deliveries_of(conn, seq),
         receipts.receipt_for(conn, seq))
 
 
@@ -397,15 +168,6 @@ def agent_detail(conn: apsw.Connection, agent: str, now: int,
 
 
 @dataclass(frozen=True)
-class StateChange:
-    seq: int
-    ts_ms: int
-    from_state: str | None
-    to_state: str
-    command: str | None
-
-
-@dataclass(frozen=True)
 class WorkerDetail:
     worker: Worker
     history: list[StateChange]
@@ -427,67 +189,13 @@ def worker_detail(conn: apsw.Connection, worker: str) -> WorkerDetail | None:
     if found is None:
         return None
     floor = max(0, messages.last_seq(conn) - SCAN_WINDOW)
-    history = [StateChange(*r) for r in conn.execute(_STATE_CHANGES_SQL,
-                                                     {"worker": worker, "floor": floor})]
+    history = state_changes(conn, worker, floor)
     sent = _messages(conn, _FROM_RECENT_SQL, {"agent": worker, "floor": floor,
                                               "limit": RECENT_MAX})
     return WorkerDetail(found, history, sent)
 
 
-# --- channels, dead letters, pump units, claims -------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    id: int
-    seq: int
-    channel: str
-    recipient: str
-    retry_count: int
-    last_error: str
-    dead_lettered_at_ms: int
-
-
-@dataclass(frozen=True)
-class ChannelDetail:
-    channel: ChannelSummary
-    participants: list[tuple[str, str, int]]
-    deliveries: list[tuple[int, Delivery]] = field(default_factory=list)
-    dead_letters: list[DeadLetter] = field(default_factory=list)
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return {"channel": dataclasses.asdict(self.channel),
-                "participants": [{"agent": a, "role": r, "joined_at_ms": j}
-                                 for a, r, j in self.participants],
-                "deliveries": [{"seq": s, **dataclasses.asdict(d)} for s, d in self.deliveries],
-                "dead_letters": [dataclasses.asdict(d) for d in self.dead_letters]}
-
-
-def channel_detail(conn: apsw.Connection, name: str, limit: int = 100) -> ChannelDetail | None:
-    found = channel_summary(conn, name)
-    if found is None:
-        return None
-    channel_id, channel = found
-    deliveries = [(r[0], Delivery(name, *r[1:]))
-                  for r in conn.execute(_CHANNEL_DELIVERIES_SQL, (channel_id, limit))]
-    return ChannelDetail(channel, conn.execute(_PARTICIPANTS_SQL, (channel_id,)).fetchall(),
-                         deliveries, list_dead_letters(conn, channel_id, limit))
-
-
-def list_dead_letters(conn: apsw.Connection, channel_id: int | None = None,
-                      limit: int = 1000) -> list[DeadLetter]:
-    return [DeadLetter(*row) for row in conn.execute(
-        _DEAD_LETTERS_SQL, {"channel": channel_id, "limit": limit})]
-
-
-@dataclass(frozen=True)
-class ClaimsTable:
-    held: list[Claim]
-    dead: list[DeadClaim]
-
-
-def claims_table(conn: apsw.Connection) -> ClaimsTable:
-    return ClaimsTable(list_claims(conn), list_dead(conn))
+# --- claims -------------------------------------------------------------------------------
 
 
 def has_messages_about(conn: apsw.Connection, task: str) -> bool:
@@ -500,65 +208,7 @@ def claim_events(conn: apsw.Connection, task: str, limit: int = RECENT_MAX) -> l
     return _messages(conn, _CLAIM_EVENTS_SQL, {"task": task, "limit": limit})
 
 
-# --- tasks and reservations (migrations 13 and 14; an older file has none) -----------------
-
-
-TASK_FILTERS = ("ready", "blocked", "held", "open", "done", "cancelled")
-
-
-@dataclass(frozen=True)
-class TaskRow:
-    """A task of the graph with what stops it now: `status` is ready, blocked, held,
-    done or cancelled; `holder` and `fence` are its live lease's."""
-
-    task: Task
-    status: str
-    holder: str | None
-    fence: int | None
-
-    @property
-    def task_id(self) -> str:
-        return self.task.task_id
-
-    @property
-    def priority(self) -> int:
-        return self.task.priority
-
-    @property
-    def created_ms(self) -> int:
-        return self.task.created_at_ms
-
-
-def has_task_graph(conn: apsw.Connection) -> bool:
-    return conn.execute(_TASKS_TABLE_SQL).get is not None
-
-
-def list_task_rows(conn: apsw.Connection, now: int) -> list[TaskRow]:
-    """Every task of the graph, oldest first, with its status now (none in an older file)."""
-    if not has_task_graph(conn):
-        return []
-    held = {c.task_id: c for c in list_claims(conn) if not c.expired(now)}
-    found = []
-    for task in tasks.list_tasks(conn):
-        claim = held.get(task.task_id)
-        if task.state != tasks.OPEN:
-            status = task.state
-        elif claim is not None:
-            status = "held"
-        else:
-            status = "blocked" if task.waiting_on else "ready"
-        found.append(TaskRow(task, status, claim.agent if claim else None,
-                             claim.fence if claim else None))
-    return found
-
-
-def task_detail(conn: apsw.Connection, task_id: str, now: int) -> TaskDetail | None:
-    """The task's dependencies, dependents, lease and newest events, as `bus task show`
-    reads them; None if the graph has no such task."""
-    task = tasks.get(conn, task_id) if has_task_graph(conn) else None
-    if task is None:
-        return None
-    return tasks.task_detail_of(conn, task, now)
+# --- reservations (migration 13; an older file has none) ---------------------------------
 
 
 def list_reservations(conn: apsw.Connection, now: int) -> list[Reservation]:

@@ -11,7 +11,7 @@ from typing import Sequence
 
 from bus.messages import iso_utc
 from bus.receipts import Receipt
-from bus.views.status import Consumer
+from bus.views.status import ConsumerPosition
 from bus.views.status import Status
 
 CONSUMER_COLUMNS = ["consumer", "kind", "cursor", "pending", "lag", "last ack"]
@@ -69,11 +69,11 @@ def consumer_rows(status: Status) -> list[tuple[Any, ...]]:
     return [consumer_row(c) for c in status.consumers]
 
 
-def consumer_row(c: Consumer) -> tuple[Any, ...]:
+def consumer_row(c: ConsumerPosition) -> tuple[Any, ...]:
     return (c.agent, c.kind, c.cursor, c.pending, c.lag, last_ack(c))
 
 
-def last_ack(c: Consumer) -> str:
+def last_ack(c: ConsumerPosition) -> str:
     return "-" if c.last_ack_age_s is None else f"{seconds(c.last_ack_age_s)} ago"
 
 

@@ -23,11 +23,16 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
+from bus import browse
 from bus import claims
 from bus import messages
+from bus import tasks
 from bus import worker_table
 from bus.blob_store import BusBlobStore
+from bus.browse import LogFilter
+from bus.channels.queries import channel_detail
 from bus.channels.queries import channel_summaries
+from bus.channels.queries import dead_letter_summaries
 from bus.db import connect
 from bus.db import translate_busy
 from bus.errors import SearchDisabled
@@ -40,7 +45,6 @@ from bus.views import queries
 from bus.views.charts import History
 from bus.views.follow import read_failure
 from bus.views.pages import Safe
-from bus.views.queries import MessageFilter
 
 GIT_TIMEOUT_S = 5
 COMMITS_MAX = 50
@@ -142,15 +146,15 @@ class Console:
         fragment = request.headers.get(FRAGMENT_HEADER) == "results"
         show = pages.messages_results if fragment else pages.messages_page
         try:
-            filt = MessageFilter.from_params(dict(request.query_params))
+            filt = LogFilter.from_params(dict(request.query_params))
         except ValidationFailed as exc:
             return self.reader.page("messages", lambda conn, now: show(
-                MessageFilter(), None, f"{exc.field}: {exc.reason}"),
+                LogFilter(), None, f"{exc.field}: {exc.reason}"),
                 scripts=BROWSE_SCRIPTS, fragment=fragment)
 
         def render(conn: apsw.Connection, now: int) -> Safe:
             try:
-                page = queries.list_messages(conn, filt, now)
+                page = browse.list_messages(conn, filt, now)
             except (ValidationFailed, SearchDisabled) as exc:
                 return show(filt, None, str(exc))
             return show(filt, page, None)
@@ -182,13 +186,13 @@ class Console:
     def channel(self, request: Request) -> HTMLResponse:
         name = request.path_params["name"]
         return self.reader.page(f"channel {name}", lambda conn, _now: pages.channel_page(_found(
-            queries.channel_detail(conn, name), f"no channel {name!r} (see the channels table)")))
+            channel_detail(conn, name), f"no channel {name!r} (see the channels table)")))
 
     def task(self, request: Request) -> HTMLResponse:
         name = request.path_params["name"]
 
         def render(conn: apsw.Connection, now: int) -> Safe:
-            detail = queries.task_detail(conn, name, now)
+            detail = tasks.find_task_detail(conn, name, now)
             claim = claims.get(conn, name)
             found = queries.claim_events(conn, name)
             if detail is None and claim is None and not queries.has_messages_about(conn, name):
@@ -249,7 +253,7 @@ _CLAIM_SORT = {"task": "task_id", "holder": "agent", "fence": "fence", "claimed"
 
 
 def claims_table(conn: apsw.Connection, now: int, params: dict[str, str]) -> Safe:
-    found = queries.claims_table(conn)
+    found = claims.claims_table(conn)
     rows, sort = pages.sort_rows(found.held, params, _CLAIM_SORT, "task")
     expired = sum(c.expired(now) for c in found.held)
     line = pages.counts("claims", {"held": len(found.held) - expired, "expired": expired,
@@ -280,7 +284,7 @@ _DEAD_LETTER_SORT = {"id": "id", "seq": "seq", "channel": "channel", "recipient"
 
 
 def dead_letters_table(conn: apsw.Connection, _now: int, params: dict[str, str]) -> Safe:
-    found = queries.list_dead_letters(conn)
+    found = dead_letter_summaries(conn)
     rows, sort = pages.sort_rows(found, params, _DEAD_LETTER_SORT, "id")
     return pages.join([pages.counts("dead letters", pages.tally(d.channel for d in found)),
                        pages.dead_letters_table(rows, "dead-letters", sort,
@@ -310,7 +314,7 @@ _TASK_SORT = {"task": "task_id", "status": "status", "priority": "priority", "ho
 
 def tasks_table(conn: apsw.Connection, now: int, params: dict[str, str]) -> Safe:
     """The task graph; `?status=ready` (blocked, held, done, cancelled) shows those only."""
-    found = queries.list_task_rows(conn, now)
+    found = tasks.list_task_rows(conn, now)
     wanted = params.get("status")
     shown = [t for t in found if wanted in (None, "", t.status)]
     rows, sort = pages.sort_rows(shown, params, _TASK_SORT, "task")

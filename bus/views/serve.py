@@ -20,16 +20,19 @@ installed package: the page needs no network.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import threading
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 from typing import AsyncContextManager
 from typing import AsyncIterator
 from typing import Callable
+from typing import Protocol
 from typing import Sequence
 
 import apsw
@@ -46,6 +49,7 @@ from starlette.routing import Mount
 from starlette.routing import Route
 from starlette.staticfiles import StaticFiles
 
+from bus.api import Bus
 from bus.db import connect
 from bus.db import translate_busy
 from bus.errors import BusError
@@ -214,44 +218,63 @@ def create_app(path: str, durability: str = "normal", *, guard: GuardSettings | 
     `extra_lifespan()` runs for as long as the app does.
     """
     broadcaster = Broadcaster(path, durability)
+    middleware = [Middleware(Guard, settings=guard)] if guard is not None else []
+    app = Starlette(lifespan=_lifespan(broadcaster, extra_lifespan), middleware=middleware,
+                    routes=[*_PAGE_ROUTES, *routes(path, broadcaster.history), *extra_routes])
+    app.state.broadcaster = broadcaster
+    return app
 
+
+def _lifespan(broadcaster: Broadcaster, extra: Callable[[], AsyncContextManager[Any]] | None
+              ) -> Callable[[Starlette], AsyncContextManager[None]]:
+    """The reader thread, and `extra()`, for as long as the app runs."""
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         broadcaster.start()
         try:
-            if extra_lifespan is None:
+            if extra is None:
                 yield
             else:
-                async with extra_lifespan():
+                async with extra():
                     yield
         finally:
             broadcaster.stop()
+    return lifespan
 
-    async def page(_request: Request) -> Response:
-        return FileResponse(STATIC / "index.html")
 
-    async def status(_request: Request) -> Response:
-        if broadcaster.failure is not None:  # the status cannot be read now: say why
-            return Response(orjson.dumps(broadcaster.failure), status_code=503,
-                            media_type="application/json")
-        return Response(broadcaster.latest, media_type="application/json")
+# --- the live page's own routes: the page, its status, its events, its files --------------
 
-    async def events(request: Request) -> Response:
-        brief = request.query_params.get("brief") == "1"
-        return StreamingResponse(broadcaster.events(brief), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-store"})
 
-    async def plotly(_request: Request) -> Response:
-        return FileResponse(plotly_js(), media_type="text/javascript")
+def _broadcaster(request: Request) -> Broadcaster:
+    return request.app.state.broadcaster
 
-    middleware = [Middleware(Guard, settings=guard)] if guard is not None else []
-    app = Starlette(lifespan=lifespan, middleware=middleware, routes=[
-        Route("/", page), Route("/api/status", status), Route("/events", events),
-        Route("/static/plotly.min.js", plotly), Mount("/static", StaticFiles(directory=STATIC)),
-        *routes(path, broadcaster.history), *extra_routes,
-    ])
-    app.state.broadcaster = broadcaster
-    return app
+
+async def _page(_request: Request) -> Response:
+    return FileResponse(STATIC / "index.html")
+
+
+async def _status(request: Request) -> Response:
+    broadcaster = _broadcaster(request)
+    if broadcaster.failure is not None:  # the status cannot be read now: say why
+        return Response(orjson.dumps(broadcaster.failure), status_code=503,
+                        media_type="application/json")
+    return Response(broadcaster.latest, media_type="application/json")
+
+
+async def _events(request: Request) -> Response:
+    brief = request.query_params.get("brief") == "1"
+    return StreamingResponse(_broadcaster(request).events(brief), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store"})
+
+
+async def _plotly(_request: Request) -> Response:
+    return FileResponse(plotly_js(), media_type="text/javascript")
+
+
+_PAGE_ROUTES = (
+    Route("/", _page), Route("/api/status", _status), Route("/events", _events),
+    Route("/static/plotly.min.js", _plotly), Mount("/static", StaticFiles(directory=STATIC)),
+)
 
 
 class _Server(uvicorn.Server):
@@ -300,33 +323,87 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(path: str, host: str = "127.0.0.1", port: int = 8765, *,
-          durability: str = "normal", ready: Callable[[str], Any] = lambda url: None,
-          checker: TokenChecker | None = None, allowed_hosts: Sequence[str] = (),
-          certfile: str | None = None, keyfile: str | None = None, require_token: bool = False,
-          extra_routes: Sequence[BaseRoute] = (),
-          extra_lifespan: Callable[[], AsyncContextManager[Any]] | None = None) -> None:
-    """Serve the page until interrupted; `ready(url)` is called once it listens.
+class Extension(Protocol):
+    """What is served beside the page on the same port (the MCP endpoint of
+    bus/mcpserver/http.py): its routes, and what runs for as long as the app does."""
 
-    `checker` checks the tokens (bus/tokens.py); a `host` beyond this machine
-    needs one and a usable token in the file, and then every path needs a
-    token; `require_token` asks for one on loopback too. `certfile` and
-    `keyfile` serve HTTPS. Raises ValidationFailed for
-    a remote host without a token or a port that is taken, and what
-    `read_status` raises for a file that cannot be shown.
+    def routes(self) -> Sequence[BaseRoute]: ...
+
+    def running(self) -> AsyncContextManager[Any]: ...
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Where the server listens and whom it lets in.
+
+    A `host` beyond this machine needs a usable token in the file, and then
+    every request needs one; `require_token` asks for one on loopback too.
+    `certfile` and `keyfile` (PEM) serve HTTPS; `allowed_hosts` are the names
+    clients use to reach a non-loopback host.
     """
-    check_host(host, checker, require_token)
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    allowed_hosts: tuple[str, ...] = ()
+    certfile: str | None = None
+    keyfile: str | None = None
+    require_token: bool = False
+
+    @property
+    def tokens_everywhere(self) -> bool:
+        """Whether every request needs a token (and so the server needs the bus to check it)."""
+        return self.require_token or self.host not in LOOPBACK
+
+    @property
+    def plain_http_beyond_loopback(self) -> bool:
+        """Whether tokens and the bus would cross the network unencrypted."""
+        return self.host not in LOOPBACK and self.certfile is None
+
+
+def serve(path: str, options: ServerOptions = ServerOptions(), *, durability: str = "normal",
+          ready: Callable[[str], Any] = lambda url: None,
+          open_bus: Callable[[], Bus] | None = None,
+          extension: Callable[[Bus], Extension] | None = None) -> None:
+    """Serve the page for the bus at `path` until interrupted; `ready(url)` is called once
+    it listens.
+
+    The page alone on loopback reads the file read-only. Tokens need the bus
+    (a token's last use is written), and so does an `extension` (made from the
+    bus, e.g. the MCP endpoint): then `open_bus()` opens it (the caller keeps
+    and closes it; by default the bus at `path` is opened here and closed at
+    the end). Raises ValidationFailed for a remote host without a token or a
+    port that is taken, and what `read_status` raises for a file that cannot
+    be shown.
+    """
+    with contextlib.ExitStack() as stack:
+        bus = None
+        if extension is not None or options.tokens_everywhere:
+            bus = open_bus() if open_bus is not None else stack.enter_context(
+                Bus.open(path, durability))
+        served = extension(bus) if extension is not None and bus is not None else None
+        _run(path, options, durability, ready, TokenChecker(bus) if bus is not None else None,
+             served)
+
+
+def _run(path: str, options: ServerOptions, durability: str, ready: Callable[[str], Any],
+         checker: TokenChecker | None, extension: Extension | None) -> None:
+    check_host(options.host, checker, options.require_token)
     read_status(path, durability)
-    tls = certfile is not None
-    sock = listen(host, port)
-    shown_host = f"[{host}]" if ":" in host else host
-    guard = GuardSettings(host, sock.getsockname()[1],
-                          tokens_everywhere=require_token or host not in LOOPBACK,
-                          allowed_hosts=tuple(allowed_hosts), tls=tls, checker=checker)
-    app = create_app(path, durability, guard=guard, extra_routes=extra_routes,
-                     extra_lifespan=extra_lifespan)
+    sock = listen(options.host, options.port)
+    guard = GuardSettings(options.host, sock.getsockname()[1],
+                          tokens_everywhere=options.tokens_everywhere,
+                          allowed_hosts=options.allowed_hosts,
+                          tls=options.certfile is not None, checker=checker)
+    app = create_app(path, durability, guard=guard,
+                     extra_routes=extension.routes() if extension is not None else (),
+                     extra_lifespan=extension.running if extension is not None else None)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
-                            ssl_certfile=certfile, ssl_keyfile=keyfile)
+                            ssl_certfile=options.certfile, ssl_keyfile=options.keyfile)
     server = _Server(config, app.state.broadcaster)
-    ready(f"{'https' if tls else 'http'}://{shown_host}:{guard.port}/")
+    ready(_url(options, guard.port))
     server.run(sockets=[sock])
+
+
+def _url(options: ServerOptions, port: int) -> str:
+    shown_host = f"[{options.host}]" if ":" in options.host else options.host
+    return f"{'https' if options.certfile is not None else 'http'}://{shown_host}:{port}/"

@@ -80,7 +80,7 @@ class LogInfo:
 
 
 @dataclass(frozen=True)
-class Consumer:
+class ConsumerPosition:
     """A cursor (or the exporter's position): how far it is and what waits for it.
 
     `pending` counts the messages it will be handed (to it or broadcast by another, above
@@ -142,7 +142,7 @@ class Status:
     now_ms: int
     file: FileInfo
     log: LogInfo
-    consumers: list[Consumer]
+    consumers: list[ConsumerPosition]
     agents: list[Liveness]
     claims: ClaimsInfo
     workers: dict[str, int]  # how many in each state
@@ -164,7 +164,7 @@ class Status:
             counts[agent.state] += 1
         object.__setattr__(self, "agents_by_state", counts)
 
-    def consumer(self, agent: str) -> Consumer | None:
+    def consumer(self, agent: str) -> ConsumerPosition | None:
         return next((c for c in self.consumers if c.agent == agent), None)
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -241,14 +241,14 @@ def _export(conn: apsw.Connection, last_seq: int) -> ExportInfo:
 
 
 def _consumers(conn: apsw.Connection, last_seq: int, export: ExportInfo,
-               at: int) -> list[Consumer]:
+               at: int) -> list[ConsumerPosition]:
     """Every cursor, then the exporter: retention waits for it once it has exported."""
-    found = [Consumer(agent, "agent", seq, messages.pending_count(conn, agent, seq),
-                      last_seq - seq, updated, _age_s(at, updated))
+    found = [ConsumerPosition(agent, "agent", seq, messages.pending_count(conn, agent, seq),
+                              last_seq - seq, updated, _age_s(at, updated))
              for agent, seq, updated in conn.execute(_CURSORS_SQL)]
     if export.last_seq > 0 or export.path:
-        found.append(Consumer(EXPORTER, "exporter", export.last_seq, export.lag, export.lag,
-                              None, None))
+        found.append(ConsumerPosition(EXPORTER, "exporter", export.last_seq, export.lag,
+                                      export.lag, None, None))
     return found
 
 
