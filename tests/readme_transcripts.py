@@ -1,4 +1,5 @@
-"""Run the shell sessions of a Markdown file and compare them with what they show.
+"""Run the shell sessions of a Markdown file (README.md, a page of docs/) and compare them
+with what they show.
 
 A session is a fenced block tagged `console`: lines starting with `$ ` are
 commands, the lines after each command (up to the next `$ `) its output,
@@ -13,7 +14,7 @@ What differs from run to run is replaced by placeholders on both sides
 (`normalize`): the scratch directory shows as `~/app`, UUIDs, ISO times,
 epoch milliseconds, git hashes and `Ns ago`; runs of spaces count as one.
 
-    python -m tests.readme_transcripts README.md    # print each block as it runs now
+    python -m tests.readme_transcripts docs/channels.md   # print each block as it runs now
 
 (a quick way to refresh a transcript after changing a command's output).
 """
@@ -32,7 +33,7 @@ from pathlib import Path
 FENCE = "```"
 LANGUAGE = "console"
 PROMPT = "$ "
-SHOWN_AS = "~/app"  # how the scratch directory appears in the README
+SHOWN_AS = "~/app"  # how the scratch directory appears in the pages
 _PLACEHOLDERS = [
     (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"), "<uuid>"),
     (re.compile(r"\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z"), "<time>"),
@@ -46,7 +47,7 @@ _PLACEHOLDERS = [
 @dataclass(frozen=True)
 class Step:
     command: str
-    expected: str  # the output as the README shows it
+    expected: str  # the output as the page shows it
 
 
 @dataclass(frozen=True)
