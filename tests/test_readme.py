@@ -20,7 +20,7 @@ from tests.readme_transcripts import scratch_env
 from tests.readme_transcripts import transcripts
 
 README = REPO_ROOT / "README.md"
-PAGES = [README, *sorted((REPO_ROOT / "docs").glob("*.md"))]
+PAGES = [README, *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 SESSIONS = [(page, transcript) for page in PAGES for transcript in transcripts(page.read_text())]
 TOOLS = ("git", "jq")  # programs the sessions call besides bus and worker
 
