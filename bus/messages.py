@@ -51,7 +51,7 @@ _ROW_VALUES = "(?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _INSERT_SQL = f"{_INSERT_HEAD}{_ROW_VALUES} ON CONFLICT (id) DO NOTHING RETURNING seq"
 _SEQ_BY_ID_SQL = "SELECT seq FROM messages WHERE id = ?"
 # Two index range scans merged by seq: the cost follows `limit`, not the
-# backlog. The seed's `to_agent IS NULL OR to_agent = ?` sorts every waiting row.
+# backlog. A plain `to_agent IS NULL OR to_agent = ?` would sort every waiting row.
 # An agent's own broadcasts are not waiting for it (it knows what it said): the
 # broadcast scan passes them over unless asked (`_WITH_OWN`). A message an agent
 # addressed to itself is one it asked for, and comes like any other.
