@@ -112,13 +112,14 @@ def normalize(text: str, scratch: Path | None = None) -> str:
     return "\n".join(line.rstrip() for line in text.splitlines())
 
 
-def scratch_env(scratch: Path) -> dict[str, str]:
-    """The commands' environment: this checkout's `bus` and `worker` first on PATH, a HOME
-    and git identity of their own, fixed git dates (so commit ids repeat), unbuffered Python
-    (so stdout and stderr interleave as on a terminal)."""
+def scratch_env(scratch: Path, bin_dir: Path | None = None) -> dict[str, str]:
+    """The commands' environment: `bin_dir`'s `bus` and `worker` first on PATH (this
+    checkout's by default; an installed wheel's for a journey), a HOME and git identity of
+    their own, fixed git dates (so commit ids repeat), unbuffered Python (so stdout and
+    stderr interleave as on a terminal)."""
     home = scratch.parent / "home"
     home.mkdir(exist_ok=True)
-    bin_dir = str(Path(sys.executable).parent)
+    bin_dir = str(bin_dir or Path(sys.executable).parent)
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("BUS_", "GIT_", "CLAUDE_"))}
     env.update({
