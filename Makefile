@@ -1,4 +1,4 @@
-# The two commands of README.md: `make demo` and `make test`.
+# The two commands of README.md: `make demo` and `make test` (and `make docs`, the site).
 # Both create .venv on first use and reinstall only when setup.cfg changes.
 
 PYTHON ?= python3
@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test bench clean tools clients
+.PHONY: demo test bench docs clean tools clients
 
 demo: $(INSTALLED)
 	$(BIN)/python scripts/demo.py
@@ -54,6 +54,12 @@ clients:
 
 bench: $(INSTALLED)
 	$(BIN)/python scripts/bench.py
+
+# The documentation site from docs/ (mkdocs.yml), served on this host only, rebuilt
+# as the pages change; tests/test_docs_site.py builds it with --strict.
+DOCS_ADDR ?= 127.0.0.1:8000
+docs: $(INSTALLED)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr $(DOCS_ADDR)
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "agentbus needs Python 3.10 or newer"'

@@ -202,7 +202,7 @@ class Bus:
 
     @property
     def channels(self) -> Channels:
-        """The message engine on this bus (seed 004): channels, delivery, acks, dead letters."""
+        """The message engine on this bus: channels, delivery, acks, dead letters."""
         if self._channels is None:
             self._channels = Channels(self)
         return self._channels

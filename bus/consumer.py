@@ -1,4 +1,4 @@
-"""The process loop (seed 003): poll an agent's messages, handle each, ack after success.
+"""The process loop: poll an agent's messages, handle each, ack after success.
 
     from bus import Bus, process_loop
 

@@ -279,7 +279,7 @@ def wait_when_busy(timeout_ms: int = BUSY_TIMEOUT_MS) -> Callable[[int], bool]:
     and each take-over costs both processes a failed attempt and the new
     writer a cold page cache. Starting at 5 ms, 16 processes publishing at
     once wrote 15,300-18,500/s in aggregate against 9,200-10,800/s
-    (docs/benchmarks.md, stop 14); a writer that waits at all waits a few
+    (docs/benchmarks.md); a writer that waits at all waits a few
     milliseconds longer.
     """
     timeout_s = timeout_ms / 1000

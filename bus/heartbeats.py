@@ -162,7 +162,7 @@ def beat(conn: apsw.Connection, agent: str, status: str, task: str | None,
     """Upsert the agent's row in its own short transaction; return the beat time.
 
     A beat that changes the agent's progress publishes `task_progress`, one
-    that makes it blocked `task_blocked` (seed 003's vocabulary), in the same
+    that makes it blocked `task_blocked` (the lifecycle's vocabulary), in the same
     transaction; a beat that changes neither writes only its own row.
     """
     with write_transaction(conn):

@@ -52,7 +52,7 @@ _ROW_VALUES = "(?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _INSERT_SQL = f"{_INSERT_HEAD}{_ROW_VALUES} ON CONFLICT (id) DO NOTHING RETURNING seq"
 _SEQ_BY_ID_SQL = "SELECT seq FROM messages WHERE id = ?"
 # Two index range scans merged by seq: the cost follows `limit`, not the
-# backlog. The seed's `to_agent IS NULL OR to_agent = ?` sorts every waiting row.
+# backlog. A plain `to_agent IS NULL OR to_agent = ?` would sort every waiting row.
 # An agent's own messages are not waiting for it (it knows what it said): both scans
 # pass over what it sent, its broadcasts and what it addressed to itself, unless asked
 # (`_WITH_OWN`, for a reader of the whole log as the agent).

@@ -1,4 +1,4 @@
-"""Full-text search over message payloads (seed 003, Phase 2), optional per bus.
+"""Full-text search over message payloads, optional per bus.
 
     bus.enable_search()                      # builds the index from the log, once
     for hit in bus.search("deploy frontend", type="note", since_ms=...):

@@ -1,4 +1,4 @@
-"""The task graph: tasks, their dependencies, and the ready list (issue 32).
+"""The task graph: tasks, their dependencies, and the ready list.
 
 A task is `open`, `done` or `cancelled`, with a priority from 0 (the most
 urgent, as in beads) to 4 and the tasks it depends on. It is *ready* when it

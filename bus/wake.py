@@ -31,7 +31,7 @@ between looks is the only question:
   the commit's other WAL writes, and each wake-up was paid in the writer's
   time: another process's publish took 0.12 ms beside a sleeping waiter,
   0.07 ms beside a looking one, and the waiter saw it 0.10 ms after the
-  publish began instead of 0.15 ms (docs/benchmarks.md, issue 33). Many
+  publish began instead of 0.15 ms (docs/benchmarks.md). Many
   waiting threads of one process sleep, as before (see
   `_look_while_committing`). Events already queued when a wait begins are
   mostly the waiter's own commits (which never change its data_version):

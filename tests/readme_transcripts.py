@@ -1,4 +1,5 @@
-"""Run the shell sessions of a Markdown file and compare them with what they show.
+"""Run the shell sessions of a Markdown file (README.md, a page of docs/) and compare them
+with what they show.
 
 A session is a fenced block tagged `console`: lines starting with `$ ` are
 commands, the lines after each command (up to the next `$ `) its output,
@@ -14,7 +15,7 @@ What differs from run to run is replaced by placeholders on both sides
 epoch milliseconds, git hashes, `Ns ago` and the schema version (`bus init`
 names the newest, which each migration moves); runs of spaces count as one.
 
-    python -m tests.readme_transcripts README.md    # print each block as it runs now
+    python -m tests.readme_transcripts docs/channels.md   # print each block as it runs now
 
 (a quick way to refresh a transcript after changing a command's output).
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 FENCE = "```"
 LANGUAGE = "console"
 PROMPT = "$ "
-SHOWN_AS = "~/app"  # how the scratch directory appears in the README
+SHOWN_AS = "~/app"  # how the scratch directory appears in the pages
 _PLACEHOLDERS = [
     (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"), "<uuid>"),
     (re.compile(r"\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z"), "<time>"),
@@ -49,7 +50,7 @@ _PLACEHOLDERS = [
 @dataclass(frozen=True)
 class Step:
     command: str
-    expected: str  # the output as the README shows it
+    expected: str  # the output as the page shows it
 
 
 @dataclass(frozen=True)
@@ -114,13 +115,14 @@ def normalize(text: str, scratch: Path | None = None) -> str:
     return "\n".join(line.rstrip() for line in text.splitlines())
 
 
-def scratch_env(scratch: Path) -> dict[str, str]:
-    """The commands' environment: this checkout's `bus` and `worker` first on PATH, a HOME
-    and git identity of their own, fixed git dates (so commit ids repeat), unbuffered Python
-    (so stdout and stderr interleave as on a terminal)."""
+def scratch_env(scratch: Path, bin_dir: Path | None = None) -> dict[str, str]:
+    """The commands' environment: `bin_dir`'s `bus` and `worker` first on PATH (this
+    checkout's by default; an installed wheel's for a journey), a HOME and git identity of
+    their own, fixed git dates (so commit ids repeat), unbuffered Python (so stdout and
+    stderr interleave as on a terminal)."""
     home = scratch.parent / "home"
     home.mkdir(exist_ok=True)
-    bin_dir = str(Path(sys.executable).parent)
+    bin_dir = str(bin_dir or Path(sys.executable).parent)
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("BUS_", "GIT_", "CLAUDE_"))}
     env.update({

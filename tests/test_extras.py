@@ -158,6 +158,7 @@ def test_extras_all_is_every_extra_and_core_has_none_of_them() -> None:
         if module != "py4j":  # pyspark's own dependency
             assert module not in core
     assert "plotly" in extras["spark"]  # report.html draws its charts with it
+    assert "agentbus[docs]" in extras["dev"].split()  # the suite builds the docs site
 
 
 def test_bus_mirror_nats_without_nats_names_the_nats_extra(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
-"""Docs are tests: every `console` session in README.md runs, in order, in a scratch
-directory, and prints what the README shows (tests/readme_transcripts.py has the rules
-and the placeholders for ids, times and hashes)."""
+"""Docs are tests: every `console` session in README.md and in each page of docs/ runs,
+in order, in a scratch directory, and prints what the page shows
+(tests/readme_transcripts.py has the rules and the placeholders for ids, times and
+hashes)."""
 
 from __future__ import annotations
 
@@ -19,30 +20,38 @@ from tests.readme_transcripts import scratch_env
 from tests.readme_transcripts import transcripts
 
 README = REPO_ROOT / "README.md"
-SESSIONS = transcripts(README.read_text())
+PAGES = [README, *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+SESSIONS = [(page, transcript) for page in PAGES for transcript in transcripts(page.read_text())]
 TOOLS = ("git", "jq")  # programs the sessions call besides bus and worker
 
 
-def test_readme_has_its_sessions() -> None:
-    # The worker walkthrough, the channels session and the pump session at least.
-    firsts = [t.steps[0].command for t in SESSIONS]
-    assert len(SESSIONS) >= 3, firsts
-    assert all(t.steps for t in SESSIONS)
+def _page_name(page: Path) -> str:
+    return str(page.relative_to(REPO_ROOT))
 
 
-@pytest.mark.parametrize("transcript", SESSIONS, ids=[t.name for t in SESSIONS])
-def test_readme_session_prints_what_the_readme_shows(transcript: Transcript,
-                                                     tmp_path: Path) -> None:
+def test_readme_and_guides_have_their_sessions() -> None:
+    # The README's five-minute path at least; the guides hold the walkthroughs (workers,
+    # channels, the pump, coordination, agents).
+    pages = {_page_name(page) for page, _ in SESSIONS}
+    assert "README.md" in pages, pages
+    assert len(SESSIONS) >= 10, [(_page_name(p), t.line) for p, t in SESSIONS]
+    assert all(t.steps for _, t in SESSIONS)
+
+
+@pytest.mark.parametrize(("page", "transcript"), SESSIONS,
+                         ids=[f"{_page_name(p)}:{t.name}" for p, t in SESSIONS])
+def test_session_prints_what_the_page_shows(page: Path, transcript: Transcript,
+                                            tmp_path: Path) -> None:
     for tool in TOOLS:
         if any(f"{tool} " in step.command for step in transcript.steps) and not shutil.which(tool):
-            pytest.skip(f"{tool} is not installed; this README session needs it")
+            pytest.skip(f"{tool} is not installed; this session of {_page_name(page)} needs it")
     scratch = tmp_path / "app"
     prepare(scratch, transcript, REPO_ROOT)
     outputs = run(transcript, scratch, scratch_env(scratch))
     assert len(outputs) == len(transcript.steps), outputs
     for step, output in zip(transcript.steps, outputs):
         assert normalize(output, scratch) == normalize(step.expected), (
-            f"README.md:{transcript.line}: `{step.command}` printed:\n{output}")
+            f"{_page_name(page)}:{transcript.line}: `{step.command}` printed:\n{output}")
 
 
 def test_transcripts_parse_commands_outputs_and_refuse_an_unclosed_block() -> None:

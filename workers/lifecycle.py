@@ -499,7 +499,7 @@ class Workers:
 
     @staticmethod
     def _resumed(worker: Worker) -> list[Announcement]:
-        """What a worker entering WORKING announces (seed 003's vocabulary)."""
+        """What a worker entering WORKING announces (the lifecycle's vocabulary)."""
         return [("agent_started", {"task": worker.task, "branch": worker.branch,
                                    "worktree": worker.worktree}, None)]
 

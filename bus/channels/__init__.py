@@ -1,4 +1,4 @@
-"""The message engine (seed 004): channels, delivery, acknowledgments, dead letters.
+"""The message engine: channels, delivery, acknowledgments, dead letters.
 
     from bus import Bus
     with Bus.open(".worker-state/bus.db") as bus:
@@ -10,7 +10,7 @@ participants, subscriptions and their SQL), `queries` (filters and the
 `ChannelMessage` a receiver gets), `sending` (validate, route, persist),
 `system` (the bus's own `_system` channel of notices), `delivery`
 (receive, acknowledge, retries on a clock), `deadletters`, and `engine`,
-the `Channels` facade with the seed's method names. The engine
+the `Channels` facade. The engine
 stores its messages in the log's `messages` table (addressed to `#channel`)
 and knows nothing of the pump or the CLI.
 """

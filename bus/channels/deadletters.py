@@ -1,4 +1,4 @@
-"""Dead letters (seed 004): deliveries that ran out of retries, kept for people.
+"""Dead letters: deliveries that ran out of retries, kept for people.
 
 A dead letter keeps the whole message (it is still in `messages`) plus
 retry_count, last_error and dead_lettered_at. Replay puts the delivery back

@@ -1,11 +1,11 @@
-"""Handing deliveries out, acknowledging them, and the timers (seed 004).
+"""Handing deliveries out, acknowledging them, and the timers.
 
 Every timer is a stored deadline, evaluated by `tick(conn, now_ms)`, which
 receive runs first and `bus channel tick` runs on demand, so nothing is
 lost across restarts and tests step an injected clock:
 
 - on an at_least_once or exactly_once channel the ack timer starts at
-  send (seed 004, stage 5): a delivery is created with `deadline_ms` = send
+  send: a delivery is created with `deadline_ms` = send
   time + ack_timeout, whether or not its recipient ever calls receive.
   Handing it out restarts the timer (the receiver gets a whole ack_timeout
   to answer). Past the deadline, unacknowledged, it goes back to pending,

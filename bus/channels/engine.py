@@ -1,4 +1,4 @@
-"""The `Channels` facade of the message engine (seed 004), on an open Bus.
+"""The `Channels` facade of the message engine, on an open Bus.
 
     ch = bus.channels
     ch.create_channel("ci-events", "pubsub", "ci-agent")
@@ -9,7 +9,7 @@
 
 Every operation is one short transaction on the calling thread's connection
 (`BEGIN IMMEDIATE` for writes), so any number of processes can use one bus
-file. Method names are the seed's; messages come back as `ChannelMessage`.
+file. Messages come back as `ChannelMessage`.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ _THREAD_SQL = (
 
 @dataclass(frozen=True)
 class StoreLimits:
-    """Backpressure on the whole bus (seed 004, "Memory/Disk Pressure").
+    """Backpressure on the whole bus: its memory and disk.
 
     `max_active`: unfinished deliveries (waiting or unacknowledged) beyond
     which sends fail with StoreFull. `max_file_bytes` and `reserve_bytes`:
@@ -153,7 +153,7 @@ class Channels:
     def batch(self) -> Iterator[None]:
         """Group several operations into one transaction and one commit.
 
-        The flush policy of the seed: one commit per message by default
+        The flush policy: one commit per message by default
         (each survives a crash once its call returns; with durability
         "full", power loss too), or one per batch, for throughput.
         """

@@ -1,6 +1,6 @@
 """Channel messages as callers see them, and the filter that selects them.
 
-`MessageFilter` is the seed's filter (channel, time range, types, sender,
+`MessageFilter` is a channel query's filter (channel, time range, types, sender,
 topic, status, content regex, sort, limit, offset); `filter_sql` turns it
 into WHERE clauses over `channel_messages` (alias cm, indexed on channel,
 sender, topic and time) and `messages` (alias m, indexed on correlation id),
@@ -51,7 +51,7 @@ FROM_SQL = (
 
 @dataclass(frozen=True)
 class ChannelMessage:
-    """One message of a channel. `seq` is its number (the seed's message id);
+    """One message of a channel. `seq` is its number (its message id);
     `id` its UUID. For a received message, `recipient`, `delivery_status`,
     `attempt` (1 on first delivery) and `retry_count` describe the delivery.
     `content_error` says why content could not be read (a missing blob)."""

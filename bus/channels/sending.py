@@ -1,4 +1,4 @@
-"""The send pipeline (seed 004): validate, assign id and time, route, persist.
+"""The send pipeline of channels: validate, assign id and time, route, persist.
 
 `prepare` checks everything that needs no database (sender, type, content,
 priority, topic form); `send` runs inside the caller's write transaction and
@@ -175,7 +175,7 @@ def answered(conn: apsw.Connection, channel: Channel, out: Outgoing) -> tuple[st
 
 def recipients(conn: apsw.Connection, channel: Channel, out: Outgoing,
                topic_index: Callable[[], TopicIndex]) -> list[str]:
-    """Who receives the message, by channel type (seed 004, "Route")."""
+    """Who receives the message, by channel type."""
     echo = channel.config.echo
     if channel.type == "pubsub":
         found = topic_index().match(out.topic)
@@ -209,7 +209,7 @@ def _insert_deliveries(conn: apsw.Connection, channel: Channel, seq: int,
                        correlation_id: str | None, targets: list[str], now_ms: int) -> int:
     """One delivery per recipient; exactly_once marks a repeat of a correlation id duplicate.
 
-    The ack timer starts here, at send (seed 004, stage 5), so a recipient
+    The ack timer starts here, at send, so a recipient
     that never receives is retried and dead-lettered all the same.
     """
     if len(targets) > FANOUT_BATCH:
@@ -233,8 +233,8 @@ def _insert_deliveries(conn: apsw.Connection, channel: Channel, seq: int,
 
 def _insert_delivery_batches(conn: apsw.Connection, channel: Channel, seq: int,
                              correlation_id: str | None, targets: list[str], now_ms: int) -> int:
-    """The deliveries of a large fan-out, FANOUT_BATCH recipients per statement (seed 004,
-    "Broadcast Fan-out"): the same rows as one INSERT per recipient, in a few statements.
+    """The deliveries of a large fan-out, FANOUT_BATCH recipients per statement:
+    the same rows as one INSERT per recipient, in a few statements.
 
     All batches are in the send's one transaction: a message and its
     deliveries are committed together or not at all.

@@ -1,4 +1,4 @@
-"""Channels, participants and subscriptions (seed 004): what they are and their SQL.
+"""Channels, participants and subscriptions: what they are and their SQL.
 
 A channel has a type that decides who receives what (direct, group,
 broadcast, pubsub), a state that decides whether it accepts and delivers
@@ -83,7 +83,7 @@ _SUBSCRIPTIONS_SQL = (
 
 @dataclass(frozen=True)
 class ChannelConfig:
-    """A channel's settings; every field has the seed's default."""
+    """A channel's settings, each with its default."""
 
     max_message_size: int = 1_048_576  # bytes of UTF-8 content
     delivery_mode: str = "at_least_once"
@@ -129,7 +129,7 @@ class ChannelConfig:
 
     @property
     def timer_at_send(self) -> bool:
-        """Whether a delivery's ack timer starts at send (seed 004, stage 5).
+        """Whether a delivery's ack timer starts at send.
 
         at_most_once has no timer. A channel with max_pending hands out only
         so many at a time, so its timer starts when `receive` hands one out.

@@ -1,6 +1,6 @@
-"""The bus's own pubsub channel, `_system`: notices an agent can subscribe to (seed 004).
+"""The bus's own pubsub channel, `_system`: notices an agent can subscribe to.
 
-The seed emits "a notification on the _system.message.deadletter topic"
+The bus emits a notification on the `_system.message.deadletter` topic
 when a delivery becomes a dead letter. Topics live on pubsub channels, so
 the bus keeps one of its own, `_system`, owned by the agent `bus` and
 created on demand: by the first notice, or by the first subscription

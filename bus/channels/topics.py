@@ -1,12 +1,12 @@
-"""Pub/sub topics and subscription patterns (seed 004, "Topic Matching").
+"""Pub/sub topics and subscription patterns, and matching one against the other.
 
 A topic is dot-separated segments (`build.frontend.complete`). A pattern is
 the same, where a segment may be `*` (exactly one segment) and the last
 segment may be `#` (zero or more segments): `build.*.complete`, `deploy.#`.
 
-`matches` is the seed's algorithm, kept as the plain reference; `TopicIndex`
+`matches` is the plain algorithm, kept as the reference; `TopicIndex`
 answers the same question for many subscriptions at once without checking
-each one, tiered as the seed describes: exact patterns by dictionary lookup,
+each one, in tiers: exact patterns by dictionary lookup,
 `*` patterns by segment count (a trie per count), `#` patterns by prefix (a
 prefix trie).
 """
@@ -62,7 +62,7 @@ def _checked_text(value: object, field: str) -> str:
 
 
 def matches(topic: str, pattern: str) -> bool:
-    """Whether `topic` matches `pattern`: the seed's reference algorithm."""
+    """Whether `topic` matches `pattern`: the plain reference algorithm."""
     topic_segments = topic.split(".")
     pattern_segments = pattern.split(".")
     if pattern_segments[-1] == MULTI:
@@ -103,7 +103,7 @@ class _Node:
 class TopicIndex:
     """Which subscribers a topic reaches, for many (pattern, subscriber) pairs.
 
-    Three tiers, as the seed's performance notes describe: exact patterns in
+    Three tiers: exact patterns in
     a dictionary; `*` patterns in one trie per segment count, so a topic
     only meets patterns of its own length; `#` patterns in a prefix trie
     whose nodes hold the patterns that end there. A topic walks its literal

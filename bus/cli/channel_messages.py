@@ -1,4 +1,4 @@
-"""Channel messages (seed 004): `bus channel send`, receive, acknowledge, deliveries, query, thread.
+"""Channel messages: `bus channel send`, receive, acknowledge, deliveries, query, thread.
 
 Message streams (receive, query, thread) print one line per message, or
 with --json one object per line, on stdout. receive and query then print a

@@ -1,4 +1,4 @@
-"""`bus channel ...` and `bus dlq ...`: the message engine's channels and dead letters (seed 004).
+"""`bus channel ...` and `bus dlq ...`: the message engine's channels and dead letters.
 
 `bus channel` creates, joins, inspects and changes channels and runs the
 delivery timers (`tick`); its message commands (send, receive, acknowledge,

@@ -241,7 +241,7 @@ def exact_quantiles(column: str) -> Column:
     percentile_disc picks the first value whose cumulative share reaches p
     (the nearest rank), so the answer is one of the data's own values and
     the same on one core or a cluster; percentile_approx's sketch is not
-    (10832 vs 10836 ms over the same data, issue 19).
+    (10832 vs 10836 ms over the same data).
     """
     return F.expr(f"percentile_disc(array(0.5, 0.95)) WITHIN GROUP (ORDER BY {column})")
 

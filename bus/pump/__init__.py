@@ -1,4 +1,4 @@
-"""The message pump (seed 000): organism.yaml, handlers, the durable pump, OOB control.
+"""The message pump: organism.yaml, handlers, the durable pump, OOB control.
 
     from bus.pump import Pump, Reply, Context, FinalAnswer, send, wait_replies
 

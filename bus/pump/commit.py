@@ -250,7 +250,7 @@ class Batch:
         no work unit is needed). `calls`, if given, collects the calls for
         `open_calls` to write together.
         """
-        # An answer goes to the calling handler whatever its root tag (seeds 001, 002).
+        # An answer goes to the calling handler whatever its root tag.
         targets = self.routes.caller(to) if kind == "answer" else \
             self.routes.targets(root_tag, to)
         if not targets:

@@ -150,7 +150,7 @@ class OobKeyError(BusError):
 
 
 class Backpressure(BusBusy):
-    """An organism's queue is full (seed 000's backpressure): the client must retry later."""
+    """An organism's queue is full (backpressure): the client must retry later."""
 
     def __init__(self, organism: str, pending: int, limit: int) -> None:
         super().__init__(f"organism {organism!r} has {pending} requests and work units waiting,"

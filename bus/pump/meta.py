@@ -1,4 +1,4 @@
-"""The organism describing itself (seed 000's `meta`): its tools and their schemas.
+"""The organism describing itself (its `meta` listener): its tools and their schemas.
 
     <list-capabilities/>                              -> <capabilities><tool .../>...
     <schema-request><listener>calc.add</listener></schema-request>

@@ -1,4 +1,4 @@
-"""The out-of-band control channel: signed requests over a private Unix socket (seed 000).
+"""The out-of-band control channel: signed requests over a private Unix socket.
 
 Privileged commands (`add-listener`, `remove-listener`, `hot-reload`) never
 travel through the pump's routing: they arrive on a Unix socket of mode 0600

@@ -1,4 +1,4 @@
-"""organism.yaml: the listeners, agents and privileges of one organism (seed 000).
+"""organism.yaml: the listeners, agents and privileges of one organism.
 
     name: my-org                       # optional; default: the file's stem
     max_pending: 10000                 # requests and units waiting before sends are refused
@@ -8,7 +8,7 @@
         payload: tools.calc:Add        # module:Class, the payload dataclass
         handler: tools.calc:add        # module:function (async or sync)
         namespace: https://example.org/ns/calc/v1
-        peers: [websearch]             # listeners it may call (seed alias: tools)
+        peers: [websearch]             # listeners it may call (older spelling: tools)
         timeout: 30                    # seconds per handler call (default 300)
         concurrency: 2                 # handler calls at once (default 1)
         max_attempts: 5                # before the input is a dead letter (default 5)
@@ -63,7 +63,7 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 _ROOT_TAG = re.compile(r"[A-Za-z_][A-Za-z0-9._-]*")
 _REFERENCE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 # Privileged commands travel on the OOB channel only: no listener may take
-# their root tags, so one leaked onto the main path routes nowhere (seed 000).
+# their root tags, so one leaked onto the main path routes nowhere.
 PRIVILEGED_ROOT_TAGS = frozenset({"add-listener", "remove-listener", "hot-reload"})
 SYSTEM_ROOT_TAGS = frozenset({"huh"})  # the pump's own error replies
 # The organism's questions about itself, answered by the pump (bus/pump/meta.py).
@@ -236,7 +236,7 @@ def _timeout(s: _Section, inline: bool) -> float:
 
 
 def _peers(s: _Section) -> tuple[str, ...]:
-    """`peers`, or `tools` as the seed spells it."""
+    """`peers`, or `tools`, its older spelling."""
     if "peers" in s.data and "tools" in s.data:
         s.fail("tools", "give `peers` or its seed spelling `tools`, not both")
     peers = s.names("tools") if "tools" in s.data else s.names("peers")

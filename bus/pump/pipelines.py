@@ -1,10 +1,10 @@
-"""Where the pump runs its listeners' pipelines: a worker thread per listener (seed 000).
+"""Where the pump runs its listeners' pipelines: a worker thread per listener.
 
 A unit's input goes through its listener's pipeline (parse, repair, C14N,
 envelope and payload XSD, deserialization: `commit.checked_input`) before
 its handler sees it. On the event loop's thread, one unit after another,
-one listener's pipeline held up every other listener's and the loop. Seed
-000 gives each listener a pipeline of its own, side by side: here each
+one listener's pipeline held up every other listener's and the loop. Each
+listener has a pipeline of its own, side by side: here each
 listener has one worker thread, so the pipelines of different listeners
 overlap, while one listener's inputs still finish their pipelines, and
 reach its handler, in the order they were claimed.

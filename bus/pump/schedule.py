@@ -1,4 +1,4 @@
-"""Fair scheduling (seed 000): which listeners get the pump's free handler slots.
+"""Fair scheduling: which listeners get the pump's free handler slots.
 
 The pump's global limit (`max_in_flight`) is shared by every listener. Handed
 out in organism.yaml order, the first listener with a backlog took every

@@ -329,7 +329,7 @@ class Stepper:
         Every unit in flight is charged an attempt when its pump dies. Run on
         its own, a unit that kills the pump again is charged alone and reaches
         max_attempts, while the units that were in flight beside it finish on
-        their own retries (seed 000's poison message, without its neighbours).
+        their own retries (a poison message fails alone, without its neighbours).
         """
         if any(in_flight.values()):
             return []  # the running units finish first

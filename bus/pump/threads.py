@@ -1,4 +1,4 @@
-"""The thread registry: call chains behind opaque UUIDs (seeds 001 and 002).
+"""The thread registry: call chains behind opaque UUIDs.
 
 A conversation is a chain of rows linked by parent id. The root row names
 the organism; each child names the listener the call went to:
@@ -355,7 +355,7 @@ def prune_for_response(conn: apsw.Connection, uuid: str, now: int | None = None)
 
 def register_thread(conn: apsw.Connection, thread_id: str, initiator: str, target: str,
                     organism: str, now: int | None = None) -> Thread:
-    """Register a caller-chosen UUID as organism/initiator/target (seed 001).
+    """Register a caller-chosen UUID as organism/initiator/target.
 
     The initiator gets a new thread of its own under the root, so replies
     bubble to this conversation only. Registering the same UUID for the same
@@ -542,7 +542,7 @@ def close_done_chain(conn: apsw.Connection, uuid: str, now: int) -> None:
 def clear(conn: apsw.Connection, organism: str) -> int:
     """Delete every thread of `organism`, open or closed, roots included; how many.
 
-    For tests and scratch buses (seed 001's `registry.clear()`): the rows are
+    For tests and scratch buses (`registry.clear()`): the rows are
     the conversation history, and a running pump's units refer to them.
     """
     organism = validate_agent_id(organism, "organism")
@@ -591,7 +591,7 @@ class ThreadRegistry:
         return close_thread(self.bus.conn, uuid, now)
 
     def clear(self) -> int:
-        """Delete all of this organism's threads (testing only, as in seed 001)."""
+        """Delete all of this organism's threads (for tests and scratch buses only)."""
         return clear(self.bus.conn, self.organism)
 
 
