@@ -243,6 +243,9 @@ ARGS: dict[str, list[str]] = {
     "bus history": [],
     "bus init": [],
     "bus mcp": ["--agent", "a", "--list"],
+    "bus mirror nats": ["--url", "nats://127.0.0.1:9", "--stream", "BUS", "--until-caught-up"],
+    "bus replicate": ["--to", "file://{dir}/replica", "--config-only"],
+    "bus restore": ["--from", "file://{dir}/replica", "{dir}/restored.db"],
     "bus migrate": [],
     "bus poll": ["--agent", "a"],
     "bus publish": ["--from", "a", "--type", "t"],
@@ -312,6 +315,7 @@ NO_BUS = {
     "bus pump oob keygen": "writes a key pair",
     "bus pump oob send": "talks to a running pump's socket, not to the file",
     "bus pump organism check": "checks organism.yaml",
+    "bus restore": "restores a replica into a new path, never the bus it names",
     "bus xml check": "validates an XML file against an XSD",
     "bus xml schema": "prints a class's XSD",
 }
@@ -346,6 +350,7 @@ NOTHING_TO_WRITE = {"bus init": "the bus exists at the latest schema version",
 READ_ONLY_ERRORS = {
     "worker merge": "worker w1 is WORKING; allowed:",
     "worker spawn": "Read-only file system",  # git cannot make the worktree beside the bus
+    "bus mirror nats": "no server answered at",  # it reaches NATS before it writes its cursor
 }
 
 # Commands that run until stopped (or start Spark) on a good file: they are

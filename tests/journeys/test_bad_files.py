@@ -36,7 +36,7 @@ from tests.journeys.conftest import Installed
 pytestmark = pytest.mark.slow
 
 # Commands that need an optional module: where the venv lacks it, they say which extra.
-NEEDS_EXTRA = {"bus history": ("pyspark", "spark")}
+NEEDS_EXTRA = {"bus history": ("pyspark", "spark"), "bus mirror nats": ("nats", "nats")}
 PARALLEL = max(2, min(8, os.cpu_count() or 2))
 
 
