@@ -88,7 +88,7 @@ def test_status_json(seeded: Bus, db_path: Path) -> None:
     out = json.loads(result.stdout)
     assert set(out) == {"now_ms", "file", "log", "consumers", "agents", "agents_by_state",
                         "claims", "workers", "worker_list", "channels", "pump", "export",
-                        "tasks", "reservations", "receipts"}
+                        "tasks", "reservations", "receipts", "replica"}
     assert out["log"] == {"messages": 3, "last_seq": 3, "oldest_seq": 1,
                           "oldest_ts_ms": out["log"]["oldest_ts_ms"]}
     assert [(c["agent"], c["cursor"], c["pending"], c["lag"]) for c in out["consumers"]] == [

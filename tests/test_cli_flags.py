@@ -48,6 +48,7 @@ NOT_ON_THE_COMMAND_LINE = {
     "text": "bus serve's message browser: /messages?text=..., a URL parameter",
     "via": "Bus.record_delivered(via=...): the place that showed a message, set by the bus",
     "session": "Bus.record_delivered(session=...): a hook's session id, read from the event",
+    "headers": "bus mirror nats --import: a JetStream message's Bus-From and Bus-Type headers",
 }
 
 
