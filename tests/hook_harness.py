@@ -14,7 +14,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from dataclasses import field
@@ -24,6 +23,7 @@ import pytest
 
 from tests.procs_workers import GIT_REPO_VARIABLES
 from tests.procs_workers import hermetic_git_env
+from tests.waiting import wait_until
 
 BIN = Path(sys.executable).parent
 RUN_TIMEOUT = 60.0
@@ -65,14 +65,6 @@ def has_inotify_fd(pid: int) -> bool:
         except OSError:
             continue
     return False
-
-
-def wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.005)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from tests.hook_harness import child_env
 from tests.hook_harness import has_inotify_fd
 from tests.hook_harness import installed
 from tests.hook_harness import run
-from tests.hook_harness import wait_until
+from tests.waiting import wait_until
 
 WAIT_S = 60  # the waiter's --wait: far above anything a test waits for
 READY_S = 30  # a waiter starting on a busy machine
@@ -51,8 +51,8 @@ def session(tmp_path: Path, db: Path, wait: float = WAIT_S, **env: str) -> Claud
 
 def start_waiting(claude: ClaudeSession, event: str = "Stop") -> subprocess.Popen:
     proc = claude.start(event)
-    wait_until(lambda: has_inotify_fd(proc.pid) or proc.poll() is not None, READY_S,
-               "the waiter waits")
+    wait_until(lambda: has_inotify_fd(proc.pid) or proc.poll() is not None, "the waiter waits",
+               READY_S)
     assert proc.poll() is None, proc.communicate()
     return proc
 
@@ -113,7 +113,7 @@ def test_rewake_two_sessions_of_one_agent_show_a_message_once(tmp_path, db):
     waiters = [session(tmp_path, db) for _ in range(2)]
     procs = [start_waiting(claude) for claude in waiters]
     publish(db, "just one of you")
-    wait_until(lambda: any(p.poll() is not None for p in procs), READY_S, "a waiter delivers")
+    wait_until(lambda: any(p.poll() is not None for p in procs), "a waiter delivers", READY_S)
     replies = []
     for claude, proc in zip(waiters, procs):
         if proc.poll() is None:

@@ -45,12 +45,11 @@ def test_docs_replication_has_its_sessions() -> None:
     assert len(SESSIONS) == 3
 
 
-def test_docs_replication_sessions_print_what_the_doc_shows(tmp_path: Path) -> None:
+def run_sessions(scratch: Path, env: dict[str, str]) -> None:
+    """Every session of the doc in `scratch`, with `env`'s commands, printing what it shows."""
     missing = _missing()
     if missing:
         pytest.skip(f"docs/replication.md needs {missing}")
-    scratch = tmp_path / "app"
-    env = scratch_env(scratch)
     for transcript in SESSIONS:
         prepare(scratch, transcript, REPO_ROOT)
         outputs = run(transcript, scratch, env, timeout=120)
@@ -59,6 +58,11 @@ def test_docs_replication_sessions_print_what_the_doc_shows(tmp_path: Path) -> N
             shown = _AGE.sub("<age>", normalize(output, scratch))
             assert shown == normalize(step.expected), (
                 f"docs/replication.md:{transcript.line}: `{step.command}` printed:\n{output}")
+
+
+def test_docs_replication_sessions_print_what_the_doc_shows(tmp_path: Path) -> None:
+    scratch = tmp_path / "app"
+    run_sessions(scratch, scratch_env(scratch))
 
 
 def test_docs_replication_links_the_remote_doc() -> None:

@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 from typing import Callable
@@ -40,6 +39,7 @@ from tests.cli_helpers import bad_value
 from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 from tests.conftest import REPO_ROOT
+from tests.waiting import wait_until
 from tests.worker_fixtures import hermetic_git  # noqa: F401 - autouse fixture
 from tests.worker_fixtures import repo  # noqa: F401 - fixture
 from tests.worker_fixtures import ws  # noqa: F401 - fixture
@@ -471,15 +471,6 @@ test_fences_grow_with_each_new_holder_and_never_repeat = FenceMachine.TestCase
 
 
 # --- real processes: the paused holder -------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (found := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout:.0f} s")
-        time.sleep(0.005)
-    return found
 
 
 def test_a_paused_holder_is_refused_everything_once_another_took_its_task(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -12,16 +11,9 @@ from bus.db import write_transaction
 from bus.errors import BusBusy
 from bus.group_commit import GroupCommit
 
+from tests.waiting import wait_until
+
 DEADLINE_S = 30.0
-
-
-def wait_until(condition, what: str) -> None:
-    """Poll a condition the test controls, with a deadline (not a guessed sleep)."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.001)
 
 
 class HeldWrite:

@@ -29,11 +29,11 @@ from bus.heartbeats import Heartbeat
 from bus.heartbeats import Liveness
 from bus.heartbeats import Thresholds
 from tests.procs_coordination import Children
+from tests.waiting import wait_until
 
 T0 = 1_700_000_000_000  # an injected clock: 2023-11-14, epoch milliseconds
 STARTUP_TIMEOUT = 60.0  # for a child to import bus, open the file and report
 SHORT_TIMEOUT = 60.0
-BEAT_TIMEOUT = 10.0  # for a Heartbeat thread to commit a beat it was asked for
 QUICK = Thresholds(warn=1.0, stale=2.0, dead=4.0)
 
 
@@ -42,15 +42,6 @@ def children(tmp_path: Path, python_env: dict[str, str]):
     started = Children(python_env, tmp_path / "stderr")
     yield started
     started.cleanup()
-
-
-def wait_until(condition, what: str, timeout: float = BEAT_TIMEOUT) -> None:
-    """Poll `condition` until it holds; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"still not {what} after {timeout} s")
-        time.sleep(0.002)
 
 
 def heartbeat_threads(agent: str) -> list[threading.Thread]:

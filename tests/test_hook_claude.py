@@ -27,8 +27,8 @@ from tests.hook_harness import child_env
 from tests.hook_harness import has_inotify_fd
 from tests.hook_harness import installed
 from tests.hook_harness import run
-from tests.hook_harness import wait_until
 from tests.procs_workers import make_repo
+from tests.waiting import wait_until
 
 WAIT_S = 30  # a Stop hook's --wait, far above how long a wake takes
 
@@ -224,8 +224,8 @@ def test_hook_session_waiting_in_stop_hears_a_message_published_meanwhile(tmp_pa
     proc = session.start_stop()
     try:
         # The hook looked, found nothing, and now waits on the bus (its inotify watch).
-        wait_until(lambda: has_inotify_fd(proc.pid) or proc.poll() is not None, 20,
-                   "the Stop hook to start waiting")
+        wait_until(lambda: has_inotify_fd(proc.pid) or proc.poll() is not None,
+                   "the Stop hook to start waiting", 20)
         assert proc.poll() is None, "the Stop hook returned before anything was published"
         sent = run("bus", ["--db", str(db), "publish", "--from", "planner", "--to", "w1",
                            "--type", "review", "--payload", '{"verdict": "redo"}'], env, tmp_path)
@@ -398,8 +398,8 @@ def test_inbox_wait_wakes_on_a_publish_from_another_process(tmp_path, db, env):
                              "inbox", "--agent", "w1", "--wait", str(WAIT_S), "--json"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_until(lambda: has_inotify_fd(proc.pid) or proc.poll() is not None, 20,
-                   "inbox to start waiting")
+        wait_until(lambda: has_inotify_fd(proc.pid) or proc.poll() is not None,
+                   "inbox to start waiting", 20)
         assert proc.poll() is None
         run("bus", ["--db", str(db), "publish", "--from", "p", "--to", "w1", "--type", "go"],
             env, tmp_path)

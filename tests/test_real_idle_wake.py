@@ -22,12 +22,12 @@ import pytest
 
 from bus import Bus
 from tests.hook_harness import has_inotify_fd
-from tests.hook_harness import wait_until
 from tests.model_api import ScriptedModel
 from tests.real_clients import ClaudeCode
 from tests.real_clients import InteractiveClaude
 from tests.real_clients import client_bus  # noqa: F401 - fixture
 from tests.real_clients import scripted_model  # noqa: F401 - fixture
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.real_clients
 
@@ -76,7 +76,7 @@ def test_idle_claude_code_session_wakes_on_publish_and_is_rearmed(
     if route == "stderr":
         waiters_without_inbox(interactive.claude.cwd / ".claude" / "settings.json")
     interactive.start()
-    wait_until(lambda: rewake_waiters(client_bus), START_S, "the SessionStart waiter waits")
+    wait_until(lambda: rewake_waiters(client_bus), "the SessionStart waiter waits", START_S)
     [first_waiter] = rewake_waiters(client_bus)
     assert scripted_model.agent_requests() == []  # idle: nobody has asked anything
 
@@ -88,8 +88,8 @@ def test_idle_claude_code_session_wakes_on_publish_and_is_rearmed(
     assert "Woken by the agent bus." in first.text()
 
     # The turn's Stop armed a new waiter: a second message wakes the idle session again.
-    wait_until(lambda: [p for p in rewake_waiters(client_bus) if p != first_waiter], START_S,
-               "the Stop waiter waits")
+    wait_until(lambda: [p for p in rewake_waiters(client_bus) if p != first_waiter],
+               "the Stop waiter waits", START_S)
     since = len(scripted_model.requests)
     with Bus.open(client_bus) as bus:
         two = bus.publish("bob", "note", "wake two", to="ann").seq

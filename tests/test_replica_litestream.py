@@ -18,15 +18,20 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bus import Bus
 from bus.db import check_database
 from bus.replica.binary import locate_litestream
 from bus.replica.config import config_path
+from bus.replica.config import litestream_intervals_ms
+from bus.replica.config import read_config
 from bus.replica.errors import LitestreamMissing
 from bus.replica.position import replica_position
 from tests.cli_helpers import run
 from tests.conftest import REPO_ROOT
+from tests.waiting import wait_until
 
 try:
     locate_litestream()
@@ -37,16 +42,6 @@ except LitestreamMissing as missing:  # pragma: no cover - the dev extra install
 SYNC_INTERVAL = "1s"
 SYNC_SECONDS = 1.0
 PROCS = str(REPO_ROOT / "tests" / "procs_replica.py")
-
-
-def wait_until(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
@@ -99,7 +94,7 @@ def replicating(tmp_path: Path, python_env: dict[str, str]):
     litestream = start([sys.executable, "-m", "bus.cli", "--db", str(db), "replicate",
                         "--to", replica.as_uri(), "--sync-interval", SYNC_INTERVAL], python_env)
     try:
-        wait_until(lambda: replicated_txid(db) > 0, 60, "Litestream's first snapshot")
+        wait_until(lambda: replicated_txid(db) > 0, "Litestream's first snapshot", 60)
         yield db, replica, litestream
     finally:
         if litestream.poll() is None:
@@ -118,19 +113,19 @@ def test_replica_litestream_kill9_everything_then_restore_loses_at_most_the_last
                for i in range(2)]
     workers += [start([sys.executable, PROCS, "consume", str(db), f"c{i}"], python_env)
                 for i in (1, 2)]
-    wait_until(lambda: last_seq(db) >= 300, 60, "300 messages")
+    wait_until(lambda: last_seq(db) >= 300, "300 messages", 60)
     kill9(workers[0])  # a publisher and a consumer die mid-stream; others take their place
     kill9(workers[2])
     workers += [start([sys.executable, PROCS, "publish", str(db), "p9"], python_env),
                 start([sys.executable, PROCS, "consume", str(db), "c1"], python_env)]
-    wait_until(lambda: last_seq(db) >= 900, 60, "900 messages")
+    wait_until(lambda: last_seq(db) >= 900, "900 messages", 60)
     taken = replica_position(db).local_txid  # what Litestream had taken from the WAL by now
-    wait_until(lambda: replicated_txid(db) > taken, 60, "the replica to pass that point")
+    wait_until(lambda: replicated_txid(db) > taken, "the replica to pass that point", 60)
     synced_before = replicated_txid(db)
     # Then more writes, so the host dies at some point between two syncs.
     more = last_seq(db) + 500
     try:
-        wait_until(lambda: last_seq(db) >= more, 60, "500 more messages")
+        wait_until(lambda: last_seq(db) >= more, "500 more messages", 60)
     except AssertionError:
         for worker in workers:
             if worker.poll() is not None:
@@ -181,7 +176,7 @@ def test_replica_status_shows_position_and_compact_checkpoints_passive(
         bus.publish("a", "note", {"n": 1})
         bus.set_cursor("b", None, create=True)
     wait_until(lambda: (p := replica_position(db)) and p.lag_txns == 0 and p.local_txid > 1,
-               60, "the replica to catch up")
+               "the replica to catch up", 60)
     shown = run(["status"], db)
     assert shown.exit_code == 0
     replica_line = [line for line in shown.stdout.splitlines() if line.startswith("replica:")]
@@ -203,10 +198,20 @@ def test_replicate_config_only_writes_litestream_yml_beside_the_bus(db_path: Pat
     done = run(["replicate", "--to", url, "--sync-interval", "500ms", "--config-only"], db_path)
     assert (done.exit_code, done.stdout) == (0, f"wrote {config_path(db_path)}\n")
     assert config_path(db_path).read_text() == (
-        f"dbs:\n- path: {db_path}\n  monitor-interval: 500ms\n  replica:\n"
-        f"    url: {url}\n    sync-interval: 500ms\n")
+        f"dbs:\n- path: {db_path}\n  monitor-interval: 50ms\n  replica:\n"
+        f"    url: {url}\n    sync-interval: 400ms\n")
+    assert read_config(db_path).sync_interval == "500ms"  # the bound the user gave, back
     assert run(["status"], db_path).stdout.splitlines()[-1] == (
         f"replica: {url}, nothing replicated yet (is `bus replicate` running?)")
+
+
+@given(st.integers(min_value=100, max_value=24 * 3600 * 1000))
+def test_litestream_intervals_add_up_to_the_bound_the_user_gave(bound_ms: int) -> None:
+    monitor_ms, ship_ms = litestream_intervals_ms(bound_ms / 1000)
+    # A write is noticed within monitor_ms and shipped within ship_ms after: what is left
+    # of the bound (a tenth) is the upload's, so a synced write is never older than the bound.
+    assert 10 <= monitor_ms and ship_ms >= 8 * monitor_ms
+    assert monitor_ms + ship_ms + monitor_ms == bound_ms
 
 
 @pytest.mark.parametrize("argv,error", [
@@ -218,7 +223,11 @@ def test_replicate_config_only_writes_litestream_yml_beside_the_bus(db_path: Pat
     (["--to", "s3:///nobucket"], "Error: --to: 's3:///nobucket' names no bucket or host after"
      " s3://\n"),
     (["--to", "file:///tmp/x", "--sync-interval", "soon"], "Error: --sync-interval: 'soon' is"
-     " not a duration: give a number followed by ms, s, m or h (like 1s or 500ms)\n"),
+     " not a duration: give a number followed by ms, s, m or h, at least 100ms (like 1s or"
+     " 500ms)\n"),
+    (["--to", "file:///tmp/x", "--sync-interval", "99ms"], "Error: --sync-interval: '99ms' is"
+     " under 100ms: give a number followed by ms, s, m or h, at least 100ms (like 1s or"
+     " 500ms)\n"),
 ])
 def test_replicate_bad_input_is_a_named_error_and_writes_nothing(db_path: Path, argv, error):
     Bus.open(db_path, create=True).close()

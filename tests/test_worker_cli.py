@@ -18,7 +18,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +35,7 @@ from tests.procs_workers import GIT_REPO_VARIABLES
 from tests.procs_workers import hermetic_git_env
 from tests.procs_workers import make_repo
 from tests.procs_workers import worktree_paths
+from tests.waiting import wait_until
 from tests.worker_fixtures import isolate_git
 from workers.cli import main
 from workers.lifecycle import Workers
@@ -43,7 +43,6 @@ from workers.registry import get as get_row
 
 STARTUP_TIMEOUT = 60.0  # for a child process to import everything and say "ready"
 RUN_TIMEOUT = 60.0  # for a `worker` process to finish
-WAIT_TIMEOUT = 20.0  # for a condition in the database
 RACE_ROUNDS = 4
 SUBCOMMANDS = ["spawn", "start", "heartbeat", "run", "done", "approve", "reject", "rework",
                "merge", "cancel", "fail", "cleanup", "status"]
@@ -135,14 +134,6 @@ def claim_of(bus: Bus, task: str):
 def spawn(db: Path, repo: Path, task: str, worker: str) -> dict:
     ok(["spawn", "--task", task, "--worker", worker, "--repo", str(repo)], db)
     return row(db, worker)
-
-
-def wait_until(condition, what: str, timeout: float = WAIT_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
 
 
 # --- the lifecycle, human output ------------------------------------------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from tests.procs_workers import commit_file
 from tests.procs_workers import git
 from tests.procs_workers import head
 from tests.procs_workers import worktree_paths
+from tests.waiting import wait_until
 from tests.worker_fixtures import hermetic_git  # noqa: F401 - autouse fixture
 from tests.worker_fixtures import repo  # noqa: F401 - fixture
 from tests.worker_fixtures import ws  # noqa: F401 - fixture
@@ -38,13 +38,6 @@ from bus import Bus
 with Bus.open(sys.argv[1], create=False) as bus:
     print(bus.publish("p1", "note", {"n": 1}).seq)
 """
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT_TIMEOUT
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def approved(ws: Workers, repo: Path, main_moves: bool = False) -> Worker:

@@ -31,6 +31,7 @@ from tests.procs_workers import commit_file
 from tests.procs_workers import git
 from tests.procs_workers import head
 from tests.procs_workers import make_repo
+from tests.waiting import wait_until
 from tests.worker_fixtures import hermetic_git  # noqa: F401 - autouse fixture
 from tests.worker_fixtures import repo  # noqa: F401 - fixture
 from tests.worker_fixtures import ws  # noqa: F401 - fixture
@@ -57,7 +58,6 @@ from workers.registry import UnknownWorker
 from workers.registry import Worker
 from workers.registry import WorkerExists
 
-WAIT_TIMEOUT = 10.0  # seconds, for conditions on the wall clock
 # The machine, written out by hand: an oracle independent of allowed_commands().
 EXPECTED_ALLOWED = {
     "ASSIGNED": ["start", "cancel", "fail", "heartbeat", "run"],
@@ -134,14 +134,6 @@ def snapshot(ws: Workers, worker: str, repo: Path, full: bool = True) -> dict:
         found["worktrees"] = worktree_paths(repo)
         found["status"] = git(repo, "status", "--porcelain")
     return found
-
-
-def wait_until(condition, what: str, timeout: float = WAIT_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.002)
 
 
 def wait_for_lease_end(bus: Bus, task: str) -> None:

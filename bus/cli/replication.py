@@ -26,7 +26,8 @@ from bus.replica import process as replica_process
 @click.option("--to", "url", required=True,
               help="Replica URL: file:///dir, s3://bucket/path, sftp://user@host/path.")
 @click.option("--sync-interval", default=replica_config.DEFAULT_SYNC_INTERVAL, show_default=True,
-              help="How often Litestream ships changes (a Go duration: 500ms, 1s, 10s).")
+              help="The most a write waits before it is at the replica: what a lost host can"
+                   " lose (a Go duration, at least 100ms: 500ms, 1s, 10s).")
 @click.option("--config-only", is_flag=True,
               help="Write litestream.yml beside the bus and stop (run Litestream yourself).")
 @json_option

@@ -42,7 +42,6 @@ from bus.mirror.errors import StreamOfAnotherBus
 from bus.mirror.errors import SubjectsTaken
 
 log = logging.getLogger("bus.mirror")
-CURSOR_PREFIX = "mirror:nats:"
 BATCH = 500  # messages in flight at once (publish_async, one ack each)
 ACK_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 2.0
@@ -53,11 +52,6 @@ KIND = "agentbus"  # the stream's metadata says what made it
 _SUBJECTS_OVERLAP = 10065  # JetStream's err_code: subjects overlap with an existing stream
 _JS_ERRORS = (APIError, nats.errors.NoRespondersError, nats.errors.TimeoutError,
               asyncio.TimeoutError)
-
-
-def cursor_name(stream: str) -> str:
-    """The bus cursor that holds the mirror's position: `mirror:nats:<stream>`."""
-    return f"{CURSOR_PREFIX}{stream}"
 
 
 @dataclass
@@ -150,7 +144,7 @@ class JetStreamMirror:
     def __init__(self, bus: Bus, url: str, stream: str, replicas: int = 1) -> None:
         self.bus, self.url, self.replicas = bus, naming.validate_url(url), replicas
         self.stream = naming.validate_stream_name(stream)
-        self.cursor = cursor_name(stream)
+        self.cursor = naming.cursor_name(stream)
         self.progress = MirrorProgress(stream)
         self.stopping = asyncio.Event()
         self.nc: nats.NATS | None = None

@@ -29,9 +29,15 @@ BUS_FROM = "Bus-From"
 BUS_TO = "Bus-To"
 BUS_TYPE = "Bus-Type"
 URL_SCHEMES = ("nats", "tls", "ws", "wss")
+CURSOR_PREFIX = "mirror:nats:"  # `bus consumers` shows cursors so named as the mirror's
 _UNSAFE = re.compile(r"[^A-Za-z0-9_:-]")
 _STREAM_NAME = re.compile(r"[A-Za-z0-9_-]{1,200}")
 _SUBJECT_TOKEN = re.compile(r"[^\s.*>]+|\*|>")
+
+
+def cursor_name(stream: str) -> str:
+    """The bus cursor that holds the mirror's position: `mirror:nats:<stream>`."""
+    return f"{CURSOR_PREFIX}{stream}"
 
 
 def token(text: str) -> str:

@@ -32,9 +32,9 @@ class ReplicaUrlInvalid(ValidationFailed):
 class SyncIntervalInvalid(ValidationFailed):
     """A --sync-interval that is not a Go duration Litestream takes (`1s`, `500ms`)."""
 
-    def __init__(self, value: str) -> None:
-        super().__init__("--sync-interval", f"{value!r} is not a duration: give a number"
-                         " followed by ms, s, m or h (like 1s or 500ms)", value=value)
+    def __init__(self, value: str, reason: str = "is not a duration") -> None:
+        super().__init__("--sync-interval", f"{value!r} {reason}: give a number followed by"
+                         " ms, s, m or h, at least 100ms (like 1s or 500ms)", value=value)
 
 
 class RestoreTargetExists(BusError):

@@ -31,6 +31,7 @@ from bus.heartbeats import LIVENESS_STATES
 from bus.heartbeats import Liveness
 from bus.heartbeats import Thresholds
 from bus.heartbeats import liveness
+from bus.mirror.subjects import CURSOR_PREFIX as MIRROR_CURSOR_PREFIX
 from bus.receipts import Outstanding
 from bus.receipts import outstanding
 from bus.reservations import Reservation
@@ -88,7 +89,7 @@ class ConsumerPosition:
     """
 
     agent: str
-    kind: str  # "agent" or "exporter"
+    kind: str  # "agent", "mirror" (`bus mirror nats`) or "exporter"
     cursor: int
     pending: int
     lag: int
@@ -243,13 +244,23 @@ def _export(conn: apsw.Connection, last_seq: int) -> ExportInfo:
 def _consumers(conn: apsw.Connection, last_seq: int, export: ExportInfo,
                at: int) -> list[ConsumerPosition]:
     """Every cursor, then the exporter: retention waits for it once it has exported."""
-    found = [ConsumerPosition(agent, "agent", seq, messages.pending_count(conn, agent, seq),
-                              last_seq - seq, updated, _age_s(at, updated))
+    found = [_cursor_position(conn, agent, seq, last_seq, updated, at)
              for agent, seq, updated in conn.execute(_CURSORS_SQL)]
     if export.last_seq > 0 or export.path:
         found.append(ConsumerPosition(EXPORTER, "exporter", export.last_seq, export.lag,
                                       export.lag, None, None))
     return found
+
+
+def _cursor_position(conn: apsw.Connection, agent: str, seq: int, last_seq: int,
+                     updated: int, at: int) -> ConsumerPosition:
+    """An agent's cursor, or the mirror's: it publishes every message, so all it lags is
+    pending for it."""
+    if agent.startswith(MIRROR_CURSOR_PREFIX):
+        kind, pending = "mirror", last_seq - seq
+    else:
+        kind, pending = "agent", messages.pending_count(conn, agent, seq)
+    return ConsumerPosition(agent, kind, seq, pending, last_seq - seq, updated, _age_s(at, updated))
 
 
 def _age_s(at: int, then: int) -> float:

@@ -18,12 +18,17 @@ NEEDS = {
     "views": (("top",), ("serve", "--port", "0")),
     "mcp": (("mcp", "--agent", "planner", "--list"),),
     "spark": (("history",),),
+    "nats": (("mirror", "nats", "--url", "nats://127.0.0.1:9", "--stream", "BUS"),),
+    "replicate": (("replicate", "--to", "file:///nowhere/replica"),
+                  ("restore", "--from", "file:///nowhere/replica", "restored.db")),
 }
 # What those commands import, ours and theirs (report.html draws with plotly).
 USES = {
     "views": ("bus.views.top", "bus.views.serve", "plotly"),
     "mcp": ("bus.mcpserver",),
     "spark": ("pyspark.sql", "pyarrow.parquet", "matplotlib.pyplot", "plotly.graph_objects"),
+    "nats": ("nats.js", "bus.mirror.jetstream"),
+    "replicate": ("bus.replica.binary; bus.replica.binary.locate_litestream()",),
 }
 
 

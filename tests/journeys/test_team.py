@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import Any
-from typing import Callable
 
 import pytest
 
 from tests.journeys.conftest import Installed
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -47,16 +47,6 @@ READERS = ("w1", "w2", "w4")  # the workers that read their inbox, so have a cur
 CHROMIUM = shutil.which("chromium")
 TMUX = shutil.which("tmux")
 
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = condition()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
 
 
 def git(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
