@@ -1,7 +1,7 @@
 """The blob store's errors: plain exceptions, because `blobs` imports nothing of ours.
 
-The bus hands out its store through `bus.blob_store`, which raises the bus's
-subclasses of these (`bus.errors.BlobMissing` is a `BusError` and a
+The bus hands out its store through `bus.storage.blob_errors`, which raises the bus's
+subclasses of these (`bus.storage.errors.BlobMissing` is a `BusError` and a
 `blobs.errors.BlobMissing`), so a caller may catch either.
 """
 

@@ -5,7 +5,7 @@ directory, fsync, rename, fsync of the directory. So a message committed
 after `put` never points at a blob that a crash could lose or tear.
 
 Errors are the store's own (blobs/errors.py) and the OSError of a failed
-write; the bus translates both into its BusErrors (bus/blob_store.py).
+write; the bus translates both into its BusErrors (bus/storage/blob_errors.py).
 """
 
 from __future__ import annotations

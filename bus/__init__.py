@@ -13,12 +13,15 @@ __version__ = "0.1.0"
 
 # Each public name and the module it lives in.
 _EXPORTS = {
-    "Bus": "bus.api", "StaleFence": "bus.claims", "Consumer": "bus.consumer",
-    "LoopStats": "bus.consumer", "process_loop": "bus.consumer", "Cursor": "bus.cursors",
-    "BusBusy": "bus.errors", "BusClosed": "bus.errors", "BusError": "bus.errors",
-    "BusNotFound": "bus.errors", "NotABusDatabase": "bus.errors", "SchemaTooNew": "bus.errors",
-    "UnsupportedFilesystem": "bus.errors", "ValidationFailed": "bus.errors",
-    "Message": "bus.messages", "PublishResult": "bus.messages",
+    "Bus": "bus.api", "StaleFence": "bus.coordination.claims", "Consumer": "bus.log.consumer",
+    "LoopStats": "bus.log.consumer", "process_loop": "bus.log.consumer",
+    "Cursor": "bus.log.cursors",
+    "BusBusy": "bus.storage.errors", "BusClosed": "bus.storage.errors",
+    "BusError": "bus.storage.errors",
+    "BusNotFound": "bus.storage.errors", "NotABusDatabase": "bus.storage.errors",
+    "SchemaTooNew": "bus.storage.errors",
+    "UnsupportedFilesystem": "bus.storage.errors", "ValidationFailed": "bus.storage.errors",
+    "Message": "bus.log.messages", "PublishResult": "bus.log.messages",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -6,7 +6,7 @@
             handle(message)
             bus.ack("worker-1", message.seq)
 
-(`from bus import process_loop`, bus/consumer.py, is that loop written once:
+(`from bus import process_loop`, bus/log/consumer.py, is that loop written once:
 the acks, a handler's failure, the wait for the next message.)
 
 A Bus may be shared between threads: each thread gets its own SQLite
@@ -29,59 +29,59 @@ from typing import TypeVar
 
 import apsw
 
-from bus import claims
-from bus import cursors
-from bus import heartbeats
-from bus import identities
-from bus import messages
-from bus import receipts
-from bus import reservations as file_reservations  # `Bus.reservations` is a method
-from bus import retention
-from bus import search as full_text
-from bus import tasks
-from bus.blob_store import BusBlobStore
+from bus.coordination import claims
+from bus.log import cursors
+from bus.coordination import heartbeats
+from bus.coordination import held_names as identities
+from bus.log import messages
+from bus.log import receipts
+from bus.coordination import reservations as file_reservations  # `Bus.reservations` is a method
+from bus.log import retention
+from bus.log import search as full_text
+from bus.coordination import tasks
+from bus.storage.blob_errors import BusBlobStore
 from bus.channels.engine import Channels
-from bus.claims import LEASE_MS_MAX  # noqa: F401 - part of the facade's API
-from bus.claims import TASK_ID_MAX  # noqa: F401 - part of the facade's API
-from bus.claims import Claim
-from bus.claims import ClaimResult
-from bus.claims import DeadClaim
-from bus.cursors import Cursor
-from bus.db import DURABLE_BY_DURABILITY
-from bus.db import connect
-from bus.db import refuse_write
-from bus.db import synchronous_for
-from bus.db import translate_errors
-from bus.db import write_transaction
-from bus.errors import BusClosed
-from bus.errors import BusReadOnly
-from bus.errors import UnknownConsumer
-from bus.errors import ValidationFailed
-from bus.export import JsonlExporter
-from bus.group_commit import GroupCommit
-from bus.heartbeats import AgentHoldsClaims
-from bus.heartbeats import Liveness
-from bus.heartbeats import Thresholds
-from bus.messages import Message
-from bus.messages import PublishResult
-from bus.messages import clock_ms
-from bus.payloads import BLOB_THRESHOLD
-from bus.payloads import MAX_PAYLOAD_BYTES
-from bus.payloads import PayloadPolicy
-from bus.receipts import Receipt
-from bus.reservations import DEFAULT_TTL_MS
-from bus.reservations import EXCLUSIVE
-from bus.reservations import Held
-from bus.reservations import Reservation
-from bus.schema import current_version
-from bus.search import SearchHit
-from bus.tasks import PRIORITY_DEFAULT
-from bus.tasks import ClaimedTask
-from bus.tasks import Task
-from bus.tasks import TaskCounts
-from bus.tasks import TaskDetail
-from bus.schema import migrate
-from bus.wake import ChangeWatcher
+from bus.coordination.claims import LEASE_MS_MAX  # noqa: F401 - part of the facade's API
+from bus.coordination.claims import TASK_ID_MAX  # noqa: F401 - part of the facade's API
+from bus.coordination.claims import Claim
+from bus.coordination.claims import ClaimResult
+from bus.coordination.claims import DeadClaim
+from bus.log.cursors import Cursor
+from bus.storage.db import DURABLE_BY_DURABILITY
+from bus.storage.db import connect
+from bus.storage.db import refuse_write
+from bus.storage.db import synchronous_for
+from bus.storage.db import translate_errors
+from bus.storage.db import write_transaction
+from bus.storage.errors import BusClosed
+from bus.storage.errors import BusReadOnly
+from bus.storage.errors import UnknownConsumer
+from bus.storage.errors import ValidationFailed
+from bus.log.export import JsonlExporter
+from bus.log.group_commit import GroupCommit
+from bus.coordination.heartbeats import AgentHoldsClaims
+from bus.coordination.heartbeats import Liveness
+from bus.coordination.heartbeats import Thresholds
+from bus.log.messages import Message
+from bus.log.messages import PublishResult
+from bus.log.messages import clock_ms
+from bus.log.payloads import BLOB_THRESHOLD
+from bus.log.payloads import MAX_PAYLOAD_BYTES
+from bus.log.payloads import PayloadPolicy
+from bus.log.receipts import Receipt
+from bus.coordination.reservations import DEFAULT_TTL_MS
+from bus.coordination.reservations import EXCLUSIVE
+from bus.coordination.reservations import Held
+from bus.coordination.reservations import Reservation
+from bus.storage.schema import current_version
+from bus.log.search import SearchHit
+from bus.coordination.tasks import PRIORITY_DEFAULT
+from bus.coordination.tasks import ClaimedTask
+from bus.coordination.tasks import Task
+from bus.coordination.tasks import TaskCounts
+from bus.coordination.tasks import TaskDetail
+from bus.storage.schema import migrate
+from bus.log.wake import ChangeWatcher
 
 POLL_LIMIT_MAX = 10_000
 # A wait fetches again at least this often, for what time alone brings (bus.wait_for).
@@ -128,7 +128,7 @@ class Bus:
         self._local.mine = self._thread_resources(conn)
         self._closed = False
         self._channels: Channels | None = None
-        # Publishes from this Bus's threads share transactions (bus/group_commit.py).
+        # Publishes from this Bus's threads share transactions (bus/log/group_commit.py).
         self._publishes: GroupCommit[messages.Row, PublishResult] = GroupCommit(self._write_group)
 
     @classmethod
@@ -446,7 +446,7 @@ class Bus:
                 raise UnknownConsumer(agent, cursors.known(conn), "see `bus consumers`")
         return position
 
-    # --- delivery receipts (bus/receipts.py) ------------------------------
+    # --- delivery receipts (bus/log/receipts.py) ------------------------------
 
     def record_delivered(self, agent: str, shown: Iterable[Message | int], via: str,
                          session: str | None = None) -> None:
@@ -479,7 +479,7 @@ class Bus:
 
     def recipient_warning(self, to: str | None) -> str | None:
         """A warning for a message to `to` when the bus never saw an agent of that name
-        (bus/identities.py says what counts); None for a broadcast or a known name."""
+        (bus/coordination/held_names.py says what counts); None for a broadcast or a known name."""
         with translate_errors(self.conn):
             return identities.recipient_warning(self.conn, to)
 
@@ -506,7 +506,7 @@ class Bus:
         Returns True when something changed (the first call on a thread
         returns True at once), False on timeout. Uses inotify where Linux
         has it, polling `PRAGMA data_version` every millisecond otherwise.
-        `process_loop` (bus/consumer.py) is the consumer loop built on it:
+        `process_loop` (bus/log/consumer.py) is the consumer loop built on it:
         poll, handle, ack after each success, wait here when nothing is waiting.
 
         `interrupt`: a readable fd (a pipe's read end) whose data ends the wait
@@ -524,7 +524,7 @@ class Bus:
         with translate_errors(self.conn):
             return watcher.wait(timeout, interrupt)
 
-    # --- task claims (bus/claims.py) --------------------------------------
+    # --- task claims (bus/coordination/claims.py) --------------------------------------
 
     def claim(self, task_id: str, agent: str, lease_ms: int = 60_000, *,
               max_attempts: int = 5, now: int | None = None) -> bool:
@@ -592,7 +592,7 @@ class Bus:
         """
         return claims.reap(self.conn, now, thresholds)
 
-    # --- the task graph (bus/tasks.py) -----------------------------------
+    # --- the task graph (bus/coordination/tasks.py) -----------------------------------
 
     def add_task(self, task_id: str, title: str | None = None, *,
                  after: Iterable[str] = (), priority: int = PRIORITY_DEFAULT,
@@ -666,7 +666,7 @@ class Bus:
         """
         return tasks.cancel_task(self.conn, task_id, agent, reason, now=now)
 
-    # --- file reservations (bus/reservations.py) --------------------------
+    # --- file reservations (bus/coordination/reservations.py) --------------------------
 
     def reserve(self, agent: str, patterns: Sequence[str], *, mode: str = EXCLUSIVE,
                 ttl_ms: int = DEFAULT_TTL_MS, reason: str | None = None, now: int | None = None,
@@ -714,7 +714,7 @@ class Bus:
 
         `status` is idle, working or blocked; `progress` a fraction from 0 to 1.
         The beat replaces the agent's task and progress: None clears them, and
-        `bus.heartbeats.KEEP` keeps what the last beat said (a kept progress is
+        `bus.coordination.heartbeats.KEEP` keeps what the last beat said (a kept progress is
         cleared when the task changes), as `bus heartbeat` does without --task:
 
             bus.heartbeat("worker-1", "working", task=KEEP, progress=KEEP)
@@ -814,7 +814,7 @@ class Bus:
 
         `partition_by="date"` writes `date=YYYY-MM-DD/part-*.jsonl` under the
         directory `path` (for Spark). Exactly once across crashes (see
-        bus/export.py); one exporter at a time.
+        bus/log/export.py); one exporter at a time.
         """
         with translate_errors(self.conn), self.exporter(path, partition_by) as exporter:
             return exporter.export()
@@ -858,7 +858,7 @@ class Bus:
             return messages.select_last(self.conn, count, self.blobs, preview)
 
     def enable_search(self) -> int:
-        """Build the full-text index of payloads (bus/search.py); how many it holds.
+        """Build the full-text index of payloads (bus/log/search.py); how many it holds.
 
         From then on every publish indexes its payload (at a cost: see
         `scripts/bench.py`) and compaction removes what it deletes.

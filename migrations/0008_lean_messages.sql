@@ -6,11 +6,11 @@
 -- seq stays strictly increasing for the life of the file without
 -- AUTOINCREMENT (which wrote sqlite_sequence, one more page, on every
 -- insert): SQLite gives a new row max(seq) + 1, and compaction never deletes
--- the newest message (bus/retention.py), so max(seq) never goes down.
+-- the newest message (bus/log/retention.py), so max(seq) never goes down.
 -- A file whose newest messages were already compacted away keeps its floor
 -- through a `seq_floor` marker row at the highest seq ever handed out.
 --
--- The runner applies this with foreign keys off (bus/schema.py): dropping the
+-- The runner applies this with foreign keys off (bus/storage/schema.py): dropping the
 -- old table must not cascade into channel_messages, and it checks
 -- `PRAGMA foreign_key_check` before committing.
 
@@ -59,7 +59,7 @@ WHERE s.name IN ('messages', 'messages_v7')
 DROP TABLE messages_v7;
 PRAGMA legacy_alter_table = OFF;
 
--- poll (bus/messages.py _POLL_SQL, _PENDING_COUNT_SQL): one range scan per
+-- poll (bus/log/messages.py _POLL_SQL, _PENDING_COUNT_SQL): one range scan per
 -- branch (to_agent = ?, to_agent IS NULL), merged by seq.
 CREATE INDEX idx_messages_to_seq ON messages(to_agent, seq);
 -- replies by conversation: the pump client's wait (bus/pump/client.py), channel
@@ -67,6 +67,6 @@ CREATE INDEX idx_messages_to_seq ON messages(to_agent, seq);
 -- Partial: most messages carry no correlation id.
 CREATE INDEX idx_messages_correlation_seq ON messages(correlation_id, seq)
     WHERE correlation_id IS NOT NULL;
--- blob gc and compaction (bus/retention.py): few rows have a blob.
+-- blob gc and compaction (bus/log/retention.py): few rows have a blob.
 CREATE INDEX idx_messages_payload_ref ON messages(payload_ref)
     WHERE payload_ref IS NOT NULL;

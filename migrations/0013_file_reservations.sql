@@ -3,7 +3,7 @@
 -- where nobody reserved anything, so `bus status` after an upgrade needs no migrate)
 -- A reservation is live until its TTL runs out, its holder's heartbeat turns
 -- dead, or its holder's worker reaches COMPLETED, CANCELLED or FAILED; the bus
--- judges that when it reads (bus/reservations.py), so no process has to sweep.
+-- judges that when it reads (bus/coordination/reservations.py), so no process has to sweep.
 -- Writes delete the ended ones they see, and a beat after death ends the
 -- agent's reservations for good (an agent silent past `dead` lost them).
 CREATE TABLE file_reservations (

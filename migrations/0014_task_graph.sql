@@ -23,7 +23,7 @@ CREATE TABLE tasks (
 );
 -- The ready list in its order; only open tasks waiting on nothing are in it,
 -- so it stays as small as the list itself. The planner uses a partial index
--- only when the query repeats its WHERE terms as literals (bus/tasks.py does).
+-- only when the query repeats its WHERE terms as literals (bus/coordination/tasks.py does).
 CREATE INDEX idx_tasks_ready ON tasks (priority, seq) WHERE state = 'open' AND waiting_on = 0;
 -- bus task list --state, and the counts of bus status (blocked = open - unblocked).
 -- Not on waiting_on too: each done task lowers its dependents' counts, and an

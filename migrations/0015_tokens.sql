@@ -2,7 +2,7 @@
 -- readers: unchanged (a new table no view reads; the status and the charts read as before)
 -- Only a token's SHA-256 is stored: the secret is printed once, at `bus token create`,
 -- and a copy of the file gives nobody a way in. A token acts as its agent only.
--- last_used_ms is written coarsely (at most once a minute per token, bus/tokens.py),
+-- last_used_ms is written coarsely (at most once a minute per token, bus/coordination/tokens.py),
 -- so checking a token costs no write per request.
 CREATE TABLE tokens (
     id TEXT PRIMARY KEY,

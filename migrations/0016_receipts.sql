@@ -1,4 +1,4 @@
--- 0016_receipts: delivery receipts of direct messages (bus/receipts.py).
+-- 0016_receipts: delivery receipts of direct messages (bus/log/receipts.py).
 -- readers: unchanged (a new table; the read-only views read a file without it as one
 -- where no delivery was recorded, so `bus status` after an upgrade needs no migrate)
 -- A direct message (to_agent set) was delivered when the recipient's session was shown
@@ -16,5 +16,5 @@ CREATE TABLE receipts (
     via TEXT NOT NULL,               -- what showed it first: hook:Stop, mcp:poll, inbox, poll
     session TEXT                     -- the recipient's session, where its client names one
 );
--- "has this agent ever been shown a message" (bus/identities.py, a recipient the bus knows)
+-- "has this agent ever been shown a message" (bus/coordination/held_names.py, a recipient the bus knows)
 CREATE INDEX idx_receipts_agent ON receipts (agent);

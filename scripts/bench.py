@@ -44,20 +44,20 @@ from bench_views import print_rows as print_views_rows
 from bench_views import views_rows
 from bench_wake import wake_rows
 from bus import Bus
-from bus.claims import _CLAIM_SQL
-from bus.claims import _GET_DEAD_SQL
-from bus.claims import _LAST_FENCE_SQL
-from bus.claims import _RECORD_FENCE_SQL
-from bus.claims import _RELEASE_SQL
-from bus.claims import _RENEW_SQL
-from bus.messages import _INSERT_SQL
-from bus.messages import _POLL_SQL
-from bus.messages import new_message_id
-from bus.cursors import _ACK_SQL
-from bus.export import _ROWS_SQL
-from bus.export import format_line
-from bus.glance import _POSITION_SQL
-from bus.schema import available_migrations
+from bus.coordination.claims import _CLAIM_SQL
+from bus.coordination.claims import _GET_DEAD_SQL
+from bus.coordination.claims import _LAST_FENCE_SQL
+from bus.coordination.claims import _RECORD_FENCE_SQL
+from bus.coordination.claims import _RELEASE_SQL
+from bus.coordination.claims import _RENEW_SQL
+from bus.log.messages import _INSERT_SQL
+from bus.log.messages import _POLL_SQL
+from bus.log.messages import new_message_id
+from bus.log.cursors import _ACK_SQL
+from bus.log.export import _ROWS_SQL
+from bus.log.export import format_line
+from bus.log.glance import _POSITION_SQL
+from bus.storage.schema import available_migrations
 
 TARGETS = {"publish (1 per txn)": 0.8, "publish_many (100 per txn)": 0.7,
            "poll+ack (1 at a time)": 0.7, "claim+release": None, "renew": None}

@@ -30,7 +30,7 @@ from bus import Bus
 from bus.channels.engine import StoreLimits
 from bus.channels.topics import TopicIndex
 from bus.channels.topics import matches
-from bus.db import connect
+from bus.storage.db import connect
 
 _INSERT_MESSAGE = (
     "INSERT INTO messages (id, ts_ms, from_agent, to_agent, type, correlation_id, in_reply_to,"

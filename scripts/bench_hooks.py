@@ -38,7 +38,7 @@ from pathlib import Path
 import orjson
 
 from bus import Bus
-from bus import glance
+from bus.log import glance
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUS = str(Path(sys.executable).parent / "bus")

@@ -31,8 +31,8 @@ from pathlib import Path
 import orjson
 
 from bus import Bus
-from bus.group_commit import GroupCommit
-from bus.messages import PublishResult
+from bus.log.group_commit import GroupCommit
+from bus.log.messages import PublishResult
 
 BACKLOG_TARGET = 0.9
 THREADS = 16

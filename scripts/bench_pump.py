@@ -10,7 +10,7 @@
 - round trip: a client sends one request and waits for its reply, one at a
   time, with the pump running in another process (woken by the commit, via
   inotify) and in a thread of this process. The baseline is raw apsw making
-  the same three commits, woken the same way (`bus.wake.ChangeWatcher`), its
+  the same three commits, woken the same way (`bus.log.wake.ChangeWatcher`), its
   server in another process or a thread alike: the client writes the
   request and its inbox row; the server takes the row and claims the work
   (one commit), then writes the reply and marks the work done (another).
@@ -61,17 +61,17 @@ import apsw
 import orjson
 
 from bus import Bus
-from bus.db import write_transaction
-from bus.messages import _INSERT_SQL
-from bus.messages import new_message_id
-from bus.messages import now_ms
+from bus.storage.db import write_transaction
+from bus.log.messages import _INSERT_SQL
+from bus.log.messages import new_message_id
+from bus.log.messages import now_ms
 from bus.pump import Pump
 from bus.pump import client
 from bus.pump.organism import Organism
 from bus.pump.organism import load_organism
 from bus.pump.pipelines import MIN_BYTES
 from bus.pump.pipelines import Pipelines
-from bus.wake import ChangeWatcher
+from bus.log.wake import ChangeWatcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pump_floor  # noqa: E402 - beside this file (put on sys.path just above)

@@ -43,7 +43,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from bus import Bus
-from bus.tokens import create_token
+from bus.coordination.tokens import create_token
 
 TARGET_HTTP_VS_STDIO = 0.7
 TARGET_MANY_VS_ONE = 2.0

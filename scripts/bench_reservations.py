@@ -4,7 +4,7 @@
 way the pre-commit hook and `worker done` check a change. The baseline, in the
 same process, is what one would write first: every path against every
 pattern with `fnmatch.fnmatchcase` in a loop. The bus files each glob under its
-literal leading directories (bus/globs.py, GlobIndex), so a path is tested
+literal leading directories (bus/coordination/globs.py, GlobIndex), so a path is tested
 only against the globs whose prefix it starts with.
 
 Cases, each timed as the best of --repeat runs:
@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Callable
 
 from bus import Bus
-from bus import globs
-from bus.reservations import Reservation
-from bus.reservations import held_paths
+from bus.coordination import globs
+from bus.coordination.reservations import Reservation
+from bus.coordination.reservations import held_paths
 
 TARGET_RATIO = 10.0
 AGENTS = 50

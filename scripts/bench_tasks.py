@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Callable
 
 from bus import Bus
-from bus import tasks
-from bus.db import write_transaction
+from bus.coordination import tasks
+from bus.storage.db import write_transaction
 
 READY_TARGET = 3.0  # ready's time / the baseline's, at most
 CLAIM_TARGET = 0.5  # claim-next's rate / claim + release's, at least
@@ -46,7 +46,7 @@ _BASELINE_SQL = (
 def build_graph(bus: Bus, count: int, seed: int = 7) -> None:
     """`count` tasks: 3% done, 10% waiting only on done ones (ready), the rest on open ones.
 
-    Built with bus/tasks.py's own functions in one transaction (a setup, not
+    Built with bus/coordination/tasks.py's own functions in one transaction (a setup, not
     what is measured), so the counters are what `add_task` would leave.
     """
     rng = random.Random(seed)

@@ -92,7 +92,7 @@ def _drain(read: Callable[[], bytes]) -> None:
 
 
 def _count(db: Path) -> int:
-    from bus.db import connect
+    from bus.storage.db import connect
     conn = connect(db, readonly=True)
     try:
         return conn.execute("SELECT count(*) FROM messages").get
@@ -252,11 +252,11 @@ def median(values: list[float]) -> float:
 
 def sql_alone(path: Path, params: dict[str, str]) -> float:
     """Seconds to open the file read-only, run the page's SQL and fetch it."""
-    from bus.db import connect
-    from bus.messages import now_ms
-    from bus.browse import LogFilter
-    from bus.browse import message_page_params
-    from bus.browse import message_page_sql
+    from bus.storage.db import connect
+    from bus.log.messages import now_ms
+    from bus.log.browse import LogFilter
+    from bus.log.browse import message_page_params
+    from bus.log.browse import message_page_sql
     filt = LogFilter.from_params(params)
     started = time.perf_counter()
     conn = connect(path, readonly=True)

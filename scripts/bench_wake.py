@@ -29,7 +29,7 @@ from typing import Callable
 import apsw
 
 from bus import Bus
-from bus.wake import ChangeWatcher
+from bus.log.wake import ChangeWatcher
 
 TARGET_P50_MS = 1.0  # with inotify
 _LAST_SEQ_SQL = "SELECT max(seq) FROM messages"

@@ -7,7 +7,7 @@ cancellations), beating while it works, asking the planner questions that
 get answers (`in_reply_to`), and sometimes dying mid-task: the bus then
 announces `task_released`, the task goes back to the queue and, after too
 many attempts, `task_dead`. The messages come out in time order with the
-export's line schema (bus/export.py), so the output is what `bus export`
+export's line schema (bus/log/export.py), so the output is what `bus export`
 would have written for such a history.
 
     python scripts/gen_history.py --out history.jsonl -n 1000000 --seed 7
@@ -334,7 +334,7 @@ def export_lines(history: Iterator[tuple[int, Message]], count: int) -> Iterator
     dumps = orjson.dumps
     for seq, (ts_ms, m) in enumerate(itertools.islice(history, count), start=1):
         ts = iso(ts_ms)
-        # Same keys in the same order as bus/export.py's format_line.
+        # Same keys in the same order as bus/log/export.py's format_line.
         yield ts[:10], dumps({
             "seq": seq, "id": m.id, "ts_ms": ts_ms, "ts": ts, "from": m.from_agent, "to": m.to,
             "type": m.type, "correlation_id": m.correlation_id, "in_reply_to": m.in_reply_to,

@@ -15,7 +15,7 @@ pump's whole pipeline, which reads plain payloads from their C14N bytes.)
 
 `floor_replies` is the throughput case (N requests wait, `batch` answered per
 transaction); `floor_server` and `floor_trip` the round trip case, woken the
-way the raw baseline and the pump are (`bus.wake.ChangeWatcher`). The ratios
+way the raw baseline and the pump are (`bus.log.wake.ChangeWatcher`). The ratios
 of these to the raw baselines say what the pump's targets ask of the design
 itself: a target above the floor's ratio cannot be met by any pump doing
 this work.
@@ -30,10 +30,10 @@ import apsw
 import orjson
 
 from bus import Bus
-from bus.messages import _INSERT_SQL as INSERT_MESSAGE_SQL
-from bus.messages import new_message_id
-from bus.messages import now_ms
-from bus.wake import ChangeWatcher
+from bus.log.messages import _INSERT_SQL as INSERT_MESSAGE_SQL
+from bus.log.messages import new_message_id
+from bus.log.messages import now_ms
+from bus.log.wake import ChangeWatcher
 
 ORGANISM = "bench"
 CLIENT = "console"

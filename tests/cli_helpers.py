@@ -27,7 +27,7 @@ def json_lines(text: str) -> list[dict]:
 
 
 def iso(ts_ms: int) -> str:
-    """ISO 8601 UTC with milliseconds, computed independently of bus.messages.iso_utc."""
+    """ISO 8601 UTC with milliseconds, computed independently of bus.log.messages.iso_utc."""
     moment = datetime.fromtimestamp(ts_ms // 1000, tz=timezone.utc) + timedelta(
         milliseconds=ts_ms % 1000)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck
 from hypothesis import settings
 
 from bus import Bus
-from bus.schema import available_migrations
+from bus.storage.schema import available_migrations
 
 # SQLite commit times vary with the machine's load: no per-example deadline.
 # No example database either, so nothing is written to the working directory.

@@ -1,6 +1,6 @@
 """The installed `bus` in a subprocess, and a scripted Claude Code that runs its hooks.
 
-`ClaudeSession` follows Claude Code's documented hook behaviour (bus/claude_code.py
+`ClaudeSession` follows Claude Code's documented hook behaviour (bus/harness/claude_code.py
 cites the reference): it sends each event's JSON on the hook's stdin with the
 session's id and directory, reads the JSON on stdout after exit code 0, and at a
 `Stop` either stops (no decision) or goes on with the reason as its next input,

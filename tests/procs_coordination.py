@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 
 from bus import Bus
-from bus.heartbeats import Heartbeat
+from bus.coordination.heartbeats import Heartbeat
 from tests import children
 
 RACE_MAX_ATTEMPTS = 1_000_000_000  # the race is about leases, not about dead tasks

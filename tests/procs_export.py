@@ -33,7 +33,7 @@ from typing import Any
 
 from bus import Bus
 from tests import children
-from bus.export import JsonlExporter
+from bus.log.export import JsonlExporter
 
 BIG_PAYLOAD = 5000  # characters: more than the 4096-byte blob threshold
 AGENTS = ["planner", "worker-1", "worker-2", "reviewer", "ops.bot:7"]

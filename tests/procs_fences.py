@@ -27,7 +27,7 @@ if __name__ == "__main__":  # run as a script: make `tests.` importable like in 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bus import Bus  # noqa: E402
-from bus.claims import StaleFence  # noqa: E402
+from bus.coordination.claims import StaleFence  # noqa: E402
 from workers.lifecycle import Workers  # noqa: E402
 
 

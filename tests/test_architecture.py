@@ -3,12 +3,16 @@
 The top-level packages, lowest first: `blobs/` (imports nothing of ours), `bus/`,
 `workers/`; each imports only the ones before it, so nothing in `bus` imports
 `workers` (the MCP server finds the worker tools through an entry point).
-Inside `bus/`, lowest first: the modules at its top (the log); `channels/`,
+Inside `bus/`, lowest first: its top (only the schema files, installed as
+`bus.migrations`); `storage/` (the database file, its schema, the errors);
+`log/` (messages, cursors, waking, export, search); `coordination/` (tasks,
+claims, reservations, heartbeats, tokens, the workers table); `channels/`,
 `xml/` and `history/` beside each other; the facade (`bus/api.py`, which
 `bus/__init__.py` exposes: the one part that is not a folder, because it gathers
-the log and the engine that everything above builds on); `pump/`, `replica/`
-(Litestream) and `mirror/` (NATS JetStream) beside each other; `views/`;
-`mcpserver/`; `cli/`. A module imports its own part or a lower one, never a part
+the rooms below and the engine that everything above builds on); `harness/`
+(the agents' clients' hooks); `pump/`, `replica/` (Litestream) and `mirror/`
+(NATS JetStream) beside each other; `views/`; `mcpserver/`; `cli/`.
+A module imports its own part or a lower one, never a part
 beside or above it, and no import cycle exists between modules, whether the
 import is at the top of the file, inside a function or under TYPE_CHECKING.
 docs/architecture.md explains each part.
@@ -32,10 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("blobs", "bus", "workers")  # lowest first
 # Folders installed under another name (setup.cfg's package_dir): the schema files.
 INSTALLED_AS = {"bus.migrations": ROOT / "migrations" / "__init__.py"}
-# Inside bus/, lowest first: "" is the top of bus/ (the log), "api" the facade.
-BUS_LAYERS = (("",), ("channels", "xml", "history"), ("api",), ("pump", "replica", "mirror"),
-              ("views",),
-              ("mcpserver",), ("cli",))
+# Inside bus/, lowest first: "" is the top of bus/ (bus.migrations), "api" the facade.
+BUS_LAYERS = (("",), ("storage",), ("log",), ("coordination",), ("channels", "xml", "history"),
+              ("api",), ("harness",), ("pump", "replica", "mirror"), ("views",), ("mcpserver",),
+              ("cli",))
 FACADE = {"bus", "bus.api"}
 
 
@@ -53,7 +57,7 @@ def module_files() -> dict[str, Path]:
 
 
 def owning_module(name: str, modules: dict[str, Path]) -> str | None:
-    """The module an imported name lives in: `bus.db.connect` -> `bus.db`."""
+    """The module an imported name lives in: `bus.storage.db.connect` -> `bus.storage.db`."""
     while name and name not in modules:
         name = name.rpartition(".")[0]
     return name or None
@@ -138,7 +142,7 @@ def test_architecture_graph_sees_every_package_and_real_edges():
     graph = import_graph()
     assert {"bus.api", "bus.channels.engine", "bus.pump.threads", "bus.cli",
             "workers.cli", "blobs.store", "bus.migrations"} <= set(graph)
-    assert graph["bus.migration_files"] == {"bus.migrations"}
+    assert graph["bus.storage.migration_files"] == {"bus.migrations"}
     assert "bus.channels.store" in graph["bus.channels.engine"]
     assert "bus.api" in graph["bus.pump.pump"]
 
@@ -159,15 +163,16 @@ def test_architecture_lower_part_never_imports_a_higher_or_sibling_part():
 
 def test_architecture_wrong_way_names_the_cycles_it_forbids():
     """The edges that once made cycles between packages are each reported."""
-    graph = {"bus.mcpserver.session": {"workers.lifecycle"}, "blobs.store": {"bus.errors"},
-             "bus.channels.engine": {"bus.xml.parser", "bus.api"}, "bus.db": {"bus.pump.pump"},
+    graph = {"bus.mcpserver.session": {"workers.lifecycle"}, "blobs.store": {"bus.storage.errors"},
+             "bus.channels.engine": {"bus.xml.parser", "bus.api"},
+             "bus.storage.db": {"bus.pump.pump"},
              "workers.cli": {"bus.cli.context", "bus.api", "blobs.files"}}
     assert wrong_way(graph) == [
-        "blobs.store (blobs) imports bus.errors (bus)",
+        "blobs.store (blobs) imports bus.storage.errors (bus.storage)",
         "bus.channels.engine (bus.channels) imports bus.api (bus.api)",
         "bus.channels.engine (bus.channels) imports bus.xml.parser (bus.xml)",
-        "bus.db (bus) imports bus.pump.pump (bus.pump)",
-        "bus.mcpserver.session (bus.mcpserver) imports workers.lifecycle (workers)"]
+        "bus.mcpserver.session (bus.mcpserver) imports workers.lifecycle (workers)",
+        "bus.storage.db (bus.storage) imports bus.pump.pump (bus.pump)"]
 
 
 def test_architecture_blobs_imports_nothing_of_ours():
@@ -184,7 +189,11 @@ def test_architecture_nothing_in_bus_imports_workers():
 
 
 def test_architecture_parts_are_the_folders():
-    assert part_of("bus.db") == part_of("bus.migrations") == part_of("bus.checkpoints") == "bus"
+    assert part_of("bus.migrations") == "bus"
+    assert part_of("bus.storage.db") == part_of("bus.storage.errors") == "bus.storage"
+    assert part_of("bus.log.messages") == part_of("bus.log.checkpoints") == "bus.log"
+    assert part_of("bus.coordination.claims") == "bus.coordination"
+    assert part_of("bus.harness.claude_code") == "bus.harness"
     assert part_of("bus.channels") == part_of("bus.channels.topics") == "bus.channels"
     assert part_of("bus.api") == part_of("bus") == "bus.api"
     assert part_of("bus.pump.threads") == "bus.pump"
@@ -194,7 +203,10 @@ def test_architecture_parts_are_the_folders():
     assert part_of("blobs") == part_of("blobs.store") == part_of("blobs.errors") == "blobs"
     assert part_of("bus.mcpserver") == part_of("bus.mcpserver.server") == "bus.mcpserver"
     assert part_of("bus.history") == part_of("bus.history.job") == "bus.history"
-    assert rank_of("blobs") < rank_of("bus") < rank_of("bus.channels") == rank_of("bus.xml")
+    assert rank_of("blobs") < rank_of("bus") < rank_of("bus.storage") < rank_of("bus.log")
+    assert rank_of("bus.log") < rank_of("bus.coordination") < rank_of("bus.channels")
+    assert rank_of("bus.channels") == rank_of("bus.xml") == rank_of("bus.history")
+    assert rank_of("bus.api") < rank_of("bus.harness") < rank_of("bus.pump")
     assert rank_of("bus.xml") < rank_of("bus.api") < rank_of("bus.pump") < rank_of("bus.views")
     assert rank_of("bus.pump") == rank_of("bus.replica") == rank_of("bus.mirror")
     assert rank_of("bus.views") < rank_of("bus.mcpserver") < rank_of("bus.cli") < rank_of("workers")
@@ -272,7 +284,7 @@ def test_architecture_wheel_installs_every_package(tmp_path):
                            cwd=tmp_path, env=env, check=True)
     assert shown.stdout.strip().startswith(str(fresh_site))
     # The migrations are found in the one place, the installed bus.migrations package.
-    found = subprocess.run([str(python), "-c", "from bus import migration_files as m;"
+    found = subprocess.run([str(python), "-c", "from bus.storage import migration_files as m;"
                             " print(m.MIGRATIONS_DIR); print(m.supported_version())"],
                            capture_output=True, text=True, cwd=tmp_path, env=env, check=True)
     count = len(list((ROOT / "migrations").glob("*.sql")))
@@ -303,19 +315,19 @@ def test_architecture_wheel_installs_every_package(tmp_path):
 
 
 def test_architecture_errors_live_with_their_part_and_bus_errors_still_exports_them():
-    """bus.errors keeps the old import path of the errors that moved up, without importing up."""
-    import bus.errors
-    for module, names in bus.errors.RAISED_ABOVE.items():
-        assert rank_of(part_of("bus.errors")) < rank_of(part_of(module)) < rank_of("workers")
+    """bus.storage.errors keeps the old import path of the errors that moved up, without importing up."""
+    import bus.storage.errors
+    for module, names in bus.storage.errors.RAISED_ABOVE.items():
+        assert rank_of(part_of("bus.storage.errors")) < rank_of(part_of(module)) < rank_of("workers")
         for name in names:
-            error = getattr(bus.errors, name)
-            assert error.__module__ == module and issubclass(error, bus.errors.BusError), name
-            assert name in dir(bus.errors)
+            error = getattr(bus.storage.errors, name)
+            assert error.__module__ == module and issubclass(error, bus.storage.errors.BusError), name
+            assert name in dir(bus.storage.errors)
     with pytest.raises(AttributeError, match="no attribute 'NoSuchError'"):
-        bus.errors.NoSuchError  # noqa: B018 - the lookup is the test
+        bus.storage.errors.NoSuchError  # noqa: B018 - the lookup is the test
     # A fresh process: the pump's errors load only when someone asks for one.
-    loaded = ("import sys; from bus.errors import BusError; print('bus.pump' in sys.modules);"
-              " from bus.errors import ThreadNotFound; print(ThreadNotFound.__module__)")
+    loaded = ("import sys; from bus.storage.errors import BusError; print('bus.pump' in sys.modules);"
+              " from bus.storage.errors import ThreadNotFound; print(ThreadNotFound.__module__)")
     shown = subprocess.run([sys.executable, "-c", loaded], capture_output=True, text=True,
                            check=True, cwd=ROOT)
     assert shown.stdout == "False\nbus.pump.errors\n"

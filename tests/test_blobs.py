@@ -34,13 +34,13 @@ from blobs.store import BlobStore
 from bus import Bus
 from bus import BusError
 from bus import ValidationFailed
-from bus import errors
+from bus.storage import errors
 from bus.api import BLOB_THRESHOLD
 from bus.api import GC_GRACE_SECONDS
-from bus.blob_store import BusBlobStore
-from bus.errors import DiskFull
-from bus.messages import prepare_row
-from bus.payloads import PayloadPolicy
+from bus.storage.blob_errors import BusBlobStore
+from bus.storage.errors import DiskFull
+from bus.log.messages import prepare_row
+from bus.log.payloads import PayloadPolicy
 
 REF_PATTERN = r"sha256-[0-9a-f]{64}"
 HOUR = 3600.0

@@ -15,8 +15,8 @@ from bus import BusClosed
 from bus import Message
 from bus import PublishResult
 from bus import ValidationFailed
-from bus.glance import _FIRST_WAITING_SQL
-from bus.messages import _POLL_SQL
+from bus.log.glance import _FIRST_WAITING_SQL
+from bus.log.messages import _POLL_SQL
 
 
 def test_publish_returns_seq_id_and_commit_durability(bus):

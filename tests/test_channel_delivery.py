@@ -13,11 +13,11 @@ import orjson
 import pytest
 
 from bus import Bus
-from bus import schema
+from bus.storage import schema
 from bus.channels.engine import Channels
 from bus.channels.engine import StoreLimits
-from bus.errors import StoreFull
-from bus.errors import ValidationFailed
+from bus.storage.errors import StoreFull
+from bus.storage.errors import ValidationFailed
 from conftest import LATEST_VERSION
 from conftest import ManualClock
 

@@ -11,10 +11,10 @@ import pytest
 from bus import Bus
 from bus.channels.engine import Channels
 from bus.channels.engine import StoreLimits
-from bus.errors import StoreCapacity
-from bus.errors import StoreFull
-from bus.errors import UnknownChannel
-from bus.errors import ValidationFailed
+from bus.storage.errors import StoreCapacity
+from bus.storage.errors import StoreFull
+from bus.storage.errors import UnknownChannel
+from bus.storage.errors import ValidationFailed
 from conftest import ManualClock
 
 

@@ -1,4 +1,4 @@
-"""bus.checkpoints: WAL checkpoints on a thread of their own, with the writer as backstop.
+"""bus.log.checkpoints: WAL checkpoints on a thread of their own, with the writer as backstop.
 
 The database file only grows when a checkpoint copies pages out of the WAL,
 so its size tells whether (and by whom) a checkpoint ran.
@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from bus.checkpoints import HERE
-from bus.checkpoints import LATER
-from bus.checkpoints import Checkpointer
+from bus.log.checkpoints import HERE
+from bus.log.checkpoints import LATER
+from bus.log.checkpoints import Checkpointer
 
 ROW = "x" * 3000  # most of a page: every commit adds a page to the table
 

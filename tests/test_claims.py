@@ -19,13 +19,13 @@ import pytest
 
 from bus import Bus
 from bus import ValidationFailed
-from bus import heartbeats
+from bus.coordination import heartbeats
 from bus.api import LEASE_MS_MAX
 from bus.api import TASK_ID_MAX
-from bus.claims import Claim
-from bus.claims import ClaimResult
-from bus.claims import DeadClaim
-from bus.heartbeats import Thresholds
+from bus.coordination.claims import Claim
+from bus.coordination.claims import ClaimResult
+from bus.coordination.claims import DeadClaim
+from bus.coordination.heartbeats import Thresholds
 from tests.procs_coordination import Barrier
 from tests.procs_coordination import Children
 

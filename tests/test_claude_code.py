@@ -1,4 +1,4 @@
-"""Claude Code's hook contract in the library (bus/claude_code.py): the settings merge as
+"""Claude Code's hook contract in the library (bus/harness/claude_code.py): the settings merge as
 a Hypothesis property over settings files of every shape Claude Code reads, the event
 parser, and the per-session continue counter on real files."""
 
@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from bus import claude_code
-from bus.errors import ValidationFailed
+from bus.harness import claude_code
+from bus.storage.errors import ValidationFailed
 
 BASE = ["/venv/bin/bus", "--db", "/p/.worker-state/bus.db"]
 OURS = claude_code.hook_commands(BASE, "auto", 300, 5)

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from bus import Bus
-from bus import claude_code
-from bus import claude_rewake
+from bus.harness import claude_code
+from bus.harness import claude_rewake
 from tests.hook_harness import ClaudeSession
 from tests.hook_harness import child_env
 from tests.hook_harness import has_inotify_fd

@@ -21,8 +21,8 @@ import apsw
 import pytest
 
 from bus import Bus
-from bus.db import APPLICATION_ID
-from bus.db import connect
+from bus.storage.db import APPLICATION_ID
+from bus.storage.db import connect
 from tests.conftest import LATEST_VERSION
 from tests.conftest import MIGRATION_NAMES
 from tests.cli_helpers import bad_value

@@ -26,8 +26,8 @@ import orjson
 import pytest
 
 from bus import Bus
-from bus.heartbeats import KEEP
-from bus.messages import now_ms
+from bus.coordination.heartbeats import KEEP
+from bus.log.messages import now_ms
 from tests.cli_helpers import bad_value
 from tests.cli_helpers import iso
 from tests.cli_helpers import json_lines

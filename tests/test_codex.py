@@ -1,4 +1,4 @@
-"""bus/codex.py and `bus hook install codex` / `bus hook codex`: Codex's config.toml and hooks."""
+"""bus/harness/codex.py and `bus hook install codex` / `bus hook codex`: Codex's config.toml and hooks."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import tomllib
 import pytest
 
 from bus import Bus
-from bus import codex
-from bus.errors import ValidationFailed
+from bus.harness import codex
+from bus.storage.errors import ValidationFailed
 from tests.hook_harness import child_env
 from tests.hook_harness import run
 

@@ -14,17 +14,17 @@ import pytest
 
 from bus import Bus
 from tests.conftest import LATEST_VERSION
-from bus.db import APPLICATION_ID
-from bus.db import check_local_filesystem
-from bus.db import connect
-from bus.db import filesystem_type
-from bus.db import wait_when_busy
-from bus.db import write_transaction
-from bus.errors import BusBusy
-from bus.errors import BusNotFound
-from bus.errors import NotABusDatabase
-from bus.errors import UnsupportedFilesystem
-from bus.errors import ValidationFailed
+from bus.storage.db import APPLICATION_ID
+from bus.storage.db import check_local_filesystem
+from bus.storage.db import connect
+from bus.storage.db import filesystem_type
+from bus.storage.db import wait_when_busy
+from bus.storage.db import write_transaction
+from bus.storage.errors import BusBusy
+from bus.storage.errors import BusNotFound
+from bus.storage.errors import NotABusDatabase
+from bus.storage.errors import UnsupportedFilesystem
+from bus.storage.errors import ValidationFailed
 
 
 def pragma(conn: apsw.Connection, name: str):

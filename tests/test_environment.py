@@ -20,11 +20,11 @@ import apsw
 import pytest
 
 from bus import Bus
-from bus import integrity
-from bus.db import check_database
-from bus.errors import BusReadOnly
-from bus.errors import DatabaseCorrupt
-from bus.errors import DiskFull
+from bus.storage import integrity
+from bus.storage.db import check_database
+from bus.storage.errors import BusReadOnly
+from bus.storage.errors import DatabaseCorrupt
+from bus.storage.errors import DiskFull
 from tests.cli_helpers import json_lines
 from tests.cli_helpers import run
 
@@ -241,7 +241,7 @@ def test_read_only_bus_from_python(read_only_bus: Path) -> None:
     script = (
         "import sys\n"
         "from bus import Bus\n"
-        "from bus.errors import BusReadOnly\n"
+        "from bus.storage.errors import BusReadOnly\n"
         f"bus = Bus.open({str(read_only_bus)!r})\n"
         "print(len(bus.poll('worker', 1000)), bus.last_messages(1)[0].payload == "
         f"{BIG!r})\n"

@@ -1,4 +1,4 @@
-"""The JSONL export (bus/export.py, Bus.export_jsonl, `bus export`): exactly once, append-only.
+"""The JSONL export (bus/log/export.py, Bus.export_jsonl, `bus export`): exactly once, append-only.
 
 The export's promise: every message once, in seq order, across crashes, and
 the file only ever grows. Crash points are tested two ways: deterministically,
@@ -43,11 +43,11 @@ from hypothesis import strategies as st
 
 from bus import Bus
 from bus.cli import main
-from bus.errors import BusNotFound
-from bus.export import ExportError
-from bus.export import JsonlExporter
-from bus.export import format_line
-from bus.messages import now_ms
+from bus.storage.errors import BusNotFound
+from bus.log.export import ExportError
+from bus.log.export import JsonlExporter
+from bus.log.export import format_line
+from bus.log.messages import now_ms
 from tests.procs_coordination import Barrier
 from tests.procs_export import Children
 from tests.procs_export import make_messages

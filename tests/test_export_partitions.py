@@ -10,10 +10,10 @@ from click.testing import CliRunner
 
 from bus import Bus
 from bus.cli import main
-from bus.export import ExportError
-from bus.export import JsonlExporter
-from bus.export import _ROWS_SQL
-from bus.export import format_line
+from bus.log.export import ExportError
+from bus.log.export import JsonlExporter
+from bus.log.export import _ROWS_SQL
+from bus.log.export import format_line
 
 DAY_MS = 86_400_000
 BASE_MS = 1_795_000_000_000  # 2026-11-18T...Z

@@ -31,9 +31,9 @@ from hypothesis.stateful import rule
 from bus import Bus
 from bus import StaleFence
 from bus import ValidationFailed
-from bus.db import write_transaction
-from bus.heartbeats import Thresholds
-from bus.messages import now_ms
+from bus.storage.db import write_transaction
+from bus.coordination.heartbeats import Thresholds
+from bus.log.messages import now_ms
 from tests.children import Child
 from tests.cli_helpers import bad_value
 from tests.cli_helpers import last_error

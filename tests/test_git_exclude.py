@@ -1,4 +1,4 @@
-"""bus/git_exclude.py against real git: the line added to .git/info/exclude ignores the bus's
+"""bus/harness/git_exclude.py against real git: the line added to .git/info/exclude ignores the bus's
 directory, whatever its name, and nothing else."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bus import ValidationFailed
-from bus.git_exclude import exclude_directory
+from bus.harness.git_exclude import exclude_directory
 
 
 def git_repository(path: Path) -> Path:

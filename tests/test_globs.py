@@ -1,4 +1,4 @@
-"""Gitignore-style globs (bus/globs.py): parsing, matching against pathspec's gitignore
+"""Gitignore-style globs (bus/coordination/globs.py): parsing, matching against pathspec's gitignore
 semantics, the exact overlap decision against brute force, and the prefix index."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pathspec.patterns.gitignore.spec import GitIgnoreSpecPattern
 
-from bus.errors import ValidationFailed
-from bus.globs import GlobIndex
-from bus.globs import literal_prefix
-from bus.globs import normalize_path
-from bus.globs import parse_glob
+from bus.storage.errors import ValidationFailed
+from bus.coordination.globs import GlobIndex
+from bus.coordination.globs import literal_prefix
+from bus.coordination.globs import normalize_path
+from bus.coordination.globs import parse_glob
 
 # Segments of generated patterns: literals, wildcards, classes, escapes and `**`.
 PATTERN_SEGMENTS = ["a", "b", "ab", "*", "?", "a*", "*b", "?b", "[ab]", "[a-c]x", "a[!a]",

@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from bus import Bus
-from bus.db import write_transaction
-from bus.errors import BusBusy
-from bus.group_commit import GroupCommit
+from bus.storage.db import write_transaction
+from bus.storage.errors import BusBusy
+from bus.log.group_commit import GroupCommit
 
 from tests.waiting import wait_until
 

@@ -23,11 +23,11 @@ from bus import Bus
 from bus import BusError
 from bus import BusNotFound
 from bus import ValidationFailed
-from bus import glance
-from bus import heartbeats
-from bus.heartbeats import Heartbeat
-from bus.heartbeats import Liveness
-from bus.heartbeats import Thresholds
+from bus.log import glance
+from bus.coordination import heartbeats
+from bus.coordination.heartbeats import Heartbeat
+from bus.coordination.heartbeats import Liveness
+from bus.coordination.heartbeats import Thresholds
 from tests.procs_coordination import Children
 from tests.waiting import wait_until
 
@@ -485,7 +485,7 @@ def test_presence_maps_a_sessions_moments_to_beats_and_keeps_the_task(bus: Bus):
 @pytest.mark.parametrize("before", heartbeats.STATUSES)
 def test_presence_is_fresh_exactly_when_the_beat_would_change_nothing_but_its_time(
         bus: Bus, before: str, moment: str):
-    """The hook's fast path skips a presence beat it judges fresh (bus/glance.py): that is
+    """The hook's fast path skips a presence beat it judges fresh (bus/log/glance.py): that is
     right only when the beat would write every column as it is, bar the time."""
     conn = bus.conn
     heartbeats.beat(conn, "w1", before, "t1", 0.5)

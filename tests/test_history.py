@@ -35,9 +35,9 @@ from pyspark.testing import assertDataFrameEqual  # noqa: E402
 
 import bus.cli  # noqa: E402
 from bus import Bus  # noqa: E402
-from bus import messages as bus_messages  # noqa: E402
+from bus.log import messages as bus_messages  # noqa: E402
 from bus.cli import history as history_cli  # noqa: E402
-from bus.export import format_line  # noqa: E402
+from bus.log.export import format_line  # noqa: E402
 from bus.history import QUERY_NAMES  # noqa: E402
 from bus.history import extract  # noqa: E402
 from bus.history import job  # noqa: E402
@@ -318,7 +318,7 @@ ROW_FIELDS = ("id", "ts_ms", "ts", "from", "to", "type", "correlation_id", "in_r
 
 
 def export_line(seq: int, payload: Any, ref: str | None = None, **fields: Any) -> bytes:
-    """A line as bus/export.py writes it (same key order)."""
+    """A line as bus/log/export.py writes it (same key order)."""
     ts_ms = T0 + seq
     record = {"seq": seq, "id": f"m{seq}", "ts_ms": ts_ms, "ts": iso(ts_ms), "from": "w1",
               "to": None, "type": "note", "correlation_id": None, "in_reply_to": None,

@@ -1,7 +1,7 @@
 """`bus hook claude`, `bus hook install claude` and `bus inbox`, through the installed `bus`.
 
 Contract tests send each documented event's JSON on stdin and check the JSON
-on stdout (bus/claude_code.py cites Claude Code's hooks reference). A scripted
+on stdout (bus/harness/claude_code.py cites Claude Code's hooks reference). A scripted
 session (tests/hook_harness.py) follows the documented Stop behaviour end to
 end, with the hooks `bus hook install claude` wrote. Waits are conditions with
 deadlines; nothing asserts a duration.
@@ -21,7 +21,7 @@ import pytest
 
 import bus.migrations
 from bus import Bus
-from bus import glance
+from bus.log import glance
 from tests.hook_harness import ClaudeSession
 from tests.hook_harness import child_env
 from tests.hook_harness import has_inotify_fd
@@ -611,8 +611,9 @@ def test_hook_with_nothing_to_show_loads_no_heavy_module(db, env, tmp_path):
 
 # Not pathlib: a checkout's editable install loads it to find the package (a wheel does not;
 # scripts/bench_hooks.py measures the hook from one).
-LIBRARY = ("dataclasses", "typing", "inspect", "bus.claude_code", "bus.db", "bus.messages",
-           "bus.heartbeats")
+LIBRARY = ("dataclasses", "typing", "inspect", "bus.harness.claude_code", "bus.storage.db",
+           "bus.log.messages",
+           "bus.coordination.heartbeats")
 
 
 def beat_time(db: Path, agent: str = "w1") -> int:
@@ -644,18 +645,18 @@ def test_hook_whose_presence_is_fresh_reads_with_apsw_alone_and_writes_nothing(d
         assert (done.returncode, done.stdout) == (0, b""), done.stderr
         return imported_modules(done.stderr.decode())
 
-    assert "bus.claude_code" in quiet("SessionStart")  # no beat yet: the library writes one
+    assert "bus.harness.claude_code" in quiet("SessionStart")  # no beat yet: the library writes one
     started = beat_time(db)
     loaded = quiet("SessionStart")  # the same presence, just now: nothing to do
     assert not loaded & set(LIBRARY), loaded & set(LIBRARY)
     assert beat_time(db) == started
-    assert "bus.claude_code" in quiet("PostToolUse")  # started (idle) -> working: a beat
+    assert "bus.harness.claude_code" in quiet("PostToolUse")  # started (idle) -> working: a beat
     assert alive(db, env, tmp_path)["w1"]["status"] == "working"
     working = beat_time(db)
     assert not quiet("PostToolUse") & set(LIBRARY)
     assert beat_time(db) == working
     age_beat(db, glance.PRESENCE_FRESH_MS)
-    assert "bus.claude_code" in quiet("PostToolUse")  # as old as the window: beat again
+    assert "bus.harness.claude_code" in quiet("PostToolUse")  # as old as the window: beat again
     assert beat_time(db) > working - glance.PRESENCE_FRESH_MS
 
 

@@ -1,4 +1,4 @@
-"""`--agent auto`: the worker whose worktree contains the directory (bus/identity.py).
+"""`--agent auto`: the worker whose worktree contains the directory (bus/log/agent_ids.py).
 
 Workers are made by the real `worker spawn` command in a real git repository
 (hermetic git, tests/procs_workers.py); the states the CLI cannot reach side by
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from bus import Bus
-from bus.errors import AgentNotResolved
-from bus.identity import agent_for_directory
+from bus.storage.errors import AgentNotResolved
+from bus.log.agent_ids import agent_for_directory
 from tests.hook_harness import child_env
 from tests.hook_harness import run
 from tests.procs_workers import make_repo

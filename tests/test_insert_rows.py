@@ -15,10 +15,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
-from bus.db import write_transaction
-from bus.messages import insert_row
-from bus.messages import insert_rows
-from bus.messages import prepare_row
+from bus.storage.db import write_transaction
+from bus.log.messages import insert_row
+from bus.log.messages import insert_rows
+from bus.log.messages import prepare_row
 
 # A small pool of ids so batches repeat ids, among themselves and with the file.
 ID_POOL = [str(uuid.UUID(int=n + 1)) for n in range(12)]

@@ -20,10 +20,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
-from bus import schema
-from bus.db import connect
-from bus.messages import new_message_id
-from bus.messages import now_ms
+from bus.storage import schema
+from bus.storage.db import connect
+from bus.log.messages import new_message_id
+from bus.log.messages import now_ms
 
 VERSION_BEFORE = 7
 TABLES = ("messages", "cursors", "task_claims", "channels", "participants",

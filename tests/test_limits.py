@@ -10,7 +10,7 @@ import pytest
 from bus import Bus
 from bus import ValidationFailed
 from bus.api import MAX_PAYLOAD_BYTES
-from bus.errors import UnknownChannel
+from bus.storage.errors import UnknownChannel
 from tests.cli_helpers import last_error
 from tests.cli_helpers import run
 

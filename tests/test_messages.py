@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bus.errors import ValidationFailed
-from bus.messages import Message
-from bus.messages import encode_payload
-from bus.messages import iso_utc
-from bus.messages import prepare_batch
-from bus.messages import prepare_row
-from bus.messages import row_to_message
-from bus.messages import validate_agent_id
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import Message
+from bus.log.messages import encode_payload
+from bus.log.messages import iso_utc
+from bus.log.messages import prepare_batch
+from bus.log.messages import prepare_row
+from bus.log.messages import row_to_message
+from bus.log.messages import validate_agent_id
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 

@@ -17,11 +17,11 @@ import orjson
 import pytest
 
 from bus import Bus
-from bus.errors import BusError
-from bus.errors import OobKeyError
-from bus.errors import OobSocketError
-from bus.errors import StaleRequest
-from bus.messages import now_ms
+from bus.storage.errors import BusError
+from bus.storage.errors import OobKeyError
+from bus.storage.errors import OobSocketError
+from bus.storage.errors import StaleRequest
+from bus.log.messages import now_ms
 from bus.pump import oob
 from bus.pump.oob import OobRequest
 from bus.pump.oob import OobServer

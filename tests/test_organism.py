@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bus.errors import OrganismInvalid
+from bus.storage.errors import OrganismInvalid
 from bus.pump import organism as org
 from bus.pump.organism import AgentSpec
 from bus.pump.organism import ListenerSpec

@@ -26,7 +26,7 @@ def test_own_broadcasts_are_left_out_of_poll_and_counts_unless_asked(bus: Bus):
 
 
 def test_own_direct_messages_are_left_out_of_poll_counts_and_the_glance_unless_asked(bus: Bus):
-    from bus import glance
+    from bus.log import glance
     own = bus.publish("ann", "note", "a reminder to herself", to="ann").seq
     assert bus.poll("ann") == [] and not glance.has_waiting(bus.conn, "ann")
     assert [m.seq for m in bus.poll("ann", include_own=True)] == [own]

@@ -1,4 +1,4 @@
-"""The process loop (bus/consumer.py): poll, handle, ack after success, stop the batch at
+"""The process loop (bus/log/consumer.py): poll, handle, ack after success, stop the batch at
 the first failure, wait on the commit signal; at-least-once across `kill -9`."""
 
 from __future__ import annotations
@@ -99,12 +99,12 @@ def test_consumer_process_batch_reports_the_failed_message_and_its_error(bus):
 
 def test_process_loop_logs_the_failure_with_the_message_and_the_traceback(bus, caplog):
     [seq] = publish(bus, "worker-1", 1)
-    caplog.set_level(logging.ERROR, logger="bus.consumer")
+    caplog.set_level(logging.ERROR, logger="bus.log.consumer")
 
     process_loop(bus, "worker-1", Recorder(bus, "worker-1", fail_calls={1}), until_idle=True)
 
     [record] = caplog.records
-    assert record.name == "bus.consumer"
+    assert record.name == "bus.log.consumer"
     assert f"handler failed on seq {seq}" in record.getMessage()
     assert "not acked" in record.getMessage()
     assert record.exc_info[0] is Boom

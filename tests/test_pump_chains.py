@@ -17,8 +17,8 @@ from lxml import etree
 from bus import Bus
 from bus.pump import client
 from bus.pump import threads
-from bus.db import write_transaction
-from bus.messages import now_ms
+from bus.storage.db import write_transaction
+from bus.log.messages import now_ms
 from bus.pump import work
 from bus.pump.commit import EncodedMemory
 from bus.pump.envelopes import derived_id

@@ -18,9 +18,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
-from bus.db import write_transaction
-from bus.errors import OrganismInvalid
-from bus.errors import ValidationFailed
+from bus.storage.db import write_transaction
+from bus.storage.errors import OrganismInvalid
+from bus.storage.errors import ValidationFailed
 from bus.pump import Pump
 from bus.pump import client
 from bus.pump import commit

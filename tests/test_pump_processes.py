@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bus import Bus
-from bus.db import write_transaction
+from bus.storage.db import write_transaction
 from bus.pump import client
 from bus.pump import work
 from bus.pump.envelopes import derived_id

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bus import Bus
-from bus.errors import OrganismInvalid
+from bus.storage.errors import OrganismInvalid
 from bus.pump import client
 from bus.pump import oob
 from bus.pump.oob import OobRequest

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from bus import Bus
 from bus.cli import main
-from bus.errors import Backpressure
-from bus.errors import OrganismInvalid
+from bus.storage.errors import Backpressure
+from bus.storage.errors import OrganismInvalid
 from bus.pump import Pump
 from bus.pump import client
 from bus.pump.organism import DEFAULT_MAX_PENDING

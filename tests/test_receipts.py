@@ -1,6 +1,6 @@
-"""Delivery receipts (bus/receipts.py): recorded where a message is shown, acked from the
+"""Delivery receipts (bus/log/receipts.py): recorded where a message is shown, acked from the
 cursor, the outstanding ones for `bus status`; and the names the bus has seen
-(bus/identities.py), behind the warning for a message to an unknown agent."""
+(bus/coordination/held_names.py), behind the warning for a message to an unknown agent."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bus import Bus
-from bus import receipts
-from bus.db import write_transaction
-from bus.errors import ValidationFailed
-from bus.heartbeats import beat
-from bus.identities import ever_seen
-from bus.identities import join_name
-from bus.receipts import ACKED
-from bus.receipts import DELIVERED
-from bus.receipts import SENT
-from bus.tokens import create_token
+from bus.log import receipts
+from bus.storage.db import write_transaction
+from bus.storage.errors import ValidationFailed
+from bus.coordination.heartbeats import beat
+from bus.coordination.held_names import ever_seen
+from bus.coordination.held_names import join_name
+from bus.log.receipts import ACKED
+from bus.log.receipts import DELIVERED
+from bus.log.receipts import SENT
+from bus.coordination.tokens import create_token
 from tests import bad_files
 from tests.cli_helpers import run
 

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from bus import Bus
-from bus.messages import now_ms
-from bus.tokens import create_token
-from bus.tokens import revoke_token
+from bus.log.messages import now_ms
+from bus.coordination.tokens import create_token
+from bus.coordination.tokens import revoke_token
 from tests.cli_helpers import run
 from tests.conftest import REPO_ROOT
 

@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bus import Bus
-from bus.db import check_database
+from bus.storage.db import check_database
 from bus.replica.binary import locate_litestream
 from bus.replica.config import config_path
 from bus.replica.config import litestream_intervals_ms

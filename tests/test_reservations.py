@@ -1,4 +1,4 @@
-"""File reservations on the Bus (bus/reservations.py): conflicts, all or nothing, and the
+"""File reservations on the Bus (bus/coordination/reservations.py): conflicts, all or nothing, and the
 three ways a reservation ends (TTL, a dead heartbeat, a finished worker), with the bus's
 `now` stepped instead of sleeping."""
 
@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from bus import Bus
-from bus import heartbeats
-from bus.errors import ValidationFailed
-from bus.heartbeats import Thresholds
-from bus.reservations import NotReserved
-from bus.reservations import PathsReserved
-from bus.reservations import ReservationConflict
+from bus.coordination import heartbeats
+from bus.storage.errors import ValidationFailed
+from bus.coordination.heartbeats import Thresholds
+from bus.coordination.reservations import NotReserved
+from bus.coordination.reservations import PathsReserved
+from bus.coordination.reservations import ReservationConflict
 from workers import registry
 from workers.machine import TERMINAL
 from workers.machine import WORKING

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bus import Bus
-from bus.reservations import PathsReserved
+from bus.coordination.reservations import PathsReserved
 from tests.cli_helpers import run
 from tests.procs_workers import commit_file
 from tests.procs_workers import git

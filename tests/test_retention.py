@@ -1,4 +1,4 @@
-"""Retention (bus/retention.py, Bus.compact): what goes, what stays, and the WAL.
+"""Retention (bus/log/retention.py, Bus.compact): what goes, what stays, and the WAL.
 
 A message may be deleted only when it is older than the cutoff AND at or
 below the lowest cursor (the exporter's position counting as one more cursor
@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 
 from bus import Bus
 from bus import ValidationFailed
-from bus import retention
-from bus.db import JOURNAL_SIZE_LIMIT
-from bus.db import connect
-from bus.messages import now_ms
-from bus.retention import CompactReport
+from bus.log import retention
+from bus.storage.db import JOURNAL_SIZE_LIMIT
+from bus.storage.db import connect
+from bus.log.messages import now_ms
+from bus.log.retention import CompactReport
 
 DAY_MS = 86_400_000
 HOUR = 3600.0

@@ -8,16 +8,16 @@ import apsw
 import pytest
 
 from bus import Bus
-from bus import migration_files
+from bus.storage import migration_files
 from bus import migrations as migrations_package
-from bus.db import APPLICATION_ID
-from bus.db import connect
-from bus.errors import SchemaTooNew
+from bus.storage.db import APPLICATION_ID
+from bus.storage.db import connect
+from bus.storage.errors import SchemaTooNew
 from bus.pump import work
-from bus.schema import _apply
-from bus.schema import available_migrations
-from bus.schema import migrate
-from bus.schema import schema_status
+from bus.storage.schema import _apply
+from bus.storage.schema import available_migrations
+from bus.storage.schema import migrate
+from bus.storage.schema import schema_status
 
 CORE_TABLES = {"messages", "cursors", "heartbeats", "task_claims", "meta", "export_state",
                "dead_claims", "workers"}
@@ -106,7 +106,7 @@ def test_failed_migration_leaves_version_unchanged(db_path, tmp_path, monkeypatc
         (broken / m.path.name).write_text(m.sql())
     (broken / f"{len(good) + 1:04d}_broken.sql").write_text(
         "CREATE TABLE half_done (x);\nTHIS IS NOT SQL;\n")
-    monkeypatch.setattr("bus.schema.MIGRATIONS_DIR", broken)
+    monkeypatch.setattr("bus.storage.schema.MIGRATIONS_DIR", broken)
     conn = connect(db_path)
     with pytest.raises(apsw.SQLError):
         migrate(conn)

@@ -1,4 +1,4 @@
-"""Full-text search over payloads (bus/search.py): found by their words, kept in step
+"""Full-text search over payloads (bus/log/search.py): found by their words, kept in step
 with publishes and compaction, filters, refusals, and `bus search` through CliRunner."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from bus import Bus
 from bus.cli import main
-from bus.errors import SearchDisabled
-from bus.errors import ValidationFailed
-from bus.messages import now_ms
+from bus.storage.errors import SearchDisabled
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import now_ms
 from tests.cli_helpers import last_error
 
 # Words the unicode61 tokenizer keeps whole: letters only, and not FTS5's operators.

@@ -1,4 +1,4 @@
-"""The task graph (bus/tasks.py): dependencies, cycles, the ready list,
+"""The task graph (bus/coordination/tasks.py): dependencies, cycles, the ready list,
 claim_next, done and cancel, against real files and real processes."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from hypothesis.stateful import precondition
 from hypothesis.stateful import rule
 
 from bus import Bus
-from bus.claims import StaleFence
-from bus.errors import NotTaskHolder
-from bus.errors import TaskCycle
-from bus.errors import TaskStateConflict
-from bus.errors import UnknownTask
-from bus.errors import ValidationFailed
+from bus.coordination.claims import StaleFence
+from bus.storage.errors import NotTaskHolder
+from bus.storage.errors import TaskCycle
+from bus.storage.errors import TaskStateConflict
+from bus.storage.errors import UnknownTask
+from bus.storage.errors import ValidationFailed
 from tests.children import Barrier
 from tests.children import Children
 
@@ -244,7 +244,7 @@ def test_tasks_list_by_state(bus):
 
 
 def test_tasks_the_ready_query_reads_the_ready_index_in_order(bus):
-    from bus import tasks
+    from bus.coordination import tasks
     plan = " ".join(row[3] for row in bus.conn.execute(
         "EXPLAIN QUERY PLAN " + tasks._READY_SQL, {"now": T0, "limit": 1}))
     assert "USING INDEX idx_tasks_ready" in plan and "TEMP B-TREE" not in plan

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from bus import Bus
 from bus import ValidationFailed
-from bus.db import write_transaction
-from bus.errors import ThreadAmbiguous
-from bus.errors import ThreadClosed
-from bus.errors import ThreadConflict
-from bus.errors import ThreadNotFound
+from bus.storage.db import write_transaction
+from bus.storage.errors import ThreadAmbiguous
+from bus.storage.errors import ThreadClosed
+from bus.storage.errors import ThreadConflict
+from bus.storage.errors import ThreadNotFound
 from bus.pump import threads
 from bus.pump.threads import Thread
 from bus.pump.threads import ThreadRegistry

@@ -1,18 +1,18 @@
-"""bus/tokens.py on a real bus file: what a token is, and what checking one costs."""
+"""bus/coordination/tokens.py on a real bus file: what a token is, and what checking one costs."""
 
 from __future__ import annotations
 
 import pytest
 
 from bus import Bus
-from bus.errors import ValidationFailed
-from bus.tokens import LAST_USED_GRAIN_MS
-from bus.tokens import TokenChecker
-from bus.tokens import any_usable_token
-from bus.tokens import create_token
-from bus.tokens import list_tokens
-from bus.tokens import parse_duration_ms
-from bus.tokens import revoke_token
+from bus.storage.errors import ValidationFailed
+from bus.coordination.tokens import LAST_USED_GRAIN_MS
+from bus.coordination.tokens import TokenChecker
+from bus.coordination.tokens import any_usable_token
+from bus.coordination.tokens import create_token
+from bus.coordination.tokens import list_tokens
+from bus.coordination.tokens import parse_duration_ms
+from bus.coordination.tokens import revoke_token
 
 
 def data_version(bus: Bus) -> int:

@@ -11,7 +11,7 @@ from bus.channels.topics import TopicIndex
 from bus.channels.topics import matches
 from bus.channels.topics import validate_pattern
 from bus.channels.topics import validate_topic
-from bus.errors import ValidationFailed
+from bus.storage.errors import ValidationFailed
 
 # Seed 004, "Matching Examples": (topic, pattern, matches?)
 SEED_TABLE = [

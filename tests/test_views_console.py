@@ -24,14 +24,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
-from bus import browse
-from bus import tasks
-from bus.browse import LogFilter
+from bus.log import browse
+from bus.coordination import tasks
+from bus.log.browse import LogFilter
 from bus.channels.queries import channel_detail
-from bus.db import connect
-from bus.errors import SearchDisabled
-from bus.errors import ValidationFailed
-from bus.messages import now_ms
+from bus.storage.db import connect
+from bus.storage.errors import SearchDisabled
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import now_ms
 from bus.views import queries
 from bus.views.charts import History
 from bus.views.charts import claims_by_agent

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bus import Bus
-from bus import heartbeats
-from bus.heartbeats import Thresholds
+from bus.coordination import heartbeats
+from bus.coordination.heartbeats import Thresholds
 from bus.views.render import status_lines
 from bus.views.status import read_status
 from bus.views.top import summary_lines

@@ -22,8 +22,8 @@ from typing import Iterator
 import pytest
 
 from bus import Bus
-from bus.db import connect
-from bus.messages import now_ms
+from bus.storage.db import connect
+from bus.log.messages import now_ms
 from bus.pump.threads import ThreadRegistry
 from bus.views.charts import call_trees
 from bus.views.charts import History

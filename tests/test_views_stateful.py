@@ -34,20 +34,20 @@ from starlette.applications import Starlette
 
 from bus import Bus
 from bus.channels.engine import Channels
-from bus.db import connect
-from bus.errors import BusError
-from bus.errors import ValidationFailed
-from bus.heartbeats import LIVENESS_STATES
-from bus.heartbeats import STATUSES
-from bus.heartbeats import AgentHoldsClaims
-from bus.heartbeats import Thresholds
-from bus.heartbeats import beat
-from bus.messages import now_ms
+from bus.storage.db import connect
+from bus.storage.errors import BusError
+from bus.storage.errors import ValidationFailed
+from bus.coordination.heartbeats import LIVENESS_STATES
+from bus.coordination.heartbeats import STATUSES
+from bus.coordination.heartbeats import AgentHoldsClaims
+from bus.coordination.heartbeats import Thresholds
+from bus.coordination.heartbeats import beat
+from bus.log.messages import now_ms
 from bus.pump import Pump
 from bus.pump import client
 from bus.pump.organism import parse_organism
 from bus.pump.threads import ThreadRegistry
-from bus.reservations import ReservationConflict
+from bus.coordination.reservations import ReservationConflict
 from bus.views.render import status_lines
 from bus.views.routes import routes as console_routes
 from bus.views.serve import snapshot

@@ -9,14 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bus import Bus
-from bus import receipts
-from bus.db import connect
-from bus.errors import BusNotFound
-from bus.errors import SchemaOutdated
-from bus.schema import _apply as apply_migration
-from bus.schema import available_migrations
-from bus.heartbeats import Thresholds
-from bus.heartbeats import beat
+from bus.log import receipts
+from bus.storage.db import connect
+from bus.storage.errors import BusNotFound
+from bus.storage.errors import SchemaOutdated
+from bus.storage.schema import _apply as apply_migration
+from bus.storage.schema import available_migrations
+from bus.coordination.heartbeats import Thresholds
+from bus.coordination.heartbeats import beat
 from bus.views.render import status_lines
 from bus.views.status import EXPORTER
 from bus.views.status import read_status

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from bus import Bus
-from bus import worker_table
-from bus.db import connect
+from bus.coordination import worker_table
+from bus.storage.db import connect
 from bus.views import details
 from bus.views.status import read_status
 from bus.views.top import STREAM_BACKLOG

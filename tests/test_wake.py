@@ -1,4 +1,4 @@
-"""Waking on commits: bus/wake.py's ChangeWatcher and Bus.wait_for_change.
+"""Waking on commits: bus/log/wake.py's ChangeWatcher and Bus.wait_for_change.
 
 Commits come from a child process (tests/procs_wake.py, driven by lines on
 its stdin) or from another thread. To check that a waiter is really woken
@@ -26,8 +26,8 @@ import pytest
 
 from bus import Bus
 from bus import BusClosed
-from bus.db import connect
-from bus.wake import ChangeWatcher
+from bus.storage.db import connect
+from bus.log.wake import ChangeWatcher
 
 PROCS = Path(__file__).resolve().parent / "procs_wake.py"
 LINE_TIMEOUT = 60.0  # for a child to start, import the bus and answer
@@ -324,7 +324,7 @@ def test_wait_truncate_checkpoint_by_another_connection_is_an_extra_wake(
 def test_wal_writes_of_an_open_transaction_end_no_wait_and_its_commit_wakes(
         mode: str, bus: Bus, db_path: Path) -> None:
     """A large transaction spills pages to the WAL before it commits: events
-    come, the waiter looks for a moment (bus/wake.py, SPIN_S), finds no change,
+    come, the waiter looks for a moment (bus/log/wake.py, SPIN_S), finds no change,
     sleeps again, and wakes at the commit."""
     wait = make_waiter(mode, bus, db_path)
     assert wait(0) is True
@@ -671,8 +671,8 @@ def test_watcher_keeps_its_watch_between_waits_only_with_hold_watch(
 def test_waiting_threads_are_counted_while_they_wait_and_only_then(mode: str, bus: Bus,
                                                                    db_path: Path) -> None:
     """A waiter looks without sleeping only when it is the process's one waiting
-    thread (bus/wake.py): the count must come back down however a wait ends."""
-    from bus.wake import _WAITERS
+    thread (bus/log/wake.py): the count must come back down however a wait ends."""
+    from bus.log.wake import _WAITERS
     wait = make_waiter(mode, bus, db_path)
     assert wait(0) is True and _WAITERS.count == 0
     seen: list[int] = []

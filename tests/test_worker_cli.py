@@ -24,8 +24,8 @@ import pytest
 from click.testing import CliRunner
 
 from bus import Bus
-from bus import heartbeats
-from bus.messages import now_ms
+from bus.coordination import heartbeats
+from bus.log.messages import now_ms
 from tests.procs_coordination import Barrier
 from tests.procs_workers import WorkerChild
 from tests.procs_workers import commit_file

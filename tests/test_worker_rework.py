@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from bus import Bus
-from bus.messages import now_ms
+from bus.log.messages import now_ms
 from tests.procs_workers import commit_file
 from tests.procs_workers import git
 from tests.procs_workers import head

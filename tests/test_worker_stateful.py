@@ -25,7 +25,7 @@ from hypothesis.stateful import rule
 from hypothesis.stateful import run_state_machine_as_test
 
 from bus import Bus
-from bus.errors import BusError
+from bus.storage.errors import BusError
 from tests.procs_workers import commit_file
 from tests.procs_workers import git
 from tests.procs_workers import make_repo

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bus import Bus
-from bus.errors import TaskStateConflict
+from bus.storage.errors import TaskStateConflict
 from tests.procs_workers import commit_file
 from tests.worker_fixtures import hermetic_git  # noqa: F401 - autouse fixture
 from tests.worker_fixtures import repo  # noqa: F401 - fixture

@@ -24,9 +24,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
-from bus.errors import BusError
-from bus.errors import ValidationFailed
-from bus.messages import now_ms
+from bus.storage.errors import BusError
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import now_ms
 from tests.procs_workers import commit_file
 from tests.procs_workers import git
 from tests.procs_workers import head
@@ -1183,7 +1183,7 @@ def test_workers_random_commands_never_leave_the_machine(tmp_path: Path, data) -
 
 def test_a_worker_is_at_work_in_sql_exactly_when_the_machine_says_it_is_not_terminal(tmp_path):
     """worker_table.AT_WORK_SQL (reservations, the registry) agrees with machine.TERMINAL."""
-    from bus.worker_table import AT_WORK_SQL
+    from bus.coordination.worker_table import AT_WORK_SQL
     from workers import registry
     from workers.registry import Worker
 

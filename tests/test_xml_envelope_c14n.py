@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from lxml import etree
 
-from bus.errors import ValidationFailed
+from bus.storage.errors import ValidationFailed
 from bus.xml.envelope import ENVELOPE_NS
 from bus.xml.envelope import build_envelope
 from bus.xml.envelope import envelope_c14n

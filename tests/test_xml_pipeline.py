@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from bus.errors import ValidationFailed
+from bus.storage.errors import ValidationFailed
 from bus.xml import ENVELOPE_NS
 from bus.xml import Boot
 from bus.xml import Envelope

@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from bus import __version__
-from bus import git_exclude
+from bus.harness import git_exclude
 from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
 from bus.cli.context import BusGroup
@@ -30,8 +30,8 @@ from bus.cli.layout import add_db_after_command
 from bus.cli.output import echo_json
 from bus.cli.output import shown_path
 from bus.cli.output import echo_listing
-from bus.heartbeats import STATUSES
-from bus.heartbeats import STOPPED
+from bus.coordination.heartbeats import STATUSES
+from bus.coordination.heartbeats import STOPPED
 from workers import git
 from workers.lifecycle import DEFAULT_LEASE_MS
 from workers.lifecycle import Cleaned

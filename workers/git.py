@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bus.errors import BusError
+from bus.storage.errors import BusError
 
 
 class GitError(BusError):

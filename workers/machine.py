@@ -16,8 +16,8 @@ while a worker is ASSIGNED or WORKING, run starts an ASSIGNED worker first;
 
 from __future__ import annotations
 
-from bus.errors import BusError
-from bus.worker_table import TERMINAL_STATES
+from bus.storage.errors import BusError
+from bus.coordination.worker_table import TERMINAL_STATES
 
 ASSIGNED = "ASSIGNED"
 WORKING = "WORKING"

@@ -13,8 +13,8 @@ from typing import Optional
 
 from pydantic import Field
 
-from bus.heartbeats import STATUSES
-from bus.heartbeats import STOPPED
+from bus.coordination.heartbeats import STATUSES
+from bus.coordination.heartbeats import STOPPED
 from bus.mcpserver.kinds import ADDS
 from bus.mcpserver.kinds import READS
 from bus.mcpserver.kinds import SETS

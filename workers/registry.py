@@ -1,6 +1,6 @@
 """The `workers` table as the lifecycle writes it, and its JSON mirror for people and git.
 
-The row's shape and its readers are bus/worker_table.py's.
+The row's shape and its readers are bus/coordination/worker_table.py's.
 
 The row is the truth. After each transition the mirror
 `<db dir>/workers/<worker>.json` is rewritten atomically; a crash between
@@ -16,12 +16,12 @@ import apsw
 import orjson
 
 from blobs.files import write_atomically
-from bus.errors import BusError
-from bus.worker_table import AT_WORK_SQL
-from bus.worker_table import COLUMNS
-from bus.worker_table import Worker
-from bus.worker_table import get_worker
-from bus.worker_table import list_workers
+from bus.storage.errors import BusError
+from bus.coordination.worker_table import AT_WORK_SQL
+from bus.coordination.worker_table import COLUMNS
+from bus.coordination.worker_table import Worker
+from bus.coordination.worker_table import get_worker
+from bus.coordination.worker_table import list_workers
 
 __all__ = ["UnknownWorker", "Worker", "WorkerExists", "exists", "get", "insert",
            "list_workers", "others_on_task", "update", "write_mirror"]

@@ -23,8 +23,8 @@ from bus.channels.queries import ChannelMessage
 from bus.channels.queries import row_to_message
 from bus.channels.store import SENDING_STATES
 from bus.channels.store import add_open_deliveries
-from bus.errors import ValidationFailed
-from bus.messages import iso_utc
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import iso_utc
 
 _COLUMNS = "dl.id, dl.recipient, dl.retry_count, dl.last_error, dl.dead_lettered_at_ms, "
 _SELECT_SQL = (

@@ -30,7 +30,7 @@ from typing import Callable
 import apsw
 import orjson
 
-from bus import messages
+from bus.log import messages
 from bus.channels import system
 from bus.channels.queries import FROM_SQL
 from bus.channels.queries import MESSAGE_COLUMNS
@@ -43,7 +43,7 @@ from bus.channels.queries import row_to_message
 from bus.channels.store import DELIVERING_STATES
 from bus.channels.store import Channel
 from bus.channels.store import add_open_deliveries
-from bus.errors import ValidationFailed
+from bus.storage.errors import ValidationFailed
 
 ACK_STATUSES = ("received", "in_progress", "completed", "failed")
 FINAL_STATUSES = frozenset({"completed", "failed"})

@@ -27,7 +27,7 @@ from typing import Protocol
 
 import apsw
 
-from bus import messages
+from bus.log import messages
 from bus.channels import deadletters
 from bus.channels import delivery
 from bus.channels import sending
@@ -57,18 +57,18 @@ from bus.channels.store import STATES
 from bus.channels.store import validate_choice
 from bus.channels.store import validate_name
 from bus.channels.topics import TopicIndex
-from bus.db import refuse_write
-from bus.db import translate_busy
-from bus.db import write_transaction
-from bus.errors import ValidationFailed
-from bus.messages import load_payload
-from bus.messages import now_ms
-from bus.messages import validate_agent_id
-from bus.messages import validate_positive_int
+from bus.storage.db import refuse_write
+from bus.storage.db import translate_busy
+from bus.storage.db import write_transaction
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import load_payload
+from bus.log.messages import now_ms
+from bus.log.messages import validate_agent_id
+from bus.log.messages import validate_positive_int
 
 if TYPE_CHECKING:
     from blobs.store import BlobStore
-    from bus.payloads import PayloadPolicy
+    from bus.log.payloads import PayloadPolicy
 
 _PRESSURE_SQL = (
     "SELECT (SELECT coalesce(sum(open_deliveries), 0) FROM channels),"

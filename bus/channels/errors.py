@@ -1,11 +1,11 @@
 """The message engine's errors: an unknown channel, and the limits that refuse a send.
 
-Each is a `BusError`; `bus.errors` re-exports them under their old import path.
+Each is a `BusError`; `bus.storage.errors` re-exports them under their old import path.
 """
 
 from __future__ import annotations
 
-from bus.errors import BusError
+from bus.storage.errors import BusError
 
 
 class UnknownChannel(BusError):

@@ -27,8 +27,8 @@ from bus.channels.topics import MULTI
 from bus.channels.topics import SINGLE
 from bus.channels.topics import matches
 from bus.channels.topics import validate_pattern
-from bus.errors import ValidationFailed
-from bus.messages import iso_utc
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import iso_utc
 
 MESSAGE_TYPES = ("text", "command", "query", "response", "acknowledgment", "notification",
                  "event")

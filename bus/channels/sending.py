@@ -18,7 +18,7 @@ from typing import Callable
 import apsw
 import orjson
 
-from bus import messages
+from bus.log import messages
 from bus.channels.queries import MESSAGE_TYPES
 from bus.channels.store import SENDING_STATES
 from bus.channels.store import Channel
@@ -27,7 +27,7 @@ from bus.channels.store import participants
 from bus.channels.store import role_of
 from bus.channels.topics import TopicIndex
 from bus.channels.topics import validate_topic
-from bus.errors import ValidationFailed
+from bus.storage.errors import ValidationFailed
 
 PRIORITY_MIN, PRIORITY_MAX = 0, 4
 DEFAULT_PRIORITY = 2

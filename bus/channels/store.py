@@ -17,8 +17,8 @@ import apsw
 
 from bus.channels.errors import UnknownChannel
 from bus.channels.topics import validate_pattern
-from bus.errors import ValidationFailed
-from bus.messages import validate_agent_id
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import validate_agent_id
 
 CHANNEL_TYPES = ("direct", "group", "broadcast", "pubsub")
 STATES = ("active", "paused", "draining", "closed")

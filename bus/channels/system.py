@@ -26,7 +26,7 @@ from bus.channels.store import SENDING_STATES
 from bus.channels.store import Channel
 from bus.channels.store import ChannelConfig
 from bus.channels.topics import TopicIndex
-from bus.errors import ValidationFailed
+from bus.storage.errors import ValidationFailed
 
 SYSTEM_CHANNEL = "_system"
 SYSTEM_AGENT = "bus"  # the sender of what the bus announces itself

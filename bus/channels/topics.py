@@ -17,7 +17,7 @@ import re
 from collections import defaultdict
 from typing import Iterable
 
-from bus.errors import ValidationFailed
+from bus.storage.errors import ValidationFailed
 
 TOPIC_MAX = 256
 _SEGMENT = re.compile(r"[A-Za-z0-9_-]+")

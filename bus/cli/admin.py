@@ -10,10 +10,10 @@ from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
-from bus.db import connect
-from bus.db import translate_busy
-from bus.errors import UnknownConsumer
-from bus.messages import iso_utc
+from bus.storage.db import connect
+from bus.storage.db import translate_busy
+from bus.storage.errors import UnknownConsumer
+from bus.log.messages import iso_utc
 from bus.views.render import CONSUMER_COLUMNS
 from bus.views.render import consumer_row
 from bus.views.render import last_ack

@@ -32,7 +32,7 @@ from bus.cli.output import echo_json
 from bus.cli.output import echo_messages
 from bus.cli.output import echo_rows
 from bus.cli.output import shortened
-from bus.messages import iso_utc
+from bus.log.messages import iso_utc
 
 
 agent_option = click.option("--agent", required=True, help="Agent id.")

@@ -24,7 +24,7 @@ from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
 from bus.cli.output import echo_rows
-from bus.messages import iso_utc
+from bus.log.messages import iso_utc
 
 channel_argument = click.argument("name")
 agent_option = click.option("--agent", required=True, help="Agent id.")

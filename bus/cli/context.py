@@ -11,10 +11,10 @@ from bus.api import MAX_PAYLOAD_BYTES
 from bus.api import Bus
 from bus.cli.flags import pass_context_of
 from bus.cli.flags import typed_name
-from bus.db import ENVIRONMENT_ERRORS
-from bus.db import environment_error
-from bus.errors import BusBusy
-from bus.errors import BusError
+from bus.storage.db import ENVIRONMENT_ERRORS
+from bus.storage.db import environment_error
+from bus.storage.errors import BusBusy
+from bus.storage.errors import BusError
 
 DEFAULT_DB = ".worker-state/bus.db"
 EXIT_BUSY = 75  # EX_TEMPFAIL from sysexits.h: try again later

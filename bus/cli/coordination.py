@@ -8,18 +8,18 @@ from typing import Callable
 import click
 
 from bus.api import GC_GRACE_SECONDS
-from bus.claims import ClaimResult
+from bus.coordination.claims import ClaimResult
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
 from bus.cli.output import echo_rows
-from bus.heartbeats import KEEP
-from bus.heartbeats import STATUSES
-from bus.heartbeats import Thresholds
-from bus.messages import iso_utc
-from bus.messages import now_ms
+from bus.coordination.heartbeats import KEEP
+from bus.coordination.heartbeats import STATUSES
+from bus.coordination.heartbeats import Thresholds
+from bus.log.messages import iso_utc
+from bus.log.messages import now_ms
 
 task_option = click.option("--task", "task_id", required=True, help="Task id.")
 agent_option = click.option("--agent", required=True, help="Agent id.")

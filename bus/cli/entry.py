@@ -7,11 +7,11 @@ that, and so does the log's library (dataclasses, typing, pathlib). So for the
 command lines `bus hook install claude` writes, and only those, this script
 answers in two steps before the command:
 
-1. With apsw and json alone (bus/glance.py, bus/claude_events.py,
-   bus/identity.py), on a connection that only reads: nothing waits for the
+1. With apsw and json alone (bus/log/glance.py, bus/harness/claude_events.py,
+   bus/log/agent_ids.py), on a connection that only reads: nothing waits for the
    agent and its last presence beat already says what the event would, and is
    recent (glance.PRESENCE_FRESH_MS). Nothing is to be written or shown.
-2. Through the functions the command uses (bus/claude_code.py `quiet_answer`,
+2. Through the functions the command uses (bus/harness/claude_code.py `quiet_answer`,
    on the bus's own connection): nothing waits, but a beat or a Stop's
    bookkeeping is due.
 
@@ -29,9 +29,9 @@ from collections import namedtuple
 import apsw
 
 import bus.migrations
-from bus import claude_events
-from bus import glance
-from bus.errors import BusError
+from bus.harness import claude_events
+from bus.log import glance
+from bus.storage.errors import BusError
 
 _HOOK_WORDS = ["hook", "claude"]
 _OPTIONS = {"--agent", "--wait", "--max-continues", "--limit"}
@@ -119,8 +119,8 @@ def at_a_glance(call: HookCall, event: claude_events.HookEvent) -> bool | None:
 
 def answered_by_the_library(call: HookCall, event: claude_events.HookEvent) -> bool:
     """Step 2: the command's own quiet answer (a beat, a Stop's streak), on its connection."""
-    from bus import claude_code
-    from bus.db import connect
+    from bus.harness import claude_code
+    from bus.storage.db import connect
     try:
         conn = connect(call.db, os.environ.get("BUS_DURABILITY", "normal"), create=False)
     except BusError:

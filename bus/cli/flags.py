@@ -18,8 +18,8 @@ from typing import TypeVar
 
 import click
 
-from bus.errors import BusError
-from bus.errors import ValidationFailed
+from bus.storage.errors import BusError
+from bus.storage.errors import ValidationFailed
 
 T = TypeVar("T")
 

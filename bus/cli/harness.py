@@ -3,10 +3,10 @@
 An LLM session that has finished its turn calls no tool, so it never polls.
 Harnesses run hooks at their own moments; these commands answer them with the
 agent's waiting messages. The answers and their policy (what to show, when a
-Stop goes on, what is acked) are the library's: bus/claude_code.py `answer`
-and bus/claude_rewake.py; these commands read the event and write the output. `--agent auto`
+Stop goes on, what is acked) are the library's: bus/harness/claude_code.py `answer`
+and bus/harness/claude_rewake.py; these commands read the event and write the output. `--agent auto`
 is the worker whose worktree contains the directory, else $BUS_AGENT
-(bus/identity.py). The console script answers a hook with nothing to show
+(bus/log/agent_ids.py). The console script answers a hook with nothing to show
 before it loads this module (bus/cli/entry.py); the command does the same
 through the same functions, then shows what waits.
 """
@@ -22,21 +22,21 @@ from typing import Callable
 import click
 
 from blobs.files import write_atomically
-from bus import claude_code
-from bus import claude_rewake
-from bus import identity
+from bus.harness import claude_code
+from bus.harness import claude_rewake
+from bus.log import agent_ids as identity
 from bus.api import Bus
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.extras import import_extra
 from bus.cli.output import echo_json
-from bus.identity import AGENT_ENV
-from bus.identity import AUTO
-from bus.inbox import BLOB_PREVIEW
-from bus.inbox import acknowledge
-from bus.inbox import pending
-from bus.messages import validate_agent_id
+from bus.log.agent_ids import AGENT_ENV
+from bus.log.agent_ids import AUTO
+from bus.harness.inbox import BLOB_PREVIEW
+from bus.harness.inbox import acknowledge
+from bus.harness.inbox import pending
+from bus.log.messages import validate_agent_id
 
 AGENT_HELP = ("The agent to act as; `auto`: the worker whose worktree contains the working"
               " directory (as `worker spawn` set it up), else $BUS_AGENT.")
@@ -307,7 +307,7 @@ def install_codex(obj: BusContext, agent: str, codex_home: Path | None, program:
     Example: bus hook install codex --agent w1
     """
     validate_agent_id(agent, "agent")
-    codex_config = import_extra("bus.codex", "mcp", "bus hook install codex")
+    codex_config = import_extra("bus.harness.codex", "mcp", "bus hook install codex")
     path = (codex_home or codex_config.codex_home()) / codex_config.CONFIG_FILE
     base = [program or _this_program(), "--db", str(Path(obj.db).absolute())]
     commands = codex_config.hook_commands(base, agent)

@@ -15,7 +15,7 @@ from bus.cli.extras import import_extra
 from bus.cli.extras import require_extra
 from bus.cli.harness import resolve_agent
 from bus.cli.output import echo_json
-from bus.errors import ValidationFailed
+from bus.storage.errors import ValidationFailed
 
 TOOLS_HELP = (
     "Tool groups to list beside the daily loop, comma-separated: tasks (the graph and its"

@@ -22,14 +22,14 @@ from bus.cli.output import echo_json
 from bus.cli.output import echo_messages
 from bus.cli.output import echo_query_rows
 from bus.cli.output import shown_path
-from bus.db import connect
-from bus.db import environment_error
-from bus.errors import DatabaseCorrupt
-from bus.errors import ValidationFailed
-from bus.git_exclude import exclude_directory
-from bus.db import check_database
-from bus.schema import migrate
-from bus.schema import schema_status
+from bus.storage.db import connect
+from bus.storage.db import environment_error
+from bus.storage.errors import DatabaseCorrupt
+from bus.storage.errors import ValidationFailed
+from bus.harness.git_exclude import exclude_directory
+from bus.storage.db import check_database
+from bus.storage.schema import migrate
+from bus.storage.schema import schema_status
 
 FOLLOW_BATCH = 1000
 FOLLOW_WAKE_S = 1.0  # re-check at least this often even without a wake

@@ -13,7 +13,7 @@ from typing import Sequence
 import click
 import orjson
 
-from bus.messages import Message
+from bus.log.messages import Message
 from bus.views.render import table_lines
 
 PAYLOAD_PREVIEW = 200  # characters of payload JSON on a human-readable line

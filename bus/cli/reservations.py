@@ -7,21 +7,21 @@ import re
 
 import click
 
-from bus import githooks
+from bus.coordination import githooks
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
-from bus.errors import BusNotFound
-from bus.errors import ValidationFailed
-from bus.messages import iso_utc
-from bus.reservations import DEFAULT_TTL_MS
-from bus.reservations import EXCLUSIVE
-from bus.reservations import SHARED
-from bus.reservations import PathsReserved
-from bus.reservations import ReservationConflict
-from bus.reservations import worker_of_worktree
+from bus.storage.errors import BusNotFound
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import iso_utc
+from bus.coordination.reservations import DEFAULT_TTL_MS
+from bus.coordination.reservations import EXCLUSIVE
+from bus.coordination.reservations import SHARED
+from bus.coordination.reservations import PathsReserved
+from bus.coordination.reservations import ReservationConflict
+from bus.coordination.reservations import worker_of_worktree
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?")

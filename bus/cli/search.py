@@ -1,4 +1,4 @@
-"""`bus search`: full-text search over message payloads (bus/search.py)."""
+"""`bus search`: full-text search over message payloads (bus/log/search.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
 from bus.cli.output import format_message
-from bus.search import LIMIT_MAX
+from bus.log.search import LIMIT_MAX
 
 
 class _Since(click.ParamType):

@@ -14,13 +14,13 @@ from bus.cli.context import pass_bus_context
 from bus.cli.coordination import lease_options
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
-from bus.messages import iso_utc
-from bus.tasks import PRIORITY_DEFAULT
-from bus.tasks import PRIORITY_HIGHEST
-from bus.tasks import PRIORITY_LOWEST
-from bus.tasks import STATES
-from bus.tasks import Task
-from bus.tasks import TaskDetail
+from bus.log.messages import iso_utc
+from bus.coordination.tasks import PRIORITY_DEFAULT
+from bus.coordination.tasks import PRIORITY_HIGHEST
+from bus.coordination.tasks import PRIORITY_LOWEST
+from bus.coordination.tasks import STATES
+from bus.coordination.tasks import Task
+from bus.coordination.tasks import TaskDetail
 
 task_argument = click.argument("task_id", metavar="ID")
 after_option = click.option("--after", "after", multiple=True, metavar="DEP",

@@ -8,7 +8,7 @@ from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_listing
-from bus.messages import iso_utc
+from bus.log.messages import iso_utc
 from bus.pump import threads as registry
 
 

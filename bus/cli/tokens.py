@@ -10,10 +10,10 @@ from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
-from bus.tokens import create_token
-from bus.tokens import list_tokens
-from bus.tokens import parse_duration_ms
-from bus.tokens import revoke_token
+from bus.coordination.tokens import create_token
+from bus.coordination.tokens import list_tokens
+from bus.coordination.tokens import parse_duration_ms
+from bus.coordination.tokens import revoke_token
 
 
 @click.group()

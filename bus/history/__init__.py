@@ -7,7 +7,7 @@ file spark-submit runs), `report` shows the results and writes the files,
 `bus` command reads QUERY_NAMES and job_path() from here whether or not
 the extra is installed, and imports `job` only when `bus history` runs.
 
-The part reads only the export's files (bus/export.py's line format) and
+The part reads only the export's files (bus/log/export.py's line format) and
 imports nothing else of agentbus, so it ranks just above the log
 (docs/architecture.md).
 """

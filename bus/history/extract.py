@@ -26,7 +26,7 @@ HOLD_ENDING_TYPES = ("task_released", "task_reclaimed", "task_dead")
 PART_GLOB = "*.jsonl"  # the exporter's part files; anything else in the directory is not read
 CORRUPT_COLUMN = "_corrupt_record"
 
-# One export line (bus/export.py). `payload` is any JSON value; typed as a
+# One export line (bus/log/export.py). `payload` is any JSON value; typed as a
 # string, Spark's JSON reader keeps objects and arrays as their raw JSON text,
 # which get_json_object then reads field by field.
 EXPORT_SCHEMA = T.StructType([

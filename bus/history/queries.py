@@ -28,7 +28,7 @@ from bus.history.extract import HEARTBEAT_TYPE
 from bus.history.extract import HOLD_ENDING_TYPES
 from bus.history.extract import Known
 from bus.history.extract import with_payload_fields
-from bus.worker_table import TERMINAL_STATES
+from bus.coordination.worker_table import TERMINAL_STATES
 
 SILENCE_TOP = 3  # largest gaps reported per agent
 MAX_SILENCE_TOP = 100_000  # the most max_by(..., k) keeps per group

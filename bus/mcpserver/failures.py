@@ -23,7 +23,7 @@ from typing import Any
 from typing import Mapping
 from typing import Sequence
 
-from bus.errors import BusError
+from bus.storage.errors import BusError
 
 CODES = {
     "invalid_argument": "an argument's value is refused; the message says which and why",

@@ -48,7 +48,7 @@ from bus.mcpserver.failures import Failure
 from bus.mcpserver.server import build_server
 from bus.mcpserver.server import failed
 from bus.mcpserver.session import AgentSession
-from bus.tokens import Token
+from bus.coordination.tokens import Token
 from bus.views.guard import MCP_PATH
 from bus.views.guard import RESOURCE_METADATA_PATH
 from bus.views.guard import TOKEN_HELP

@@ -10,10 +10,10 @@ from typing import Optional
 from pydantic import Field
 
 from bus.api import Bus
-from bus.errors import BusError
-from bus.identities import HOLD_MS
-from bus.identities import join_name
-from bus.identities import renew_name
+from bus.storage.errors import BusError
+from bus.coordination.held_names import HOLD_MS
+from bus.coordination.held_names import join_name
+from bus.coordination.held_names import renew_name
 from bus.mcpserver.kinds import SETS
 from bus.mcpserver.session import AgentSession
 

@@ -15,10 +15,10 @@ from pydantic import WithJsonSchema
 from bus.api import LEASE_MS_MAX
 from bus.api import POLL_LIMIT_MAX
 from bus.api import TASK_ID_MAX
-from bus.errors import ValidationFailed
-from bus.heartbeats import KEEP
-from bus.heartbeats import STATUSES
-from bus.search import LIMIT_MAX as SEARCH_LIMIT_MAX
+from bus.storage.errors import ValidationFailed
+from bus.coordination.heartbeats import KEEP
+from bus.coordination.heartbeats import STATUSES
+from bus.log.search import LIMIT_MAX as SEARCH_LIMIT_MAX
 from bus.mcpserver.kinds import ADDS
 from bus.mcpserver.kinds import READS
 from bus.mcpserver.kinds import RESETS

@@ -12,12 +12,12 @@ from bus.mcpserver.kinds import ADDS
 from bus.mcpserver.kinds import DISCARDS
 from bus.mcpserver.kinds import READS
 from bus.mcpserver.session import AgentSession
-from bus.reservations import DEFAULT_TTL_MS
-from bus.reservations import EXCLUSIVE
-from bus.reservations import PATTERNS_MAX
-from bus.reservations import SHARED
-from bus.reservations import TTL_MAX_MS
-from bus.reservations import ReservationConflict
+from bus.coordination.reservations import DEFAULT_TTL_MS
+from bus.coordination.reservations import EXCLUSIVE
+from bus.coordination.reservations import PATTERNS_MAX
+from bus.coordination.reservations import SHARED
+from bus.coordination.reservations import TTL_MAX_MS
+from bus.coordination.reservations import ReservationConflict
 
 Patterns = Annotated[list[str], Field(min_length=1, max_length=PATTERNS_MAX, description=(
     "Gitignore-style globs from the repository root: src/auth/**, src/*.py; one without a"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bus.db import connect
-from bus.errors import ValidationFailed
+from bus.storage.db import connect
+from bus.storage.errors import ValidationFailed
 from bus.mcpserver.session import AgentSession
 from bus.views import queries
 from bus.views.status import read_status

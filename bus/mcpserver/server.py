@@ -57,7 +57,7 @@ from mcp.types import ToolAnnotations
 from pydantic import ValidationError
 
 from bus import __version__
-from bus.errors import BusError
+from bus.storage.errors import BusError
 from bus.mcpserver.failures import Failure
 from bus.mcpserver.failures import failure_of
 from bus.mcpserver.failures import invalid_arguments

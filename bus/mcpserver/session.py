@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from dataclasses import field
 
 from bus.api import Bus
-from bus.messages import validate_agent_id
+from bus.log.messages import validate_agent_id
 
 
 @dataclass

@@ -17,11 +17,11 @@ from bus.mcpserver.log_tools import Fence
 from bus.mcpserver.log_tools import LeaseMs
 from bus.mcpserver.log_tools import Task
 from bus.mcpserver.session import AgentSession
-from bus.tasks import PRIORITY_DEFAULT
-from bus.tasks import PRIORITY_HIGHEST
-from bus.tasks import PRIORITY_LOWEST
-from bus.tasks import STATES
-from bus.tasks import TITLE_MAX
+from bus.coordination.tasks import PRIORITY_DEFAULT
+from bus.coordination.tasks import PRIORITY_HIGHEST
+from bus.coordination.tasks import PRIORITY_LOWEST
+from bus.coordination.tasks import STATES
+from bus.coordination.tasks import TITLE_MAX
 
 Priority = Annotated[int, Field(ge=PRIORITY_HIGHEST, le=PRIORITY_LOWEST, description=(
     "0 is the most urgent (listed and claimed first), 4 the least."))]

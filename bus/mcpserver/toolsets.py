@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from bus.errors import ValidationFailed
+from bus.storage.errors import ValidationFailed
 
 # An agent's daily loop, listed first and in this order: who am I, talk (one message or a
 # batch in one transaction), take work, finish it, guard the files it edits. `join` is served

@@ -1,12 +1,12 @@
 """The mirror's errors: each refuses before anything in the bus changes.
 
-Each is a `BusError`; `bus.errors` re-exports them under its own import path too.
+Each is a `BusError`; `bus.storage.errors` re-exports them under its own import path too.
 """
 
 from __future__ import annotations
 
-from bus.errors import BusError
-from bus.errors import ValidationFailed
+from bus.storage.errors import BusError
+from bus.storage.errors import ValidationFailed
 
 
 class NatsUrlInvalid(ValidationFailed):

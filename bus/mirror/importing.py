@@ -21,8 +21,8 @@ import orjson
 from nats.js.api import AckPolicy
 from nats.js.api import ConsumerConfig
 
-from bus.errors import ValidationFailed
-from bus.messages import validate_message_id
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import validate_message_id
 from bus.mirror import subjects as naming
 from bus.mirror.jetstream import ACK_TIMEOUT_S
 from bus.mirror.jetstream import JetStreamMirror

@@ -33,7 +33,7 @@ from nats.js.errors import APIError
 from nats.js.errors import NotFoundError
 
 from bus.api import Bus
-from bus.messages import Message
+from bus.log.messages import Message
 from bus.mirror import subjects as naming
 from bus.mirror.errors import JetStreamUnavailable
 from bus.mirror.errors import NatsUnreachable

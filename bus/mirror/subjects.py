@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from bus.errors import ValidationFailed
-from bus.messages import Message
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import Message
 from bus.mirror.errors import ImportSubjectsInvalid
 from bus.mirror.errors import NatsUrlInvalid
 

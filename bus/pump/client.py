@@ -21,17 +21,17 @@ from typing import Any
 
 from lxml import etree
 
-from bus.db import translate_busy
-from bus.db import write_transaction
-from bus.errors import BusError
-from bus.heartbeats import STOPPED
-from bus.errors import ValidationFailed
-from bus.messages import Message
-from bus.messages import insert_row
-from bus.messages import new_message_id
-from bus.messages import now_ms
-from bus.messages import row_to_message
-from bus.messages import validate_agent_id
+from bus.storage.db import translate_busy
+from bus.storage.db import write_transaction
+from bus.storage.errors import BusError
+from bus.coordination.heartbeats import STOPPED
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import Message
+from bus.log.messages import insert_row
+from bus.log.messages import new_message_id
+from bus.log.messages import now_ms
+from bus.log.messages import row_to_message
+from bus.log.messages import validate_agent_id
 from bus.pump import threads
 from bus.pump import work
 from bus.pump.envelopes import RESERVED_SENDERS

@@ -40,14 +40,14 @@ from typing import Callable
 import apsw
 from lxml import etree
 
-from bus.db import write_transaction
-from bus.errors import BusError
-from bus.errors import ValidationFailed
-from bus.messages import Message
-from bus.messages import Row
-from bus.messages import insert_row
-from bus.messages import insert_rows
-from bus.messages import new_message_id
+from bus.storage.db import write_transaction
+from bus.storage.errors import BusError
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import Message
+from bus.log.messages import Row
+from bus.log.messages import insert_row
+from bus.log.messages import insert_rows
+from bus.log.messages import new_message_id
 from bus.pump import threads
 from bus.pump import work
 from bus.pump.envelopes import SYSTEM_SENDER

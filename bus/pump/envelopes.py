@@ -23,9 +23,9 @@ from typing import Any
 import orjson
 from lxml import etree
 
-from bus.errors import ValidationFailed
-from bus.messages import Message
-from bus.messages import Row
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import Message
+from bus.log.messages import Row
 from bus.xml.envelope import envelope_c14n
 from bus.xml.envelope import read_envelope
 from bus.xml.errors import XmlRejected

@@ -1,13 +1,13 @@
 """The pump's errors: its thread registry, organism.yaml, the out-of-band channel, backpressure.
 
-Each is a `BusError`; `bus.errors` re-exports them under their old import path.
+Each is a `BusError`; `bus.storage.errors` re-exports them under their old import path.
 """
 
 from __future__ import annotations
 
-from bus.errors import BusBusy
-from bus.errors import BusError
-from bus.errors import ValidationFailed
+from bus.storage.errors import BusBusy
+from bus.storage.errors import BusError
+from bus.storage.errors import ValidationFailed
 
 
 class ThreadNotFound(BusError):

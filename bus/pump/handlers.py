@@ -31,7 +31,7 @@ from typing import Callable
 
 from lxml import etree
 
-from bus.errors import BusError
+from bus.storage.errors import BusError
 from bus.xml.envelope import ENVELOPE_NS
 from bus.xml.payload import is_xmlified
 from bus.xml.payload import to_element

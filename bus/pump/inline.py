@@ -33,8 +33,8 @@ from __future__ import annotations
 import logging
 import time
 
-from bus.messages import Message
-from bus.messages import new_message_id
+from bus.log.messages import Message
+from bus.log.messages import new_message_id
 from bus.pump.commit import Finished
 from bus.pump.commit import Inline
 from bus.pump.commit import checked_input

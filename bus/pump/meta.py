@@ -19,7 +19,7 @@ from typing import Mapping
 import orjson
 from lxml import etree
 
-from bus.errors import ValidationFailed
+from bus.storage.errors import ValidationFailed
 from bus.pump.organism import LIST_CAPABILITIES
 from bus.pump.organism import SCHEMA_REQUEST
 from bus.pump.organism import MetaSpec

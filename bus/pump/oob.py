@@ -53,11 +53,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from bus.api import Bus
-from bus.db import write_transaction
-from bus.errors import BusError
-from bus.messages import insert_row
-from bus.messages import now_ms
-from bus.messages import prepare_row
+from bus.storage.db import write_transaction
+from bus.storage.errors import BusError
+from bus.log.messages import insert_row
+from bus.log.messages import now_ms
+from bus.log.messages import prepare_row
 from bus.pump.errors import BadSignature
 from bus.pump.errors import MalformedRequest
 from bus.pump.errors import OobKeyError

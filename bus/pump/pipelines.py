@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from bus.messages import Message
+from bus.log.messages import Message
 from bus.pump.commit import Encoded
 from bus.pump.commit import Finished
 from bus.pump.commit import checked_input

@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import Callable
 
-from bus.db import translate_busy
-from bus.db import write_transaction
-from bus.errors import BusError
-from bus.errors import ValidationFailed
-from bus.messages import Message
-from bus.messages import new_message_id
-from bus.messages import now_ms
+from bus.storage.db import translate_busy
+from bus.storage.db import write_transaction
+from bus.storage.errors import BusError
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import Message
+from bus.log.messages import new_message_id
+from bus.log.messages import now_ms
 from bus.pump import work
 from bus.pump.commit import Finished
 from bus.pump.envelopes import huh_element

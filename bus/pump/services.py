@@ -17,10 +17,10 @@ import threading
 from typing import Any
 from typing import Callable
 
-from bus import checkpoints
-from bus.checkpoints import Checkpointer
-from bus.heartbeats import STOPPED
-from bus.heartbeats import Heartbeat
+from bus.log import checkpoints
+from bus.log.checkpoints import Checkpointer
+from bus.coordination.heartbeats import STOPPED
+from bus.coordination.heartbeats import Heartbeat
 from bus.pump.oob import OobServer
 from bus.pump.oob import load_public_key
 from bus.pump.oob import socket_path_for

@@ -30,11 +30,11 @@ from typing import Mapping
 
 import apsw
 
-from bus import checkpoints
-from bus.db import write_transaction
-from bus.errors import ValidationFailed
-from bus.messages import Message
-from bus.messages import now_ms
+from bus.log import checkpoints
+from bus.storage.db import write_transaction
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import Message
+from bus.log.messages import now_ms
 from bus.pump import meta
 from bus.pump import threads
 from bus.pump import work

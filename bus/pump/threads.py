@@ -38,15 +38,15 @@ from typing import Sequence
 import apsw
 import orjson
 
-from bus.db import translate_busy
-from bus.db import write_transaction
-from bus.errors import ValidationFailed
-from bus.messages import iso_utc
-from bus.messages import new_message_id
-from bus.messages import now_ms
-from bus.messages import validate_agent_id
-from bus.messages import validate_message_id
-from bus.messages import validate_positive_int
+from bus.storage.db import translate_busy
+from bus.storage.db import write_transaction
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import iso_utc
+from bus.log.messages import new_message_id
+from bus.log.messages import now_ms
+from bus.log.messages import validate_agent_id
+from bus.log.messages import validate_message_id
+from bus.log.messages import validate_positive_int
 from bus.pump.errors import ThreadAmbiguous
 from bus.pump.errors import ThreadClosed
 from bus.pump.errors import ThreadConflict

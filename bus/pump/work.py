@@ -4,7 +4,7 @@ A unit is one (input envelope, listener) pair in `pump_work`
 (migrations/0007_pump.sql). The functions that write run inside the
 caller's write transaction (one of the pump's BEGIN IMMEDIATE), with `now`
 taken under its lock, so what they read first nobody changes before they
-write. Claims are leases as in bus/claims.py: per listener, the oldest
+write. Claims are leases as in bus/coordination/claims.py: per listener, the oldest
 units never leased are looked up, then get this pump as owner, a new lease
 and one more attempt. A unit whose lease ran out is a suspect (its pump
 died with it in flight) and is claimed on its own (`find_suspect`).
@@ -20,8 +20,8 @@ from typing import Sequence
 import apsw
 import orjson
 
-from bus.messages import Message
-from bus.messages import row_to_message
+from bus.log.messages import Message
+from bus.log.messages import row_to_message
 
 if TYPE_CHECKING:
     from blobs.store import BlobStore

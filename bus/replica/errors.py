@@ -1,12 +1,12 @@
 """The errors of replication: Litestream missing, a replica URL it cannot take, a restore refused.
 
-Each is a `BusError`; `bus.errors` re-exports them under its own import path too.
+Each is a `BusError`; `bus.storage.errors` re-exports them under its own import path too.
 """
 
 from __future__ import annotations
 
-from bus.errors import BusError
-from bus.errors import ValidationFailed
+from bus.storage.errors import BusError
+from bus.storage.errors import ValidationFailed
 
 
 class LitestreamMissing(BusError):

@@ -11,7 +11,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from bus.db import check_database
+from bus.storage.db import check_database
 from bus.replica.binary import locate_litestream
 from bus.replica.config import config_path
 from bus.replica.config import validate_url

@@ -11,7 +11,7 @@ from typing import Any
 
 import apsw
 
-from bus.worker_table import TERMINAL_STATES
+from bus.coordination.worker_table import TERMINAL_STATES
 from bus.views.status import Status
 
 HISTORY_WINDOW_MS = 3600 * 1000  # throughput, lag and takeovers: the last hour
@@ -37,7 +37,7 @@ _STATE_CHANGES_SQL = (
     " WHERE seq > :after AND type = 'state_change' AND ts_ms >= :since AND json_valid(payload)"
     " ORDER BY seq"
 )
-# A takeover is announced by the bus (bus/claims.py try_claim) as task_reclaimed.
+# A takeover is announced by the bus (bus/coordination/claims.py try_claim) as task_reclaimed.
 _TAKEOVERS_SQL = (
     "SELECT ts_ms, payload ->> '$.new_holder', correlation_id FROM messages"
     " WHERE seq > :after AND type = 'task_reclaimed' AND ts_ms >= :since AND json_valid(payload)"

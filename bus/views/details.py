@@ -5,7 +5,7 @@ publishes one in the transaction of each transition; the views read the log,
 they do not import the lifecycle). An agent's last messages are those it sent
 or was sent among the newest RECENT_WINDOW of the log, so opening an agent
 costs the same on a bus of a million messages. Tasks come from the task
-graph's own functions (bus/tasks.py). Every read goes through the caller's
+graph's own functions (bus/coordination/tasks.py). Every read goes through the caller's
 read-only connection, in its transaction.
 
 Plain strings, as bus/views/render.py: the terminal view puts them on a screen.
@@ -19,14 +19,14 @@ from typing import Sequence
 import apsw
 import orjson
 
-from bus import messages
-from bus import tasks
-from bus.messages import Message
-from bus.messages import iso_utc
-from bus.messages import row_to_message
-from bus.tasks import task_detail_of
-from bus.worker_table import StateChange
-from bus.worker_table import task_state_changes
+from bus.log import messages
+from bus.coordination import tasks
+from bus.log.messages import Message
+from bus.log.messages import iso_utc
+from bus.log.messages import row_to_message
+from bus.coordination.tasks import task_detail_of
+from bus.coordination.worker_table import StateChange
+from bus.coordination.worker_table import task_state_changes
 from bus.views import render
 from bus.views.status import Status
 
@@ -109,7 +109,7 @@ def _task_state(task: tasks.Task, ready: set[str], holders: dict[str, str]) -> s
 
 
 def task_lines(conn: apsw.Connection, status: Status, task_id: str) -> list[str]:
-    """A task as `bus task show` has it (bus/tasks.py's `task_detail_of`): its state
+    """A task as `bus task show` has it (bus/coordination/tasks.py's `task_detail_of`): its state
     and holder, what it depends on, what waits on it, the newest messages about it."""
     task = (tasks.get(conn, task_id)
             if status.file.schema_version >= tasks.TASKS_SCHEMA_VERSION else None)

@@ -30,12 +30,12 @@ from typing import TypeVar
 
 import apsw
 
-from bus.db import connect
-from bus.db import environment_error
-from bus.errors import BusBusy
-from bus.errors import BusError
-from bus.errors import NotABusDatabase
-from bus.wake import ChangeWatcher
+from bus.storage.db import connect
+from bus.storage.db import environment_error
+from bus.storage.errors import BusBusy
+from bus.storage.errors import BusError
+from bus.storage.errors import NotABusDatabase
+from bus.log.wake import ChangeWatcher
 
 log = logging.getLogger("bus.views")
 

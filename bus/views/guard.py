@@ -1,4 +1,4 @@
-"""Who may talk to `bus serve`: Host and Origin checks, and bearer tokens (bus/tokens.py).
+"""Who may talk to `bus serve`: Host and Origin checks, and bearer tokens (bus/coordination/tokens.py).
 
 Every request passes here before any route:
 - `Host` must name this server (DNS-rebinding protection, as the MCP
@@ -37,8 +37,8 @@ from starlette.types import Receive
 from starlette.types import Scope
 from starlette.types import Send
 
-from bus.messages import now_ms
-from bus.tokens import TokenChecker
+from bus.log.messages import now_ms
+from bus.coordination.tokens import TokenChecker
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 WILDCARD = frozenset({"0.0.0.0", "::"})

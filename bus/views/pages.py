@@ -21,14 +21,14 @@ from urllib.parse import urlencode
 
 import orjson
 
-from bus import browse
-from bus.browse import LogFilter
-from bus.browse import LogPage
+from bus.log import browse
+from bus.log.browse import LogFilter
+from bus.log.browse import LogPage
 from bus.channels.queries import ChannelDetail
 from bus.channels.queries import DeadLetterSummary
-from bus.messages import Message
-from bus.messages import iso_utc
-from bus.receipts import Receipt
+from bus.log.messages import Message
+from bus.log.messages import iso_utc
+from bus.log.receipts import Receipt
 from bus.views import queries
 
 NAV = (("/", "overview"), ("/messages", "messages"), ("/agents", "agents"),
@@ -126,7 +126,7 @@ def task_link(task: str | None) -> Safe:
 
 
 def when(ts_ms: int | None) -> Safe:
-    """As bus.messages.iso_utc, with the second's text kept once made (a page of a busy
+    """As bus.log.messages.iso_utc, with the second's text kept once made (a page of a busy
     log shows many messages of the same second)."""
     if ts_ms is None:
         return esc(None)
@@ -428,7 +428,7 @@ def tally(values: Iterable[str]) -> dict[str, int]:
 
 
 def task_page(task_id: str, detail: Any, claim: Any, events: list[Message], now: int) -> Safe:
-    """A task: in the graph (`detail`, a bus.tasks.TaskDetail) or only leased."""
+    """A task: in the graph (`detail`, a bus.coordination.tasks.TaskDetail) or only leased."""
     parts = []
     if detail is None:
         parts.append(Safe('<p class="note" id="not-in-graph">not in the task graph'

@@ -3,7 +3,7 @@
 Every function takes an open connection (read-only for the views) and reads
 in the caller's transaction; each returns plain dataclasses with a
 `to_json_dict`. The pages render them, the MCP resources return their JSON,
-and neither computes an answer of its own. The log's pages are bus/browse.py's.
+and neither computes an answer of its own. The log's pages are bus/log/browse.py's.
 """
 
 from __future__ import annotations
@@ -15,33 +15,33 @@ from typing import Any
 
 import apsw
 
-from bus import messages
-from bus import receipts
-from bus.browse import SCAN_WINDOW
+from bus.log import messages
+from bus.log import receipts
+from bus.log.browse import SCAN_WINDOW
 from bus.channels.queries import Delivery
 from bus.channels.queries import deliveries_of
-from bus.claims import Claim
-from bus.claims import list_claims
-from bus.heartbeats import Liveness
-from bus.heartbeats import Thresholds
-from bus.heartbeats import liveness
-from bus.messages import COLUMNS
-from bus.messages import Message
-from bus.messages import row_to_message
-from bus.receipts import Receipt
-from bus.reservations import Reservation
-from bus.reservations import has_reservations_table
-from bus.reservations import live_reservations
-from bus.worker_table import StateChange
-from bus.worker_table import Worker
-from bus.worker_table import get_worker
-from bus.worker_table import state_changes
+from bus.coordination.claims import Claim
+from bus.coordination.claims import list_claims
+from bus.coordination.heartbeats import Liveness
+from bus.coordination.heartbeats import Thresholds
+from bus.coordination.heartbeats import liveness
+from bus.log.messages import COLUMNS
+from bus.log.messages import Message
+from bus.log.messages import row_to_message
+from bus.log.receipts import Receipt
+from bus.coordination.reservations import Reservation
+from bus.coordination.reservations import has_reservations_table
+from bus.coordination.reservations import live_reservations
+from bus.coordination.worker_table import StateChange
+from bus.coordination.worker_table import Worker
+from bus.coordination.worker_table import get_worker
+from bus.coordination.worker_table import state_changes
 
 REPLY_WINDOW = 10_000  # replies are looked for among this many messages after their question
 THREAD_MAX = 50  # of a conversation on a message's page; the browser pages through the rest
 RECENT_MAX = 20
 PREVIEW_BYTES = 4096  # of a payload kept in the blob store
-# What the bus announces when a lease changes hands or ends (bus/claims.py _announce).
+# What the bus announces when a lease changes hands or ends (bus/coordination/claims.py _announce).
 CLAIM_EVENT_TYPES = ("task_reclaimed", "task_released", "task_dead")
 
 _BY_SEQ_SQL = f"SELECT {COLUMNS} FROM messages WHERE seq = ?"

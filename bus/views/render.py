@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 from typing import Sequence
 
-from bus.messages import iso_utc
-from bus.receipts import Receipt
+from bus.log.messages import iso_utc
+from bus.log.receipts import Receipt
 from bus.views.status import ConsumerPosition
 from bus.views.status import Status
 

@@ -10,7 +10,7 @@ with the error, and the reader tries again until reading works.
 
 Read-only by construction: the connection is opened read-only (and refuses
 writes at prepare time), and the page has only GET routes (the only writes
-are a token's last use, bus/tokens.py, and what the MCP endpoint of
+are a token's last use, bus/coordination/tokens.py, and what the MCP endpoint of
 `bus serve --mcp` does, bus/mcpserver/http.py). bus/views/guard.py checks
 Host, Origin and tokens before any route. Plotly's own
 `plotly.min.js`, shipped inside the plotly package, is served from the
@@ -50,16 +50,16 @@ from starlette.routing import Route
 from starlette.staticfiles import StaticFiles
 
 from bus.api import Bus
-from bus.db import connect
-from bus.db import translate_busy
-from bus.errors import BusError
-from bus.errors import ValidationFailed
-from bus.messages import now_ms
+from bus.storage.db import connect
+from bus.storage.db import translate_busy
+from bus.storage.errors import BusError
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import now_ms
 from bus.views.charts import History
 from bus.views.charts import chart_data
 from bus.views.follow import follow
-from bus.tokens import TokenChecker
-from bus.tokens import any_usable_token
+from bus.coordination.tokens import TokenChecker
+from bus.coordination.tokens import any_usable_token
 from bus.views.follow import read_failure
 from bus.views.guard import LOOPBACK
 from bus.views.guard import Guard

@@ -18,30 +18,30 @@ from typing import Any
 
 import apsw
 
-from bus import integrity
-from bus import messages
+from bus.storage import integrity
+from bus.log import messages
 from bus.channels.queries import ChannelSummary
 from bus.channels.queries import channel_summaries
-from bus.claims import Claim
-from bus.claims import list_claims
-from bus.db import connect
-from bus.db import translate_busy
-from bus.errors import SchemaOutdated
-from bus.heartbeats import LIVENESS_STATES
-from bus.heartbeats import Liveness
-from bus.heartbeats import Thresholds
-from bus.heartbeats import liveness
+from bus.coordination.claims import Claim
+from bus.coordination.claims import list_claims
+from bus.storage.db import connect
+from bus.storage.db import translate_busy
+from bus.storage.errors import SchemaOutdated
+from bus.coordination.heartbeats import LIVENESS_STATES
+from bus.coordination.heartbeats import Liveness
+from bus.coordination.heartbeats import Thresholds
+from bus.coordination.heartbeats import liveness
 from bus.mirror.subjects import CURSOR_PREFIX as MIRROR_CURSOR_PREFIX
-from bus.receipts import Outstanding
-from bus.receipts import outstanding
-from bus.reservations import Reservation
+from bus.log.receipts import Outstanding
+from bus.log.receipts import outstanding
+from bus.coordination.reservations import Reservation
 from bus.replica.position import ReplicaPosition
 from bus.replica.position import replica_position
-from bus.reservations import has_reservations_table
-from bus.reservations import live_reservations
-from bus.schema import schema_status
-from bus.tasks import TaskCounts
-from bus.tasks import counts as task_counts
+from bus.coordination.reservations import has_reservations_table
+from bus.coordination.reservations import live_reservations
+from bus.storage.schema import schema_status
+from bus.coordination.tasks import TaskCounts
+from bus.coordination.tasks import counts as task_counts
 
 EXPIRING_SOON_MS = 10_000  # a lease with less than this left is about to be taken over
 RECEIPTS_SHOWN = 5  # the oldest direct messages not acknowledged, listed under receipts

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import apsw
 
-from bus.errors import ValidationFailed
+from bus.storage.errors import ValidationFailed
 
 # One line per table, in the words a person querying it needs. A table that
 # is missing here is listed with NO_PURPOSE (and a test fails).

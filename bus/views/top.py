@@ -42,12 +42,12 @@ from textual.widgets import Static
 from textual.widgets import TabbedContent
 from textual.widgets import TabPane
 
-from bus import messages
-from bus.blob_store import BusBlobStore
-from bus.db import connect
-from bus.db import translate_busy
-from bus.errors import BusError
-from bus.messages import Message
+from bus.log import messages
+from bus.storage.blob_errors import BusBlobStore
+from bus.storage.db import connect
+from bus.storage.db import translate_busy
+from bus.storage.errors import BusError
+from bus.log.messages import Message
 from bus.views import details
 from bus.views import render
 from bus.views.follow import follow

@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 from lxml import etree
 
-from bus.errors import ValidationFailed
-from bus.messages import validate_agent_id
+from bus.storage.errors import ValidationFailed
+from bus.log.messages import validate_agent_id
 from bus.xml.errors import XmlInvalid
 from bus.xml.parser import Repair
 from bus.xml.parser import canonicalize

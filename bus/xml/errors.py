@@ -7,7 +7,7 @@ the pipeline can turn it into a `<huh>` the sender can learn from.
 
 from __future__ import annotations
 
-from bus.errors import BusError
+from bus.storage.errors import BusError
 
 
 class XmlRejected(BusError):

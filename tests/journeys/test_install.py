@@ -22,7 +22,7 @@ def test_installed_package_is_the_wheels_not_the_checkout(installed, home: Path)
 def test_installed_package_finds_its_migrations_in_the_wheel(installed, home: Path) -> None:
     """The schema files ship as bus.migrations; a new bus is created at the newest version."""
     shipped = sorted(p.name for p in (ROOT / "migrations").glob("*.sql"))
-    found = installed.run("python", "-c", "from bus.schema import MIGRATIONS_DIR as d,"
+    found = installed.run("python", "-c", "from bus.storage.schema import MIGRATIONS_DIR as d,"
                           " available_migrations as a; print(d);"
                           " print(*[m.path.name for m in a()])", cwd=home)
     assert found.returncode == 0, found.stderr
