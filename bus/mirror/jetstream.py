@@ -30,6 +30,7 @@ import nats.errors
 import orjson
 from nats.js.api import StreamConfig
 from nats.js.errors import APIError
+from nats.js.errors import NoStreamResponseError
 from nats.js.errors import NotFoundError
 
 from bus.api import Bus
@@ -50,8 +51,10 @@ RETRY_MAX_S = 2.0
 ELECTION_S = 30.0  # how long a cluster may take to elect a leader before the mirror gives up
 KIND = "agentbus"  # the stream's metadata says what made it
 _SUBJECTS_OVERLAP = 10065  # JetStream's err_code: subjects overlap with an existing stream
-_JS_ERRORS = (APIError, nats.errors.NoRespondersError, nats.errors.TimeoutError,
-              asyncio.TimeoutError)
+# What a publish or a lookup may meet while a stream's leader is lost or not yet elected
+# (a new R3 stream on a busy machine answers "no response from stream" for a moment).
+_JS_ERRORS = (APIError, NoStreamResponseError, nats.errors.NoRespondersError,
+              nats.errors.TimeoutError, asyncio.TimeoutError)
 
 
 @dataclass
