@@ -14,6 +14,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,61 @@ def test_mirror_nats_r3_cluster_loses_a_node_and_nothing_is_lost(
         assert progress["position"] == 1000
         survivors = ",".join(s.url for s in cluster.servers[1:])
         assert_stream_is_the_log(survivors, db_path)
+
+
+@pytest.mark.slow
+def test_mirror_nats_r3_stream_without_quorum_waits_then_goes_on(
+        tmp_path: Path, db_path: Path, python_env: dict[str, str]) -> None:
+    with NatsCluster(tmp_path / "cluster", size=3) as cluster:
+        publish(db_path, 100)
+        mirror_until_caught_up(db_path, cluster.urls, python_env, "--replicas", "3")
+        mirror = subprocess.Popen(mirror_argv(db_path, cluster.urls), env=python_env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        warned: list[str] = []
+        reader = threading.Thread(target=lambda: warned.extend(mirror.stderr), daemon=True)
+        reader.start()
+        try:
+            lost = cluster.servers[1:]
+            for server in lost:  # one node of three left: the stream has no quorum
+                server.kill9()
+            publish(db_path, 100)
+            wait_until(lambda: any("mirror:" in line for line in warned),
+                       "the mirror to meet the stream without quorum")
+            assert mirror.poll() is None, "".join(warned)  # it waits; it does not die
+            for server in lost:
+                server.start()
+            wait_until(lambda: stream_count(cluster.urls) == 200, "the stream to hold 200")
+            assert mirror.poll() is None, "".join(warned)
+        finally:
+            mirror.send_signal(signal.SIGTERM)
+            mirror.wait(timeout=30)
+            reader.join(timeout=30)
+        assert_stream_is_the_log(cluster.urls, db_path)
+        assert "Traceback" not in "".join(warned)
+
+
+async def _delete_stream(url: str) -> None:
+    nc = await nats.connect(url)
+    await nc.jetstream().delete_stream(STREAM)
+    await nc.close()
+
+
+def test_mirror_nats_stream_deleted_under_it_is_made_again_with_the_whole_log(
+        server: NatsServer, db_path: Path, python_env: dict[str, str]) -> None:
+    publish(db_path, 50)
+    mirror = subprocess.Popen(mirror_argv(db_path, server.url), env=python_env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: stream_count(server.url) == 50, "the mirror to catch up")
+        asyncio.run(_delete_stream(server.url))  # its next publish has no stream to answer
+        publish(db_path, 50)
+        wait_until(lambda: stream_count(server.url) == 100, "the stream made again, whole")
+        assert mirror.poll() is None
+    finally:
+        mirror.send_signal(signal.SIGTERM)
+        _, errors = mirror.communicate(timeout=30)
+    assert "Traceback" not in errors, errors
+    assert_stream_is_the_log(server.url, db_path)
 
 
 async def _send_imports(url: str) -> None:

@@ -243,7 +243,9 @@ class JetStreamMirror:
                                      f" message {seq} is {here[0].id}")
 
     async def _resume_when_reachable(self) -> None:
-        try:
+        try:  # the stream again (made anew if someone deleted it), then its position
+            await ensure_stream(self.js, self.stream, naming.STREAM_SUBJECTS, self.replicas,
+                                "mirror")
             await self._resume()
         except _JS_ERRORS + (nats.errors.ConnectionClosedError,) as exc:
             log.warning("mirror: the stream does not answer yet: %s", exc)
