@@ -15,6 +15,7 @@ connection (SQLite connections must not be shared), opened on first use.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -43,9 +44,7 @@ from bus.storage.blob_errors import BusBlobStore
 from bus.channels.engine import Channels
 from bus.coordination.claims import LEASE_MS_MAX  # noqa: F401 - part of the facade's API
 from bus.coordination.claims import TASK_ID_MAX  # noqa: F401 - part of the facade's API
-from bus.coordination.claims import Claim
-from bus.coordination.claims import ClaimResult
-from bus.coordination.claims import DeadClaim
+from bus.coordination.facades import Claims
 from bus.log.cursors import Cursor
 from bus.storage.db import DURABLE_BY_DURABILITY
 from bus.storage.db import connect
@@ -207,6 +206,11 @@ class Bus:
             self._channels = Channels(self)
         return self._channels
 
+    @functools.cached_property
+    def claims(self) -> Claims:
+        """Leased claims on tasks: claim, renew, release, the dead and the reaper."""
+        return Claims(self)
+
     # --- publishing -------------------------------------------------------
 
     def publish(self, from_agent: str, type: str, payload: Any = None, *, to: str | None = None,
@@ -222,7 +226,7 @@ class Bus:
 
         `task` names the task the message reports on; it becomes the
         correlation id (as on the bus's own task messages). With `fence`, the
-        task's lease fence (`try_claim(...).fence`), the message is written
+        task's lease fence (`bus.claims.try_claim(...).fence`), the message is written
         only if that fence is still current, checked in the same transaction:
         otherwise StaleFence, and nothing is written.
         """
@@ -523,74 +527,6 @@ class Bus:
                 self._open.add(watcher)
         with translate_errors(self.conn):
             return watcher.wait(timeout, interrupt)
-
-    # --- task claims (bus/coordination/claims.py) --------------------------------------
-
-    def claim(self, task_id: str, agent: str, lease_ms: int = 60_000, *,
-              max_attempts: int = 5, now: int | None = None) -> bool:
-        """Take the lease on `task_id` for `lease_ms`; True if `agent` now holds it.
-
-        See `try_claim` for who holds it when this returns False.
-        """
-        return self.try_claim(task_id, agent, lease_ms, max_attempts=max_attempts, now=now).granted
-
-    def try_claim(self, task_id: str, agent: str, lease_ms: int = 60_000, *,
-                  max_attempts: int = 5, now: int | None = None) -> ClaimResult:
-        """Claim a task and say what happened.
-
-        Granted when the task is free, its lease has expired (one more
-        attempt), or `agent` holds it already (the lease is extended). A task
-        taken `max_attempts` times whose lease expired again is declared dead
-        (`result.dead`), a `task_dead` message is published, and it can no
-        longer be claimed. Otherwise `result.claim` is the current holder's.
-        Taking over another agent's expired lease publishes `task_reclaimed`
-        (task, previous_holder, new_holder, attempt, fence).
-
-        `result.fence` is the lease's fence: one more than the task's last
-        each time the lease goes to a new holder (an extension keeps it).
-        Pass it to `renew`, `release` and `publish(task=..., fence=...)`.
-        """
-        return claims.try_claim(self.conn, task_id, agent, lease_ms, max_attempts=max_attempts,
-                                now=now)
-
-    def renew(self, task_id: str, agent: str, lease_ms: int | None = None, *,
-              fence: int | None = None, now: int | None = None) -> bool:
-        """Set `agent`'s lease to run `lease_ms` (default: the claim's own) from now.
-
-        False, changing nothing, when the lease has expired or another agent
-        holds it. A `lease_ms` shorter than what is left shortens the lease.
-        With `fence`, raises StaleFence (changing nothing) unless it is the
-        task's current fence.
-        """
-        return claims.renew(self.conn, task_id, agent, lease_ms, fence=fence, now=now)
-
-    def release(self, task_id: str, agent: str, *, fence: int | None = None) -> bool:
-        """Give the task back; False if `agent` does not hold it.
-
-        A holder whose lease expired without anyone taking over still holds
-        the row and may release it; the next claim then starts at attempt 1
-        (attempts count expiries, and a release is a deliberate hand-back)
-        with the next fence. With `fence`, raises StaleFence (changing
-        nothing) unless it is the task's current fence.
-        """
-        return claims.release(self.conn, task_id, agent, fence=fence)
-
-    def claims(self) -> list[Claim]:
-        """Every current claim, expired ones included (check `claim.expired(now)`)."""
-        return claims.list_claims(self.conn)
-
-    def dead_claims(self) -> list[DeadClaim]:
-        """Tasks that ran out of attempts, oldest first."""
-        return claims.list_dead(self.conn)
-
-    def reap(self, now: int | None = None, thresholds: Thresholds | None = None) -> list[Claim]:
-        """End the leases held by agents whose liveness is dead; return those claims.
-
-        Each task becomes claimable at once (keeping its attempt count; its
-        next holder gets a new fence) and a `task_released` message is
-        broadcast for it.
-        """
-        return claims.reap(self.conn, now, thresholds)
 
     # --- the task graph (bus/coordination/tasks.py) -----------------------------------
 

@@ -5,9 +5,9 @@
    objects) against the baseline: one plain SELECT of exactly those rows by
    primary key, joined from a table of their seqs, as raw tuples.
    Target: ready at most 3x the baseline.
-2. claim-next: `Bus.claim_next` + `Bus.release`, and `Bus.claim_next` +
+2. claim-next: `Bus.claim_next` + `bus.claims.release`, and `Bus.claim_next` +
    `Bus.complete_task` (an agent's real cycle: take, finish, take the next),
-   against `Bus.claim` + `Bus.release` of a named task, on the same graph.
+   against `bus.claims.claim` + `bus.claims.release` of a named task, on the same graph.
    Target: at least 0.5x the baseline's rate.
 
 Everything is measured in this one run, alternating the cases, the best of
@@ -104,13 +104,13 @@ def claim_cases(bus: Bus, cycles: int) -> dict[str, Callable[[], float]]:
 
     def claim_release() -> float:
         task = next(names)
-        return timed(lambda: [bus.claim(task, "bench") and bus.release(task, "bench")
+        return timed(lambda: [bus.claims.claim(task, "bench") and bus.claims.release(task, "bench")
                               for _ in range(cycles)])
 
     def next_release() -> float:
         def cycle() -> None:
             claimed = bus.claim_next("bench")
-            bus.release(claimed.task.task_id, "bench")
+            bus.claims.release(claimed.task.task_id, "bench")
         return timed(lambda: [cycle() for _ in range(cycles)])
 
     def next_done() -> float:

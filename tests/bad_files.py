@@ -39,7 +39,7 @@ def good_bus(path: Path) -> None:
                           for n in range(300)])
         bus.ack("a", 5)
         bus.heartbeat("a", "working", task="t1")
-        bus.claim("t1", "a")
+        bus.claims.claim("t1", "a")
         bus.add_task("g0", title="a task of the graph")
         bus.add_task("g1", title="another")
         bus.claim_next("a")  # g0, fence 1

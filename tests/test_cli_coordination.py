@@ -61,7 +61,7 @@ def heartbeat_row(bus: Bus, agent: str) -> tuple:
 
 
 def claim_of(bus: Bus, task: str):
-    return next((c for c in bus.claims() if c.task_id == task), None)
+    return next((c for c in bus.claims.list() if c.task_id == task), None)
 
 
 def make_old(path: Path, age_s: float) -> None:
@@ -71,7 +71,7 @@ def make_old(path: Path, age_s: float) -> None:
 
 def expired_claim(bus: Bus, task: str, agent: str, max_attempts: int = 5) -> None:
     """A claim whose one-second lease ran out ten seconds ago."""
-    assert bus.claim(task, agent, 1000, max_attempts=max_attempts, now=now_ms() - 10_000)
+    assert bus.claims.claim(task, agent, 1000, max_attempts=max_attempts, now=now_ms() - 10_000)
 
 
 # --- missing database --------------------------------------------------------------
@@ -260,14 +260,14 @@ def test_forget_removes_the_heartbeat_row(bus: Bus, db_path: Path) -> None:
 
 def test_forget_refused_while_the_agent_holds_claims(bus: Bus, db_path: Path) -> None:
     bus.heartbeat("w1")
-    assert bus.claim("t2", "w1", 60_000)
+    assert bus.claims.claim("t2", "w1", 60_000)
     expired_claim(bus, "t1", "w1")  # an expired claim is still held until someone takes it
     result = run(["forget", "w1"], db_path)
     assert (result.exit_code, result.stdout, result.stderr) == (
         1, "", "Error: agent w1 holds claims on t1, t2; release them (bus release --task T"
                " --agent w1) or let another agent take them over first\n")
     assert [b.agent for b in bus.liveness()] == ["w1"]
-    assert bus.release("t1", "w1") and bus.release("t2", "w1")
+    assert bus.claims.release("t1", "w1") and bus.claims.release("t2", "w1")
     assert run(["forget", "w1"], db_path).stdout == "forgot w1\n"
 
 
@@ -379,7 +379,7 @@ def test_claim_held_by_another_agent_exits_1(bus: Bus, db_path: Path) -> None:
 
 
 def test_claim_again_by_holder_extends_the_lease(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1", 1000, now=now_ms() - 500)
+    bus.claims.claim("t1", "w1", 1000, now=now_ms() - 500)
     first = claim_of(bus, "t1")
     result = run(["claim", "--task", "t1", "--agent", "w1", "--lease-ms", "90000"], db_path)
     assert result.exit_code == 0
@@ -424,7 +424,7 @@ def test_claim_dead_task_exits_1_and_is_announced_once(bus: Bus, db_path: Path) 
     assert result.stdout == ""
     assert result.stderr == ("Error: t1 is dead: lease expired 1 times (max_attempts 1)"
                              " (last holder w1); see bus claims --dead\n")
-    [dead] = bus.dead_claims()
+    [dead] = bus.claims.dead()
     again = run(["claim", "--task", "t1", "--agent", "w3", "--json"], db_path)
     assert again.exit_code == 1
     assert json.loads(again.stdout) == {"granted": False, "fence": None, "claim": None,
@@ -443,7 +443,7 @@ def test_claim_dead_task_exits_1_and_is_announced_once(bus: Bus, db_path: Path) 
 def test_claim_bad_numbers_are_usage_errors(bus: Bus, db_path: Path, options) -> None:
     result = run(["claim", "--task", "t1", "--agent", "w1", *options], db_path)
     assert result.exit_code == 2
-    assert bus.claims() == []
+    assert bus.claims.list() == []
 
 
 def test_claim_lease_longer_than_a_week_exits_2(bus: Bus, db_path: Path) -> None:
@@ -452,14 +452,14 @@ def test_claim_lease_longer_than_a_week_exits_2(bus: Bus, db_path: Path) -> None
     assert result.exit_code == 2
     assert last_error(result.stderr) == bad_value(
         "--lease-ms", f"is {7 * DAY_MS + 1}; the longest lease is {7 * DAY_MS} (7 days)")
-    assert bus.claims() == []
+    assert bus.claims.list() == []
 
 
 # --- renew -----------------------------------------------------------------------------
 
 
 def test_renew_extends_the_holders_lease(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1", 60_000, now=now_ms() - 30_000)
+    bus.claims.claim("t1", "w1", 60_000, now=now_ms() - 30_000)
     before = claim_of(bus, "t1")
     result = run(["renew", "--task", "t1", "--agent", "w1"], db_path)
     assert result.exit_code == 0
@@ -471,7 +471,7 @@ def test_renew_extends_the_holders_lease(bus: Bus, db_path: Path) -> None:
 
 
 def test_renew_with_new_lease_length_and_json(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1", 60_000)
+    bus.claims.claim("t1", "w1", 60_000)
     started = now_ms()
     result = run(["renew", "--task", "t1", "--agent", "w1", "--lease-ms", "120000", "--json"],
                  db_path)
@@ -484,7 +484,7 @@ def test_renew_with_new_lease_length_and_json(bus: Bus, db_path: Path) -> None:
 
 
 def test_renew_by_another_agent_exits_1_naming_the_holder(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1")
+    bus.claims.claim("t1", "w1")
     held = claim_of(bus, "t1")
     result = run(["renew", "--task", "t1", "--agent", "w2"], db_path)
     assert result.exit_code == 1
@@ -520,15 +520,15 @@ def test_renew_expired_or_unknown_task_exits_1(bus: Bus, db_path: Path) -> None:
 
 
 def test_release_by_holder(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1")
+    bus.claims.claim("t1", "w1")
     result = run(["release", "--task", "t1", "--agent", "w1"], db_path)
     assert (result.exit_code, result.stdout, result.stderr) == (0, "w1 released t1\n", "")
-    assert bus.claims() == []
-    assert bus.claim("t1", "w2")  # free again
+    assert bus.claims.list() == []
+    assert bus.claims.claim("t1", "w2")  # free again
 
 
 def test_release_by_non_holder_exits_1(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1")
+    bus.claims.claim("t1", "w1")
     held = claim_of(bus, "t1")
     result = run(["release", "--task", "t1", "--agent", "w2"], db_path)
     assert (result.exit_code, result.stdout) == (1, "")
@@ -539,7 +539,7 @@ def test_release_by_non_holder_exits_1(bus: Bus, db_path: Path) -> None:
 
 
 def test_release_json(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1")
+    bus.claims.claim("t1", "w1")
     refused = run(["release", "--task", "t1", "--agent", "w2", "--json"], db_path)
     assert refused.exit_code == 1
     assert json.loads(refused.stdout) == {"released": False, "task": "t1", "agent": "w2"}
@@ -559,7 +559,7 @@ def test_claims_empty(bus: Bus, db_path: Path) -> None:
 
 
 def test_claims_table_and_json(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1", 60_000)
+    bus.claims.claim("t1", "w1", 60_000)
     expired_claim(bus, "task-2", "worker-2", max_attempts=3)
     held, lapsed = claim_of(bus, "t1"), claim_of(bus, "task-2")
     result = run(["claims"], db_path)
@@ -574,8 +574,8 @@ def test_claims_table_and_json(bus: Bus, db_path: Path) -> None:
 
 def test_claims_dead_table_and_json(bus: Bus, db_path: Path) -> None:
     expired_claim(bus, "t1", "w1", max_attempts=1)
-    assert not bus.claim("t1", "w2")
-    [dead] = bus.dead_claims()
+    assert not bus.claims.claim("t1", "w2")
+    [dead] = bus.claims.dead()
     result = run(["claims", "--dead"], db_path)
     assert result.exit_code == 0
     assert result.stdout == (
@@ -592,7 +592,7 @@ def test_claims_dead_table_and_json(bus: Bus, db_path: Path) -> None:
 
 def test_reap_nothing_to_reap(bus: Bus, db_path: Path) -> None:
     bus.heartbeat("w1")
-    bus.claim("t1", "w1")
+    bus.claims.claim("t1", "w1")
     result = run(["reap"], db_path)
     assert (result.exit_code, result.stderr) == (0, "")
     assert result.stdout == "nothing to reap: no live lease is held by a dead agent\n"
@@ -603,9 +603,9 @@ def test_reap_nothing_to_reap(bus: Bus, db_path: Path) -> None:
 def test_reap_releases_claims_of_dead_agents(bus: Bus, db_path: Path) -> None:
     bus.heartbeat("w1")
     bus.heartbeat("w2")
-    bus.claim("t1", "w1")
-    bus.claim("t2", "w2")
-    bus.claim("t3", "nobeat")  # never beat: not known dead, kept
+    bus.claims.claim("t1", "w1")
+    bus.claims.claim("t2", "w2")
+    bus.claims.claim("t3", "nobeat")  # never beat: not known dead, kept
     make_silent(bus, "w1", 1000)
     make_silent(bus, "w2", 200)  # stale, not dead
     result = run(["reap"], db_path)
@@ -622,15 +622,15 @@ def test_reap_releases_claims_of_dead_agents(bus: Bus, db_path: Path) -> None:
     assert 1000 <= announced.payload["silent_s"] < 1100
     # The lease is over, so a second reap has nothing to do; another agent may take t1.
     assert run(["reap"], db_path).stdout.startswith("nothing to reap")
-    assert bus.claim("t1", "w2")
+    assert bus.claims.claim("t1", "w2")
     assert claim_of(bus, "t1").attempts == 2
 
 
 def test_reap_json_prints_the_claims_as_they_were(bus: Bus, db_path: Path) -> None:
     bus.heartbeat("w1")
-    bus.claim("t1", "w1")
-    bus.claim("t2", "w1")
-    before = [c.to_json_dict() for c in bus.claims()]
+    bus.claims.claim("t1", "w1")
+    bus.claims.claim("t2", "w1")
+    before = [c.to_json_dict() for c in bus.claims.list()]
     make_silent(bus, "w1", 1000)
     result = run(["reap", "--json"], db_path)
     assert result.exit_code == 0
@@ -639,7 +639,7 @@ def test_reap_json_prints_the_claims_as_they_were(bus: Bus, db_path: Path) -> No
 
 def test_reap_with_lower_thresholds(bus: Bus, db_path: Path) -> None:
     bus.heartbeat("w1")
-    bus.claim("t1", "w1")
+    bus.claims.claim("t1", "w1")
     make_silent(bus, "w1", 100)
     assert run(["reap"], db_path).stdout.startswith("nothing to reap")
     result = run(["reap", "--warn", "10", "--dead", "60"], db_path)
@@ -657,7 +657,7 @@ def test_alive_dead_alone_lowers_the_other_thresholds(bus: Bus, db_path: Path) -
 
 def test_reap_dead_alone_below_default_stale_works(bus: Bus, db_path: Path) -> None:
     bus.heartbeat("w1")
-    bus.claim("t1", "w1")
+    bus.claims.claim("t1", "w1")
     make_silent(bus, "w1", 100)
     result = run(["reap", "--dead", "60"], db_path)
     assert (result.exit_code, result.stdout) == (0, "released t1 held by w1 (agent dead, fence 1)\n")

@@ -65,7 +65,7 @@ def test_cli_tasks_claim_next_then_done_unblocks_the_next(graph):
     assert (claimed["claimed"], claimed["task"], claimed["agent"], claimed["fence"]) == (
         True, "design", "w1", 1)
     with Bus.open(graph) as bus:
-        [claim] = bus.claims()
+        [claim] = bus.claims.list()
     assert claimed["lease_until_ms"] == claim.lease_until_ms
     nothing = run(["task", "claim-next", "--agent", "w2"], graph)
     assert nothing.exit_code == 1
@@ -78,7 +78,7 @@ def test_cli_tasks_claim_next_then_done_unblocks_the_next(graph):
     assert (done.exit_code, done.output) == (0, "design is done\n")
     result = run(["task", "claim-next", "--agent", "w2"], graph)
     with Bus.open(graph) as bus:
-        [claim] = bus.claims()
+        [claim] = bus.claims.list()
     assert result.output == f"w2 holds build until {iso(claim.lease_until_ms)} (fence 1)\n"
     shown = json.loads(run(["task", "show", "design", "--json"], graph).output)
     assert (shown["state"], shown["finished_by"]) == ("done", "w1")

@@ -193,7 +193,7 @@ def test_remote_read_only_token_may_not_write(served, db_path: Path,
         assert "read-only" in refused["error"], refused
     assert stored(db_path) == []
     with Bus.open(db_path) as bus:
-        assert bus.claims() == []
+        assert bus.claims.list() == []
 
 
 def test_serve_refuses_foreign_host_and_origin(served, db_path: Path) -> None:

@@ -57,7 +57,7 @@ def test_tasks_wait_for_every_dependency_to_be_done(bus):
     bus.add_task("c", after=["a", "b"], now=T0)
     assert ids(bus.ready_tasks(now=T0)) == ["a", "b"]
     for task in ("a", "b"):
-        assert bus.claim(task, "w", now=T0)
+        assert bus.claims.claim(task, "w", now=T0)
         bus.complete_task(task, "w", now=T0)
         waiting = bus.find_task("c").waiting_on
         assert waiting == (1 if task == "a" else 0)
@@ -66,7 +66,7 @@ def test_tasks_wait_for_every_dependency_to_be_done(bus):
 
 def test_tasks_a_dependency_done_already_is_not_waited_on(bus):
     bus.add_task("a", now=T0)
-    bus.claim("a", "w", now=T0)
+    bus.claims.claim("a", "w", now=T0)
     bus.complete_task("a", "w", now=T0)
     added = bus.add_task("b", after=["a"], now=T0)
     assert added.waiting_on == 0 and ids(bus.ready_tasks(now=T0)) == ["b"]
@@ -115,7 +115,7 @@ def test_tasks_priority_outside_zero_to_four_is_refused(bus):
 
 def test_tasks_a_live_lease_hides_a_task_until_it_expires(bus):
     bus.add_task("a", now=T0)
-    assert bus.claim("a", "w", 1000, now=T0)
+    assert bus.claims.claim("a", "w", 1000, now=T0)
     assert bus.ready_tasks(now=T0 + 999) == []
     assert ids(bus.ready_tasks(now=T0 + 1000)) == ["a"]
     counts = bus.task_counts(now=T0 + 999)
@@ -139,10 +139,10 @@ def test_tasks_claim_next_takes_the_first_ready_task_through_the_claim_code(bus)
 def test_tasks_claim_next_buries_a_task_out_of_attempts_and_takes_the_next(bus):
     bus.add_task("a", now=T0)
     bus.add_task("b", now=T0)
-    assert bus.claim("a", "w1", 100, max_attempts=1, now=T0)
+    assert bus.claims.claim("a", "w1", 100, max_attempts=1, now=T0)
     got = bus.claim_next("w2", 100, now=T0 + 100)
     assert got.task.task_id == "b"
-    assert [d.task_id for d in bus.dead_claims()] == ["a"]
+    assert [d.task_id for d in bus.claims.dead()] == ["a"]
     assert "task_dead" in log_types(bus, "a")
     assert ids(bus.ready_tasks(now=T0 + 10_000)) == ["b"]  # a dead task is never ready again
 
@@ -162,7 +162,7 @@ def test_tasks_done_needs_the_holder_and_publishes_task_done(bus):
     assert "w1 holds it" in str(other.value)
     done = bus.complete_task("a", "w1", now=T0 + 5)
     assert (done.state, done.finished_by, done.finished_at_ms) == ("done", "w1", T0 + 5)
-    assert bus.claims() == []  # its lease ended with it
+    assert bus.claims.list() == []  # its lease ended with it
     event = [m for m in bus.list_messages(0, 100) if m.type == "task_done"]
     assert [(m.from_agent, m.correlation_id) for m in event] == [("w1", "a")]
     assert event[0].payload["unblocked"] == ["b"] and event[0].payload["title"] == "A"
@@ -174,7 +174,7 @@ def test_tasks_done_needs_the_holder_and_publishes_task_done(bus):
 def test_tasks_done_is_refused_while_the_task_waits_on_others(bus):
     bus.add_task("a", now=T0)
     bus.add_task("b", after=["a"], now=T0)
-    assert bus.claim("b", "w", now=T0)  # a plain claim can take a blocked task
+    assert bus.claims.claim("b", "w", now=T0)  # a plain claim can take a blocked task
     with pytest.raises(TaskStateConflict) as refused:
         bus.complete_task("b", "w", now=T0)
     assert "waiting on a" in str(refused.value)
@@ -186,7 +186,7 @@ def test_tasks_cancel_ends_the_lease_and_leaves_dependents_blocked(bus):
     bus.add_task("b", after=["a"], now=T0)
     bus.claim_next("w1", now=T0)
     cancelled = bus.cancel_task("a", reason="not needed", now=T0 + 1)
-    assert cancelled.state == "cancelled" and bus.claims() == []
+    assert cancelled.state == "cancelled" and bus.claims.list() == []
     assert bus.ready_tasks(now=T0 + 2) == [] and bus.find_task("b").waiting_on == 1
     [event] = [m for m in bus.list_messages(0, 100) if m.type == "task_cancelled"]
     assert event.payload == {"task": "a", "agent": "bus", "reason": "not needed",
@@ -423,7 +423,7 @@ def test_tasks_sixteen_processes_claiming_next_get_every_task_once(tmp_path, pyt
     every = [task for got in taken.values() for task in got]
     assert sorted(every) == [f"task-{n:03d}" for n in range(200)]  # each once, none lost
     with Bus.open(db_path) as bus:
-        holders = {c.task_id: c.agent for c in bus.claims()}
+        holders = {c.task_id: c.agent for c in bus.claims.list()}
     assert all(holders[task] == agent for agent, got in taken.items() for task in got)
 
 

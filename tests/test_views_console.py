@@ -67,13 +67,13 @@ def seed_console(bus: Bus, repo: Path) -> None:
     bus.channels.create_channel("ops", "group", "planner")
     bus.channels.join_channel("ops", "w1")
     bus.channels.send_message("ops", "planner", "text", {"deploy": "now"})
-    assert bus.claim("t2", "w2", lease_ms=1, now=1_700_000_000_000)
-    assert bus.claim("t2", "w1")  # the expired lease is taken over: task_reclaimed
+    assert bus.claims.claim("t2", "w2", lease_ms=1, now=1_700_000_000_000)
+    assert bus.claims.claim("t2", "w1")  # the expired lease is taken over: task_reclaimed
     bus.heartbeat("w1", "working", "t1")
     bus.ack("w1", 1)
     bus.add_task("build", "build the thing")
     bus.add_task("ship", after=["build"])
-    assert bus.claim("build", "w1")
+    assert bus.claims.claim("build", "w1")
     bus.reserve("w1", ["src/**"], reason="refactor")
     workers = Workers(bus)
     workers.spawn("t3", "w3", repo=repo)

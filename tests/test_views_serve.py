@@ -57,9 +57,9 @@ def seed(bus: Bus) -> None:
             bus.publish(worker, "state_change", {"from": previous, "to": state,
                                                  "command": "x"})
             previous = state
-    assert bus.claim("t1", "w1")
-    assert bus.claim("t2", "w2", lease_ms=1, now=1_700_000_000_000)
-    assert bus.claim("t2", "w1")  # the expired lease is taken over
+    assert bus.claims.claim("t1", "w1")
+    assert bus.claims.claim("t2", "w2", lease_ms=1, now=1_700_000_000_000)
+    assert bus.claims.claim("t2", "w1")  # the expired lease is taken over
     registry = ThreadRegistry(bus, "org")
     registry.get_or_create(["org", "calc", "add"])
     registry.get_or_create(["org", "calc", "mul"])

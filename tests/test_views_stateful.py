@@ -210,7 +210,7 @@ class ViewsGame(RuleBasedStateMachine):
     def lease(self, op: str, task: str, agent: str, lease_s: int | None) -> None:
         lease = None if lease_s is None else lease_s * 1000
         if op == "claim":
-            result = self.bus.try_claim(task, agent, lease or 60_000,
+            result = self.bus.claims.try_claim(task, agent, lease or 60_000,
                                         max_attempts=MAX_ATTEMPTS, now=self.now)
             if result.granted:
                 self.claims[task] = (agent, self.now + (lease or 60_000))
@@ -218,12 +218,12 @@ class ViewsGame(RuleBasedStateMachine):
                 self.dead_claims += 1
                 self.claims.pop(task, None)
         elif op == "renew":
-            if self.bus.renew(task, agent, lease, now=self.now):
+            if self.bus.claims.renew(task, agent, lease, now=self.now):
                 holder, until = self.claims[task]
                 assert holder == agent and until > self.now
-                own = next(c for c in self.bus.claims() if c.task_id == task)
+                own = next(c for c in self.bus.claims.list() if c.task_id == task)
                 self.claims[task] = (agent, self.now + (lease or own.lease_ms))
-        elif self.bus.release(task, agent):
+        elif self.bus.claims.release(task, agent):
             assert self.claims.pop(task)[0] == agent
 
     @rule(op=st.sampled_from(("claim-next", "claim-next", "done", "done", "cancel")),
@@ -247,7 +247,7 @@ class ViewsGame(RuleBasedStateMachine):
 
     @rule()
     def reap(self) -> None:
-        for reaped in self.bus.reap(now=self.now):
+        for reaped in self.bus.claims.reap(now=self.now):
             if reaped.task_id in self.claims:
                 self.claims[reaped.task_id] = (reaped.agent, self.now)
 

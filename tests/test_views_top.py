@@ -90,12 +90,12 @@ def test_top_shows_an_agent_that_stops_and_goes_on(terminal: Terminal, db_path: 
 @pytest.mark.slow
 def test_top_shows_each_claim_with_its_fence(terminal: Terminal, db_path: Path) -> None:
     with Bus.open(db_path) as bus:
-        assert bus.try_claim("t1", "w1", 60_000).fence == 1
+        assert bus.claims.try_claim("t1", "w1", 60_000).fence == 1
         terminal.start(f"{bus_in_shell(db_path)} top")
         terminal.wait_for(lambda s: "claims: 1 held" in s, "the claim")
         terminal.keys("c")  # the claims table
-        assert bus.release("t1", "w1", fence=1)
-        assert bus.try_claim("t1", "w2", 60_000).fence == 2  # a new holder: the next fence
+        assert bus.claims.release("t1", "w1", fence=1)
+        assert bus.claims.try_claim("t1", "w2", 60_000).fence == 2  # a new holder: the next fence
         screen = terminal.wait_for(lambda s: any(line.split()[:3] == ["t1", "w2", "2"]
                                                  for line in s.splitlines()), "w2's fence")
         assert any(line.split()[:3] == ["task", "holder", "fence"] for line in screen.splitlines())

@@ -128,7 +128,7 @@ def state_changes(db: Path, worker: str) -> list[dict]:
 
 
 def claim_of(bus: Bus, task: str):
-    return next((c for c in bus.claims() if c.task_id == task), None)
+    return next((c for c in bus.claims.list() if c.task_id == task), None)
 
 
 def spawn(db: Path, repo: Path, task: str, worker: str) -> dict:
@@ -204,7 +204,7 @@ def test_cli_cancel_and_fail_print_state(db: Path, repo: Path) -> None:
     assert (row(db, "w1")["note"], row(db, "w2")["note"]) == ("no longer needed",
                                                               "tests do not pass")
     with Bus.open(db) as bus:
-        assert bus.claims() == []
+        assert bus.claims.list() == []
     assert git(repo, "branch", "--list", "w1/t1", "w2/t2", "--format=%(refname:short)").split() == [
         "w1/t1", "w2/t2"]
 
@@ -449,7 +449,7 @@ def test_cli_run_exit_0_is_done(db: Path, repo: Path, env: dict[str, str]) -> No
     assert w["note"] == f"`{shlex.join(command)}` exited 0"
     assert [c["command"] for c in state_changes(db, "w1")] == ["spawn", "start", "done"]
     with Bus.open(db) as bus:
-        assert bus.claims() == []
+        assert bus.claims.list() == []
         [beat] = bus.liveness()
         assert (beat.agent, beat.task, beat.status) == ("w1", "t1", "stopped")
 
@@ -466,7 +466,7 @@ def test_cli_run_nonzero_exit_fails_with_that_code(db: Path, repo: Path,
     assert (w["state"], w["note"]) == ("FAILED", f"`{shlex.join(command)}` exited with 3")
     assert [c["command"] for c in state_changes(db, "w1")] == ["spawn", "start", "fail"]
     with Bus.open(db) as bus:
-        assert bus.claims() == []
+        assert bus.claims.list() == []
         assert [m.payload for m in bus.list_messages() if m.type == "task_failed"] == [
             {"worker": "w1", "reason": w["note"]}]
 
@@ -613,12 +613,12 @@ def test_cli_run_killed_with_sigkill_leaves_claim_until_lease_end(db: Path, repo
             assert dead.state == "dead"
 
             assert (claim.agent, claim.lease_ms) == ("w1", 3000)
-            refused = bus.try_claim("t1", "heir", 60_000, now=claim.lease_until_ms - 1)
+            refused = bus.claims.try_claim("t1", "heir", 60_000, now=claim.lease_until_ms - 1)
             assert not refused.granted and refused.claim.agent == "w1"
             assert get_row(bus.conn, "w1").state == "WORKING"  # nobody transitioned it
             assert [m.payload["command"] for m in bus.list_messages()
                     if m.type == "state_change"] == ["spawn", "start"]
-            taken = bus.try_claim("t1", "heir", 60_000, now=claim.lease_until_ms)
+            taken = bus.claims.try_claim("t1", "heir", 60_000, now=claim.lease_until_ms)
             assert taken.granted
             assert (taken.claim.agent, taken.claim.attempts) == ("heir", 2)
     finally:

@@ -78,7 +78,7 @@ def test_rework_after_merge_conflict_then_resolve_done_approve_merge(ws: Workers
     reworked = ws.rework("w1", "conflicts with main")
     assert (reworked.state, reworked.branch, reworked.worktree, reworked.note) == (
         "WORKING", w.branch, w.worktree, "conflicts with main")
-    assert bus.claims()[0].agent == "w1"
+    assert bus.claims.list()[0].agent == "w1"
     assert types_after(bus, seen) == [("w1", "state_change"), ("w1", "task_claim"),
                                       ("w1", "agent_started")]
     # resolve on the branch: merge main in, keep both sides
@@ -115,7 +115,7 @@ def test_rework_after_branch_moved_since_review(ws: Workers, bus: Bus, repo: Pat
 def test_rework_refused_while_another_worker_holds_the_lease(ws: Workers, bus: Bus,
                                                              repo: Path) -> None:
     approved_with_conflict(ws, repo)
-    assert bus.claim("t1", "someone", 60_000)
+    assert bus.claims.claim("t1", "someone", 60_000)
     with pytest.raises(ClaimRefused) as raised:
         ws.rework("w1")
     assert str(raised.value) == "task t1 is held by someone until its lease ends; try again later"
@@ -235,7 +235,7 @@ def test_start_takes_over_from_a_worker_whose_lease_ran_out(ws: Workers, bus: Bu
                                                             repo: Path) -> None:
     ws.spawn("t1", "w1", repo)
     ws.start("w1", lease_ms=1)
-    until = bus.claims()[0].lease_until_ms
+    until = bus.claims.list()[0].lease_until_ms
     wait_until(lambda: now_ms() > until, "the lease to run out")
     ws.spawn("t1", "w2", repo)
     seen = bus.last_seq()
@@ -379,14 +379,14 @@ def test_task_reclaimed_after_sigkilled_worker_run(db_path: Path, bus: Bus, repo
     proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: [c.agent for c in bus.claims()] == ["w1"]
+        wait_until(lambda: [c.agent for c in bus.claims.list()] == ["w1"]
                    and [b.agent for b in bus.liveness()] == ["w1"], "w1 to hold t1 and beat")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     with pytest.raises(TaskTaken):  # the lease has not run out yet
         ws.spawn("t1", "w2", repo)
-    until = bus.claims()[0].lease_until_ms
+    until = bus.claims.list()[0].lease_until_ms
     wait_until(lambda: now_ms() > until, "w1's lease to run out")
     ws.spawn("t1", "w2", repo)
     ws.start("w2")

@@ -467,7 +467,7 @@ class Workers:
             raise PathsReserved(held)
 
     def _release(self, worker: Worker, fence: int | None = None) -> None:
-        self.bus.release(worker.task, worker.worker, fence=fence)
+        self.bus.claims.release(worker.task, worker.worker, fence=fence)
 
     def _registered_task(self, task: str) -> Task | None:
         """The task graph's task of this id, if one is registered; one that is done or
@@ -506,7 +506,7 @@ class Workers:
     def _take(self, worker: Worker, lease_ms: int) -> Claim:
         """The task's lease for `worker`, unless another worker has the task."""
         self._refuse_rival(worker.task, worker.worker)
-        result = self.bus.try_claim(worker.task, worker.worker, lease_ms)
+        result = self.bus.claims.try_claim(worker.task, worker.worker, lease_ms)
         if not result.granted:
             raise _refusal(worker.task, result)
         return result.claim
@@ -557,7 +557,7 @@ class Workers:
         From `run`'s heartbeat thread only while the worker is still WORKING:
         a fail or cancel meanwhile released the task, and it must stay released.
         """
-        if self.bus.renew(worker.task, worker.worker, lease_ms):
+        if self.bus.claims.renew(worker.task, worker.worker, lease_ms):
             return
         with write_transaction(self.bus.conn):  # the state check and the claim, together
             if only_while_working and self.get(worker.worker).state != WORKING:

@@ -99,7 +99,7 @@ class TaskTools:
         or the task is dead (ran out of attempts). Claiming a task you hold extends it.
         `fence` is your lease's fence: pass it to renew, release and publish about the task.
         """
-        result = self.bus.try_claim(task, self.agent, lease_ms)
+        result = self.bus.claims.try_claim(task, self.agent, lease_ms)
         return {"task": task, "granted": result.granted, "fence": result.fence,
                 "claim": result.claim.to_json_dict() if result.claim else None,
                 "dead": result.dead.to_json_dict() if result.dead else None}
@@ -111,11 +111,12 @@ class TaskTools:
         `renewed` false means the lease already ran out or another agent holds it:
         stop working on the task, or claim it again.
         """
-        return {"task": task, "renewed": self.bus.renew(task, self.agent, lease_ms, fence=fence)}
+        renewed = self.bus.claims.renew(task, self.agent, lease_ms, fence=fence)
+        return {"task": task, "renewed": renewed}
 
     def release(self, task: Task, fence: Fence = None) -> dict[str, Any]:
         """Give a task back so another agent can claim it at once."""
-        return {"task": task, "released": self.bus.release(task, self.agent, fence=fence)}
+        return {"task": task, "released": self.bus.claims.release(task, self.agent, fence=fence)}
 
     TOOLS = {"task_add": ADDS, "task_depend": SETS, "task_ready": READS, "task_list": READS,
              "task_show": READS, "task_claim_next": ADDS, "task_done": SETS,
