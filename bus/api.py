@@ -39,12 +39,12 @@ from bus.log import receipts
 from bus.coordination import reservations as file_reservations  # `Bus.reservations` is a method
 from bus.log import retention
 from bus.log import search as full_text
-from bus.coordination import tasks
 from bus.storage.blob_errors import BusBlobStore
 from bus.channels.engine import Channels
 from bus.coordination.claims import LEASE_MS_MAX  # noqa: F401 - part of the facade's API
 from bus.coordination.claims import TASK_ID_MAX  # noqa: F401 - part of the facade's API
 from bus.coordination.facades import Claims
+from bus.coordination.facades import Tasks
 from bus.log.cursors import Cursor
 from bus.storage.db import DURABLE_BY_DURABILITY
 from bus.storage.db import connect
@@ -74,11 +74,6 @@ from bus.coordination.reservations import Held
 from bus.coordination.reservations import Reservation
 from bus.storage.schema import current_version
 from bus.log.search import SearchHit
-from bus.coordination.tasks import PRIORITY_DEFAULT
-from bus.coordination.tasks import ClaimedTask
-from bus.coordination.tasks import Task
-from bus.coordination.tasks import TaskCounts
-from bus.coordination.tasks import TaskDetail
 from bus.storage.schema import migrate
 from bus.log.wake import ChangeWatcher
 
@@ -210,6 +205,11 @@ class Bus:
     def claims(self) -> Claims:
         """Leased claims on tasks: claim, renew, release, the dead and the reaper."""
         return Claims(self)
+
+    @functools.cached_property
+    def tasks(self) -> Tasks:
+        """The task graph: tasks, their dependencies, the ready list and its claims."""
+        return Tasks(self)
 
     # --- publishing -------------------------------------------------------
 
@@ -527,80 +527,6 @@ class Bus:
                 self._open.add(watcher)
         with translate_errors(self.conn):
             return watcher.wait(timeout, interrupt)
-
-    # --- the task graph (bus/coordination/tasks.py) -----------------------------------
-
-    def add_task(self, task_id: str, title: str | None = None, *,
-                 after: Iterable[str] = (), priority: int = PRIORITY_DEFAULT,
-                 now: int | None = None) -> Task:
-        """Add an open task that waits on the tasks in `after` (each must exist).
-
-        `priority` runs from 0 (the most urgent, listed first) to 4. Raises
-        ValidationFailed (field `task`) when the id is taken, UnknownTask
-        (field `after`) for a dependency that does not exist.
-        """
-        return tasks.add_task(self.conn, task_id, title, after=after, priority=priority, now=now)
-
-    def add_dependencies(self, task_id: str, after: Iterable[str]) -> list[str]:
-        """Make an open task wait on more tasks; the ids newly added (known ones are skipped).
-
-        Raises TaskCycle (field `after`, with the cycle's path) when one would
-        close a cycle; then nothing is added.
-        """
-        return tasks.add_dependencies(self.conn, task_id, after)
-
-    def ready_tasks(self, limit: int | None = None, *, now: int | None = None) -> list[Task]:
-        """Open tasks whose dependencies are all done and that no live lease holds,
-        most urgent first (priority 0), then oldest."""
-        return tasks.ready_tasks(self.conn, limit, now=now)
-
-    def list_tasks(self, state: str | None = None) -> list[Task]:
-        """Every task (or those in `state`: open, done, cancelled), oldest first."""
-        return tasks.list_tasks(self.conn, state)
-
-    def find_task(self, task_id: str) -> Task | None:
-        """The task, or None when the graph has no such id."""
-        return tasks.find_task(self.conn, task_id)
-
-    def task_detail(self, task_id: str, *, now: int | None = None) -> TaskDetail:
-        """The task with its dependencies, dependents, lease and newest events."""
-        return tasks.task_detail(self.conn, task_id, now=now)
-
-    def task_counts(self, *, now: int | None = None) -> TaskCounts:
-        return tasks.task_counts(self.conn, now=now)
-
-    def claim_next(self, agent: str, lease_ms: int = 60_000, *, max_attempts: int = 5,
-                   now: int | None = None) -> ClaimedTask | None:
-        """Claim the first ready task for `agent`, or None when nothing is ready.
-
-        One write transaction reads the ready list and claims through the
-        same code as `try_claim`, so two agents never get the same task. A
-        ready task whose expired lease has no attempts left is declared dead
-        on the way (`task_dead`, as a claim would) and the next one is tried.
-        """
-        return tasks.claim_next(self.conn, agent, lease_ms, max_attempts=max_attempts, now=now)
-
-    def complete_task(self, task_id: str, agent: str, *, fence: int | None = None,
-                      require_claim: bool = True, now: int | None = None) -> Task:
-        """Mark a task done by `agent`, which must hold its claim (with `fence`, that exact
-        one); its lease ends and its dependents wait on one task less.
-
-        Publishes `task_done` in the same transaction. `require_claim=False`
-        is for a task finished otherwise (a worker's merged branch). Raises
-        StaleFence (field `fence`, naming the current one) when another agent
-        took the task over since `fence` was handed out, UnknownTask,
-        TaskStateConflict (not open, or waiting on others), NotTaskHolder.
-        """
-        return tasks.complete_task(self.conn, task_id, agent, fence=fence,
-                                   require_claim=require_claim, now=now)
-
-    def cancel_task(self, task_id: str, agent: str | None = None,
-                    reason: str | None = None, *, now: int | None = None) -> Task:
-        """Cancel an open task (its lease ends, if any); publishes `task_cancelled`.
-
-        Its dependents stay blocked: a cancelled task is not done.
-        """
-        return tasks.cancel_task(self.conn, task_id, agent, reason, now=now)
 
     # --- file reservations (bus/coordination/reservations.py) --------------------------
 

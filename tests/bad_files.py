@@ -40,9 +40,9 @@ def good_bus(path: Path) -> None:
         bus.ack("a", 5)
         bus.heartbeat("a", "working", task="t1")
         bus.claims.claim("t1", "a")
-        bus.add_task("g0", title="a task of the graph")
-        bus.add_task("g1", title="another")
-        bus.claim_next("a")  # g0, fence 1
+        bus.tasks.add("g0", title="a task of the graph")
+        bus.tasks.add("g1", title="another")
+        bus.tasks.claim_next("a")  # g0, fence 1
         bus.reserve("a", ["src/**"])
         engine = bus.channels
         engine.create_channel("c", "group", "o")

@@ -71,8 +71,8 @@ def seed_console(bus: Bus, repo: Path) -> None:
     assert bus.claims.claim("t2", "w1")  # the expired lease is taken over: task_reclaimed
     bus.heartbeat("w1", "working", "t1")
     bus.ack("w1", 1)
-    bus.add_task("build", "build the thing")
-    bus.add_task("ship", after=["build"])
+    bus.tasks.add("build", "build the thing")
+    bus.tasks.add("ship", after=["build"])
     assert bus.claims.claim("build", "w1")
     bus.reserve("w1", ["src/**"], reason="refactor")
     workers = Workers(bus)

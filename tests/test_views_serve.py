@@ -46,7 +46,7 @@ def seed(bus: Bus) -> None:
     """Something for every chart: types, a consumer, worker transitions, claims, threads;
     and a task graph: t1 held (its claim below), t3 ready, t4 blocked on t3."""
     for task, after in (("t1", []), ("t3", []), ("t4", ["t3"])):
-        bus.add_task(task, after=after)
+        bus.tasks.add(task, after=after)
     for type_ in ("task_assign", "task_assign", "note", "heartbeat_note"):
         bus.publish("planner", type_, {"n": 1})
     bus.ack("w1", 2)

@@ -231,17 +231,17 @@ class ViewsGame(RuleBasedStateMachine):
     def task_graph(self, op: str, task: str) -> None:
         """Build the graph the first time (g2 waits on g1, g3 on both); then claim-next,
         done or cancel (a refusal, such as finishing a task not held, is part of the game)."""
-        if self.bus.find_task("g1") is None:
+        if self.bus.tasks.find("g1") is None:
             for graph_task, after in zip(GRAPH_TASKS, ((), ("g1",), ("g1", "g2"))):
-                self.bus.add_task(graph_task, after=after, now=self.now)
+                self.bus.tasks.add(graph_task, after=after, now=self.now)
             return
         try:
             if op == "claim-next":
-                self.bus.claim_next(GRAPH_AGENT, now=self.now)
+                self.bus.tasks.claim_next(GRAPH_AGENT, now=self.now)
             elif op == "done":
-                self.bus.complete_task(task, GRAPH_AGENT, now=self.now)
+                self.bus.tasks.complete(task, GRAPH_AGENT, now=self.now)
             else:
-                self.bus.cancel_task(task, GRAPH_AGENT, now=self.now)
+                self.bus.tasks.cancel(task, GRAPH_AGENT, now=self.now)
         except BusError:
             pass
 

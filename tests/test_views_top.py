@@ -151,8 +151,8 @@ def two_workers(db_path: Path, tmp_path: Path) -> None:
         workers.start("w-a")
         workers.spawn("t-b", "w-b", repo)
         bus.heartbeat("w-a", "working", "t-a")
-        bus.add_task("t-c", "after t-a's task", after=[])
-        bus.add_task("t-d", after=["t-c"])
+        bus.tasks.add("t-c", "after t-a's task", after=[])
+        bus.tasks.add("t-d", after=["t-c"])
 
 
 def rows_starting(screen: str, *cells: str) -> list[int]:
@@ -324,12 +324,12 @@ def test_detail_lines_of_each_table(db_path: Path, tmp_path: Path,
 
 
 def test_task_rows_and_details_say_what_holds_each_task(bus: Bus, db_path: Path) -> None:
-    bus.add_task("build", "Build it", priority=1)
-    bus.add_task("test", after=["build"])
-    bus.add_task("docs")
-    bus.add_task("gone")
-    bus.cancel_task("gone", "lead")
-    claimed = bus.claim_next("w1")
+    bus.tasks.add("build", "Build it", priority=1)
+    bus.tasks.add("test", after=["build"])
+    bus.tasks.add("docs")
+    bus.tasks.add("gone")
+    bus.tasks.cancel("gone", "lead")
+    claimed = bus.tasks.claim_next("w1")
     assert claimed is not None and claimed.task.task_id == "build"
     status = read_status(db_path)
     conn = connect(db_path, readonly=True)

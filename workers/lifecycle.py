@@ -472,7 +472,7 @@ class Workers:
     def _registered_task(self, task: str) -> Task | None:
         """The task graph's task of this id, if one is registered; one that is done or
         cancelled already is refused (TaskStateConflict): there is nothing left to do."""
-        registered = self.bus.find_task(task)
+        registered = self.bus.tasks.find(task)
         if registered is not None and registered.state != OPEN:
             raise TaskStateConflict(task, registered.state, "worker spawn",
                                     "add a new task (`bus task add`) for more work")
@@ -481,9 +481,9 @@ class Workers:
     def _finish_registered(self, worker: Worker) -> None:
         """A merged worker's task, when the task graph has it, is done (`task_done`), and the
         tasks waiting on it may become ready. One still waiting on others stays open."""
-        registered = self.bus.find_task(worker.task)
+        registered = self.bus.tasks.find(worker.task)
         if registered is not None and registered.state == OPEN and not registered.waiting_on:
-            self.bus.complete_task(worker.task, worker.worker, require_claim=False)
+            self.bus.tasks.complete(worker.task, worker.worker, require_claim=False)
 
     def _stop(self, worker: Worker, fence: int | None = None) -> None:
         """Leaving for review or for good: release the task (StaleFence, before

@@ -14,15 +14,22 @@ itself keeps the log; whatever coordinates agents is reached through here.
 
 from __future__ import annotations
 
+from typing import Iterable
 from typing import Protocol
 
 import apsw
 
 from bus.coordination import claims
+from bus.coordination import tasks
 from bus.coordination.claims import Claim
 from bus.coordination.claims import ClaimResult
 from bus.coordination.claims import DeadClaim
 from bus.coordination.heartbeats import Thresholds
+from bus.coordination.tasks import PRIORITY_DEFAULT
+from bus.coordination.tasks import ClaimedTask
+from bus.coordination.tasks import Task
+from bus.coordination.tasks import TaskCounts
+from bus.coordination.tasks import TaskDetail
 
 
 class Connected(Protocol):
@@ -108,3 +115,92 @@ class Claims:
         broadcast for it.
         """
         return claims.reap(self._bus.conn, now, thresholds)
+
+
+class Tasks:
+    """The task graph: tasks, their dependencies and the ready list
+    (bus/coordination/tasks.py). Reached as `bus.tasks`.
+
+    A task's lease is a claim under the task's id (`bus.claims`), so
+    `claim_next` takes a task through the very code `bus.claims.try_claim`
+    runs, and a task a live lease holds is not ready.
+    """
+
+    def __init__(self, bus: Connected) -> None:
+        self._bus = bus
+
+    def add(self, task_id: str, title: str | None = None, *, after: Iterable[str] = (),
+            priority: int = PRIORITY_DEFAULT, now: int | None = None) -> Task:
+        """Add an open task that waits on the tasks in `after` (each must exist).
+
+        `priority` runs from 0 (the most urgent, listed first) to 4. Raises
+        ValidationFailed (field `task`) when the id is taken, UnknownTask
+        (field `after`) for a dependency that does not exist.
+        """
+        return tasks.add_task(self._bus.conn, task_id, title, after=after, priority=priority,
+                              now=now)
+
+    def add_dependencies(self, task_id: str, after: Iterable[str]) -> list[str]:
+        """Make an open task wait on more tasks; the ids newly added (known ones are skipped).
+
+        Raises TaskCycle (field `after`, with the cycle's path) when one would
+        close a cycle; then nothing is added.
+        """
+        return tasks.add_dependencies(self._bus.conn, task_id, after)
+
+    def ready(self, limit: int | None = None, *, now: int | None = None) -> list[Task]:
+        """Open tasks whose dependencies are all done and that no live lease holds,
+        most urgent first (priority 0), then oldest."""
+        return tasks.ready_tasks(self._bus.conn, limit, now=now)
+
+    def find(self, task_id: str) -> Task | None:
+        """The task, or None when the graph has no such id."""
+        return tasks.find_task(self._bus.conn, task_id)
+
+    def detail(self, task_id: str, *, now: int | None = None) -> TaskDetail:
+        """The task with its dependencies, dependents, lease and newest events."""
+        return tasks.task_detail(self._bus.conn, task_id, now=now)
+
+    def counts(self, *, now: int | None = None) -> TaskCounts:
+        """How many tasks are ready, blocked (on a dependency), held (by a lease), done and
+        cancelled."""
+        return tasks.task_counts(self._bus.conn, now=now)
+
+    def claim_next(self, agent: str, lease_ms: int = 60_000, *, max_attempts: int = 5,
+                   now: int | None = None) -> ClaimedTask | None:
+        """Claim the first ready task for `agent`, or None when nothing is ready.
+
+        One write transaction reads the ready list and claims through the
+        same code as `bus.claims.try_claim`, so two agents never get the same
+        task. A ready task whose expired lease has no attempts left is
+        declared dead on the way (`task_dead`, as a claim would) and the next
+        one is tried.
+        """
+        return tasks.claim_next(self._bus.conn, agent, lease_ms, max_attempts=max_attempts,
+                                now=now)
+
+    def complete(self, task_id: str, agent: str, *, fence: int | None = None,
+                 require_claim: bool = True, now: int | None = None) -> Task:
+        """Mark a task done by `agent`, which must hold its claim (with `fence`, that exact
+        one); its lease ends and its dependents wait on one task less.
+
+        Publishes `task_done` in the same transaction. `require_claim=False`
+        is for a task finished otherwise (a worker's merged branch). Raises
+        StaleFence (field `fence`, naming the current one) when another agent
+        took the task over since `fence` was handed out, UnknownTask,
+        TaskStateConflict (not open, or waiting on others), NotTaskHolder.
+        """
+        return tasks.complete_task(self._bus.conn, task_id, agent, fence=fence,
+                                   require_claim=require_claim, now=now)
+
+    def cancel(self, task_id: str, agent: str | None = None, reason: str | None = None, *,
+               now: int | None = None) -> Task:
+        """Cancel an open task (its lease ends, if any); publishes `task_cancelled`.
+
+        Its dependents stay blocked: a cancelled task is not done.
+        """
+        return tasks.cancel_task(self._bus.conn, task_id, agent, reason, now=now)
+
+    def list(self, state: str | None = None) -> list[Task]:
+        """Every task (or those in `state`: open, done, cancelled), oldest first."""
+        return tasks.list_tasks(self._bus.conn, state)
