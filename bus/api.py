@@ -36,7 +36,6 @@ from bus.coordination import heartbeats
 from bus.coordination import held_names as identities
 from bus.log import messages
 from bus.log import receipts
-from bus.coordination import reservations as file_reservations  # `Bus.reservations` is a method
 from bus.log import retention
 from bus.log import search as full_text
 from bus.storage.blob_errors import BusBlobStore
@@ -44,6 +43,7 @@ from bus.channels.engine import Channels
 from bus.coordination.claims import LEASE_MS_MAX  # noqa: F401 - part of the facade's API
 from bus.coordination.claims import TASK_ID_MAX  # noqa: F401 - part of the facade's API
 from bus.coordination.facades import Claims
+from bus.coordination.facades import Reservations
 from bus.coordination.facades import Tasks
 from bus.log.cursors import Cursor
 from bus.storage.db import DURABLE_BY_DURABILITY
@@ -68,10 +68,6 @@ from bus.log.payloads import BLOB_THRESHOLD
 from bus.log.payloads import MAX_PAYLOAD_BYTES
 from bus.log.payloads import PayloadPolicy
 from bus.log.receipts import Receipt
-from bus.coordination.reservations import DEFAULT_TTL_MS
-from bus.coordination.reservations import EXCLUSIVE
-from bus.coordination.reservations import Held
-from bus.coordination.reservations import Reservation
 from bus.storage.schema import current_version
 from bus.log.search import SearchHit
 from bus.storage.schema import migrate
@@ -210,6 +206,11 @@ class Bus:
     def tasks(self) -> Tasks:
         """The task graph: tasks, their dependencies, the ready list and its claims."""
         return Tasks(self)
+
+    @functools.cached_property
+    def reservations(self) -> Reservations:
+        """Reservations of paths by glob, exclusive or shared, and the check of paths."""
+        return Reservations(self)
 
     # --- publishing -------------------------------------------------------
 
@@ -527,46 +528,6 @@ class Bus:
                 self._open.add(watcher)
         with translate_errors(self.conn):
             return watcher.wait(timeout, interrupt)
-
-    # --- file reservations (bus/coordination/reservations.py) --------------------------
-
-    def reserve(self, agent: str, patterns: Sequence[str], *, mode: str = EXCLUSIVE,
-                ttl_ms: int = DEFAULT_TTL_MS, reason: str | None = None, now: int | None = None,
-                thresholds: Thresholds | None = None) -> list[Reservation]:
-        """Reserve every pattern for `agent` for `ttl_ms`, or none of them.
-
-        Raises ReservationConflict (listing each conflict: pattern, holder, mode,
-        expiry and a path both match) when a pattern conflicts with another
-        agent's live reservation. Reserving a pattern the agent holds already
-        renews it with the new mode, TTL and reason.
-        """
-        return file_reservations.reserve(self.conn, agent, patterns, mode=mode, ttl_ms=ttl_ms,
-                                         reason=reason, now=now, thresholds=thresholds)
-
-    def reservations(self, agent: str | None = None, path: str | None = None, *,
-                     now: int | None = None,
-                     thresholds: Thresholds | None = None) -> list[Reservation]:
-        """The live reservations, by pattern: of `agent` only, and/or those whose
-        pattern matches `path` (relative to the repository root)."""
-        return file_reservations.list_reservations(self.conn, agent, path, now=now,
-                                                   thresholds=thresholds)
-
-    def unreserve(self, agent: str, patterns: Sequence[str] | None = None, *,
-                  now: int | None = None,
-                  thresholds: Thresholds | None = None) -> list[Reservation]:
-        """Remove `agent`'s reservations of `patterns` (all of them when None); return those
-        removed. A pattern the agent does not hold raises NotReserved, and nothing
-        is removed."""
-        return file_reservations.unreserve(self.conn, agent, patterns, now=now,
-                                           thresholds=thresholds)
-
-    def check_paths(self, agent: str | None, paths: Sequence[str], *, now: int | None = None,
-                    thresholds: Thresholds | None = None) -> list[Held]:
-        """The paths (relative to the repository root) that live agents other than
-        `agent` hold exclusively, each with its holder; empty when `agent` may change
-        them all. `agent=None` (someone the bus does not know): every holder counts."""
-        return file_reservations.check_paths(self.conn, agent, paths, now=now,
-                                             thresholds=thresholds)
 
     # --- heartbeats -------------------------------------------------------
 

@@ -43,7 +43,7 @@ def good_bus(path: Path) -> None:
         bus.tasks.add("g0", title="a task of the graph")
         bus.tasks.add("g1", title="another")
         bus.tasks.claim_next("a")  # g0, fence 1
-        bus.reserve("a", ["src/**"])
+        bus.reservations.reserve("a", ["src/**"])
         engine = bus.channels
         engine.create_channel("c", "group", "o")
         engine.join_channel("c", "a")

@@ -74,7 +74,7 @@ def seed_console(bus: Bus, repo: Path) -> None:
     bus.tasks.add("build", "build the thing")
     bus.tasks.add("ship", after=["build"])
     assert bus.claims.claim("build", "w1")
-    bus.reserve("w1", ["src/**"], reason="refactor")
+    bus.reservations.reserve("w1", ["src/**"], reason="refactor")
     workers = Workers(bus)
     workers.spawn("t3", "w3", repo=repo)
     workers.start("w3")

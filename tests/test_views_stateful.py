@@ -211,7 +211,7 @@ class ViewsGame(RuleBasedStateMachine):
         lease = None if lease_s is None else lease_s * 1000
         if op == "claim":
             result = self.bus.claims.try_claim(task, agent, lease or 60_000,
-                                        max_attempts=MAX_ATTEMPTS, now=self.now)
+                                               max_attempts=MAX_ATTEMPTS, now=self.now)
             if result.granted:
                 self.claims[task] = (agent, self.now + (lease or 60_000))
             if result.just_died:
@@ -257,11 +257,11 @@ class ViewsGame(RuleBasedStateMachine):
     def reserve(self, agent: str, patterns: list[str], shared: bool, ttl_s: int,
                 release: bool) -> None:
         if release:
-            self.bus.unreserve(agent, now=self.now)
+            self.bus.reservations.unreserve(agent, now=self.now)
             return
         try:
-            self.bus.reserve(agent, patterns, mode="shared" if shared else "exclusive",
-                             ttl_ms=ttl_s * 1000, now=self.now)
+            self.bus.reservations.reserve(agent, patterns, mode="shared" if shared else "exclusive",
+                                          ttl_ms=ttl_s * 1000, now=self.now)
         except ReservationConflict as exc:
             assert all(c.held.agent != agent for c in exc.conflicts)
         except ValidationFailed as exc:  # a holder whose reservation would end at once
@@ -444,7 +444,7 @@ class ViewsGame(RuleBasedStateMachine):
         """What the views show is what the bus calls live: unexpired, of holders not dead
         and whose worker has not finished; and no two of them conflict."""
         shown = status.reservations
-        assert shown == self.bus.reservations(now=self.now)
+        assert shown == self.bus.reservations.list(now=self.now)
         for r in shown:
             assert r.expires_at_ms > self.now
             beat_ts, beat_status = self.beats.get(r.agent, (self.now, "idle"))

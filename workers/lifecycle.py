@@ -462,7 +462,7 @@ class Workers:
         """PathsReserved when `ref` changes (since its base) paths that live agents other
         than the worker hold exclusively (`bus reserve`); the message is the hook's."""
         paths = git.changed_paths(where, worker.base, ref)
-        held = self.bus.check_paths(worker.worker, paths) if paths else []
+        held = self.bus.reservations.check_paths(worker.worker, paths) if paths else []
         if held:
             raise PathsReserved(held)
 

@@ -16,15 +16,21 @@ from __future__ import annotations
 
 from typing import Iterable
 from typing import Protocol
+from typing import Sequence
 
 import apsw
 
 from bus.coordination import claims
+from bus.coordination import reservations
 from bus.coordination import tasks
 from bus.coordination.claims import Claim
 from bus.coordination.claims import ClaimResult
 from bus.coordination.claims import DeadClaim
 from bus.coordination.heartbeats import Thresholds
+from bus.coordination.reservations import DEFAULT_TTL_MS
+from bus.coordination.reservations import EXCLUSIVE
+from bus.coordination.reservations import Held
+from bus.coordination.reservations import Reservation
 from bus.coordination.tasks import PRIORITY_DEFAULT
 from bus.coordination.tasks import ClaimedTask
 from bus.coordination.tasks import Task
@@ -204,3 +210,48 @@ class Tasks:
     def list(self, state: str | None = None) -> list[Task]:
         """Every task (or those in `state`: open, done, cancelled), oldest first."""
         return tasks.list_tasks(self._bus.conn, state)
+
+
+class Reservations:
+    """Reservations of paths by glob, exclusive or shared, for a time
+    (bus/coordination/reservations.py). Reached as `bus.reservations`."""
+
+    def __init__(self, bus: Connected) -> None:
+        self._bus = bus
+
+    def reserve(self, agent: str, patterns: Sequence[str], *, mode: str = EXCLUSIVE,
+                ttl_ms: int = DEFAULT_TTL_MS, reason: str | None = None, now: int | None = None,
+                thresholds: Thresholds | None = None) -> list[Reservation]:
+        """Reserve every pattern for `agent` for `ttl_ms`, or none of them.
+
+        Raises ReservationConflict (listing each conflict: pattern, holder, mode,
+        expiry and a path both match) when a pattern conflicts with another
+        agent's live reservation. Reserving a pattern the agent holds already
+        renews it with the new mode, TTL and reason.
+        """
+        return reservations.reserve(self._bus.conn, agent, patterns, mode=mode, ttl_ms=ttl_ms,
+                                    reason=reason, now=now, thresholds=thresholds)
+
+    def unreserve(self, agent: str, patterns: Sequence[str] | None = None, *,
+                  now: int | None = None,
+                  thresholds: Thresholds | None = None) -> list[Reservation]:
+        """Remove `agent`'s reservations of `patterns` (all of them when None); return those
+        removed. A pattern the agent does not hold raises NotReserved, and nothing
+        is removed."""
+        return reservations.unreserve(self._bus.conn, agent, patterns, now=now,
+                                      thresholds=thresholds)
+
+    def check_paths(self, agent: str | None, paths: Sequence[str], *, now: int | None = None,
+                    thresholds: Thresholds | None = None) -> list[Held]:
+        """The paths (relative to the repository root) that live agents other than
+        `agent` hold exclusively, each with its holder; empty when `agent` may change
+        them all. `agent=None` (someone the bus does not know): every holder counts."""
+        return reservations.check_paths(self._bus.conn, agent, paths, now=now,
+                                        thresholds=thresholds)
+
+    def list(self, agent: str | None = None, path: str | None = None, *,
+             now: int | None = None, thresholds: Thresholds | None = None) -> list[Reservation]:
+        """The live reservations, by pattern: of `agent` only, and/or those whose
+        pattern matches `path` (relative to the repository root)."""
+        return reservations.list_reservations(self._bus.conn, agent, path, now=now,
+                                              thresholds=thresholds)
