@@ -43,6 +43,7 @@ from bus.channels.engine import Channels
 from bus.coordination.claims import LEASE_MS_MAX  # noqa: F401 - part of the facade's API
 from bus.coordination.claims import TASK_ID_MAX  # noqa: F401 - part of the facade's API
 from bus.coordination.facades import Claims
+from bus.coordination.facades import Heartbeats
 from bus.coordination.facades import Reservations
 from bus.coordination.facades import Tasks
 from bus.log.cursors import Cursor
@@ -58,9 +59,6 @@ from bus.storage.errors import UnknownConsumer
 from bus.storage.errors import ValidationFailed
 from bus.log.export import JsonlExporter
 from bus.log.group_commit import GroupCommit
-from bus.coordination.heartbeats import AgentHoldsClaims
-from bus.coordination.heartbeats import Liveness
-from bus.coordination.heartbeats import Thresholds
 from bus.log.messages import Message
 from bus.log.messages import PublishResult
 from bus.log.messages import clock_ms
@@ -211,6 +209,11 @@ class Bus:
     def reservations(self) -> Reservations:
         """Reservations of paths by glob, exclusive or shared, and the check of paths."""
         return Reservations(self)
+
+    @functools.cached_property
+    def heartbeats(self) -> Heartbeats:
+        """Agents' beats: record one, read everyone's liveness, forget an agent."""
+        return Heartbeats(self)
 
     # --- publishing -------------------------------------------------------
 
@@ -528,51 +531,6 @@ class Bus:
                 self._open.add(watcher)
         with translate_errors(self.conn):
             return watcher.wait(timeout, interrupt)
-
-    # --- heartbeats -------------------------------------------------------
-
-    def heartbeat(self, agent: str, status: str = "idle", task: str | None = None,
-                  progress: float | None = None) -> int:
-        """Record that `agent` is alive; return the beat's time (epoch ms).
-
-        `status` is idle, working or blocked; `progress` a fraction from 0 to 1.
-        The beat replaces the agent's task and progress: None clears them, and
-        `bus.coordination.heartbeats.KEEP` keeps what the last beat said (a kept progress is
-        cleared when the task changes), as `bus heartbeat` does without --task:
-
-            bus.heartbeat("worker-1", "working", task=KEEP, progress=KEEP)
-
-        For beats that go on while the agent blocks, use `Heartbeat`.
-        """
-        fields = heartbeats.validate_beat(agent, status, task, progress)
-        return heartbeats.beat(self.conn, *fields)
-
-    def liveness(self, now: int | None = None, thresholds: Thresholds | None = None, *,
-                 stopped: bool = True) -> list[Liveness]:
-        """Every agent that ever beat, with its silence and state (alive/warn/stale/dead).
-
-        `now` (epoch milliseconds) defaults to the clock; `thresholds` to
-        30 s warn, 100 s stale, 300 s dead. Most silent first. Agents whose
-        last beat was `stopped` (they finished cleanly) have the state
-        `stopped` and come last; `stopped=False` leaves them out.
-        """
-        with translate_errors(self.conn):
-            return heartbeats.liveness(self.conn, clock_ms(now), thresholds or Thresholds(),
-                                       stopped)
-
-    def forget(self, agent: str) -> bool:
-        """Delete `agent`'s heartbeat row; False if it had none.
-
-        Raises AgentHoldsClaims, changing nothing, while the agent holds a
-        claim (expired or not): release it first, or let another agent take it.
-        """
-        agent = messages.validate_agent_id(agent)
-        conn = self.conn
-        with write_transaction(conn):
-            held = [c.task_id for c in claims.held_by(conn, agent)]
-            if held:
-                raise AgentHoldsClaims(agent, held)
-            return heartbeats.forget(conn, agent)
 
     # --- retention --------------------------------------------------------
 

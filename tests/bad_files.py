@@ -38,7 +38,7 @@ def good_bus(path: Path) -> None:
         bus.publish_many([{"from_agent": "a", "type": "t", "payload": {"n": n, "pad": "p" * 200}}
                           for n in range(300)])
         bus.ack("a", 5)
-        bus.heartbeat("a", "working", task="t1")
+        bus.heartbeats.beat("a", "working", task="t1")
         bus.claims.claim("t1", "a")
         bus.tasks.add("g0", title="a task of the graph")
         bus.tasks.add("g1", title="another")

@@ -340,7 +340,7 @@ def claimed_bus(bus):
     """A bus holding alice's live claim on t-1 and an expired, last-attempt claim on t-last."""
     bus.claims.claim("t-1", "alice", 60_000, now=T0)
     bus.claims.claim("t-last", "alice", 1_000, max_attempts=1, now=T0 - 10_000)
-    bus.heartbeat("alice")
+    bus.heartbeats.beat("alice")
     return bus
 
 
@@ -426,7 +426,7 @@ def beat_at(bus: Bus, agent: str, ts_ms: int) -> None:
 
 
 def test_reap_releases_claims_of_dead_agents_only(bus):
-    ts = bus.heartbeat("ghost", "working", task="t-ghost")
+    ts = bus.heartbeats.beat("ghost", "working", task="t-ghost")
     now = ts + 301_000
     beat_at(bus, "live", ts + 290_000)  # 11 s before `now`: alive
     assert bus.claims.claim("t-ghost", "ghost", 600_000, now=ts)
@@ -464,7 +464,7 @@ def test_reap_releases_claims_of_dead_agents_only(bus):
 
 
 def test_reap_threshold_is_inclusive(bus):
-    ts = bus.heartbeat("ghost")
+    ts = bus.heartbeats.beat("ghost")
     bus.claims.claim("t-1", "ghost", 600_000, now=ts)
     before = snapshot(bus)
     assert bus.claims.reap(now=ts + 299_999) == []
@@ -474,7 +474,7 @@ def test_reap_threshold_is_inclusive(bus):
 
 
 def test_reap_with_custom_thresholds(bus):
-    ts = bus.heartbeat("ghost")
+    ts = bus.heartbeats.beat("ghost")
     bus.claims.claim("t-1", "ghost", 600_000, now=ts)
     quick = Thresholds(warn=1.0, stale=2.0, dead=4.0)
     assert bus.claims.reap(now=ts + 3_999, thresholds=quick) == []
@@ -482,7 +482,7 @@ def test_reap_with_custom_thresholds(bus):
 
 
 def test_reap_twice_releases_once(bus):
-    ts = bus.heartbeat("ghost")
+    ts = bus.heartbeats.beat("ghost")
     bus.claims.claim("t-1", "ghost", 600_000, now=ts)
     assert len(bus.claims.reap(now=ts + 400_000)) == 1
     before = snapshot(bus)
@@ -508,7 +508,7 @@ def test_reap_agrees_with_liveness_on_who_is_dead(bus, dead_s):
         agent = f"agent-{silent_ms}"
         beat_at(bus, agent, T0 - silent_ms)
         bus.claims.claim(f"t-{silent_ms}", agent, 3_600_000, now=T0 - silent_ms)
-    dead = {item.agent for item in bus.liveness(now=T0, thresholds=thresholds)
+    dead = {item.agent for item in bus.heartbeats.liveness(now=T0, thresholds=thresholds)
             if item.state == "dead"}
     assert dead == {f"agent-{boundary}", f"agent-{boundary + 1}"}
     reaped = {claim.agent for claim in bus.claims.reap(now=T0, thresholds=thresholds)}
@@ -554,7 +554,7 @@ def test_reap_frees_the_claim_of_a_killed_holder_that_was_beating(db_path, child
     assert report["beats"] >= 3
 
     with Bus.open(db_path) as bus:
-        [beat] = bus.liveness()
+        [beat] = bus.heartbeats.liveness()
         assert (beat.agent, beat.status, beat.task) == ("holder", "working", "t-1")
         last_beat = beat.ts_ms
         held = only_claim(bus)
@@ -577,7 +577,7 @@ def test_reap_frees_the_claim_of_a_killed_holder_that_was_beating(db_path, child
         assert taken.granted
         assert (taken.claim.agent, taken.claim.attempts, taken.claim.claimed_at_ms) == (
             "heir", 2, now)
-        assert bus.liveness()[0].ts_ms == last_beat  # nothing beat after the kill
+        assert bus.heartbeats.liveness()[0].ts_ms == last_beat  # nothing beat after the kill
 
 
 def test_claim_by_processes_at_once_buries_each_task_once(db_path, children):

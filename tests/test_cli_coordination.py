@@ -177,10 +177,10 @@ def test_heartbeat_with_a_new_task_starts_its_progress_afresh(bus: Bus, db_path:
 
 
 def test_heartbeat_python_api_none_clears_and_keep_keeps(bus: Bus) -> None:
-    bus.heartbeat("w1", "working", "t1", 0.5)
-    bus.heartbeat("w1", "working", KEEP, KEEP)
+    bus.heartbeats.beat("w1", "working", "t1", 0.5)
+    bus.heartbeats.beat("w1", "working", KEEP, KEEP)
     assert heartbeat_row(bus, "w1")[2:] == ("t1", 0.5)
-    bus.heartbeat("w1", "working")
+    bus.heartbeats.beat("w1", "working")
     assert heartbeat_row(bus, "w1")[2:] == (None, None)
 
 
@@ -189,7 +189,7 @@ def test_heartbeat_unknown_status_is_usage_error(bus: Bus, db_path: Path) -> Non
     assert result.exit_code == 2
     assert "Invalid value for '--status'" in result.stderr
     assert "'idle', 'working', 'blocked'" in result.stderr
-    assert bus.liveness() == []
+    assert bus.heartbeats.liveness() == []
 
 
 @pytest.mark.parametrize("value, shown", [("50", "50.0"), ("-0.1", "-0.1"), ("1.5", "1.5"),
@@ -201,7 +201,7 @@ def test_heartbeat_progress_outside_0_1_exits_2(bus: Bus, db_path: Path, value: 
     assert result.stdout == ""
     assert last_error(result.stderr) == bad_value(
         "--progress", f"is a fraction from 0 to 1, got {shown} (50% is 0.5)")
-    assert bus.liveness() == []
+    assert bus.heartbeats.liveness() == []
 
 
 def test_heartbeat_bad_arguments(bus: Bus, db_path: Path) -> None:
@@ -214,7 +214,7 @@ def test_heartbeat_bad_arguments(bus: Bus, db_path: Path) -> None:
     assert bad_agent.exit_code == 2
     assert last_error(bad_agent.stderr) == bad_value(
         "--agent", "contains ' '; allowed are letters, digits and . _ : -")
-    assert bus.liveness() == []
+    assert bus.heartbeats.liveness() == []
 
 
 # --- alive ---------------------------------------------------------------------------
@@ -231,8 +231,8 @@ def test_alive_without_heartbeats(bus: Bus, db_path: Path) -> None:
 
 
 def test_alive_hides_stopped_agents_unless_all(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1", "working", "t1")
-    bus.heartbeat("w2", "stopped", "t2")
+    bus.heartbeats.beat("w1", "working", "t1")
+    bus.heartbeats.beat("w2", "stopped", "t2")
     make_silent(bus, "w2", 500)  # silent long enough to be dead, but it stopped cleanly
     result = run(["alive", "--json"], db_path)
     assert [r["agent"] for r in json_lines(result.stdout)] == ["w1"]
@@ -247,11 +247,11 @@ def test_alive_hides_stopped_agents_unless_all(bus: Bus, db_path: Path) -> None:
 
 
 def test_forget_removes_the_heartbeat_row(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1", "stopped", "t1")
-    bus.heartbeat("w2")
+    bus.heartbeats.beat("w1", "stopped", "t1")
+    bus.heartbeats.beat("w2")
     result = run(["forget", "w1"], db_path)
     assert (result.exit_code, result.stdout, result.stderr) == (0, "forgot w1\n", "")
-    assert [b.agent for b in bus.liveness()] == ["w2"]
+    assert [b.agent for b in bus.heartbeats.liveness()] == ["w2"]
     result = run(["forget", "w1", "--json"], db_path)
     assert (result.exit_code, result.stdout) == (0, '{"agent":"w1","forgotten":false}\n')
     result = run(["forget", "w1"], db_path)
@@ -259,22 +259,22 @@ def test_forget_removes_the_heartbeat_row(bus: Bus, db_path: Path) -> None:
 
 
 def test_forget_refused_while_the_agent_holds_claims(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1")
+    bus.heartbeats.beat("w1")
     assert bus.claims.claim("t2", "w1", 60_000)
     expired_claim(bus, "t1", "w1")  # an expired claim is still held until someone takes it
     result = run(["forget", "w1"], db_path)
     assert (result.exit_code, result.stdout, result.stderr) == (
         1, "", "Error: agent w1 holds claims on t1, t2; release them (bus release --task T"
                " --agent w1) or let another agent take them over first\n")
-    assert [b.agent for b in bus.liveness()] == ["w1"]
+    assert [b.agent for b in bus.heartbeats.liveness()] == ["w1"]
     assert bus.claims.release("t1", "w1") and bus.claims.release("t2", "w1")
     assert run(["forget", "w1"], db_path).stdout == "forgot w1\n"
 
 
 def _three_agents(bus: Bus) -> dict[str, int]:
-    bus.heartbeat("w1", "working", "t1", 0.25)
-    bus.heartbeat("worker-2", "idle")
-    bus.heartbeat("w3", "blocked", "t3")
+    bus.heartbeats.beat("w1", "working", "t1", 0.25)
+    bus.heartbeats.beat("worker-2", "idle")
+    bus.heartbeats.beat("w3", "blocked", "t3")
     return {"w1": heartbeat_row(bus, "w1")[0],
             "worker-2": make_silent(bus, "worker-2", 40),
             "w3": make_silent(bus, "w3", 500)}
@@ -321,7 +321,7 @@ def test_alive_json_objects(bus: Bus, db_path: Path) -> None:
     (["--warn", "100", "--stale", "200", "--dead", "300"], "alive"),
 ])
 def test_alive_thresholds_change_the_state(bus: Bus, db_path: Path, options, state) -> None:
-    bus.heartbeat("w1")
+    bus.heartbeats.beat("w1")
     make_silent(bus, "w1", 40)
     result = run(["alive", "--json", *options], db_path)
     assert result.exit_code == 0, result.stderr
@@ -336,7 +336,7 @@ def test_alive_thresholds_change_the_state(bus: Bus, db_path: Path, options, sta
     (["--stale", "400"], "30.0, 400.0, 300.0"),
 ])
 def test_alive_threshold_order_violated_exits_1(bus: Bus, db_path: Path, options, got) -> None:
-    bus.heartbeat("w1")
+    bus.heartbeats.beat("w1")
     result = run(["alive", *options], db_path)
     assert result.exit_code == 1
     assert result.stdout == ""
@@ -591,7 +591,7 @@ def test_claims_dead_table_and_json(bus: Bus, db_path: Path) -> None:
 
 
 def test_reap_nothing_to_reap(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1")
+    bus.heartbeats.beat("w1")
     bus.claims.claim("t1", "w1")
     result = run(["reap"], db_path)
     assert (result.exit_code, result.stderr) == (0, "")
@@ -601,8 +601,8 @@ def test_reap_nothing_to_reap(bus: Bus, db_path: Path) -> None:
 
 
 def test_reap_releases_claims_of_dead_agents(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1")
-    bus.heartbeat("w2")
+    bus.heartbeats.beat("w1")
+    bus.heartbeats.beat("w2")
     bus.claims.claim("t1", "w1")
     bus.claims.claim("t2", "w2")
     bus.claims.claim("t3", "nobeat")  # never beat: not known dead, kept
@@ -627,7 +627,7 @@ def test_reap_releases_claims_of_dead_agents(bus: Bus, db_path: Path) -> None:
 
 
 def test_reap_json_prints_the_claims_as_they_were(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1")
+    bus.heartbeats.beat("w1")
     bus.claims.claim("t1", "w1")
     bus.claims.claim("t2", "w1")
     before = [c.to_json_dict() for c in bus.claims.list()]
@@ -638,7 +638,7 @@ def test_reap_json_prints_the_claims_as_they_were(bus: Bus, db_path: Path) -> No
 
 
 def test_reap_with_lower_thresholds(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1")
+    bus.heartbeats.beat("w1")
     bus.claims.claim("t1", "w1")
     make_silent(bus, "w1", 100)
     assert run(["reap"], db_path).stdout.startswith("nothing to reap")
@@ -648,7 +648,7 @@ def test_reap_with_lower_thresholds(bus: Bus, db_path: Path) -> None:
 
 
 def test_alive_dead_alone_lowers_the_other_thresholds(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1")
+    bus.heartbeats.beat("w1")
     make_silent(bus, "w1", 70)
     result = run(["alive", "--dead", "60", "--json"], db_path)
     assert result.exit_code == 0, result.stderr
@@ -656,7 +656,7 @@ def test_alive_dead_alone_lowers_the_other_thresholds(bus: Bus, db_path: Path) -
 
 
 def test_reap_dead_alone_below_default_stale_works(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1")
+    bus.heartbeats.beat("w1")
     bus.claims.claim("t1", "w1")
     make_silent(bus, "w1", 100)
     result = run(["reap", "--dead", "60"], db_path)

@@ -86,7 +86,7 @@ def test_each_new_holder_gets_the_next_fence_after_takeover_release_reap_and_exp
     assert bus.claims.try_claim("t1", "carol", 1_000, now=T0 + 2_000).fence == 3  # the fence is not
     # carol's own lease runs out and she claims again: a new lease, so a new fence
     assert bus.claims.try_claim("t1", "carol", 1_000, now=T0 + 3_000).fence == 4
-    beat = bus.heartbeat("dave")
+    beat = bus.heartbeats.beat("dave")
     assert bus.claims.try_claim("t2", "dave", 600_000, now=beat).fence == 1
     assert [c.fence for c in bus.claims.reap(now=beat + 300_000)] == [1]
     assert bus.claims.try_claim("t2", "erin", now=beat + 300_000).fence == 2
@@ -373,7 +373,7 @@ class FenceMachine(RuleBasedStateMachine):
         import tempfile
         self.dir = tempfile.TemporaryDirectory()
         self.bus = Bus.open(Path(self.dir.name) / "bus.db")
-        self.beat = self.bus.heartbeat("c")  # c's only beat: reaps find it dead later on
+        self.beat = self.bus.heartbeats.beat("c")  # c's only beat: reaps find it dead later on
         self.now = self.beat + 1
 
     def teardown(self) -> None:

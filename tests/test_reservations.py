@@ -154,7 +154,7 @@ def test_reservation_ends_when_its_holders_worker_finishes(bus: Bus, tmp_path: P
 def test_forgetting_an_agent_ends_its_reservations(bus: Bus) -> None:
     heartbeats.beat(bus.conn, "agent-a", "working", None, None, now=T0)
     bus.reservations.reserve("agent-a", ["src/**"], now=T0)
-    bus.forget("agent-a")
+    bus.heartbeats.forget("agent-a")
     assert bus.reservations.list(now=T0) == []
 
 

@@ -69,7 +69,7 @@ def seed_console(bus: Bus, repo: Path) -> None:
     bus.channels.send_message("ops", "planner", "text", {"deploy": "now"})
     assert bus.claims.claim("t2", "w2", lease_ms=1, now=1_700_000_000_000)
     assert bus.claims.claim("t2", "w1")  # the expired lease is taken over: task_reclaimed
-    bus.heartbeat("w1", "working", "t1")
+    bus.heartbeats.beat("w1", "working", "t1")
     bus.ack("w1", 1)
     bus.tasks.add("build", "build the thing")
     bus.tasks.add("ship", after=["build"])

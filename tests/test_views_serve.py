@@ -63,7 +63,7 @@ def seed(bus: Bus) -> None:
     registry = ThreadRegistry(bus, "org")
     registry.get_or_create(["org", "calc", "add"])
     registry.get_or_create(["org", "calc", "mul"])
-    bus.heartbeat("w1", "working", "t1")
+    bus.heartbeats.beat("w1", "working", "t1")
 
 
 class Server:

@@ -197,7 +197,7 @@ class ViewsGame(RuleBasedStateMachine):
     def forget(self, agent: str) -> None:
         holds = any(holder == agent for holder, _ in self.claims.values())
         try:
-            assert self.bus.forget(agent) == (agent in self.beats)
+            assert self.bus.heartbeats.forget(agent) == (agent in self.beats)
         except AgentHoldsClaims:
             assert holds
         else:

@@ -74,10 +74,10 @@ def test_top_shows_a_beating_agent_updates_on_publish_and_quits(
 def test_top_shows_an_agent_that_stops_and_goes_on(terminal: Terminal, db_path: Path) -> None:
     """`worker done`, `fail` and `cancel` leave a `stopped` beat while top runs."""
     with Bus.open(db_path) as bus:
-        bus.heartbeat("w1", "working", "t1")
+        bus.heartbeats.beat("w1", "working", "t1")
         terminal.start(f"{bus_in_shell(db_path)} top")
         terminal.wait_for(lambda s: "agents: 1 alive" in s, "the working agent")
-        bus.heartbeat("w1", "stopped", "t1")
+        bus.heartbeats.beat("w1", "stopped", "t1")
         screen = terminal.wait_for(lambda s: "agents: 1 stopped" in s, "the agent stopped")
         assert any(line.split()[:2] == ["w1", "stopped"] for line in screen.splitlines())
         bus.publish("p", "t")  # still reading: the next commit shows
@@ -150,7 +150,7 @@ def two_workers(db_path: Path, tmp_path: Path) -> None:
         workers.spawn("t-a", "w-a", repo)
         workers.start("w-a")
         workers.spawn("t-b", "w-b", repo)
-        bus.heartbeat("w-a", "working", "t-a")
+        bus.heartbeats.beat("w-a", "working", "t-a")
         bus.tasks.add("t-c", "after t-a's task", after=[])
         bus.tasks.add("t-d", after=["t-c"])
 

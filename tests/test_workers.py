@@ -127,7 +127,7 @@ def snapshot(ws: Workers, worker: str, repo: Path, full: bool = True) -> dict:
         "mirrors_dir": sorted(os.listdir(ws.mirrors)),
         "claims": bus.claims.list(),
         "beats": sorted((b.agent, b.ts_ms, b.status, b.task, b.progress)
-                        for b in bus.liveness()),
+                        for b in bus.heartbeats.liveness()),
         "refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),
     }
     if full:
@@ -805,7 +805,7 @@ def test_cancel_and_fail_release_claim_and_keep_branch(ws: Workers, bus: Bus, re
     assert [summary(m) for m in bus.list_messages(after=seen)] == [
         ("w1", None, "state_change", "t1", {"from": state, "to": target, "command": command}),
         *(stopped if state == "WORKING" else []), *extra]
-    [beat] = bus.liveness()
+    [beat] = bus.heartbeats.liveness()
     assert (beat.agent, beat.state, beat.status) == ("w1", "stopped", "stopped")
     assert_mirror_matches(ws, "w1")
 
@@ -870,7 +870,7 @@ def test_heartbeat_assigned_beats_without_claiming(ws: Workers, bus: Bus, repo: 
     ws.spawn("t1", "w1", repo)
     before = snapshot(ws, "w1", repo)
     assert ws.heartbeat("w1", "idle", 0.25) == before["row"]
-    [beat] = bus.liveness()
+    [beat] = bus.heartbeats.liveness()
     assert (beat.agent, beat.status, beat.task, beat.progress, beat.state) == (
         "w1", "idle", "t1", 0.25, "alive")
     assert bus.claims.list() == []
@@ -890,7 +890,7 @@ def test_heartbeat_renews_the_lease(ws: Workers, bus: Bus, repo: Path) -> None:
     assert renewed.lease_until_ms >= first.lease_until_ms + 60_000
     assert (renewed.agent, renewed.lease_ms, renewed.attempts, renewed.claimed_at_ms) == (
         "w1", 120_000, 1, first.claimed_at_ms)
-    [beat] = bus.liveness()
+    [beat] = bus.heartbeats.liveness()
     assert (beat.agent, beat.status, beat.task, beat.progress) == ("w1", "working", "t1", 0.5)
     wait_until(lambda: now_ms() > renewed.lease_until_ms - 120_000, "the clock to move")
     ws.heartbeat("w1", lease_ms=120_000)
@@ -929,7 +929,7 @@ def test_heartbeat_refused_outside_assigned_and_working(ws: Workers, bus: Bus, r
         ws.heartbeat("w1")
     assert str(raised.value) == ("worker w1 is IN_REVIEW; allowed: approve, reject, rework,"
                                  " cancel, fail")
-    assert [(b.agent, b.status) for b in bus.liveness()] == [("w1", "stopped")]
+    assert [(b.agent, b.status) for b in bus.heartbeats.liveness()] == [("w1", "stopped")]
 
 
 # --- run (library) --------------------------------------------------------------------------------
@@ -957,7 +957,7 @@ def test_run_keeps_beating_and_renewing_while_the_command_runs(ws: Workers, bus:
                           lease_ms=30_000)
     assert (worker.state, code) == ("IN_REVIEW", 0)
     assert worker.note.endswith("` exited 0")
-    [beat] = bus.liveness()  # done's last beat, after the beating thread's
+    [beat] = bus.heartbeats.liveness()  # done's last beat, after the beating thread's
     assert (beat.agent, beat.status, beat.task, beat.state) == ("w1", "stopped", "t1", "stopped")
     assert claim_of(bus, "t1") is None  # done released it
 
@@ -989,7 +989,7 @@ def test_run_cancelled_meanwhile_does_not_take_the_task_back(ws: Workers, bus: B
         "    seen, deadline = set(), time.monotonic() + 20\n"
         "    while len(seen) < 3:\n"
         "        assert time.monotonic() < deadline, seen\n"
-        "        seen |= {x.ts_ms for x in b.liveness() if x.agent == 'w1'}\n"
+        "        seen |= {x.ts_ms for x in b.heartbeats.liveness() if x.agent == 'w1'}\n"
         "        time.sleep(0.005)\n"
     )
     with pytest.raises(InvalidTransition) as raised:

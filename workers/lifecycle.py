@@ -160,7 +160,7 @@ class Workers:
     def status(self, worker: str | None = None) -> list[WorkerStatus]:
         """Workers with their last heartbeat's age and, while unfinished, their liveness."""
         found = [self.get(worker)] if worker else registry.list_workers(self.bus.conn)
-        beats = {b.agent: b for b in self.bus.liveness()}
+        beats = {b.agent: b for b in self.bus.heartbeats.liveness()}
         return [WorkerStatus(w, beats[w.worker].age_s if w.worker in beats else None,
                              beats[w.worker].state
                              if w.worker in beats and w.state not in TERMINAL else None)
@@ -378,7 +378,8 @@ class Workers:
         `progress` None keeps the progress the worker's last beat reported.
         """
         current = self._expect(worker, "heartbeat")
-        self.bus.heartbeat(worker, status, current.task, KEEP if progress is None else progress)
+        self.bus.heartbeats.beat(worker, status, current.task,
+                                 KEEP if progress is None else progress)
         if current.state == WORKING:
             self._keep_lease(current, lease_ms)
         return current

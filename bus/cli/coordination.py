@@ -66,10 +66,10 @@ def heartbeat(obj: BusContext, agent: str, status: str, task: str | None,
     Example: bus heartbeat --agent worker-1 --status working --task t1 --progress 0.5
     """
     bus = obj.open()
-    ts = bus.heartbeat(agent, status, KEEP if task is None else (task or None),
-                       KEEP if progress is None else progress)
+    ts = bus.heartbeats.beat(agent, status, KEEP if task is None else (task or None),
+                             KEEP if progress is None else progress)
     if as_json:
-        beat = next(b for b in bus.liveness() if b.agent == agent)
+        beat = next(b for b in bus.heartbeats.liveness() if b.agent == agent)
         echo_json({"agent": agent, "ts_ms": ts, "status": status, "task": beat.task,
                    "progress": beat.progress})
     else:
@@ -91,8 +91,8 @@ def alive(obj: BusContext, warn_s: float | None, stale_s: float | None, dead_s: 
 
     Example: bus alive --all --json
     """
-    found = obj.open().liveness(thresholds=Thresholds.given(warn_s, stale_s, dead_s),
-                                stopped=show_all)
+    found = obj.open().heartbeats.liveness(thresholds=Thresholds.given(warn_s, stale_s, dead_s),
+                                           stopped=show_all)
     empty = "no heartbeats yet" if show_all else "no running agents; --all shows stopped ones too"
     echo_listing(found, as_json, empty,
                  ["agent", "state", "silent_s", "status", "task", "progress"],
@@ -109,7 +109,7 @@ def forget(obj: BusContext, agent: str, as_json: bool) -> None:
 
     Example: bus forget worker-1
     """
-    removed = obj.open().forget(agent)
+    removed = obj.open().heartbeats.forget(agent)
     if as_json:
         echo_json({"agent": agent, "forgotten": removed})
     else:

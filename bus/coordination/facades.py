@@ -21,11 +21,14 @@ from typing import Sequence
 import apsw
 
 from bus.coordination import claims
+from bus.coordination import heartbeats
 from bus.coordination import reservations
 from bus.coordination import tasks
 from bus.coordination.claims import Claim
 from bus.coordination.claims import ClaimResult
 from bus.coordination.claims import DeadClaim
+from bus.coordination.heartbeats import AgentHoldsClaims
+from bus.coordination.heartbeats import Liveness
 from bus.coordination.heartbeats import Thresholds
 from bus.coordination.reservations import DEFAULT_TTL_MS
 from bus.coordination.reservations import EXCLUSIVE
@@ -36,6 +39,10 @@ from bus.coordination.tasks import ClaimedTask
 from bus.coordination.tasks import Task
 from bus.coordination.tasks import TaskCounts
 from bus.coordination.tasks import TaskDetail
+from bus.log.messages import clock_ms
+from bus.log.messages import validate_agent_id
+from bus.storage.db import translate_errors
+from bus.storage.db import write_transaction
 
 
 class Connected(Protocol):
@@ -255,3 +262,54 @@ class Reservations:
         pattern matches `path` (relative to the repository root)."""
         return reservations.list_reservations(self._bus.conn, agent, path, now=now,
                                               thresholds=thresholds)
+
+
+class Heartbeats:
+    """Agents' beats and the liveness read from them (bus/coordination/heartbeats.py).
+    Reached as `bus.heartbeats`; `Heartbeat` beats from a thread of its own."""
+
+    def __init__(self, bus: Connected) -> None:
+        self._bus = bus
+
+    def beat(self, agent: str, status: str = "idle", task: str | None = None,
+             progress: float | None = None) -> int:
+        """Record that `agent` is alive; return the beat's time (epoch ms).
+
+        `status` is idle, working or blocked; `progress` a fraction from 0 to 1.
+        The beat replaces the agent's task and progress: None clears them, and
+        `bus.coordination.heartbeats.KEEP` keeps what the last beat said (a kept progress is
+        cleared when the task changes), as `bus heartbeat` does without --task:
+
+            bus.heartbeats.beat("worker-1", "working", task=KEEP, progress=KEEP)
+
+        For beats that go on while the agent blocks, use `Heartbeat`.
+        """
+        fields = heartbeats.validate_beat(agent, status, task, progress)
+        return heartbeats.beat(self._bus.conn, *fields)
+
+    def liveness(self, now: int | None = None, thresholds: Thresholds | None = None, *,
+                 stopped: bool = True) -> list[Liveness]:
+        """Every agent that ever beat, with its silence and state (alive/warn/stale/dead).
+
+        `now` (epoch milliseconds) defaults to the clock; `thresholds` to
+        30 s warn, 100 s stale, 300 s dead. Most silent first. Agents whose
+        last beat was `stopped` (they finished cleanly) have the state
+        `stopped` and come last; `stopped=False` leaves them out.
+        """
+        conn = self._bus.conn
+        with translate_errors(conn):
+            return heartbeats.liveness(conn, clock_ms(now), thresholds or Thresholds(), stopped)
+
+    def forget(self, agent: str) -> bool:
+        """Delete `agent`'s heartbeat row; False if it had none.
+
+        Raises AgentHoldsClaims, changing nothing, while the agent holds a
+        claim (expired or not): release it first, or let another agent take it.
+        """
+        agent = validate_agent_id(agent)
+        conn = self._bus.conn
+        with write_transaction(conn):
+            held = [c.task_id for c in claims.held_by(conn, agent)]
+            if held:
+                raise AgentHoldsClaims(agent, held)
+            return heartbeats.forget(conn, agent)

@@ -1,7 +1,7 @@
 """File reservations: an agent holds files of the repository, by glob, for a while.
 
-    bus.reserve("agent-a", ["src/auth/**"], ttl_ms=2 * 3600_000, reason="login rework")
-    bus.check_paths("agent-b", ["src/auth/login.py"])   # [Held(path, reservation)]
+    bus.reservations.reserve("agent-a", ["src/auth/**"], ttl_ms=2 * 3600_000, reason="login rework")
+    bus.reservations.check_paths("agent-b", ["src/auth/login.py"])  # [Held(path, reservation)]
 
 Two reservations conflict when some path matches both patterns (bus/coordination/globs.py
 decides it exactly) and either is exclusive; an agent's own reservations never
