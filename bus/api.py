@@ -46,6 +46,7 @@ from bus.coordination.facades import Claims
 from bus.coordination.facades import Heartbeats
 from bus.coordination.facades import Reservations
 from bus.coordination.facades import Tasks
+from bus.coordination.facades import Tokens
 from bus.log.cursors import Cursor
 from bus.storage.db import DURABLE_BY_DURABILITY
 from bus.storage.db import connect
@@ -214,6 +215,11 @@ class Bus:
     def heartbeats(self) -> Heartbeats:
         """Agents' beats: record one, read everyone's liveness, forget an agent."""
         return Heartbeats(self)
+
+    @functools.cached_property
+    def tokens(self) -> Tokens:
+        """The bearer tokens that let agents elsewhere reach `bus serve`."""
+        return Tokens(self)
 
     # --- publishing -------------------------------------------------------
 

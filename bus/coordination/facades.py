@@ -24,6 +24,7 @@ from bus.coordination import claims
 from bus.coordination import heartbeats
 from bus.coordination import reservations
 from bus.coordination import tasks
+from bus.coordination import tokens
 from bus.coordination.claims import Claim
 from bus.coordination.claims import ClaimResult
 from bus.coordination.claims import DeadClaim
@@ -39,6 +40,8 @@ from bus.coordination.tasks import ClaimedTask
 from bus.coordination.tasks import Task
 from bus.coordination.tasks import TaskCounts
 from bus.coordination.tasks import TaskDetail
+from bus.coordination.tokens import NewToken
+from bus.coordination.tokens import Token
 from bus.log.messages import clock_ms
 from bus.log.messages import validate_agent_id
 from bus.storage.db import translate_errors
@@ -313,3 +316,36 @@ class Heartbeats:
             if held:
                 raise AgentHoldsClaims(agent, held)
             return heartbeats.forget(conn, agent)
+
+
+class Tokens:
+    """The bearer tokens of `bus serve` (bus/coordination/tokens.py): each acts as one
+    agent, may be read-only, may expire and may be revoked. Reached as `bus.tokens`;
+    a server checks what it is presented with `TokenChecker`."""
+
+    def __init__(self, bus: Connected) -> None:
+        self._bus = bus
+
+    def create(self, agent: str, *, expires_ms: int | None = None, read_only: bool = False,
+               now: int | None = None) -> NewToken:
+        """A new token for `agent`, valid for `expires_ms` from now (None: until revoked).
+
+        The secret is in `new.token` this once: the file keeps only its hash.
+        """
+        return tokens.create_token(self._bus.conn, agent, expires_ms=expires_ms,
+                                   read_only=read_only, now=now)
+
+    def revoke(self, token_id: str, now: int | None = None) -> Token:
+        """Revoke a token for good; revoking one already revoked is a no-op.
+
+        Raises ValidationFailed("id") for an id no token has.
+        """
+        return tokens.revoke_token(self._bus.conn, token_id, now)
+
+    def any_usable(self, now: int | None = None) -> bool:
+        """Whether some token is neither revoked nor expired."""
+        return tokens.any_usable_token(self._bus.conn, now)
+
+    def list(self) -> list[Token]:
+        """Every token, revoked and expired ones too, oldest first (never a secret)."""
+        return tokens.list_tokens(self._bus.conn)
