@@ -9,6 +9,10 @@
 (`from bus import process_loop`, bus/log/consumer.py, is that loop written once:
 the acks, a handler's failure, the wait for the next message.)
 
+The `Bus` is the log. Each other part is a property of it, made once per Bus:
+`bus.channels`, `bus.tasks`, `bus.claims`, `bus.reservations`, `bus.heartbeats`
+and `bus.tokens` (bus/coordination/facades.py).
+
 A Bus may be shared between threads: each thread gets its own SQLite
 connection (SQLite connections must not be shared), opened on first use.
 """
