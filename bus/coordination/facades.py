@@ -1,4 +1,5 @@
-"""The doors to coordination on an open Bus: `bus.claims`, and the parts beside it.
+"""The doors to coordination on an open Bus: `bus.claims`, `bus.tasks`,
+`bus.reservations`, `bus.heartbeats` and `bus.tokens`.
 
     with Bus.open("bus.db") as bus:
         result = bus.claims.try_claim("t1", "worker-1", lease_ms=60_000)
