@@ -9,12 +9,17 @@
 (`from bus import process_loop`, bus/log/consumer.py, is that loop written once:
 the acks, a handler's failure, the wait for the next message.)
 
+The `Bus` is the log. Each other part is a property of it, made once per Bus:
+`bus.channels`, `bus.tasks`, `bus.claims`, `bus.reservations`, `bus.heartbeats`
+and `bus.tokens` (bus/coordination/facades.py).
+
 A Bus may be shared between threads: each thread gets its own SQLite
 connection (SQLite connections must not be shared), opened on first use.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -35,17 +40,17 @@ from bus.coordination import heartbeats
 from bus.coordination import held_names as identities
 from bus.log import messages
 from bus.log import receipts
-from bus.coordination import reservations as file_reservations  # `Bus.reservations` is a method
 from bus.log import retention
 from bus.log import search as full_text
-from bus.coordination import tasks
 from bus.storage.blob_errors import BusBlobStore
 from bus.channels.engine import Channels
 from bus.coordination.claims import LEASE_MS_MAX  # noqa: F401 - part of the facade's API
 from bus.coordination.claims import TASK_ID_MAX  # noqa: F401 - part of the facade's API
-from bus.coordination.claims import Claim
-from bus.coordination.claims import ClaimResult
-from bus.coordination.claims import DeadClaim
+from bus.coordination.facades import Claims
+from bus.coordination.facades import Heartbeats
+from bus.coordination.facades import Reservations
+from bus.coordination.facades import Tasks
+from bus.coordination.facades import Tokens
 from bus.log.cursors import Cursor
 from bus.storage.db import DURABLE_BY_DURABILITY
 from bus.storage.db import connect
@@ -59,9 +64,6 @@ from bus.storage.errors import UnknownConsumer
 from bus.storage.errors import ValidationFailed
 from bus.log.export import JsonlExporter
 from bus.log.group_commit import GroupCommit
-from bus.coordination.heartbeats import AgentHoldsClaims
-from bus.coordination.heartbeats import Liveness
-from bus.coordination.heartbeats import Thresholds
 from bus.log.messages import Message
 from bus.log.messages import PublishResult
 from bus.log.messages import clock_ms
@@ -69,17 +71,8 @@ from bus.log.payloads import BLOB_THRESHOLD
 from bus.log.payloads import MAX_PAYLOAD_BYTES
 from bus.log.payloads import PayloadPolicy
 from bus.log.receipts import Receipt
-from bus.coordination.reservations import DEFAULT_TTL_MS
-from bus.coordination.reservations import EXCLUSIVE
-from bus.coordination.reservations import Held
-from bus.coordination.reservations import Reservation
 from bus.storage.schema import current_version
 from bus.log.search import SearchHit
-from bus.coordination.tasks import PRIORITY_DEFAULT
-from bus.coordination.tasks import ClaimedTask
-from bus.coordination.tasks import Task
-from bus.coordination.tasks import TaskCounts
-from bus.coordination.tasks import TaskDetail
 from bus.storage.schema import migrate
 from bus.log.wake import ChangeWatcher
 
@@ -207,6 +200,31 @@ class Bus:
             self._channels = Channels(self)
         return self._channels
 
+    @functools.cached_property
+    def claims(self) -> Claims:
+        """Leased claims on tasks: claim, renew, release, the dead and the reaper."""
+        return Claims(self)
+
+    @functools.cached_property
+    def tasks(self) -> Tasks:
+        """The task graph: tasks, their dependencies, the ready list and its claims."""
+        return Tasks(self)
+
+    @functools.cached_property
+    def reservations(self) -> Reservations:
+        """Reservations of paths by glob, exclusive or shared, and the check of paths."""
+        return Reservations(self)
+
+    @functools.cached_property
+    def heartbeats(self) -> Heartbeats:
+        """Agents' beats: record one, read everyone's liveness, forget an agent."""
+        return Heartbeats(self)
+
+    @functools.cached_property
+    def tokens(self) -> Tokens:
+        """The bearer tokens that let agents elsewhere reach `bus serve`."""
+        return Tokens(self)
+
     # --- publishing -------------------------------------------------------
 
     def publish(self, from_agent: str, type: str, payload: Any = None, *, to: str | None = None,
@@ -222,7 +240,7 @@ class Bus:
 
         `task` names the task the message reports on; it becomes the
         correlation id (as on the bus's own task messages). With `fence`, the
-        task's lease fence (`try_claim(...).fence`), the message is written
+        task's lease fence (`bus.claims.try_claim(...).fence`), the message is written
         only if that fence is still current, checked in the same transaction:
         otherwise StaleFence, and nothing is written.
         """
@@ -523,233 +541,6 @@ class Bus:
                 self._open.add(watcher)
         with translate_errors(self.conn):
             return watcher.wait(timeout, interrupt)
-
-    # --- task claims (bus/coordination/claims.py) --------------------------------------
-
-    def claim(self, task_id: str, agent: str, lease_ms: int = 60_000, *,
-              max_attempts: int = 5, now: int | None = None) -> bool:
-        """Take the lease on `task_id` for `lease_ms`; True if `agent` now holds it.
-
-        See `try_claim` for who holds it when this returns False.
-        """
-        return self.try_claim(task_id, agent, lease_ms, max_attempts=max_attempts, now=now).granted
-
-    def try_claim(self, task_id: str, agent: str, lease_ms: int = 60_000, *,
-                  max_attempts: int = 5, now: int | None = None) -> ClaimResult:
-        """Claim a task and say what happened.
-
-        Granted when the task is free, its lease has expired (one more
-        attempt), or `agent` holds it already (the lease is extended). A task
-        taken `max_attempts` times whose lease expired again is declared dead
-        (`result.dead`), a `task_dead` message is published, and it can no
-        longer be claimed. Otherwise `result.claim` is the current holder's.
-        Taking over another agent's expired lease publishes `task_reclaimed`
-        (task, previous_holder, new_holder, attempt, fence).
-
-        `result.fence` is the lease's fence: one more than the task's last
-        each time the lease goes to a new holder (an extension keeps it).
-        Pass it to `renew`, `release` and `publish(task=..., fence=...)`.
-        """
-        return claims.try_claim(self.conn, task_id, agent, lease_ms, max_attempts=max_attempts,
-                                now=now)
-
-    def renew(self, task_id: str, agent: str, lease_ms: int | None = None, *,
-              fence: int | None = None, now: int | None = None) -> bool:
-        """Set `agent`'s lease to run `lease_ms` (default: the claim's own) from now.
-
-        False, changing nothing, when the lease has expired or another agent
-        holds it. A `lease_ms` shorter than what is left shortens the lease.
-        With `fence`, raises StaleFence (changing nothing) unless it is the
-        task's current fence.
-        """
-        return claims.renew(self.conn, task_id, agent, lease_ms, fence=fence, now=now)
-
-    def release(self, task_id: str, agent: str, *, fence: int | None = None) -> bool:
-        """Give the task back; False if `agent` does not hold it.
-
-        A holder whose lease expired without anyone taking over still holds
-        the row and may release it; the next claim then starts at attempt 1
-        (attempts count expiries, and a release is a deliberate hand-back)
-        with the next fence. With `fence`, raises StaleFence (changing
-        nothing) unless it is the task's current fence.
-        """
-        return claims.release(self.conn, task_id, agent, fence=fence)
-
-    def claims(self) -> list[Claim]:
-        """Every current claim, expired ones included (check `claim.expired(now)`)."""
-        return claims.list_claims(self.conn)
-
-    def dead_claims(self) -> list[DeadClaim]:
-        """Tasks that ran out of attempts, oldest first."""
-        return claims.list_dead(self.conn)
-
-    def reap(self, now: int | None = None, thresholds: Thresholds | None = None) -> list[Claim]:
-        """End the leases held by agents whose liveness is dead; return those claims.
-
-        Each task becomes claimable at once (keeping its attempt count; its
-        next holder gets a new fence) and a `task_released` message is
-        broadcast for it.
-        """
-        return claims.reap(self.conn, now, thresholds)
-
-    # --- the task graph (bus/coordination/tasks.py) -----------------------------------
-
-    def add_task(self, task_id: str, title: str | None = None, *,
-                 after: Iterable[str] = (), priority: int = PRIORITY_DEFAULT,
-                 now: int | None = None) -> Task:
-        """Add an open task that waits on the tasks in `after` (each must exist).
-
-        `priority` runs from 0 (the most urgent, listed first) to 4. Raises
-        ValidationFailed (field `task`) when the id is taken, UnknownTask
-        (field `after`) for a dependency that does not exist.
-        """
-        return tasks.add_task(self.conn, task_id, title, after=after, priority=priority, now=now)
-
-    def add_dependencies(self, task_id: str, after: Iterable[str]) -> list[str]:
-        """Make an open task wait on more tasks; the ids newly added (known ones are skipped).
-
-        Raises TaskCycle (field `after`, with the cycle's path) when one would
-        close a cycle; then nothing is added.
-        """
-        return tasks.add_dependencies(self.conn, task_id, after)
-
-    def ready_tasks(self, limit: int | None = None, *, now: int | None = None) -> list[Task]:
-        """Open tasks whose dependencies are all done and that no live lease holds,
-        most urgent first (priority 0), then oldest."""
-        return tasks.ready_tasks(self.conn, limit, now=now)
-
-    def list_tasks(self, state: str | None = None) -> list[Task]:
-        """Every task (or those in `state`: open, done, cancelled), oldest first."""
-        return tasks.list_tasks(self.conn, state)
-
-    def find_task(self, task_id: str) -> Task | None:
-        """The task, or None when the graph has no such id."""
-        return tasks.find_task(self.conn, task_id)
-
-    def task_detail(self, task_id: str, *, now: int | None = None) -> TaskDetail:
-        """The task with its dependencies, dependents, lease and newest events."""
-        return tasks.task_detail(self.conn, task_id, now=now)
-
-    def task_counts(self, *, now: int | None = None) -> TaskCounts:
-        return tasks.task_counts(self.conn, now=now)
-
-    def claim_next(self, agent: str, lease_ms: int = 60_000, *, max_attempts: int = 5,
-                   now: int | None = None) -> ClaimedTask | None:
-        """Claim the first ready task for `agent`, or None when nothing is ready.
-
-        One write transaction reads the ready list and claims through the
-        same code as `try_claim`, so two agents never get the same task. A
-        ready task whose expired lease has no attempts left is declared dead
-        on the way (`task_dead`, as a claim would) and the next one is tried.
-        """
-        return tasks.claim_next(self.conn, agent, lease_ms, max_attempts=max_attempts, now=now)
-
-    def complete_task(self, task_id: str, agent: str, *, fence: int | None = None,
-                      require_claim: bool = True, now: int | None = None) -> Task:
-        """Mark a task done by `agent`, which must hold its claim (with `fence`, that exact
-        one); its lease ends and its dependents wait on one task less.
-
-        Publishes `task_done` in the same transaction. `require_claim=False`
-        is for a task finished otherwise (a worker's merged branch). Raises
-        StaleFence (field `fence`, naming the current one) when another agent
-        took the task over since `fence` was handed out, UnknownTask,
-        TaskStateConflict (not open, or waiting on others), NotTaskHolder.
-        """
-        return tasks.complete_task(self.conn, task_id, agent, fence=fence,
-                                   require_claim=require_claim, now=now)
-
-    def cancel_task(self, task_id: str, agent: str | None = None,
-                    reason: str | None = None, *, now: int | None = None) -> Task:
-        """Cancel an open task (its lease ends, if any); publishes `task_cancelled`.
-
-        Its dependents stay blocked: a cancelled task is not done.
-        """
-        return tasks.cancel_task(self.conn, task_id, agent, reason, now=now)
-
-    # --- file reservations (bus/coordination/reservations.py) --------------------------
-
-    def reserve(self, agent: str, patterns: Sequence[str], *, mode: str = EXCLUSIVE,
-                ttl_ms: int = DEFAULT_TTL_MS, reason: str | None = None, now: int | None = None,
-                thresholds: Thresholds | None = None) -> list[Reservation]:
-        """Reserve every pattern for `agent` for `ttl_ms`, or none of them.
-
-        Raises ReservationConflict (listing each conflict: pattern, holder, mode,
-        expiry and a path both match) when a pattern conflicts with another
-        agent's live reservation. Reserving a pattern the agent holds already
-        renews it with the new mode, TTL and reason.
-        """
-        return file_reservations.reserve(self.conn, agent, patterns, mode=mode, ttl_ms=ttl_ms,
-                                         reason=reason, now=now, thresholds=thresholds)
-
-    def reservations(self, agent: str | None = None, path: str | None = None, *,
-                     now: int | None = None,
-                     thresholds: Thresholds | None = None) -> list[Reservation]:
-        """The live reservations, by pattern: of `agent` only, and/or those whose
-        pattern matches `path` (relative to the repository root)."""
-        return file_reservations.list_reservations(self.conn, agent, path, now=now,
-                                                   thresholds=thresholds)
-
-    def unreserve(self, agent: str, patterns: Sequence[str] | None = None, *,
-                  now: int | None = None,
-                  thresholds: Thresholds | None = None) -> list[Reservation]:
-        """Remove `agent`'s reservations of `patterns` (all of them when None); return those
-        removed. A pattern the agent does not hold raises NotReserved, and nothing
-        is removed."""
-        return file_reservations.unreserve(self.conn, agent, patterns, now=now,
-                                           thresholds=thresholds)
-
-    def check_paths(self, agent: str | None, paths: Sequence[str], *, now: int | None = None,
-                    thresholds: Thresholds | None = None) -> list[Held]:
-        """The paths (relative to the repository root) that live agents other than
-        `agent` hold exclusively, each with its holder; empty when `agent` may change
-        them all. `agent=None` (someone the bus does not know): every holder counts."""
-        return file_reservations.check_paths(self.conn, agent, paths, now=now,
-                                             thresholds=thresholds)
-
-    # --- heartbeats -------------------------------------------------------
-
-    def heartbeat(self, agent: str, status: str = "idle", task: str | None = None,
-                  progress: float | None = None) -> int:
-        """Record that `agent` is alive; return the beat's time (epoch ms).
-
-        `status` is idle, working or blocked; `progress` a fraction from 0 to 1.
-        The beat replaces the agent's task and progress: None clears them, and
-        `bus.coordination.heartbeats.KEEP` keeps what the last beat said (a kept progress is
-        cleared when the task changes), as `bus heartbeat` does without --task:
-
-            bus.heartbeat("worker-1", "working", task=KEEP, progress=KEEP)
-
-        For beats that go on while the agent blocks, use `Heartbeat`.
-        """
-        fields = heartbeats.validate_beat(agent, status, task, progress)
-        return heartbeats.beat(self.conn, *fields)
-
-    def liveness(self, now: int | None = None, thresholds: Thresholds | None = None, *,
-                 stopped: bool = True) -> list[Liveness]:
-        """Every agent that ever beat, with its silence and state (alive/warn/stale/dead).
-
-        `now` (epoch milliseconds) defaults to the clock; `thresholds` to
-        30 s warn, 100 s stale, 300 s dead. Most silent first. Agents whose
-        last beat was `stopped` (they finished cleanly) have the state
-        `stopped` and come last; `stopped=False` leaves them out.
-        """
-        with translate_errors(self.conn):
-            return heartbeats.liveness(self.conn, clock_ms(now), thresholds or Thresholds(),
-                                       stopped)
-
-    def forget(self, agent: str) -> bool:
-        """Delete `agent`'s heartbeat row; False if it had none.
-
-        Raises AgentHoldsClaims, changing nothing, while the agent holds a
-        claim (expired or not): release it first, or let another agent take it.
-        """
-        agent = messages.validate_agent_id(agent)
-        conn = self.conn
-        with write_transaction(conn):
-            held = [c.task_id for c in claims.held_by(conn, agent)]
-            if held:
-                raise AgentHoldsClaims(agent, held)
-            return heartbeats.forget(conn, agent)
 
     # --- retention --------------------------------------------------------
 

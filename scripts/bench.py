@@ -185,19 +185,19 @@ def bus_poll_ack(bus: Bus, count: int) -> None:
 def bus_claim_release(bus: Bus, count: int) -> None:
     for i in range(count):
         task = f"task-{i % TASKS}"
-        bus.claim(task, "worker", 60_000)
-        bus.release(task, "worker")
+        bus.claims.claim(task, "worker", 60_000)
+        bus.claims.release(task, "worker")
 
 
 def bus_renew(bus: Bus, count: int) -> None:
     for i in range(count):
-        bus.renew(f"task-{i % TASKS}", "worker")
+        bus.claims.renew(f"task-{i % TASKS}", "worker")
 
 
 def bus_with_claims(path: Path) -> Bus:
     bus = Bus.open(path)
     for i in range(TASKS):
-        bus.claim(f"task-{i}", "worker", 3_600_000)
+        bus.claims.claim(f"task-{i}", "worker", 3_600_000)
     return bus
 
 

@@ -43,7 +43,6 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from bus import Bus
-from bus.coordination.tokens import create_token
 
 TARGET_HTTP_VS_STDIO = 0.7
 TARGET_MANY_VS_ONE = 2.0
@@ -176,7 +175,7 @@ def main() -> None:
         db = Path(tmp) / "bus.db"
         agents = [f"agent-{i:02d}" for i in range(options.agents)]
         with Bus.open(db, create=True) as bus:
-            tokens = {agent: create_token(bus.conn, agent).token for agent in ["solo", *agents]}
+            tokens = {agent: bus.tokens.create(agent).token for agent in ["solo", *agents]}
         stdio = anyio.run(over_stdio, db, options.rounds, "stdio-solo")
         proc, url = start_server(db)
         try:

@@ -10,7 +10,7 @@ only against the globs whose prefix it starts with.
 Cases, each timed as the best of --repeat runs:
 - `held_paths`, cold: the index built and every pattern parsed (caches cleared);
 - `held_paths`, warm: the parse cache as a long-lived process has it;
-- `Bus.check_paths`: the same through the bus file (the reservations read with
+- `bus.reservations.check_paths`: the same through the bus file (the reservations read with
   their holders' liveness in one query, then the index).
 The index's answer is checked against our own matcher looped over every
 pattern, for the first 100 paths.
@@ -119,7 +119,7 @@ def main() -> None:
             with bus.conn:
                 bus.conn.executemany(_INSERT_SQL, [(r.agent, r.pattern, now, now + 3600_000)
                                                    for r in reservations])
-            via_bus, found = best_of(args.repeat, lambda: bus.check_paths("me", paths))
+            via_bus, found = best_of(args.repeat, lambda: bus.reservations.check_paths("me", paths))
             assert len(found) == len(held)
 
     print(f"{len(paths)} changed paths against {len(patterns)} exclusive reservations"
@@ -127,7 +127,7 @@ def main() -> None:
     rows = [("fnmatch loop, every path x every pattern (baseline)", baseline),
             ("held_paths with the prefix index, cold caches", cold),
             ("held_paths with the prefix index, warm parse cache", warm),
-            ("Bus.check_paths (SQL read + index)", via_bus)]
+            ("bus.reservations.check_paths (SQL read + index)", via_bus)]
     for name, seconds in rows:
         print(f"  {name:<52} {seconds * 1000:9.1f} ms   x{baseline / seconds:8.1f}")
     worst = baseline / max(cold, via_bus)

@@ -1,13 +1,13 @@
 """The task graph: `task ready` over a large graph, and `claim-next` against claim + release.
 
 1. ready: 100,000 tasks, about 3 dependencies each, 10% ready (and a few of
-   those held by live leases). `Bus.ready_tasks()` (every ready task, as Task
+   those held by live leases). `bus.tasks.ready()` (every ready task, as Task
    objects) against the baseline: one plain SELECT of exactly those rows by
    primary key, joined from a table of their seqs, as raw tuples.
    Target: ready at most 3x the baseline.
-2. claim-next: `Bus.claim_next` + `Bus.release`, and `Bus.claim_next` +
-   `Bus.complete_task` (an agent's real cycle: take, finish, take the next),
-   against `Bus.claim` + `Bus.release` of a named task, on the same graph.
+2. claim-next: `bus.tasks.claim_next` + `bus.claims.release`, and `bus.tasks.claim_next` +
+   `bus.tasks.complete` (an agent's real cycle: take, finish, take the next),
+   against `bus.claims.claim` + `bus.claims.release` of a named task, on the same graph.
    Target: at least 0.5x the baseline's rate.
 
 Everything is measured in this one run, alternating the cases, the best of
@@ -69,7 +69,7 @@ def build_graph(bus: Bus, count: int, seed: int = 7) -> None:
                 task, _ = tasks.finish(conn, task, tasks.DONE, "setup", at)
             made.append(task)
     for claimed in range(HELD):
-        bus.claim_next(f"agent-{claimed}", 3_600_000)
+        bus.tasks.claim_next(f"agent-{claimed}", 3_600_000)
 
 
 def best_of(rounds: int, cases: dict[str, Callable[[], float]]) -> dict[str, float]:
@@ -88,7 +88,7 @@ def timed(call: Callable[[], object]) -> float:
 
 
 def ready_cases(bus: Bus) -> dict[str, Callable[[], float]]:
-    ready = bus.ready_tasks()
+    ready = bus.tasks.ready()
     conn = bus.conn
     conn.execute("CREATE TEMP TABLE ready_seqs (rank INTEGER PRIMARY KEY, seq INTEGER)")
     conn.executemany("INSERT INTO temp.ready_seqs (seq) VALUES (?)", [(t.seq,) for t in ready])
@@ -96,27 +96,27 @@ def ready_cases(bus: Bus) -> dict[str, Callable[[], float]]:
     assert [row[0] for row in baseline] == [t.seq for t in ready]
     return {"baseline: SELECT the ready rows by primary key":
             lambda: timed(lambda: conn.execute(_BASELINE_SQL).fetchall()),
-            "Bus.ready_tasks()": lambda: timed(bus.ready_tasks)}
+            "bus.tasks.ready()": lambda: timed(bus.tasks.ready)}
 
 
 def claim_cases(bus: Bus, cycles: int) -> dict[str, Callable[[], float]]:
-    names = iter(t.task_id for t in bus.ready_tasks())
+    names = iter(t.task_id for t in bus.tasks.ready())
 
     def claim_release() -> float:
         task = next(names)
-        return timed(lambda: [bus.claim(task, "bench") and bus.release(task, "bench")
+        return timed(lambda: [bus.claims.claim(task, "bench") and bus.claims.release(task, "bench")
                               for _ in range(cycles)])
 
     def next_release() -> float:
         def cycle() -> None:
-            claimed = bus.claim_next("bench")
-            bus.release(claimed.task.task_id, "bench")
+            claimed = bus.tasks.claim_next("bench")
+            bus.claims.release(claimed.task.task_id, "bench")
         return timed(lambda: [cycle() for _ in range(cycles)])
 
     def next_done() -> float:
         def cycle() -> None:
-            claimed = bus.claim_next("bench")
-            bus.complete_task(claimed.task.task_id, "bench")
+            claimed = bus.tasks.claim_next("bench")
+            bus.tasks.complete(claimed.task.task_id, "bench")
         return timed(lambda: [cycle() for _ in range(cycles)])
 
     return {"baseline: claim + release": claim_release,
@@ -135,7 +135,7 @@ def main() -> None:
         with Bus.open(workdir / "bus.db") as bus:
             started = time.perf_counter()
             build_graph(bus, args.tasks)
-            counts = bus.task_counts()
+            counts = bus.tasks.counts()
             print(f"graph: {args.tasks} tasks, {counts.ready} ready, {counts.held} held,"
                   f" {counts.blocked} blocked, {counts.done} done"
                   f" (built in {time.perf_counter() - started:.1f} s)")

@@ -204,7 +204,7 @@ def show(*argv: str) -> None:
 
 
 def holder(bus: Bus, task: str) -> str | None:
-    return next((c.agent for c in bus.claims() if c.task_id == task), None)
+    return next((c.agent for c in bus.claims.list() if c.task_id == task), None)
 
 
 def wait_for(condition, what: str, timeout: float = 30.0) -> None:

@@ -38,12 +38,12 @@ def good_bus(path: Path) -> None:
         bus.publish_many([{"from_agent": "a", "type": "t", "payload": {"n": n, "pad": "p" * 200}}
                           for n in range(300)])
         bus.ack("a", 5)
-        bus.heartbeat("a", "working", task="t1")
-        bus.claim("t1", "a")
-        bus.add_task("g0", title="a task of the graph")
-        bus.add_task("g1", title="another")
-        bus.claim_next("a")  # g0, fence 1
-        bus.reserve("a", ["src/**"])
+        bus.heartbeats.beat("a", "working", task="t1")
+        bus.claims.claim("t1", "a")
+        bus.tasks.add("g0", title="a task of the graph")
+        bus.tasks.add("g1", title="another")
+        bus.tasks.claim_next("a")  # g0, fence 1
+        bus.reservations.reserve("a", ["src/**"])
         engine = bus.channels
         engine.create_channel("c", "group", "o")
         engine.join_channel("c", "a")

@@ -100,13 +100,13 @@ def race(args: argparse.Namespace) -> None:
     def release(task: str) -> None:
         record = mine.pop(task)["record"]
         record["t_before_release"] = wall_ms()
-        record["release_ok"] = bus.release(task, args.agent)
+        record["release_ok"] = bus.claims.release(task, args.agent)
         counts["released" if record["release_ok"] else "release_refused"] += 1
 
     def claim(task: str) -> dict | None:
         lease = rng.randint(args.lease_min, args.lease_max)
         t_call = wall_ms()
-        result = bus.try_claim(task, args.agent, lease, max_attempts=RACE_MAX_ATTEMPTS)
+        result = bus.claims.try_claim(task, args.agent, lease, max_attempts=RACE_MAX_ATTEMPTS)
         counts["calls"] += 1
         held = mine.pop(task, None)
         if not result.granted:
@@ -169,7 +169,7 @@ def claim_all(args: argparse.Namespace) -> None:
     wait_for_go(args.go_fd)
     granted, dead = [], []
     for task in tasks:
-        result = bus.try_claim(task, args.agent, 60_000)
+        result = bus.claims.try_claim(task, args.agent, 60_000)
         if result.granted:
             granted.append(task)
         elif result.dead is not None:
@@ -191,7 +191,7 @@ def hold(args: argparse.Namespace) -> None:
         hb = Heartbeat(args.db, args.agent, args.heartbeat_interval, status="working",
                        task=args.task).start()
         wait_for_beats(hb, 3)
-    result = bus.try_claim(args.task, args.agent, args.lease_ms)
+    result = bus.claims.try_claim(args.task, args.agent, args.lease_ms)
     if not result.granted:
         raise AssertionError(f"claim refused: {result}")
     if hb is not None:

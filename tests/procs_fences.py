@@ -49,7 +49,7 @@ def hold(bus: Bus, task: str, agent: str, fence: int, lease_ms: int) -> str:
     while True:
         time.sleep(lease_ms / 10_000)
         try:
-            if not bus.renew(task, agent, fence=fence):
+            if not bus.claims.renew(task, agent, fence=fence):
                 say({"lapsed": True})
                 sys.exit(3)
         except StaleFence as refused:
@@ -59,7 +59,7 @@ def hold(bus: Bus, task: str, agent: str, fence: int, lease_ms: int) -> str:
 def main(db: str, worker: str, lease_ms: int) -> None:
     with Bus.open(db) as bus:
         started = Workers(bus).start(worker, lease_ms)
-        [claim] = [c for c in bus.claims() if c.task_id == started.task]
+        [claim] = [c for c in bus.claims.list() if c.task_id == started.task]
         say({"task": claim.task_id, "fence": claim.fence, "lease_until_ms": claim.lease_until_ms})
         renew_refused = hold(bus, claim.task_id, worker, claim.fence, lease_ms)
     fence = str(claim.fence)

@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
         while os.read(args.go_fd, 1):  # b"": the parent closed the barrier
             pass
         taken = []
-        while (claimed := bus.claim_next(args.agent, LEASE_MS)) is not None:
+        while (claimed := bus.tasks.claim_next(args.agent, LEASE_MS)) is not None:
             taken.append(claimed.task.task_id)
     sys.stdout.write(json.dumps(taken) + "\n")
     sys.stdout.flush()

@@ -26,11 +26,14 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import venv
 from pathlib import Path
 
 import orjson
 import pytest
+
+from bus import Bus
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("blobs", "bus", "workers")  # lowest first
@@ -241,6 +244,56 @@ def test_architecture_click_only_in_the_cli_modules():
         if uses_click and "cli" not in name.split("."):
             outside.append(name)
     assert outside == []
+
+
+# What `Bus` itself offers: the log. Every other part is a facade reached from it.
+BUS_LOG = {
+    # the file
+    "open", "close", "conn", "path", "durability", "durable", "blobs", "payloads",
+    "blob_threshold", "max_payload_bytes", "schema_version",
+    # writing and reading the log
+    "publish", "publish_many", "poll", "reply_to", "answer", "recipient_warning",
+    "list_messages", "message_for", "last_messages", "last_seq", "message_count",
+    # cursors and acks
+    "ack", "ack_if_next", "cursor", "set_cursor", "delete_cursor", "list_cursors",
+    "start_at_latest",
+    # delivery receipts
+    "record_delivered", "receipt",
+    # waiting for a commit
+    "wait_for", "wait_for_change",
+    # search, export, retention
+    "search", "enable_search", "disable_search", "export_jsonl", "export_path",
+    "export_partition_by", "exporter", "compact", "gc_blobs",
+}
+BUS_FACADES = {"channels", "tasks", "claims", "reservations", "heartbeats", "tokens"}
+
+
+def public_names(obj: object) -> set[str]:
+    return {name for name in dir(obj) if not name.startswith("_")}
+
+
+def test_architecture_bus_keeps_the_log_and_reaches_each_part_through_a_facade(bus):
+    """One door per part: a method of tasks, claims, reservations, heartbeats or tokens
+    flattened onto `Bus` again fails here; it belongs on the part's facade."""
+    assert public_names(bus) == BUS_LOG | BUS_FACADES
+    assert public_names(type(bus)) <= BUS_LOG | BUS_FACADES  # the instance adds only state
+
+
+def test_architecture_each_facade_is_one_object_per_bus(bus, db_path):
+    """A facade is made once per Bus and shared by its threads (each call takes the calling
+    thread's connection), as `bus.channels` is."""
+    from_another_thread = {}
+    worker = threading.Thread(target=lambda: from_another_thread.update(
+        {name: getattr(bus, name) for name in BUS_FACADES}))
+    worker.start()
+    worker.join()
+    with Bus.open(db_path) as other:
+        for name in sorted(BUS_FACADES):
+            facade = getattr(bus, name)
+            assert facade is getattr(bus, name) is from_another_thread[name], name
+            assert getattr(other, name) is not facade, name  # another Bus, another facade
+            assert type(facade).__module__.rpartition(".")[0] in {
+                "bus.coordination", "bus.channels"}, name
 
 
 def copy_sources(dest: Path) -> Path:

@@ -58,11 +58,11 @@ def snapshot(bus: Bus) -> tuple:
     """Everything a claim call could change."""
     rows = bus.conn.execute("SELECT * FROM heartbeats ORDER BY agent_id").fetchall()
     fences = bus.conn.execute("SELECT * FROM task_fences ORDER BY task_id").fetchall()
-    return bus.claims(), bus.dead_claims(), all_messages(bus), rows, fences
+    return bus.claims.list(), bus.claims.dead(), all_messages(bus), rows, fences
 
 
 def only_claim(bus: Bus) -> Claim:
-    [claim] = bus.claims()
+    [claim] = bus.claims.list()
     return claim
 
 
@@ -70,23 +70,23 @@ def only_claim(bus: Bus) -> Claim:
 
 
 def test_claim_new_task_is_granted_with_one_attempt(bus):
-    result = bus.try_claim("t-1", "alice", 5_000, max_attempts=4, now=T0)
+    result = bus.claims.try_claim("t-1", "alice", 5_000, max_attempts=4, now=T0)
     expected = Claim("t-1", "alice", T0, T0 + 5_000, 5_000, 1, 4, fence=1)
     assert result == ClaimResult(True, claim=expected)
-    assert bus.claims() == [expected]
-    assert bus.dead_claims() == []
+    assert bus.claims.list() == [expected]
+    assert bus.claims.dead() == []
     assert bus.message_count() == 0
 
 
 def test_claim_returns_a_bool_and_uses_the_default_lease(bus):
-    assert bus.claim("t-1", "alice", now=T0) is True
-    assert bus.claim("t-1", "bob", now=T0 + 1) is False
+    assert bus.claims.claim("t-1", "alice", now=T0) is True
+    assert bus.claims.claim("t-1", "bob", now=T0 + 1) is False
     assert only_claim(bus) == Claim("t-1", "alice", T0, T0 + 60_000, 60_000, 1, 5, fence=1)
 
 
 def test_claim_without_now_uses_the_clock(bus):
     before = time.time_ns() // 1_000_000
-    result = bus.try_claim("t-1", "alice", 1_000)
+    result = bus.claims.try_claim("t-1", "alice", 1_000)
     after = time.time_ns() // 1_000_000
     assert result.granted
     assert before <= result.claim.claimed_at_ms <= after
@@ -94,36 +94,37 @@ def test_claim_without_now_uses_the_clock(bus):
 
 
 def test_claim_by_other_agent_refused_while_lease_unexpired(bus):
-    bus.claim("t-1", "alice", 5_000, now=T0)
+    bus.claims.claim("t-1", "alice", 5_000, now=T0)
     held = only_claim(bus)
     for now in (T0, T0 + 1, T0 + 4_999):
-        result = bus.try_claim("t-1", "bob", 5_000, now=now)
+        result = bus.claims.try_claim("t-1", "bob", 5_000, now=now)
         assert result == ClaimResult(False, claim=held)
         assert result.claim.agent == "alice"
         assert result.claim.lease_until_ms == T0 + 5_000
-    assert bus.claims() == [held]
+    assert bus.claims.list() == [held]
     assert bus.message_count() == 0
 
 
 def test_claim_by_holder_extends_lease_keeping_start_and_attempts(bus):
-    bus.claim("t-1", "alice", 5_000, now=T0)
-    result = bus.try_claim("t-1", "alice", 8_000, now=T0 + 4_999)
+    bus.claims.claim("t-1", "alice", 5_000, now=T0)
+    result = bus.claims.try_claim("t-1", "alice", 8_000, now=T0 + 4_999)
     assert result.granted
     assert result.claim == Claim("t-1", "alice", T0, T0 + 4_999 + 8_000, 8_000, 1, 5,
                                    fence=1)  # an extension keeps the fence
-    assert bus.claims() == [result.claim]
+    assert bus.claims.list() == [result.claim]
     # the extended lease is the one that counts now
-    assert not bus.claim("t-1", "bob", now=T0 + 12_998)
-    assert bus.claim("t-1", "bob", now=T0 + 12_999)
+    assert not bus.claims.claim("t-1", "bob", now=T0 + 12_998)
+    assert bus.claims.claim("t-1", "bob", now=T0 + 12_999)
 
 
 def test_claim_after_expiry_by_other_agent_counts_an_attempt(bus):
-    bus.claim("t-1", "alice", 5_000, now=T0)
-    result = bus.try_claim("t-1", "bob", 7_000, now=T0 + 5_000)  # lease_until <= now: expired
+    bus.claims.claim("t-1", "alice", 5_000, now=T0)
+    # lease_until <= now: expired
+    result = bus.claims.try_claim("t-1", "bob", 7_000, now=T0 + 5_000)
     assert result == ClaimResult(True, claim=Claim("t-1", "bob", T0 + 5_000, T0 + 12_000,
                                                    7_000, 2, 5, fence=2))
-    assert bus.claims() == [result.claim]
-    assert not bus.claim("t-1", "alice", now=T0 + 11_999)  # alice lost it
+    assert bus.claims.list() == [result.claim]
+    assert not bus.claims.claim("t-1", "alice", now=T0 + 11_999)  # alice lost it
     [message] = bus.list_messages()
     assert (message.from_agent, message.type, message.correlation_id, message.ts_ms) == (
         "bus", "task_reclaimed", "t-1", T0 + 5_000)
@@ -132,26 +133,26 @@ def test_claim_after_expiry_by_other_agent_counts_an_attempt(bus):
 
 
 def test_claim_after_expiry_by_same_agent_counts_an_attempt(bus):
-    bus.claim("t-1", "alice", 5_000, now=T0)
-    result = bus.try_claim("t-1", "alice", 5_000, now=T0 + 9_000)
+    bus.claims.claim("t-1", "alice", 5_000, now=T0)
+    result = bus.claims.try_claim("t-1", "alice", 5_000, now=T0 + 9_000)
     assert result.claim == Claim("t-1", "alice", T0 + 9_000, T0 + 14_000, 5_000, 2, 5,
                                  fence=2)  # a new lease, if by the same agent
 
 
 def test_claim_of_one_task_leaves_others_alone(bus):
-    assert bus.claim("t-1", "alice", 5_000, now=T0)
-    assert bus.claim("t-2", "bob", 5_000, now=T0)
-    assert [(c.task_id, c.agent) for c in bus.claims()] == [("t-1", "alice"), ("t-2", "bob")]
+    assert bus.claims.claim("t-1", "alice", 5_000, now=T0)
+    assert bus.claims.claim("t-2", "bob", 5_000, now=T0)
+    assert [(c.task_id, c.agent) for c in bus.claims.list()] == [("t-1", "alice"), ("t-2", "bob")]
 
 
 def test_claim_attempts_limit_sends_task_to_dead_list(bus):
     for n, agent in enumerate(["a-1", "a-2", "a-3"]):
-        result = bus.try_claim("t-1", agent, 1_000, max_attempts=3, now=T0 + n * 1_000)
+        result = bus.claims.try_claim("t-1", agent, 1_000, max_attempts=3, now=T0 + n * 1_000)
         assert result.granted, result
         assert (result.claim.agent, result.claim.attempts) == (agent, n + 1)
     assert of_type(bus, "task_dead") == []
 
-    fourth = bus.try_claim("t-1", "a-4", 1_000, max_attempts=3, now=T0 + 3_000)
+    fourth = bus.claims.try_claim("t-1", "a-4", 1_000, max_attempts=3, now=T0 + 3_000)
     assert not fourth.granted
     assert fourth.claim is None
     dead = fourth.dead
@@ -159,8 +160,8 @@ def test_claim_attempts_limit_sends_task_to_dead_list(bus):
     assert (dead.task_id, dead.last_holder, dead.attempts, dead.died_at_ms) == (
         "t-1", "a-3", 3, T0 + 3_000)
     assert "3" in dead.reason and "max_attempts" in dead.reason
-    assert bus.dead_claims() == [dead]
-    assert bus.claims() == []
+    assert bus.claims.dead() == [dead]
+    assert bus.claims.list() == []
 
     [message] = of_type(bus, "task_dead")
     assert (message.from_agent, message.to_agent, message.correlation_id) == ("bus", None, "t-1")
@@ -172,120 +173,120 @@ def test_claim_attempts_limit_sends_task_to_dead_list(bus):
 
     # later claims, by anyone and at any time, stay refused and announce nothing more
     for agent, now in [("a-5", T0 + 3_000), ("a-3", T0 + 3_001), ("a-1", T0 + 999_000)]:
-        later = bus.try_claim("t-1", agent, 1_000, max_attempts=10, now=now)
+        later = bus.claims.try_claim("t-1", agent, 1_000, max_attempts=10, now=now)
         assert later == ClaimResult(False, dead=dead), (agent, now)
-    assert bus.claim("t-1", "a-6") is False
-    assert bus.dead_claims() == [dead]
-    assert bus.claims() == []
+    assert bus.claims.claim("t-1", "a-6") is False
+    assert bus.claims.dead() == [dead]
+    assert bus.claims.list() == []
     assert len(of_type(bus, "task_dead")) == 1
     assert bus.message_count() == 3
 
 
 def test_claim_last_attempt_is_not_dead_before_it_expires(bus):
-    bus.claim("t-1", "a-1", 1_000, max_attempts=2, now=T0)
-    bus.claim("t-1", "a-2", 1_000, max_attempts=2, now=T0 + 1_000)
+    bus.claims.claim("t-1", "a-1", 1_000, max_attempts=2, now=T0)
+    bus.claims.claim("t-1", "a-2", 1_000, max_attempts=2, now=T0 + 1_000)
     held = only_claim(bus)
     assert held.attempts == held.max_attempts == 2
-    assert bus.try_claim("t-1", "a-3", now=T0 + 1_999) == ClaimResult(False, claim=held)
-    extended = bus.try_claim("t-1", "a-2", 1_000, now=T0 + 1_999)  # the holder may extend
+    assert bus.claims.try_claim("t-1", "a-3", now=T0 + 1_999) == ClaimResult(False, claim=held)
+    extended = bus.claims.try_claim("t-1", "a-2", 1_000, now=T0 + 1_999)  # the holder may extend
     assert extended.granted and extended.claim.attempts == 2
-    assert bus.renew("t-1", "a-2", now=T0 + 2_998)
-    assert bus.dead_claims() == []
-    assert bus.try_claim("t-1", "a-3", now=T0 + 3_998).dead.last_holder == "a-2"
+    assert bus.claims.renew("t-1", "a-2", now=T0 + 2_998)
+    assert bus.claims.dead() == []
+    assert bus.claims.try_claim("t-1", "a-3", now=T0 + 3_998).dead.last_holder == "a-2"
 
 
 def test_claim_with_max_attempts_one_dies_at_the_first_expiry(bus):
-    assert bus.claim("t-1", "a-1", 1_000, max_attempts=1, now=T0)
-    result = bus.try_claim("t-1", "a-1", 1_000, max_attempts=1, now=T0 + 1_000)
+    assert bus.claims.claim("t-1", "a-1", 1_000, max_attempts=1, now=T0)
+    result = bus.claims.try_claim("t-1", "a-1", 1_000, max_attempts=1, now=T0 + 1_000)
     assert not result.granted
     assert (result.dead.last_holder, result.dead.attempts) == ("a-1", 1)
 
 
 def test_dead_claims_lists_oldest_first(bus):
     for task, died_at in [("t-b", T0 + 5_000), ("t-a", T0 + 9_000)]:
-        bus.claim(task, "a-1", 1_000, max_attempts=1, now=T0)
-        assert bus.try_claim(task, "a-2", now=died_at).dead is not None
-    assert [(d.task_id, d.died_at_ms) for d in bus.dead_claims()] == [
+        bus.claims.claim(task, "a-1", 1_000, max_attempts=1, now=T0)
+        assert bus.claims.try_claim(task, "a-2", now=died_at).dead is not None
+    assert [(d.task_id, d.died_at_ms) for d in bus.claims.dead()] == [
         ("t-b", T0 + 5_000), ("t-a", T0 + 9_000)]
 
 
 def test_claim_after_release_of_a_dead_task_holder_is_still_refused(bus):
-    bus.claim("t-1", "a-1", 1_000, max_attempts=1, now=T0)
-    dead = bus.try_claim("t-1", "a-2", now=T0 + 1_000).dead
-    assert not bus.release("t-1", "a-1")
-    assert not bus.renew("t-1", "a-1", now=T0 + 1_000)
-    assert bus.try_claim("t-1", "a-1", now=T0 + 2_000) == ClaimResult(False, dead=dead)
+    bus.claims.claim("t-1", "a-1", 1_000, max_attempts=1, now=T0)
+    dead = bus.claims.try_claim("t-1", "a-2", now=T0 + 1_000).dead
+    assert not bus.claims.release("t-1", "a-1")
+    assert not bus.claims.renew("t-1", "a-1", now=T0 + 1_000)
+    assert bus.claims.try_claim("t-1", "a-1", now=T0 + 2_000) == ClaimResult(False, dead=dead)
 
 
 # --- renew ---------------------------------------------------------------------------
 
 
 def test_renew_by_holder_extends_from_now_with_the_claims_lease(bus):
-    bus.claim("t-1", "alice", 5_000, now=T0)
-    assert bus.renew("t-1", "alice", now=T0 + 4_999) is True
+    bus.claims.claim("t-1", "alice", 5_000, now=T0)
+    assert bus.claims.renew("t-1", "alice", now=T0 + 4_999) is True
     assert only_claim(bus) == Claim("t-1", "alice", T0, T0 + 9_999, 5_000, 1, 5, fence=1)
-    assert not bus.claim("t-1", "bob", now=T0 + 9_998)
-    assert bus.claim("t-1", "bob", now=T0 + 9_999)
+    assert not bus.claims.claim("t-1", "bob", now=T0 + 9_998)
+    assert bus.claims.claim("t-1", "bob", now=T0 + 9_999)
 
 
 def test_renew_with_lease_ms_extends_by_that_much(bus):
-    bus.claim("t-1", "alice", 5_000, now=T0)
-    assert bus.renew("t-1", "alice", 20_000, now=T0 + 1_000)
+    bus.claims.claim("t-1", "alice", 5_000, now=T0)
+    assert bus.claims.renew("t-1", "alice", 20_000, now=T0 + 1_000)
     claim = only_claim(bus)
     assert (claim.claimed_at_ms, claim.lease_until_ms, claim.attempts) == (T0, T0 + 21_000, 1)
 
 
 def test_renew_without_now_uses_the_clock(bus):
-    bus.claim("t-1", "alice", 60_000)
+    bus.claims.claim("t-1", "alice", 60_000)
     before = time.time_ns() // 1_000_000
-    assert bus.renew("t-1", "alice", 30_000)
+    assert bus.claims.renew("t-1", "alice", 30_000)
     after = time.time_ns() // 1_000_000
     assert before + 30_000 <= only_claim(bus).lease_until_ms <= after + 30_000
 
 
 def test_renew_by_non_holder_changes_nothing(bus):
-    bus.claim("t-1", "alice", 5_000, now=T0)
+    bus.claims.claim("t-1", "alice", 5_000, now=T0)
     before = snapshot(bus)
-    assert bus.renew("t-1", "bob", now=T0 + 1) is False
-    assert bus.renew("t-1", "bob", 50_000, now=T0 + 1) is False
+    assert bus.claims.renew("t-1", "bob", now=T0 + 1) is False
+    assert bus.claims.renew("t-1", "bob", 50_000, now=T0 + 1) is False
     assert snapshot(bus) == before
 
 
 @pytest.mark.parametrize("late", [0, 1, 3_600_000])
 def test_renew_after_expiry_changes_nothing(bus, late):
-    bus.claim("t-1", "alice", 5_000, now=T0)
+    bus.claims.claim("t-1", "alice", 5_000, now=T0)
     before = snapshot(bus)
-    assert bus.renew("t-1", "alice", now=T0 + 5_000 + late) is False
-    assert bus.renew("t-1", "alice", 50_000, now=T0 + 5_000 + late) is False
+    assert bus.claims.renew("t-1", "alice", now=T0 + 5_000 + late) is False
+    assert bus.claims.renew("t-1", "alice", 50_000, now=T0 + 5_000 + late) is False
     assert snapshot(bus) == before
     # the failed renew revived nothing: the next take is one more attempt
-    taken = bus.try_claim("t-1", "bob", now=T0 + 5_000 + late)
+    taken = bus.claims.try_claim("t-1", "bob", now=T0 + 5_000 + late)
     assert taken.granted and taken.claim.attempts == 2
 
 
 def test_renew_by_old_holder_after_takeover_fails(bus):
-    bus.claim("t-1", "alice", 5_000, now=T0)
-    bus.claim("t-1", "bob", 5_000, now=T0 + 5_000)
+    bus.claims.claim("t-1", "alice", 5_000, now=T0)
+    bus.claims.claim("t-1", "bob", 5_000, now=T0 + 5_000)
     before = snapshot(bus)
-    assert not bus.renew("t-1", "alice", now=T0 + 5_001)
+    assert not bus.claims.renew("t-1", "alice", now=T0 + 5_001)
     assert snapshot(bus) == before
 
 
 def test_renew_of_unknown_task_is_false(bus):
-    assert bus.renew("nobody-claimed-this", "alice", now=T0) is False
-    assert bus.claims() == []
+    assert bus.claims.renew("nobody-claimed-this", "alice", now=T0) is False
+    assert bus.claims.list() == []
 
 
 # --- release ---------------------------------------------------------------------------
 
 
 def test_release_by_holder_deletes_claim_and_resets_attempts(bus):
-    bus.claim("t-1", "alice", 5_000, now=T0)
-    bus.claim("t-1", "bob", 5_000, now=T0 + 5_000)
+    bus.claims.claim("t-1", "alice", 5_000, now=T0)
+    bus.claims.claim("t-1", "bob", 5_000, now=T0 + 5_000)
     assert only_claim(bus).attempts == 2
-    assert bus.release("t-1", "bob") is True
-    assert bus.claims() == []
-    result = bus.try_claim("t-1", "carol", 5_000, now=T0 + 5_001)
+    assert bus.claims.release("t-1", "bob") is True
+    assert bus.claims.list() == []
+    result = bus.claims.try_claim("t-1", "carol", 5_000, now=T0 + 5_001)
     assert result.claim == Claim("t-1", "carol", T0 + 5_001, T0 + 10_001, 5_000, 1, 5,
                                  fence=3)  # the fence survives the release
     # bob's takeover is announced; carol took a released task, which is no takeover
@@ -293,29 +294,29 @@ def test_release_by_holder_deletes_claim_and_resets_attempts(bus):
 
 
 def test_release_by_non_holder_changes_nothing(bus):
-    bus.claim("t-1", "alice", 5_000, now=T0)
+    bus.claims.claim("t-1", "alice", 5_000, now=T0)
     before = snapshot(bus)
-    assert bus.release("t-1", "bob") is False
+    assert bus.claims.release("t-1", "bob") is False
     assert snapshot(bus) == before
 
 
 def test_release_by_old_holder_after_takeover_fails(bus):
-    bus.claim("t-1", "alice", 5_000, now=T0)
-    bus.claim("t-1", "bob", 5_000, now=T0 + 6_000)
+    bus.claims.claim("t-1", "alice", 5_000, now=T0)
+    bus.claims.claim("t-1", "bob", 5_000, now=T0 + 6_000)
     before = snapshot(bus)
-    assert bus.release("t-1", "alice") is False
+    assert bus.claims.release("t-1", "alice") is False
     assert snapshot(bus) == before
-    assert bus.release("t-1", "bob") is True
+    assert bus.claims.release("t-1", "bob") is True
 
 
 def test_release_of_unknown_task_is_false(bus):
-    assert bus.release("t-1", "alice") is False
+    assert bus.claims.release("t-1", "alice") is False
 
 
 def test_release_twice_is_false_the_second_time(bus):
-    bus.claim("t-1", "alice", now=T0)
-    assert bus.release("t-1", "alice") is True
-    assert bus.release("t-1", "alice") is False
+    bus.claims.claim("t-1", "alice", now=T0)
+    assert bus.claims.release("t-1", "alice") is True
+    assert bus.claims.release("t-1", "alice") is False
 
 
 # --- validation ----------------------------------------------------------------------
@@ -325,21 +326,21 @@ def call(bus: Bus, method: str, *, task="t-1", agent="alice", lease_ms=5_000,
          max_attempts=5, now=T0 + 1) -> object:
     """Call one claim method with these arguments (those it does not take are left out)."""
     if method == "claim":
-        return bus.claim(task, agent, lease_ms, max_attempts=max_attempts, now=now)
+        return bus.claims.claim(task, agent, lease_ms, max_attempts=max_attempts, now=now)
     if method == "try_claim":
-        return bus.try_claim(task, agent, lease_ms, max_attempts=max_attempts, now=now)
+        return bus.claims.try_claim(task, agent, lease_ms, max_attempts=max_attempts, now=now)
     if method == "renew":
-        return bus.renew(task, agent, lease_ms, now=now)
+        return bus.claims.renew(task, agent, lease_ms, now=now)
     assert method == "release"
-    return bus.release(task, agent)
+    return bus.claims.release(task, agent)
 
 
 @pytest.fixture
 def claimed_bus(bus):
     """A bus holding alice's live claim on t-1 and an expired, last-attempt claim on t-last."""
-    bus.claim("t-1", "alice", 60_000, now=T0)
-    bus.claim("t-last", "alice", 1_000, max_attempts=1, now=T0 - 10_000)
-    bus.heartbeat("alice")
+    bus.claims.claim("t-1", "alice", 60_000, now=T0)
+    bus.claims.claim("t-last", "alice", 1_000, max_attempts=1, now=T0 - 10_000)
+    bus.heartbeats.beat("alice")
     return bus
 
 
@@ -399,7 +400,7 @@ def test_claim_methods_reject_now_not_in_epoch_ms(claimed_bus, method, now):
 def test_reap_rejects_now_not_in_epoch_ms(claimed_bus, now):
     before = snapshot(claimed_bus)
     with pytest.raises(ValidationFailed) as info:
-        claimed_bus.reap(now=now)
+        claimed_bus.claims.reap(now=now)
     assert info.value.field == "now"
     assert snapshot(claimed_bus) == before
 
@@ -407,13 +408,13 @@ def test_reap_rejects_now_not_in_epoch_ms(claimed_bus, now):
 def test_claim_accepts_the_limits(bus):
     longest_task = "x" * TASK_ID_MAX
     longest_agent = "a" * 128
-    assert bus.claim(longest_task, longest_agent, LEASE_MS_MAX, max_attempts=1, now=T0)
+    assert bus.claims.claim(longest_task, longest_agent, LEASE_MS_MAX, max_attempts=1, now=T0)
     claim = only_claim(bus)
     assert (claim.task_id, claim.agent, claim.lease_until_ms) == (
         longest_task, longest_agent, T0 + LEASE_MS_MAX)
-    assert bus.renew(longest_task, longest_agent, LEASE_MS_MAX, now=T0 + 1)
-    assert bus.claim("t-short", "a.b_c:d-1", 1, now=100_000_000_000)
-    assert bus.release(longest_task, longest_agent)
+    assert bus.claims.renew(longest_task, longest_agent, LEASE_MS_MAX, now=T0 + 1)
+    assert bus.claims.claim("t-short", "a.b_c:d-1", 1, now=100_000_000_000)
+    assert bus.claims.release(longest_task, longest_agent)
 
 
 # --- reap ----------------------------------------------------------------------------
@@ -425,20 +426,20 @@ def beat_at(bus: Bus, agent: str, ts_ms: int) -> None:
 
 
 def test_reap_releases_claims_of_dead_agents_only(bus):
-    ts = bus.heartbeat("ghost", "working", task="t-ghost")
+    ts = bus.heartbeats.beat("ghost", "working", task="t-ghost")
     now = ts + 301_000
     beat_at(bus, "live", ts + 290_000)  # 11 s before `now`: alive
-    assert bus.claim("t-ghost", "ghost", 600_000, now=ts)
-    assert bus.claim("t-ghost-2", "ghost", 600_000, now=ts + 1)
-    assert bus.claim("t-ghost-done", "ghost", 1_000, now=ts)  # already expired at `now`
-    assert bus.claim("t-live", "live", 600_000, now=ts)
-    assert bus.claim("t-silent", "never-beat", 600_000, now=ts)  # no heartbeat at all
-    before = {c.task_id: c for c in bus.claims()}
+    assert bus.claims.claim("t-ghost", "ghost", 600_000, now=ts)
+    assert bus.claims.claim("t-ghost-2", "ghost", 600_000, now=ts + 1)
+    assert bus.claims.claim("t-ghost-done", "ghost", 1_000, now=ts)  # already expired at `now`
+    assert bus.claims.claim("t-live", "live", 600_000, now=ts)
+    assert bus.claims.claim("t-silent", "never-beat", 600_000, now=ts)  # no heartbeat at all
+    before = {c.task_id: c for c in bus.claims.list()}
 
-    reaped = bus.reap(now=now)
+    reaped = bus.claims.reap(now=now)
 
     assert reaped == [before["t-ghost"], before["t-ghost-2"]]
-    after = {c.task_id: c for c in bus.claims()}
+    after = {c.task_id: c for c in bus.claims.list()}
     for task in ("t-ghost", "t-ghost-2"):
         assert after[task] == Claim(task, "ghost", before[task].claimed_at_ms, now,
                                     600_000, 1, 5, fence=1)
@@ -454,47 +455,47 @@ def test_reap_releases_claims_of_dead_agents_only(bus):
     assert [m.type for m in bus.poll("heir")] == ["task_released"] * 2
 
     # claimable at once, and the take counts an attempt; the ghost cannot renew
-    assert not bus.renew("t-ghost", "ghost", now=now)
-    taken = bus.try_claim("t-ghost", "heir", now=now)
+    assert not bus.claims.renew("t-ghost", "ghost", now=now)
+    taken = bus.claims.try_claim("t-ghost", "heir", now=now)
     assert taken.granted and (taken.claim.agent, taken.claim.attempts, taken.fence) == (
         "heir", 2, 2)
-    assert not bus.claim("t-live", "heir", now=now)
-    assert not bus.claim("t-silent", "heir", now=now)
+    assert not bus.claims.claim("t-live", "heir", now=now)
+    assert not bus.claims.claim("t-silent", "heir", now=now)
 
 
 def test_reap_threshold_is_inclusive(bus):
-    ts = bus.heartbeat("ghost")
-    bus.claim("t-1", "ghost", 600_000, now=ts)
+    ts = bus.heartbeats.beat("ghost")
+    bus.claims.claim("t-1", "ghost", 600_000, now=ts)
     before = snapshot(bus)
-    assert bus.reap(now=ts + 299_999) == []
+    assert bus.claims.reap(now=ts + 299_999) == []
     assert snapshot(bus) == before
-    assert [c.task_id for c in bus.reap(now=ts + 300_000)] == ["t-1"]
+    assert [c.task_id for c in bus.claims.reap(now=ts + 300_000)] == ["t-1"]
     assert of_type(bus, "task_released")[0].payload["silent_s"] == 300.0
 
 
 def test_reap_with_custom_thresholds(bus):
-    ts = bus.heartbeat("ghost")
-    bus.claim("t-1", "ghost", 600_000, now=ts)
+    ts = bus.heartbeats.beat("ghost")
+    bus.claims.claim("t-1", "ghost", 600_000, now=ts)
     quick = Thresholds(warn=1.0, stale=2.0, dead=4.0)
-    assert bus.reap(now=ts + 3_999, thresholds=quick) == []
-    assert [c.task_id for c in bus.reap(now=ts + 4_000, thresholds=quick)] == ["t-1"]
+    assert bus.claims.reap(now=ts + 3_999, thresholds=quick) == []
+    assert [c.task_id for c in bus.claims.reap(now=ts + 4_000, thresholds=quick)] == ["t-1"]
 
 
 def test_reap_twice_releases_once(bus):
-    ts = bus.heartbeat("ghost")
-    bus.claim("t-1", "ghost", 600_000, now=ts)
-    assert len(bus.reap(now=ts + 400_000)) == 1
+    ts = bus.heartbeats.beat("ghost")
+    bus.claims.claim("t-1", "ghost", 600_000, now=ts)
+    assert len(bus.claims.reap(now=ts + 400_000)) == 1
     before = snapshot(bus)
-    assert bus.reap(now=ts + 400_000) == []
-    assert bus.reap(now=ts + 500_000) == []
+    assert bus.claims.reap(now=ts + 400_000) == []
+    assert bus.claims.reap(now=ts + 500_000) == []
     assert snapshot(bus) == before
 
 
 def test_reap_spares_an_agent_that_beat_recently(bus):
-    bus.claim("t-1", "worker", 600_000, now=T0)
+    bus.claims.claim("t-1", "worker", 600_000, now=T0)
     beat_at(bus, "worker", T0 + 100_000)
     before = snapshot(bus)
-    assert bus.reap(now=T0 + 301_000) == []
+    assert bus.claims.reap(now=T0 + 301_000) == []
     assert snapshot(bus) == before
 
 
@@ -506,16 +507,16 @@ def test_reap_agrees_with_liveness_on_who_is_dead(bus, dead_s):
     for silent_ms in (boundary - 1, boundary, boundary + 1):
         agent = f"agent-{silent_ms}"
         beat_at(bus, agent, T0 - silent_ms)
-        bus.claim(f"t-{silent_ms}", agent, 3_600_000, now=T0 - silent_ms)
-    dead = {item.agent for item in bus.liveness(now=T0, thresholds=thresholds)
+        bus.claims.claim(f"t-{silent_ms}", agent, 3_600_000, now=T0 - silent_ms)
+    dead = {item.agent for item in bus.heartbeats.liveness(now=T0, thresholds=thresholds)
             if item.state == "dead"}
     assert dead == {f"agent-{boundary}", f"agent-{boundary + 1}"}
-    reaped = {claim.agent for claim in bus.reap(now=T0, thresholds=thresholds)}
+    reaped = {claim.agent for claim in bus.claims.reap(now=T0, thresholds=thresholds)}
     assert reaped == dead
 
 
 def test_reap_with_nothing_to_do_writes_nothing(bus):
-    assert bus.reap() == []
+    assert bus.claims.reap() == []
     assert bus.message_count() == 0
 
 
@@ -534,13 +535,13 @@ def test_claim_of_killed_holder_passes_to_another_after_the_lease(db_path, child
     with Bus.open(db_path) as bus:
         held = only_claim(bus)
         assert held.to_json_dict() == reported
-        refused = bus.try_claim("t-1", "heir", 2_000, now=lease_until - 1)
+        refused = bus.claims.try_claim("t-1", "heir", 2_000, now=lease_until - 1)
         assert refused == ClaimResult(False, claim=held)  # the dead process still holds it
-        taken = bus.try_claim("t-1", "heir", 2_000, now=lease_until)
+        taken = bus.claims.try_claim("t-1", "heir", 2_000, now=lease_until)
         assert taken.granted
         assert taken.claim == Claim("t-1", "heir", lease_until, lease_until + 2_000, 2_000, 2, 5,
                                      fence=2)
-        assert bus.claims() == [taken.claim]
+        assert bus.claims.list() == [taken.claim]
 
 
 def test_reap_frees_the_claim_of_a_killed_holder_that_was_beating(db_path, children):
@@ -553,7 +554,7 @@ def test_reap_frees_the_claim_of_a_killed_holder_that_was_beating(db_path, child
     assert report["beats"] >= 3
 
     with Bus.open(db_path) as bus:
-        [beat] = bus.liveness()
+        [beat] = bus.heartbeats.liveness()
         assert (beat.agent, beat.status, beat.task) == ("holder", "working", "t-1")
         last_beat = beat.ts_ms
         held = only_claim(bus)
@@ -561,29 +562,29 @@ def test_reap_frees_the_claim_of_a_killed_holder_that_was_beating(db_path, child
         assert held.claimed_at_ms <= last_beat  # the beats went on while it held the claim
 
         before = snapshot(bus)
-        assert bus.reap(now=last_beat + 299_999) == []  # silent, but not yet dead
+        assert bus.claims.reap(now=last_beat + 299_999) == []  # silent, but not yet dead
         assert snapshot(bus) == before
-        assert not bus.claim("t-1", "heir", now=last_beat + 299_999)
+        assert not bus.claims.claim("t-1", "heir", now=last_beat + 299_999)
 
         now = last_beat + 300_000
-        assert bus.reap(now=now) == [held]
+        assert bus.claims.reap(now=now) == [held]
         [message] = of_type(bus, "task_released")
         assert (message.from_agent, message.to_agent, message.correlation_id) == (
             "bus", None, "t-1")
         assert message.payload == {"task": "t-1", "agent": "holder", "reason": "agent dead",
                                    "fence": 1, "silent_s": 300.0}
-        taken = bus.try_claim("t-1", "heir", 60_000, now=now)
+        taken = bus.claims.try_claim("t-1", "heir", 60_000, now=now)
         assert taken.granted
         assert (taken.claim.agent, taken.claim.attempts, taken.claim.claimed_at_ms) == (
             "heir", 2, now)
-        assert bus.liveness()[0].ts_ms == last_beat  # nothing beat after the kill
+        assert bus.heartbeats.liveness()[0].ts_ms == last_beat  # nothing beat after the kill
 
 
 def test_claim_by_processes_at_once_buries_each_task_once(db_path, children):
     tasks = [f"doomed-{n:02d}" for n in range(40)]
     with Bus.open(db_path) as bus:
         for task in tasks:  # one attempt allowed, and it expired long ago
-            assert bus.claim(task, "first", 1_000, max_attempts=1, now=T0)
+            assert bus.claims.claim(task, "first", 1_000, max_attempts=1, now=T0)
     barrier = Barrier()
     try:
         claimers = [
@@ -602,8 +603,8 @@ def test_claim_by_processes_at_once_buries_each_task_once(db_path, children):
         assert sorted(report["dead"]) == tasks
 
     with Bus.open(db_path) as bus:
-        assert bus.claims() == []
-        buried = bus.dead_claims()
+        assert bus.claims.list() == []
+        buried = bus.claims.dead()
         assert sorted(d.task_id for d in buried) == tasks
         assert all((d.last_holder, d.attempts) == ("first", 1) for d in buried)
         announced = of_type(bus, "task_dead")
@@ -657,8 +658,8 @@ def test_claim_race_between_processes_never_has_two_holders(tmp_path, db_path, c
     check_attempts_follow_the_holdings(by_task)
     check_fences_number_the_holdings(by_task)
     with Bus.open(db_path) as bus:
-        check_final_claims_match_the_last_holdings(by_task, bus.claims())
-        assert bus.dead_claims() == []
+        check_final_claims_match_the_last_holdings(by_task, bus.claims.list())
+        assert bus.claims.dead() == []
 
     grants = [record for records in per_racer for record in records]
     takeovers = sum(h["attempts"] > 1 for h in holdings)

@@ -336,7 +336,7 @@ def test_commands_exit_75_when_database_stays_locked(initialized: Path) -> None:
 
 
 def test_publish_prints_seq_id_and_durability(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("worker-1")  # a name the bus knows: no warning
+    bus.heartbeats.beat("worker-1")  # a name the bus knows: no warning
     result = run(["publish", "--from", "planner", "--to", "worker-1", "--type", "task_assign",
                   "--payload", '{"task": "t1"}'], db_path)
     assert result.exit_code == 0
@@ -351,7 +351,7 @@ def test_publish_prints_seq_id_and_durability(bus: Bus, db_path: Path) -> None:
 
 def test_publish_to_a_name_never_seen_is_accepted_with_a_warning(bus: Bus,
                                                                    db_path: Path) -> None:
-    bus.heartbeat("worker-1")
+    bus.heartbeats.beat("worker-1")
     warning = ("Warning: no agent named 'worker-l' is known to this bus (no heartbeat, cursor,"
                " worker, token, delivery or message from it); the message waits for it. Check"
                " the name: bus status lists the agents\n")

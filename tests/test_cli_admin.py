@@ -28,7 +28,7 @@ def seeded(bus: Bus) -> Bus:
     bus.publish("p", "t")            # 3 broadcast
     bus.ack("w1", 1)
     bus.ack("w2", 3)
-    bus.heartbeat("w1", "working", "t1")
+    bus.heartbeats.beat("w1", "working", "t1")
     return bus
 
 
@@ -58,7 +58,7 @@ def test_status_text_shows_every_part(seeded: Bus, db_path: Path) -> None:
 
 def test_status_and_consumers_read_an_agent_that_stopped(seeded: Bus, db_path: Path) -> None:
     """`worker done`, `fail` and `cancel` leave a `stopped` beat: every reader shows it."""
-    seeded.heartbeat("w2", "stopped", "t2")
+    seeded.heartbeats.beat("w2", "stopped", "t2")
     result = run(["status"], db_path)
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -178,7 +178,7 @@ def test_cursor_set_refuses_an_unknown_agent_unless_create(seeded: Bus, db_path:
 
 
 def test_cursor_set_accepts_an_agent_that_beats(seeded: Bus, db_path: Path) -> None:
-    seeded.heartbeat("fresh")
+    seeded.heartbeats.beat("fresh")
     assert run(["cursor", "set", "fresh", "--latest"], db_path).exit_code == 0
     assert _cursors(seeded)["fresh"] == 3
 

@@ -61,7 +61,7 @@ def heartbeat_row(bus: Bus, agent: str) -> tuple:
 
 
 def claim_of(bus: Bus, task: str):
-    return next((c for c in bus.claims() if c.task_id == task), None)
+    return next((c for c in bus.claims.list() if c.task_id == task), None)
 
 
 def make_old(path: Path, age_s: float) -> None:
@@ -71,7 +71,7 @@ def make_old(path: Path, age_s: float) -> None:
 
 def expired_claim(bus: Bus, task: str, agent: str, max_attempts: int = 5) -> None:
     """A claim whose one-second lease ran out ten seconds ago."""
-    assert bus.claim(task, agent, 1000, max_attempts=max_attempts, now=now_ms() - 10_000)
+    assert bus.claims.claim(task, agent, 1000, max_attempts=max_attempts, now=now_ms() - 10_000)
 
 
 # --- missing database --------------------------------------------------------------
@@ -177,10 +177,10 @@ def test_heartbeat_with_a_new_task_starts_its_progress_afresh(bus: Bus, db_path:
 
 
 def test_heartbeat_python_api_none_clears_and_keep_keeps(bus: Bus) -> None:
-    bus.heartbeat("w1", "working", "t1", 0.5)
-    bus.heartbeat("w1", "working", KEEP, KEEP)
+    bus.heartbeats.beat("w1", "working", "t1", 0.5)
+    bus.heartbeats.beat("w1", "working", KEEP, KEEP)
     assert heartbeat_row(bus, "w1")[2:] == ("t1", 0.5)
-    bus.heartbeat("w1", "working")
+    bus.heartbeats.beat("w1", "working")
     assert heartbeat_row(bus, "w1")[2:] == (None, None)
 
 
@@ -189,7 +189,7 @@ def test_heartbeat_unknown_status_is_usage_error(bus: Bus, db_path: Path) -> Non
     assert result.exit_code == 2
     assert "Invalid value for '--status'" in result.stderr
     assert "'idle', 'working', 'blocked'" in result.stderr
-    assert bus.liveness() == []
+    assert bus.heartbeats.liveness() == []
 
 
 @pytest.mark.parametrize("value, shown", [("50", "50.0"), ("-0.1", "-0.1"), ("1.5", "1.5"),
@@ -201,7 +201,7 @@ def test_heartbeat_progress_outside_0_1_exits_2(bus: Bus, db_path: Path, value: 
     assert result.stdout == ""
     assert last_error(result.stderr) == bad_value(
         "--progress", f"is a fraction from 0 to 1, got {shown} (50% is 0.5)")
-    assert bus.liveness() == []
+    assert bus.heartbeats.liveness() == []
 
 
 def test_heartbeat_bad_arguments(bus: Bus, db_path: Path) -> None:
@@ -214,7 +214,7 @@ def test_heartbeat_bad_arguments(bus: Bus, db_path: Path) -> None:
     assert bad_agent.exit_code == 2
     assert last_error(bad_agent.stderr) == bad_value(
         "--agent", "contains ' '; allowed are letters, digits and . _ : -")
-    assert bus.liveness() == []
+    assert bus.heartbeats.liveness() == []
 
 
 # --- alive ---------------------------------------------------------------------------
@@ -231,8 +231,8 @@ def test_alive_without_heartbeats(bus: Bus, db_path: Path) -> None:
 
 
 def test_alive_hides_stopped_agents_unless_all(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1", "working", "t1")
-    bus.heartbeat("w2", "stopped", "t2")
+    bus.heartbeats.beat("w1", "working", "t1")
+    bus.heartbeats.beat("w2", "stopped", "t2")
     make_silent(bus, "w2", 500)  # silent long enough to be dead, but it stopped cleanly
     result = run(["alive", "--json"], db_path)
     assert [r["agent"] for r in json_lines(result.stdout)] == ["w1"]
@@ -247,11 +247,11 @@ def test_alive_hides_stopped_agents_unless_all(bus: Bus, db_path: Path) -> None:
 
 
 def test_forget_removes_the_heartbeat_row(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1", "stopped", "t1")
-    bus.heartbeat("w2")
+    bus.heartbeats.beat("w1", "stopped", "t1")
+    bus.heartbeats.beat("w2")
     result = run(["forget", "w1"], db_path)
     assert (result.exit_code, result.stdout, result.stderr) == (0, "forgot w1\n", "")
-    assert [b.agent for b in bus.liveness()] == ["w2"]
+    assert [b.agent for b in bus.heartbeats.liveness()] == ["w2"]
     result = run(["forget", "w1", "--json"], db_path)
     assert (result.exit_code, result.stdout) == (0, '{"agent":"w1","forgotten":false}\n')
     result = run(["forget", "w1"], db_path)
@@ -259,22 +259,22 @@ def test_forget_removes_the_heartbeat_row(bus: Bus, db_path: Path) -> None:
 
 
 def test_forget_refused_while_the_agent_holds_claims(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1")
-    assert bus.claim("t2", "w1", 60_000)
+    bus.heartbeats.beat("w1")
+    assert bus.claims.claim("t2", "w1", 60_000)
     expired_claim(bus, "t1", "w1")  # an expired claim is still held until someone takes it
     result = run(["forget", "w1"], db_path)
     assert (result.exit_code, result.stdout, result.stderr) == (
         1, "", "Error: agent w1 holds claims on t1, t2; release them (bus release --task T"
                " --agent w1) or let another agent take them over first\n")
-    assert [b.agent for b in bus.liveness()] == ["w1"]
-    assert bus.release("t1", "w1") and bus.release("t2", "w1")
+    assert [b.agent for b in bus.heartbeats.liveness()] == ["w1"]
+    assert bus.claims.release("t1", "w1") and bus.claims.release("t2", "w1")
     assert run(["forget", "w1"], db_path).stdout == "forgot w1\n"
 
 
 def _three_agents(bus: Bus) -> dict[str, int]:
-    bus.heartbeat("w1", "working", "t1", 0.25)
-    bus.heartbeat("worker-2", "idle")
-    bus.heartbeat("w3", "blocked", "t3")
+    bus.heartbeats.beat("w1", "working", "t1", 0.25)
+    bus.heartbeats.beat("worker-2", "idle")
+    bus.heartbeats.beat("w3", "blocked", "t3")
     return {"w1": heartbeat_row(bus, "w1")[0],
             "worker-2": make_silent(bus, "worker-2", 40),
             "w3": make_silent(bus, "w3", 500)}
@@ -321,7 +321,7 @@ def test_alive_json_objects(bus: Bus, db_path: Path) -> None:
     (["--warn", "100", "--stale", "200", "--dead", "300"], "alive"),
 ])
 def test_alive_thresholds_change_the_state(bus: Bus, db_path: Path, options, state) -> None:
-    bus.heartbeat("w1")
+    bus.heartbeats.beat("w1")
     make_silent(bus, "w1", 40)
     result = run(["alive", "--json", *options], db_path)
     assert result.exit_code == 0, result.stderr
@@ -336,7 +336,7 @@ def test_alive_thresholds_change_the_state(bus: Bus, db_path: Path, options, sta
     (["--stale", "400"], "30.0, 400.0, 300.0"),
 ])
 def test_alive_threshold_order_violated_exits_1(bus: Bus, db_path: Path, options, got) -> None:
-    bus.heartbeat("w1")
+    bus.heartbeats.beat("w1")
     result = run(["alive", *options], db_path)
     assert result.exit_code == 1
     assert result.stdout == ""
@@ -379,7 +379,7 @@ def test_claim_held_by_another_agent_exits_1(bus: Bus, db_path: Path) -> None:
 
 
 def test_claim_again_by_holder_extends_the_lease(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1", 1000, now=now_ms() - 500)
+    bus.claims.claim("t1", "w1", 1000, now=now_ms() - 500)
     first = claim_of(bus, "t1")
     result = run(["claim", "--task", "t1", "--agent", "w1", "--lease-ms", "90000"], db_path)
     assert result.exit_code == 0
@@ -424,7 +424,7 @@ def test_claim_dead_task_exits_1_and_is_announced_once(bus: Bus, db_path: Path) 
     assert result.stdout == ""
     assert result.stderr == ("Error: t1 is dead: lease expired 1 times (max_attempts 1)"
                              " (last holder w1); see bus claims --dead\n")
-    [dead] = bus.dead_claims()
+    [dead] = bus.claims.dead()
     again = run(["claim", "--task", "t1", "--agent", "w3", "--json"], db_path)
     assert again.exit_code == 1
     assert json.loads(again.stdout) == {"granted": False, "fence": None, "claim": None,
@@ -443,7 +443,7 @@ def test_claim_dead_task_exits_1_and_is_announced_once(bus: Bus, db_path: Path) 
 def test_claim_bad_numbers_are_usage_errors(bus: Bus, db_path: Path, options) -> None:
     result = run(["claim", "--task", "t1", "--agent", "w1", *options], db_path)
     assert result.exit_code == 2
-    assert bus.claims() == []
+    assert bus.claims.list() == []
 
 
 def test_claim_lease_longer_than_a_week_exits_2(bus: Bus, db_path: Path) -> None:
@@ -452,14 +452,14 @@ def test_claim_lease_longer_than_a_week_exits_2(bus: Bus, db_path: Path) -> None
     assert result.exit_code == 2
     assert last_error(result.stderr) == bad_value(
         "--lease-ms", f"is {7 * DAY_MS + 1}; the longest lease is {7 * DAY_MS} (7 days)")
-    assert bus.claims() == []
+    assert bus.claims.list() == []
 
 
 # --- renew -----------------------------------------------------------------------------
 
 
 def test_renew_extends_the_holders_lease(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1", 60_000, now=now_ms() - 30_000)
+    bus.claims.claim("t1", "w1", 60_000, now=now_ms() - 30_000)
     before = claim_of(bus, "t1")
     result = run(["renew", "--task", "t1", "--agent", "w1"], db_path)
     assert result.exit_code == 0
@@ -471,7 +471,7 @@ def test_renew_extends_the_holders_lease(bus: Bus, db_path: Path) -> None:
 
 
 def test_renew_with_new_lease_length_and_json(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1", 60_000)
+    bus.claims.claim("t1", "w1", 60_000)
     started = now_ms()
     result = run(["renew", "--task", "t1", "--agent", "w1", "--lease-ms", "120000", "--json"],
                  db_path)
@@ -484,7 +484,7 @@ def test_renew_with_new_lease_length_and_json(bus: Bus, db_path: Path) -> None:
 
 
 def test_renew_by_another_agent_exits_1_naming_the_holder(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1")
+    bus.claims.claim("t1", "w1")
     held = claim_of(bus, "t1")
     result = run(["renew", "--task", "t1", "--agent", "w2"], db_path)
     assert result.exit_code == 1
@@ -520,15 +520,15 @@ def test_renew_expired_or_unknown_task_exits_1(bus: Bus, db_path: Path) -> None:
 
 
 def test_release_by_holder(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1")
+    bus.claims.claim("t1", "w1")
     result = run(["release", "--task", "t1", "--agent", "w1"], db_path)
     assert (result.exit_code, result.stdout, result.stderr) == (0, "w1 released t1\n", "")
-    assert bus.claims() == []
-    assert bus.claim("t1", "w2")  # free again
+    assert bus.claims.list() == []
+    assert bus.claims.claim("t1", "w2")  # free again
 
 
 def test_release_by_non_holder_exits_1(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1")
+    bus.claims.claim("t1", "w1")
     held = claim_of(bus, "t1")
     result = run(["release", "--task", "t1", "--agent", "w2"], db_path)
     assert (result.exit_code, result.stdout) == (1, "")
@@ -539,7 +539,7 @@ def test_release_by_non_holder_exits_1(bus: Bus, db_path: Path) -> None:
 
 
 def test_release_json(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1")
+    bus.claims.claim("t1", "w1")
     refused = run(["release", "--task", "t1", "--agent", "w2", "--json"], db_path)
     assert refused.exit_code == 1
     assert json.loads(refused.stdout) == {"released": False, "task": "t1", "agent": "w2"}
@@ -559,7 +559,7 @@ def test_claims_empty(bus: Bus, db_path: Path) -> None:
 
 
 def test_claims_table_and_json(bus: Bus, db_path: Path) -> None:
-    bus.claim("t1", "w1", 60_000)
+    bus.claims.claim("t1", "w1", 60_000)
     expired_claim(bus, "task-2", "worker-2", max_attempts=3)
     held, lapsed = claim_of(bus, "t1"), claim_of(bus, "task-2")
     result = run(["claims"], db_path)
@@ -574,8 +574,8 @@ def test_claims_table_and_json(bus: Bus, db_path: Path) -> None:
 
 def test_claims_dead_table_and_json(bus: Bus, db_path: Path) -> None:
     expired_claim(bus, "t1", "w1", max_attempts=1)
-    assert not bus.claim("t1", "w2")
-    [dead] = bus.dead_claims()
+    assert not bus.claims.claim("t1", "w2")
+    [dead] = bus.claims.dead()
     result = run(["claims", "--dead"], db_path)
     assert result.exit_code == 0
     assert result.stdout == (
@@ -591,8 +591,8 @@ def test_claims_dead_table_and_json(bus: Bus, db_path: Path) -> None:
 
 
 def test_reap_nothing_to_reap(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1")
-    bus.claim("t1", "w1")
+    bus.heartbeats.beat("w1")
+    bus.claims.claim("t1", "w1")
     result = run(["reap"], db_path)
     assert (result.exit_code, result.stderr) == (0, "")
     assert result.stdout == "nothing to reap: no live lease is held by a dead agent\n"
@@ -601,11 +601,11 @@ def test_reap_nothing_to_reap(bus: Bus, db_path: Path) -> None:
 
 
 def test_reap_releases_claims_of_dead_agents(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1")
-    bus.heartbeat("w2")
-    bus.claim("t1", "w1")
-    bus.claim("t2", "w2")
-    bus.claim("t3", "nobeat")  # never beat: not known dead, kept
+    bus.heartbeats.beat("w1")
+    bus.heartbeats.beat("w2")
+    bus.claims.claim("t1", "w1")
+    bus.claims.claim("t2", "w2")
+    bus.claims.claim("t3", "nobeat")  # never beat: not known dead, kept
     make_silent(bus, "w1", 1000)
     make_silent(bus, "w2", 200)  # stale, not dead
     result = run(["reap"], db_path)
@@ -622,15 +622,15 @@ def test_reap_releases_claims_of_dead_agents(bus: Bus, db_path: Path) -> None:
     assert 1000 <= announced.payload["silent_s"] < 1100
     # The lease is over, so a second reap has nothing to do; another agent may take t1.
     assert run(["reap"], db_path).stdout.startswith("nothing to reap")
-    assert bus.claim("t1", "w2")
+    assert bus.claims.claim("t1", "w2")
     assert claim_of(bus, "t1").attempts == 2
 
 
 def test_reap_json_prints_the_claims_as_they_were(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1")
-    bus.claim("t1", "w1")
-    bus.claim("t2", "w1")
-    before = [c.to_json_dict() for c in bus.claims()]
+    bus.heartbeats.beat("w1")
+    bus.claims.claim("t1", "w1")
+    bus.claims.claim("t2", "w1")
+    before = [c.to_json_dict() for c in bus.claims.list()]
     make_silent(bus, "w1", 1000)
     result = run(["reap", "--json"], db_path)
     assert result.exit_code == 0
@@ -638,8 +638,8 @@ def test_reap_json_prints_the_claims_as_they_were(bus: Bus, db_path: Path) -> No
 
 
 def test_reap_with_lower_thresholds(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1")
-    bus.claim("t1", "w1")
+    bus.heartbeats.beat("w1")
+    bus.claims.claim("t1", "w1")
     make_silent(bus, "w1", 100)
     assert run(["reap"], db_path).stdout.startswith("nothing to reap")
     result = run(["reap", "--warn", "10", "--dead", "60"], db_path)
@@ -648,7 +648,7 @@ def test_reap_with_lower_thresholds(bus: Bus, db_path: Path) -> None:
 
 
 def test_alive_dead_alone_lowers_the_other_thresholds(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1")
+    bus.heartbeats.beat("w1")
     make_silent(bus, "w1", 70)
     result = run(["alive", "--dead", "60", "--json"], db_path)
     assert result.exit_code == 0, result.stderr
@@ -656,8 +656,8 @@ def test_alive_dead_alone_lowers_the_other_thresholds(bus: Bus, db_path: Path) -
 
 
 def test_reap_dead_alone_below_default_stale_works(bus: Bus, db_path: Path) -> None:
-    bus.heartbeat("w1")
-    bus.claim("t1", "w1")
+    bus.heartbeats.beat("w1")
+    bus.claims.claim("t1", "w1")
     make_silent(bus, "w1", 100)
     result = run(["reap", "--dead", "60"], db_path)
     assert (result.exit_code, result.stdout) == (0, "released t1 held by w1 (agent dead, fence 1)\n")

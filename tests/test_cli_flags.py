@@ -24,7 +24,8 @@ FIELD = re.compile(r"[a-z_]+(\.[a-z_]+)?")
 
 # Fields the library raises that no command takes as a value: each with where it comes from.
 NOT_ON_THE_COMMAND_LINE = {
-    "mode": "Bus.reserve(mode=...): bus reserve gives it by --exclusive/--shared, never a bad one",
+    "mode": "bus.reservations.reserve(mode=...): bus reserve gives it by --exclusive/--shared,"
+            " never a bad one",
     "blob_threshold": "Bus.open(blob_threshold=...): no flag",
     "handler": "process_loop's handler: a Python callable, no command",
     "max_messages": "process_loop(max_messages=...): no command runs the loop",

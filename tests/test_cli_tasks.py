@@ -65,7 +65,7 @@ def test_cli_tasks_claim_next_then_done_unblocks_the_next(graph):
     assert (claimed["claimed"], claimed["task"], claimed["agent"], claimed["fence"]) == (
         True, "design", "w1", 1)
     with Bus.open(graph) as bus:
-        [claim] = bus.claims()
+        [claim] = bus.claims.list()
     assert claimed["lease_until_ms"] == claim.lease_until_ms
     nothing = run(["task", "claim-next", "--agent", "w2"], graph)
     assert nothing.exit_code == 1
@@ -78,7 +78,7 @@ def test_cli_tasks_claim_next_then_done_unblocks_the_next(graph):
     assert (done.exit_code, done.output) == (0, "design is done\n")
     result = run(["task", "claim-next", "--agent", "w2"], graph)
     with Bus.open(graph) as bus:
-        [claim] = bus.claims()
+        [claim] = bus.claims.list()
     assert result.output == f"w2 holds build until {iso(claim.lease_until_ms)} (fence 1)\n"
     shown = json.loads(run(["task", "show", "design", "--json"], graph).output)
     assert (shown["state"], shown["finished_by"]) == ("done", "w1")
@@ -96,7 +96,7 @@ def test_cli_tasks_done_by_another_agent_is_refused_with_exit_1(graph):
     result = run(["task", "done", "build", "--agent", "w1"], graph)
     assert result.exit_code == 1 and "build is waiting on design" in result.stderr
     with Bus.open(graph) as bus:
-        assert bus.find_task("design").state == "open"
+        assert bus.tasks.find("design").state == "open"
 
 
 def test_cli_tasks_unknown_dependency_and_cycle_are_usage_errors(graph):
@@ -115,7 +115,7 @@ def test_cli_tasks_unknown_dependency_and_cycle_are_usage_errors(graph):
     result = run(["task", "add", "y", "--priority", "5"], graph)
     assert result.exit_code == 2 and "'--priority'" in result.stderr
     with Bus.open(graph) as bus:
-        assert [t.task_id for t in bus.list_tasks()] == ["design", "build", "ship"]
+        assert [t.task_id for t in bus.tasks.list()] == ["design", "build", "ship"]
 
 
 def test_cli_tasks_cancel_and_its_refusals(graph):
@@ -142,7 +142,7 @@ def test_cli_tasks_every_command_has_help_with_an_example():
 def test_cli_tasks_done_with_a_stale_fence_is_refused_naming_the_current_one(graph):
     """A holder paused past its lease wakes up after another agent took the task over."""
     with Bus.open(graph) as bus:
-        first = bus.claim_next("w1", 1, now=1_700_000_000_000)  # a lease long over
+        first = bus.tasks.claim_next("w1", 1, now=1_700_000_000_000)  # a lease long over
     taken = json.loads(run(["task", "claim-next", "--agent", "w2", "--json"], graph).output)
     assert (first.fence, taken["task"], taken["fence"]) == (1, "design", 2)
     result = run(["task", "done", "design", "--agent", "w1", "--fence", "1"], graph)

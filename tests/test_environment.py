@@ -119,7 +119,7 @@ def test_corrupt_file_found_by_a_read_refuses_every_later_write(corrupt_db: Path
         with pytest.raises(DatabaseCorrupt):
             bus.ack("worker", 6)
         with pytest.raises(DatabaseCorrupt):
-            bus.claim("t1", "a")
+            bus.claims.claim("t1", "a")
     assert snapshot(corrupt_db.parent) == before
 
 
@@ -345,7 +345,7 @@ def test_full_disk_writes_raise_disk_full_and_leave_nothing(full_disk) -> None:
     batch = [{"from_agent": "a", "type": "t", "payload": {"pad": "q" * 3000}}] * 40
     for write in (lambda: bus.publish_many(batch),
                   lambda: bus.publish("a", "big", {"b": "z" * 9000}),
-                  lambda: bus.claim("t1", "a"), lambda: bus.compact(0),
+                  lambda: bus.claims.claim("t1", "a"), lambda: bus.compact(0),
                   lambda: bus.export_jsonl()):
         with pytest.raises(DiskFull, match="nothing was written"):
             write()

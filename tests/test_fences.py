@@ -59,8 +59,8 @@ def everything(bus: Bus) -> tuple:
 
 def taken_over(bus: Bus, task: str = "t1", at: int = T0) -> tuple[int, int]:
     """alice holds `task` with fence 1 until `at` + 1000, bob takes it then: (1, 2)."""
-    old = bus.try_claim(task, "alice", 1_000, now=at).fence
-    new = bus.try_claim(task, "bob", 60_000, now=at + 1_000).fence
+    old = bus.claims.try_claim(task, "alice", 1_000, now=at).fence
+    new = bus.claims.try_claim(task, "bob", 60_000, now=at + 1_000).fence
     return old, new
 
 
@@ -68,39 +68,40 @@ def taken_over(bus: Bus, task: str = "t1", at: int = T0) -> tuple[int, int]:
 
 
 def test_fence_starts_at_1_and_an_extension_keeps_it(bus: Bus) -> None:
-    first = bus.try_claim("t1", "alice", 1_000, now=T0)
+    first = bus.claims.try_claim("t1", "alice", 1_000, now=T0)
     assert (first.granted, first.fence, first.claim.fence) == (True, 1, 1)
-    again = bus.try_claim("t1", "alice", 5_000, now=T0 + 999)
+    again = bus.claims.try_claim("t1", "alice", 5_000, now=T0 + 999)
     assert again.fence == 1
-    assert bus.renew("t1", "alice", fence=1, now=T0 + 2_000)
-    assert bus.claims()[0].fence == 1
-    refused = bus.try_claim("t1", "bob", now=T0 + 2_001)
+    assert bus.claims.renew("t1", "alice", fence=1, now=T0 + 2_000)
+    assert bus.claims.list()[0].fence == 1
+    refused = bus.claims.try_claim("t1", "bob", now=T0 + 2_001)
     assert (refused.granted, refused.fence, refused.claim.fence) == (False, None, 1)
 
 
 def test_each_new_holder_gets_the_next_fence_after_takeover_release_reap_and_expiry(
         bus: Bus) -> None:
     assert taken_over(bus) == (1, 2)
-    assert bus.release("t1", "bob", fence=2)
+    assert bus.claims.release("t1", "bob", fence=2)
     assert bus.conn.execute("SELECT count(*) FROM task_claims").get == 0  # the row is gone
-    assert bus.try_claim("t1", "carol", 1_000, now=T0 + 2_000).fence == 3  # the fence is not
+    assert bus.claims.try_claim("t1", "carol", 1_000, now=T0 + 2_000).fence == 3  # the fence is not
     # carol's own lease runs out and she claims again: a new lease, so a new fence
-    assert bus.try_claim("t1", "carol", 1_000, now=T0 + 3_000).fence == 4
-    beat = bus.heartbeat("dave")
-    assert bus.try_claim("t2", "dave", 600_000, now=beat).fence == 1
-    assert [c.fence for c in bus.reap(now=beat + 300_000)] == [1]
-    assert bus.try_claim("t2", "erin", now=beat + 300_000).fence == 2
+    assert bus.claims.try_claim("t1", "carol", 1_000, now=T0 + 3_000).fence == 4
+    beat = bus.heartbeats.beat("dave")
+    assert bus.claims.try_claim("t2", "dave", 600_000, now=beat).fence == 1
+    assert [c.fence for c in bus.claims.reap(now=beat + 300_000)] == [1]
+    assert bus.claims.try_claim("t2", "erin", now=beat + 300_000).fence == 2
     assert bus.conn.execute("SELECT * FROM task_fences ORDER BY task_id").fetchall() == [
         ("t1", 4), ("t2", 2)]
 
 
 def test_a_dead_task_keeps_its_last_fence(bus: Bus) -> None:
     for n in range(2):
-        assert bus.try_claim("t1", f"a{n}", 1_000, max_attempts=2, now=T0 + n * 1_000).fence == n + 1
-    assert bus.try_claim("t1", "b", now=T0 + 2_000).just_died
+        taken = bus.claims.try_claim("t1", f"a{n}", 1_000, max_attempts=2, now=T0 + n * 1_000)
+        assert taken.fence == n + 1
+    assert bus.claims.try_claim("t1", "b", now=T0 + 2_000).just_died
     assert bus.conn.execute("SELECT fence FROM task_fences WHERE task_id = 't1'").get == 2
     with pytest.raises(StaleFence, match="the current fence of task t1 is 2 [(]nobody holds it"):
-        bus.release("t1", "a0", fence=1)
+        bus.claims.release("t1", "a0", fence=1)
 
 
 # --- refusals: renew, release, publish ------------------------------------------------------
@@ -110,7 +111,7 @@ def test_renew_with_a_stale_fence_is_refused_and_changes_nothing(bus: Bus) -> No
     old, new = taken_over(bus)
     before = everything(bus)
     with pytest.raises(StaleFence) as refused:
-        bus.renew("t1", "alice", 60_000, fence=old, now=T0 + 1_001)
+        bus.claims.renew("t1", "alice", 60_000, fence=old, now=T0 + 1_001)
     error = refused.value
     assert (error.field, error.task, error.given, error.current) == ("fence", "t1", 1, 2)
     assert error.holder.agent == "bob"
@@ -118,47 +119,48 @@ def test_renew_with_a_stale_fence_is_refused_and_changes_nothing(bus: Bus) -> No
                                  " (held by bob until ")
     assert str(error).endswith("claim t1 again for a current fence")
     assert everything(bus) == before
-    assert bus.renew("t1", "bob", fence=new, now=T0 + 1_001)
+    assert bus.claims.renew("t1", "bob", fence=new, now=T0 + 1_001)
 
 
 def test_renew_without_a_fence_behaves_as_before(bus: Bus) -> None:
     taken_over(bus)
-    assert bus.renew("t1", "alice", now=T0 + 1_001) is False  # not the holder: False, no error
-    assert bus.renew("t1", "bob", now=T0 + 1_001) is True
+    # not the holder: False, no error
+    assert bus.claims.renew("t1", "alice", now=T0 + 1_001) is False
+    assert bus.claims.renew("t1", "bob", now=T0 + 1_001) is True
 
 
 def test_release_with_a_stale_fence_is_refused_and_leaves_the_new_holder_alone(bus: Bus) -> None:
     old, new = taken_over(bus)
     before = everything(bus)
     with pytest.raises(StaleFence, match="1 is stale: the current fence of task t1 is 2"):
-        bus.release("t1", "alice", fence=old)
+        bus.claims.release("t1", "alice", fence=old)
     assert everything(bus) == before
     # the new holder's fence is current; a fence that names no other holder still is not theirs
-    assert bus.release("t1", "alice", fence=new) is False
-    assert bus.release("t1", "bob", fence=new) is True
+    assert bus.claims.release("t1", "alice", fence=new) is False
+    assert bus.claims.release("t1", "bob", fence=new) is True
 
 
 def test_a_fence_never_issued_is_refused(bus: Bus) -> None:
-    bus.try_claim("t1", "alice", now=T0)
+    bus.claims.try_claim("t1", "alice", now=T0)
     with pytest.raises(StaleFence, match="7 was never issued: the current fence of task t1 is 1"):
-        bus.renew("t1", "alice", fence=7, now=T0 + 1)
+        bus.claims.renew("t1", "alice", fence=7, now=T0 + 1)
     with pytest.raises(StaleFence, match="1 was never issued: task t2 has never been claimed"):
-        bus.release("t2", "alice", fence=1)
+        bus.claims.release("t2", "alice", fence=1)
 
 
 @pytest.mark.parametrize("fence", [0, -1, True, 1.0, "1"])
 def test_a_fence_that_is_no_fence_is_a_validation_error(bus: Bus, fence: object) -> None:
-    bus.try_claim("t1", "alice", now=T0)
+    bus.claims.try_claim("t1", "alice", now=T0)
     with pytest.raises(ValidationFailed) as refused:
-        bus.renew("t1", "alice", fence=fence, now=T0 + 1)
+        bus.claims.renew("t1", "alice", fence=fence, now=T0 + 1)
     assert refused.value.field == "fence"
 
 
 def test_fence_stays_current_after_its_holder_released_until_the_next_claim(bus: Bus) -> None:
-    fence = bus.try_claim("t1", "alice", now=T0).fence
-    bus.release("t1", "alice", fence=fence)
+    fence = bus.claims.try_claim("t1", "alice", now=T0).fence
+    bus.claims.release("t1", "alice", fence=fence)
     assert bus.publish("alice", "result", {"ok": True}, task="t1", fence=fence).seq
-    bus.try_claim("t1", "bob", now=T0 + 1)
+    bus.claims.try_claim("t1", "bob", now=T0 + 1)
     with pytest.raises(StaleFence):
         bus.publish("alice", "result", {"late": True}, task="t1", fence=fence)
 
@@ -263,10 +265,10 @@ def test_worker_done_with_a_stale_fence_is_refused_and_the_worker_keeps_working(
         ws: Workers, bus: Bus, repo: Path) -> None:
     ws.spawn("t1", "w1", repo)
     ws.start("w1", lease_ms=1)
-    fence = bus.claims()[0].fence
-    until = bus.claims()[0].lease_until_ms
+    fence = bus.claims.list()[0].fence
+    until = bus.claims.list()[0].lease_until_ms
     wait_until(lambda: now_ms() > until, "w1's lease to run out")
-    assert bus.try_claim("t1", "bob").fence == fence + 1
+    assert bus.claims.try_claim("t1", "bob").fence == fence + 1
     before = everything(bus)
     with pytest.raises(StaleFence, match=f"{fence} is stale: the current fence of task t1 is"
                                          f" {fence + 1} [(]held by bob"):
@@ -285,9 +287,9 @@ def test_worker_done_with_its_current_fence_hands_the_work_in(ws: Workers, bus: 
                                                               repo: Path) -> None:
     ws.spawn("t1", "w1", repo)
     ws.start("w1")
-    fence = bus.claims()[0].fence
+    fence = bus.claims.list()[0].fence
     assert ws.done("w1", allow_empty=True, fence=fence).state == "IN_REVIEW"
-    assert bus.claims() == []
+    assert bus.claims.list() == []
 
 
 # --- MCP -------------------------------------------------------------------------------------
@@ -332,10 +334,10 @@ def test_mcp_worker_done_with_a_stale_fence_is_refused(bus: Bus, db_path: Path,
     async def scenario() -> tuple[Any, ...]:
         async with connected(db_path, "w1") as w1:
             await call(w1, "worker_start", lease_ms=1)
-            mine = bus.claims()[0]
+            mine = bus.claims.list()[0]
             while now_ms() <= mine.lease_until_ms:
                 await asyncio.sleep(0.001)
-            theirs = bus.try_claim("t1", "bob")
+            theirs = bus.claims.try_claim("t1", "bob")
             before = everything(bus)
             error = await refused(w1, "worker_done", allow_empty=True, fence=mine.fence)
             return mine, theirs, before, error
@@ -371,7 +373,7 @@ class FenceMachine(RuleBasedStateMachine):
         import tempfile
         self.dir = tempfile.TemporaryDirectory()
         self.bus = Bus.open(Path(self.dir.name) / "bus.db")
-        self.beat = self.bus.heartbeat("c")  # c's only beat: reaps find it dead later on
+        self.beat = self.bus.heartbeats.beat("c")  # c's only beat: reaps find it dead later on
         self.now = self.beat + 1
 
     def teardown(self) -> None:
@@ -384,7 +386,7 @@ class FenceMachine(RuleBasedStateMachine):
 
     @rule(task=tasks, agent=agents, lease=st.integers(1, 50), attempts=st.integers(3, 8))
     def claim(self, task: str, agent: str, lease: int, attempts: int) -> None:
-        result = self.bus.try_claim(task, agent, lease, max_attempts=attempts, now=self.now)
+        result = self.bus.claims.try_claim(task, agent, lease, max_attempts=attempts, now=self.now)
         held = self.lease.get(task)
         if result.dead is not None:
             event("a dead task")
@@ -420,13 +422,14 @@ class FenceMachine(RuleBasedStateMachine):
         if not (fence := self.passed_fence(task, stale)):
             return
         if stale:
-            return self.refused(lambda: self.bus.renew(task, agent, fence=fence, now=self.now),
-                                "a stale renew refused")
-        renewed = self.bus.renew(task, agent, fence=fence, now=self.now)
+            return self.refused(
+                lambda: self.bus.claims.renew(task, agent, fence=fence, now=self.now),
+                "a stale renew refused")
+        renewed = self.bus.claims.renew(task, agent, fence=fence, now=self.now)
         held = self.lease.get(task)
         assert renewed == (held is not None and held[0] == agent and held[1] > self.now)
         if renewed:
-            until = {c.task_id: c.lease_until_ms for c in self.bus.claims()}[task]
+            until = {c.task_id: c.lease_until_ms for c in self.bus.claims.list()}[task]
             self.lease[task] = (agent, until, held[2])
 
     @rule(task=tasks, agent=agents, stale=st.booleans())
@@ -434,9 +437,9 @@ class FenceMachine(RuleBasedStateMachine):
         if not (fence := self.passed_fence(task, stale)):
             return
         if stale:
-            return self.refused(lambda: self.bus.release(task, agent, fence=fence),
+            return self.refused(lambda: self.bus.claims.release(task, agent, fence=fence),
                                 "a stale release refused")
-        released = self.bus.release(task, agent, fence=fence)
+        released = self.bus.claims.release(task, agent, fence=fence)
         held = self.lease.get(task)
         assert released == (held is not None and held[0] == agent)
         if released:
@@ -448,7 +451,7 @@ class FenceMachine(RuleBasedStateMachine):
 
     @rule()
     def reap(self) -> None:
-        reaped = self.bus.reap(now=self.now, thresholds=Thresholds(0.001, 0.001, 0.001))
+        reaped = self.bus.claims.reap(now=self.now, thresholds=Thresholds(0.001, 0.001, 0.001))
         for claim in reaped:
             event("a lease reaped")
             assert claim.agent == "c"
@@ -463,7 +466,7 @@ class FenceMachine(RuleBasedStateMachine):
         assert rows == {task: self.last(task) for task in self.issued}
         for task, fences in self.issued.items():
             assert fences == list(range(1, len(fences) + 1)), "strictly increasing, no repeat"
-        claims = {c.task_id: c.fence for c in self.bus.claims()}
+        claims = {c.task_id: c.fence for c in self.bus.claims.list()}
         assert claims == {task: fence for task, (_, _, fence) in self.lease.items()}
 
 
@@ -482,7 +485,7 @@ def test_a_paused_holder_is_refused_everything_once_another_took_its_task(
         claimed = json.loads(holder.read_line(WAIT_S))
         os.kill(holder.pid, signal.SIGSTOP)  # paused mid-work, its lease still running
         fence = claimed["fence"]
-        wait_until(lambda: now_ms() > bus.claims()[0].lease_until_ms, "the lease to run out")
+        wait_until(lambda: now_ms() > bus.claims.list()[0].lease_until_ms, "the lease to run out")
 
         taken = run(["claim", "--task", "t1", "--agent", "bob", "--json"], db_path)
         new_fence = json.loads(taken.stdout)["fence"]
@@ -510,7 +513,7 @@ def test_a_paused_holder_is_refused_everything_once_another_took_its_task(
             action, outcome)
         assert outcome["stdout"] == "", (action, outcome)
     assert everything(bus) == before  # nothing the woken holder tried changed the file
-    [claim] = bus.claims()
+    [claim] = bus.claims.list()
     assert (claim.agent, claim.fence) == ("bob", new_fence)
     results = [(m.from_agent, m.payload) for m in bus.list_messages() if m.type == "result"]
     assert results == [("bob", {"by": "bob"})]

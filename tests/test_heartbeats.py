@@ -65,7 +65,7 @@ def beat_at(bus: Bus, agent: str, ts_ms: int, status: str = "idle") -> None:
 
 
 def state_of(bus: Bus, agent: str, now: int, thresholds: Thresholds | None = None) -> Liveness:
-    [found] = [item for item in bus.liveness(now=now, thresholds=thresholds)
+    [found] = [item for item in bus.heartbeats.liveness(now=now, thresholds=thresholds)
                if item.agent == agent]
     return found
 
@@ -75,18 +75,19 @@ def state_of(bus: Bus, agent: str, now: int, thresholds: Thresholds | None = Non
 
 def test_heartbeat_returns_its_time_and_stores_the_fields(bus):
     before = time.time_ns() // 1_000_000
-    ts = bus.heartbeat("w-1", "working", task="t-1", progress=0.25)
+    ts = bus.heartbeats.beat("w-1", "working", task="t-1", progress=0.25)
     after = time.time_ns() // 1_000_000
     assert before <= ts <= after
     assert rows(bus) == [("w-1", ts, "working", "t-1", 0.25)]
-    assert bus.liveness(now=ts) == [Liveness("w-1", "alive", 0.0, "working", "t-1", 0.25, ts)]
+    assert bus.heartbeats.liveness(now=ts) == [
+        Liveness("w-1", "alive", 0.0, "working", "t-1", 0.25, ts)]
 
 
 def test_heartbeat_upserts_one_row_per_agent(bus):
-    first = bus.heartbeat("w-1", "working", task="t-1", progress=0.5)
+    first = bus.heartbeats.beat("w-1", "working", task="t-1", progress=0.5)
     for _ in range(5):
-        bus.heartbeat("w-2")
-    last = bus.heartbeat("w-1", "blocked")
+        bus.heartbeats.beat("w-2")
+    last = bus.heartbeats.beat("w-1", "blocked")
     assert last >= first
     assert bus.conn.execute("SELECT count(*) FROM heartbeats").get == 2
     # the last beat replaces every field: task and progress are gone
@@ -100,14 +101,14 @@ def test_heartbeat_upserts_one_row_per_agent(bus):
 
 @pytest.mark.parametrize("progress", [0, 0.0, 0.5, 1, 1.0])
 def test_heartbeat_accepts_progress_from_0_to_1(bus, progress):
-    bus.heartbeat("w-1", "working", progress=progress)
+    bus.heartbeats.beat("w-1", "working", progress=progress)
     stored = row_of(bus, "w-1")[4]
     assert stored == progress and isinstance(stored, float)
 
 
 @pytest.mark.parametrize("status", ["idle", "working", "blocked"])
 def test_heartbeat_accepts_the_three_statuses(bus, status):
-    bus.heartbeat("w-1", status)
+    bus.heartbeats.beat("w-1", status)
     assert row_of(bus, "w-1")[2] == status
 
 
@@ -132,17 +133,17 @@ def test_heartbeat_accepts_the_three_statuses(bus, status):
     ("agent", {"agent": None}),
 ])
 def test_heartbeat_rejects_bad_fields_and_writes_nothing(bus, field, arguments):
-    ts = bus.heartbeat("w-1", "working", task="t-1", progress=0.5)
+    ts = bus.heartbeats.beat("w-1", "working", task="t-1", progress=0.5)
     before = rows(bus)
     call = {"agent": "w-1", "status": "idle", "task": None, "progress": None, **arguments}
     with pytest.raises(ValidationFailed) as info:
-        bus.heartbeat(call["agent"], call["status"], call["task"], call["progress"])
+        bus.heartbeats.beat(call["agent"], call["status"], call["task"], call["progress"])
     assert info.value.field == field
     assert rows(bus) == before == [("w-1", ts, "working", "t-1", 0.5)]
 
 
 def test_heartbeat_accepts_task_of_256_characters(bus):
-    bus.heartbeat("w-1", "working", task="x" * 256)
+    bus.heartbeats.beat("w-1", "working", task="x" * 256)
     assert row_of(bus, "w-1")[3] == "x" * 256
 
 
@@ -154,20 +155,20 @@ def test_heartbeat_accepts_task_of_256_characters(bus):
     (299_999, "stale"), (300_000, "dead"), (86_400_000, "dead"),
 ])
 def test_liveness_states_change_at_the_thresholds(bus, silent_ms, state):
-    ts = bus.heartbeat("w-1", "working", task="t-1", progress=0.75)
-    assert bus.liveness(now=ts + silent_ms) == [
+    ts = bus.heartbeats.beat("w-1", "working", task="t-1", progress=0.75)
+    assert bus.heartbeats.liveness(now=ts + silent_ms) == [
         Liveness("w-1", state, silent_ms / 1000, "working", "t-1", 0.75, ts)]
 
 
 def test_liveness_of_a_beat_from_the_future_is_age_zero(bus):
-    ts = bus.heartbeat("w-1")
-    [found] = bus.liveness(now=ts - 5_000)
+    ts = bus.heartbeats.beat("w-1")
+    [found] = bus.heartbeats.liveness(now=ts - 5_000)
     assert (found.state, found.age_s) == ("alive", 0.0)
 
 
 def test_liveness_without_now_uses_the_clock(bus):
-    ts = bus.heartbeat("w-1")
-    [found] = bus.liveness()
+    ts = bus.heartbeats.beat("w-1")
+    [found] = bus.heartbeats.liveness()
     assert found.ts_ms == ts
     assert found.state == "alive"
     assert 0 <= found.age_s < 30  # the real clock has moved on only a little
@@ -188,7 +189,7 @@ def test_liveness_sorts_most_silent_state_first_then_by_age(bus):
                 "stale-b": 150_000, "stale-old": 200_000, "dead": 400_000, "dead-old": 900_000}
     for agent, silent_ms in sorted(silences.items()):
         beat_at(bus, agent, T0 - silent_ms)
-    found = bus.liveness(now=T0)
+    found = bus.heartbeats.liveness(now=T0)
     assert [item.agent for item in found] == [
         "dead-old", "dead", "stale-old", "stale-a", "stale-b", "warn", "alive-old", "alive-new"]
     assert [item.state for item in found] == [
@@ -200,27 +201,27 @@ def test_liveness_sorts_by_state_even_with_custom_thresholds(bus):
     beat_at(bus, "a", T0 - 3_000)
     beat_at(bus, "b", T0 - 5_000)
     beat_at(bus, "c", T0 - 500)
-    found = bus.liveness(now=T0, thresholds=QUICK)
+    found = bus.heartbeats.liveness(now=T0, thresholds=QUICK)
     assert [(item.agent, item.state) for item in found] == [
         ("b", "dead"), ("a", "stale"), ("c", "alive")]
 
 
 def test_liveness_of_an_empty_bus_is_empty(bus):
-    assert bus.liveness(now=T0) == []
+    assert bus.heartbeats.liveness(now=T0) == []
 
 
 @pytest.mark.parametrize("now", [time.time(), int(time.time()), 1_700_000_000, float(T0), True,
                                  "1700000000000"])
 def test_liveness_rejects_now_not_in_epoch_ms(bus, now):
-    bus.heartbeat("w-1")
+    bus.heartbeats.beat("w-1")
     with pytest.raises(ValidationFailed) as info:
-        bus.liveness(now=now)
+        bus.heartbeats.liveness(now=now)
     assert info.value.field == "now"
 
 
 def test_liveness_to_json_dict_rounds_the_age(bus):
     beat_at(bus, "w-1", T0, "blocked")
-    [found] = bus.liveness(now=T0 + 1_234)
+    [found] = bus.heartbeats.liveness(now=T0 + 1_234)
     assert found.to_json_dict() == {"agent": "w-1", "state": "alive", "age_s": 1.234,
                                     "status": "blocked", "task": None, "progress": None,
                                     "ts_ms": T0}
@@ -285,7 +286,7 @@ def test_heartbeat_stop_with_a_last_status_beats_it_last(db_path, bus, agent):
     assert heartbeat_threads(agent) == []
     assert hb.beats == 2 and len(renewals) == 1  # the last beat renews nothing
     assert row_of(bus, agent)[2:] == ("stopped", "t-1", None)
-    assert [(a.agent, a.state) for a in bus.liveness()] == [(agent, "stopped")]
+    assert [(a.agent, a.state) for a in bus.heartbeats.liveness()] == [(agent, "stopped")]
 
 
 def test_heartbeat_stop_refuses_a_bad_last_status_and_still_stops(db_path, bus, agent):
@@ -403,7 +404,7 @@ def test_heartbeat_keeps_an_agent_alive_through_a_blocking_call(db_path, bus, ag
         try:
             with Bus.open(db_path) as own:  # another thread, its own Bus and connection
                 while not stop.is_set():
-                    samples.append(own.liveness(thresholds=QUICK))
+                    samples.append(own.heartbeats.liveness(thresholds=QUICK))
                     stop.wait(0.1)
         except BaseException as exc:  # reported by the test thread
             failures.append(exc)
@@ -436,7 +437,7 @@ def test_heartbeat_keeps_a_cpu_bound_process_alive(db_path, bus, children):
     while (line := child.next_line(timeout=0.1)) is None:  # sample every 0.1 s until it is done
         assert time.monotonic() < deadline, child.describe()
         samples.append([(item.agent, item.state, item.age_s)
-                        for item in bus.liveness(thresholds=QUICK)])
+                        for item in bus.heartbeats.liveness(thresholds=QUICK)])
     report = json.loads(line)
     child.wait_ok(SHORT_TIMEOUT)
     assert len(samples) >= 15, f"only {len(samples)} samples in 3 s"
@@ -452,17 +453,17 @@ def test_heartbeat_of_a_killed_process_goes_warn_stale_dead(db_path, bus, childr
                            "--progress", "0.5")
     assert json.loads(child.read_line(STARTUP_TIMEOUT))["beats"] >= 3
     child.kill(SHORT_TIMEOUT)
-    [last] = bus.liveness()
+    [last] = bus.heartbeats.liveness()
     ts = last.ts_ms
     assert (last.agent, last.status, last.task, last.progress) == ("victim", "working", "t-7", 0.5)
 
     for silent_ms, state in [(0, "alive"), (29_999, "alive"), (30_000, "warn"),
                              (99_999, "warn"), (100_000, "stale"), (299_999, "stale"),
                              (300_000, "dead"), (3_600_000, "dead")]:
-        assert bus.liveness(now=ts + silent_ms) == [
+        assert bus.heartbeats.liveness(now=ts + silent_ms) == [
             Liveness("victim", state, silent_ms / 1000, "working", "t-7", 0.5, ts)], silent_ms
     beat_at(bus, "bystander", ts + 300_000)
-    assert [(item.agent, item.state) for item in bus.liveness(now=ts + 300_000)] == [
+    assert [(item.agent, item.state) for item in bus.heartbeats.liveness(now=ts + 300_000)] == [
         ("victim", "dead"), ("bystander", "alive")]
     # nothing beat for the victim after it was killed
     assert row_of(bus, "victim")[1] == ts

@@ -386,8 +386,8 @@ def publish_history(db: Path, clock: FakeClock) -> dict[str, Any]:
                                           "command": "done"}, correlation_id="t1")
         at(65_000, "w2", "state_change", {"from": None, "to": "ASSIGNED", "command": "spawn"},
            correlation_id="t2")
-        assert opened.claim("t9", "w9", lease_ms=1_000, max_attempts=1, now=T0 + 100_000)
-        died = opened.try_claim("t9", "w8", lease_ms=1_000, max_attempts=1, now=T0 + 200_000)
+        assert opened.claims.claim("t9", "w9", lease_ms=1_000, max_attempts=1, now=T0 + 100_000)
+        died = opened.claims.try_claim("t9", "w8", lease_ms=1_000, max_attempts=1, now=T0 + 200_000)
         at(4_000_000, "planner", "note", {"text": "still here"})
         opened.export_jsonl()  # to bus.jsonl beside the database, where `bus history` looks
     return {"dead_reason": died.dead.reason}

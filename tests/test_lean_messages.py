@@ -60,7 +60,7 @@ def make_version_7_file(directory: Path, monkeypatch) -> Path:
         now = bus.conn.execute("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)").get
         bus.conn.execute("INSERT INTO task_claims (task_id, claimed_by, claimed_at_ms,"
                          " lease_until_ms) VALUES ('t1', 'w1', ?, ?)", (now, now + 60_000))
-        bus.heartbeat("w1", "working", task="t1")
+        bus.heartbeats.beat("w1", "working", task="t1")
         ch = bus.channels
         ch.create_channel("pe", "direct", "planner")
         ch.join_channel("pe", "executor")

@@ -298,7 +298,7 @@ def test_mcp_receipts_delivered_by_poll_and_reply_and_in_a_timed_out_exchange(
         bus: Bus, db_path: Path):
     """A timed-out exchange says whether its question reached bob's session and whether bob
     acked it; poll and reply record what they hand bob; a name never seen is warned of."""
-    bus.heartbeat("bob")
+    bus.heartbeats.beat("bob")
 
     async def bob_reads(bob, ack: bool) -> None:
         [question] = (await call(bob, "poll", wait_seconds=60))["messages"]
@@ -573,7 +573,7 @@ def test_cli_mcp_bad_agent_or_missing_bus_is_an_error(bus: Bus, db_path: Path, t
 
 
 def test_cli_mcp_call_runs_one_tool_as_the_agent(bus: Bus, db_path: Path):
-    bus.heartbeat("worker-1")  # a name the bus knows: no warning in the result
+    bus.heartbeats.beat("worker-1")  # a name the bus knows: no warning in the result
     published = run(["mcp", "--agent", "planner", "--call", "publish", "--args",
                      '{"type": "task_assign", "to": "worker-1", "payload": {"task": "t1"}}'],
                     db_path)

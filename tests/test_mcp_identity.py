@@ -52,7 +52,7 @@ def test_mcp_without_agent_refuses_every_tool_until_join(bus: Bus, db_path: Path
 
 
 def test_mcp_a_live_name_is_refused_to_a_second_session(bus: Bus, db_path: Path):
-    bus.heartbeat("planner", "working")  # an agent that beats, started with --agent
+    bus.heartbeats.beat("planner", "working")  # an agent that beats, started with --agent
 
     async def scenario():
         async with unnamed(db_path) as first, unnamed(db_path) as second:

@@ -36,4 +36,4 @@ def test_mcp_two_agents_reserve_check_and_release(bus: Bus, db_path: Path) -> No
     assert "starts with '!'" in bad
     assert [r["pattern"] for r in released["released"]] == ["src/auth/**"]
     assert after["granted"] and after["reservations"][0]["mode"] == "shared"
-    assert [(r.agent, r.pattern) for r in bus.reservations()] == [("bob", "src/auth/login.py")]
+    assert [(r.agent, r.pattern) for r in bus.reservations.list()] == [("bob", "src/auth/login.py")]

@@ -574,7 +574,7 @@ def test_a_lone_reply_commits_without_a_look_that_could_find_nothing(bus, tmp_pa
     runner.start()
     try:
         deadline = time.monotonic() + 10  # its first beat is in: no other commit follows
-        while not any(alive.agent == "pump:org" for alive in bus.liveness()):
+        while not any(alive.agent == "pump:org" for alive in bus.heartbeats.liveness()):
             assert time.monotonic() < deadline, "the pump never beat"
             time.sleep(0.01)
         for a in (1, 2):  # the first also makes sure the tracer is on for the second

@@ -20,7 +20,6 @@ from bus.coordination.held_names import join_name
 from bus.log.receipts import ACKED
 from bus.log.receipts import DELIVERED
 from bus.log.receipts import SENT
-from bus.coordination.tokens import create_token
 from tests import bad_files
 from tests.cli_helpers import run
 
@@ -182,7 +181,7 @@ def test_any_trace_of_an_agent_makes_its_name_known(bus: Bus, trace: str) -> Non
         bus.record_delivered("bob", bus.poll("bob") or [bus.publish("ann", "n", to="bob").seq],
                              "inbox")
     elif trace == "token":
-        create_token(bus.conn, "bob")
+        bus.tokens.create("bob")
     elif trace == "worker":  # the row `worker spawn` writes (workers/ sits above bus/)
         bus.conn.execute("INSERT INTO workers (worker_id, task_id, state, repo, base, branch,"
                          " worktree, created_at_ms, updated_at_ms) VALUES ('bob', 't1',"

@@ -24,8 +24,6 @@ import pytest
 
 from bus import Bus
 from bus.log.messages import now_ms
-from bus.coordination.tokens import create_token
-from bus.coordination.tokens import revoke_token
 from tests.cli_helpers import run
 from tests.conftest import REPO_ROOT
 
@@ -71,7 +69,7 @@ def served(db_path: Path, python_env: dict[str, str]):
 
 def token_for(db: Path, agent: str, **kwargs: Any) -> tuple[str, str]:
     with Bus.open(db) as bus:
-        new = create_token(bus.conn, agent, **kwargs)
+        new = bus.tokens.create(agent, **kwargs)
     return new.id, new.token
 
 
@@ -160,7 +158,7 @@ def test_remote_refuses_missing_unknown_revoked_and_expired_tokens(
     assert http_status(server.mcp, good)[0] == 200
     assert http_status(server.mcp, revoked)[0] == 200
     with Bus.open(db_path) as bus:
-        revoke_token(bus.conn, revoked_id)
+        bus.tokens.revoke(revoked_id)
     for token in (None, "abt_" + "x" * 43, "not-a-token", revoked, expired):
         status, headers = http_status(server.mcp, token)
         assert status == 401, token
@@ -193,7 +191,7 @@ def test_remote_read_only_token_may_not_write(served, db_path: Path,
         assert "read-only" in refused["error"], refused
     assert stored(db_path) == []
     with Bus.open(db_path) as bus:
-        assert bus.claims() == []
+        assert bus.claims.list() == []
 
 
 def test_serve_refuses_foreign_host_and_origin(served, db_path: Path) -> None:

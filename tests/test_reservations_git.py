@@ -54,7 +54,7 @@ def try_commit(where: Path, name: str, agent: str | None) -> subprocess.Complete
 def test_hook_refuses_a_commit_on_paths_another_live_agent_holds(
         bus: Bus, db_path: Path, repo: Path) -> None:
     install(db_path, repo)
-    bus.reserve("agent-a", ["src/auth/**"], reason="login rework")
+    bus.reservations.reserve("agent-a", ["src/auth/**"], reason="login rework")
     before = head(repo)
     refused = try_commit(repo, "src/auth/login.py", "agent-b")
     assert refused.returncode == 1
@@ -67,18 +67,18 @@ def test_hook_refuses_a_commit_on_paths_another_live_agent_holds(
     assert try_commit(repo, "docs/guide.md", "agent-b").returncode == 0  # not reserved
     assert try_commit(repo, "src/auth/login.py", "agent-a").returncode == 0  # the holder's own
     # Once the holder lets go, agent-b may commit there too.
-    bus.unreserve("agent-a")
+    bus.reservations.unreserve("agent-a")
     assert try_commit(repo, "src/auth/other.py", "agent-b").returncode == 0
 
 
 def test_hook_counts_every_holder_for_a_committer_the_bus_does_not_know(
         bus: Bus, db_path: Path, repo: Path) -> None:
     install(db_path, repo)
-    bus.reserve("agent-a", ["src/auth/**"], reason="login rework")
+    bus.reservations.reserve("agent-a", ["src/auth/**"], reason="login rework")
     refused = try_commit(repo, "src/auth/login.py", None)
     assert refused.returncode == 1 and HOLDER_LINE.search(refused.stderr)
     git(repo, "reset", "-q", "HEAD", "src/auth/login.py")
-    bus.reserve("agent-b", ["docs/**"], mode="shared")  # shared holds nobody out
+    bus.reservations.reserve("agent-b", ["docs/**"], mode="shared")  # shared holds nobody out
     assert try_commit(repo, "docs/x.md", None).returncode == 0
 
 
@@ -86,8 +86,8 @@ def test_hook_knows_a_worker_by_its_worktree(bus: Bus, db_path: Path, repo: Path
                                              ws: Workers) -> None:
     install(db_path, repo)
     worker = ws.spawn("t1", "w1", repo)
-    bus.reserve("w1", ["src/**"])
-    bus.reserve("agent-a", ["docs/**"])
+    bus.reservations.reserve("w1", ["src/**"])
+    bus.reservations.reserve("agent-a", ["docs/**"])
     worktree = Path(worker.worktree)
     assert try_commit(worktree, "src/app.py", None).returncode == 0  # w1's own
     refused = try_commit(worktree, "docs/x.md", None)
@@ -129,7 +129,7 @@ def test_worker_done_and_merge_refuse_what_the_hook_refuses(
     worker = ws.spawn("t1", "w1", repo)
     ws.start("w1")
     commit_file(worker.worktree, "src/auth/login.py", "w1's fix\n")
-    bus.reserve("agent-a", ["src/auth/**"], reason="login rework")
+    bus.reservations.reserve("agent-a", ["src/auth/**"], reason="login rework")
     with pytest.raises(PathsReserved) as caught:
         ws.done("w1")
     assert HOLDER_LINE.search(str(caught.value))
@@ -144,14 +144,14 @@ def test_worker_done_and_merge_refuse_what_the_hook_refuses(
     assert hooked.stderr == f"Error: {caught.value}\n"
     git(worker.worktree, "reset", "-q", "--hard", "HEAD")
     assert ws.get("w1").state == "WORKING"
-    bus.unreserve("agent-a")
+    bus.reservations.unreserve("agent-a")
     ws.done("w1")
     ws.approve("w1")
-    bus.reserve("agent-a", ["src/**"])
+    bus.reservations.reserve("agent-a", ["src/**"])
     with pytest.raises(PathsReserved):
         ws.merge("w1")
     assert ws.get("w1").state == "APPROVED"
-    bus.unreserve("agent-a")
+    bus.reservations.unreserve("agent-a")
     assert ws.merge("w1").state == "COMPLETED"
 
 
@@ -171,5 +171,5 @@ def test_hook_install_follows_core_hooks_path(bus: Bus, db_path: Path, repo: Pat
     git(repo, "config", "core.hooksPath", ".githooks")
     result = install(db_path, repo)
     assert result.output.startswith(f"installed {repo / '.githooks' / 'pre-commit'}")
-    bus.reserve("agent-a", ["src/**"])
+    bus.reservations.reserve("agent-a", ["src/**"])
     assert try_commit(repo, "src/a.py", "agent-b").returncode == 1

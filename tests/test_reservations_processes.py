@@ -50,4 +50,4 @@ def test_racing_exclusive_reservations_exactly_one_wins(db_path: Path, tmp_path:
         if code:
             assert {c["holder"] for c in out["conflicts"]} == {winner}
     with Bus.open(db_path) as bus:
-        assert [r.agent for r in bus.reservations()] == [winner]
+        assert [r.agent for r in bus.reservations.list()] == [winner]

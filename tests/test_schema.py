@@ -148,6 +148,6 @@ def test_migration_12_gives_the_claims_held_fence_1_and_the_next_holder_fence_2(
         ("t1", 1), ("t2", 1)]
     conn.close()
     with Bus.open(db_path) as bus:
-        taken = bus.try_claim("t1", "c", now=10**12)
+        taken = bus.claims.try_claim("t1", "c", now=10**12)
         assert taken.granted and taken.fence == 2
-        assert bus.try_claim("t3", "c", now=10**12).fence == 1
+        assert bus.claims.try_claim("t3", "c", now=10**12).fence == 1

@@ -8,11 +8,7 @@ from bus import Bus
 from bus.storage.errors import ValidationFailed
 from bus.coordination.tokens import LAST_USED_GRAIN_MS
 from bus.coordination.tokens import TokenChecker
-from bus.coordination.tokens import any_usable_token
-from bus.coordination.tokens import create_token
-from bus.coordination.tokens import list_tokens
 from bus.coordination.tokens import parse_duration_ms
-from bus.coordination.tokens import revoke_token
 
 
 def data_version(bus: Bus) -> int:
@@ -21,7 +17,7 @@ def data_version(bus: Bus) -> int:
 
 
 def test_token_checks_write_last_use_at_most_once_per_grain(bus: Bus, db_path) -> None:
-    new = create_token(bus.conn, "w1", now=1_000)
+    new = bus.tokens.create("w1", now=1_000)
     with Bus.open(db_path) as server:
         checker = TokenChecker(server)
         assert checker.check(new.token, now=10_000).agent == "w1"
@@ -31,34 +27,34 @@ def test_token_checks_write_last_use_at_most_once_per_grain(bus: Bus, db_path) -
         assert data_version(bus) == seen  # not one write
         checker.check(new.token, now=10_000 + LAST_USED_GRAIN_MS)
         assert data_version(bus) != seen
-    assert list_tokens(bus.conn)[0].last_used_ms == 10_000 + LAST_USED_GRAIN_MS
+    assert bus.tokens.list()[0].last_used_ms == 10_000 + LAST_USED_GRAIN_MS
 
 
 def test_token_refused_when_unknown_revoked_or_expired(bus: Bus) -> None:
     checker = TokenChecker(bus)
-    lasting = create_token(bus.conn, "w1", now=0)
-    brief = create_token(bus.conn, "w2", expires_ms=1_000, now=0)
+    lasting = bus.tokens.create("w1", now=0)
+    brief = bus.tokens.create("w2", expires_ms=1_000, now=0)
     assert checker.check(brief.token, now=999) is not None
     assert checker.check(brief.token, now=1_000) is None
     assert checker.check(lasting.token[:-1] + "x", now=5) is None
     assert checker.check(None) is None and checker.check("") is None
-    assert any_usable_token(bus.conn, now=5)
-    revoke_token(bus.conn, lasting.id, now=10)
+    assert bus.tokens.any_usable(now=5)
+    bus.tokens.revoke(lasting.id, now=10)
     assert checker.check(lasting.token, now=11) is None
-    assert not any_usable_token(bus.conn, now=2_000)
+    assert not bus.tokens.any_usable(now=2_000)
     with pytest.raises(ValidationFailed) as unknown:
-        revoke_token(bus.conn, "tok-nope")
+        bus.tokens.revoke("tok-nope")
     assert unknown.value.field == "id"
 
 
 def test_token_stores_only_the_hash_and_names_a_valid_agent(bus: Bus, db_path) -> None:
-    new = create_token(bus.conn, "w1", read_only=True)
+    new = bus.tokens.create("w1", read_only=True)
     assert new.token.startswith("abt_") and len(new.token) > 40
     bus.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     assert new.token.encode() not in db_path.read_bytes()
-    assert list_tokens(bus.conn)[0].read_only is True
+    assert bus.tokens.list()[0].read_only is True
     with pytest.raises(ValidationFailed):
-        create_token(bus.conn, "no spaces allowed")
+        bus.tokens.create("no spaces allowed")
 
 
 @pytest.mark.parametrize("text, ms", [("90s", 90_000), ("15m", 900_000), ("12h", 43_200_000),

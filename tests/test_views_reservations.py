@@ -24,10 +24,11 @@ CHROMIUM = shutil.which("chromium")
 
 def reserved(db_path: Path) -> Path:
     with Bus.open(db_path) as bus:
-        bus.reserve("agent-a", ["src/auth/**"], ttl_ms=2 * HOUR, reason="login rework", now=T0)
-        bus.reserve("agent-b", ["/docs/**"], mode="shared", ttl_ms=HOUR, now=T0)
+        bus.reservations.reserve("agent-a", ["src/auth/**"], ttl_ms=2 * HOUR, reason="login rework",
+                                 now=T0)
+        bus.reservations.reserve("agent-b", ["/docs/**"], mode="shared", ttl_ms=HOUR, now=T0)
         heartbeats.beat(bus.conn, "agent-c", "working", None, None, now=T0)
-        bus.reserve("agent-c", ["tests/**"], ttl_ms=24 * HOUR, now=T0)
+        bus.reservations.reserve("agent-c", ["tests/**"], ttl_ms=24 * HOUR, now=T0)
     return db_path
 
 
@@ -67,7 +68,7 @@ def test_top_has_a_reservations_table(db_path: Path) -> None:
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it)")
 def test_serve_page_shows_the_reservations(db_path: Path, python_env: dict[str, str]) -> None:
     with Bus.open(db_path) as bus:
-        bus.reserve("agent-a", ["src/auth/**"], reason="login rework")
+        bus.reservations.reserve("agent-a", ["src/auth/**"], reason="login rework")
     server = Server(db_path, python_env)
     try:
         with live_page(server) as page:

@@ -46,7 +46,7 @@ def seed(bus: Bus) -> None:
     """Something for every chart: types, a consumer, worker transitions, claims, threads;
     and a task graph: t1 held (its claim below), t3 ready, t4 blocked on t3."""
     for task, after in (("t1", []), ("t3", []), ("t4", ["t3"])):
-        bus.add_task(task, after=after)
+        bus.tasks.add(task, after=after)
     for type_ in ("task_assign", "task_assign", "note", "heartbeat_note"):
         bus.publish("planner", type_, {"n": 1})
     bus.ack("w1", 2)
@@ -57,13 +57,13 @@ def seed(bus: Bus) -> None:
             bus.publish(worker, "state_change", {"from": previous, "to": state,
                                                  "command": "x"})
             previous = state
-    assert bus.claim("t1", "w1")
-    assert bus.claim("t2", "w2", lease_ms=1, now=1_700_000_000_000)
-    assert bus.claim("t2", "w1")  # the expired lease is taken over
+    assert bus.claims.claim("t1", "w1")
+    assert bus.claims.claim("t2", "w2", lease_ms=1, now=1_700_000_000_000)
+    assert bus.claims.claim("t2", "w1")  # the expired lease is taken over
     registry = ThreadRegistry(bus, "org")
     registry.get_or_create(["org", "calc", "add"])
     registry.get_or_create(["org", "calc", "mul"])
-    bus.heartbeat("w1", "working", "t1")
+    bus.heartbeats.beat("w1", "working", "t1")
 
 
 class Server:

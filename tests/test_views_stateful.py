@@ -197,7 +197,7 @@ class ViewsGame(RuleBasedStateMachine):
     def forget(self, agent: str) -> None:
         holds = any(holder == agent for holder, _ in self.claims.values())
         try:
-            assert self.bus.forget(agent) == (agent in self.beats)
+            assert self.bus.heartbeats.forget(agent) == (agent in self.beats)
         except AgentHoldsClaims:
             assert holds
         else:
@@ -210,20 +210,20 @@ class ViewsGame(RuleBasedStateMachine):
     def lease(self, op: str, task: str, agent: str, lease_s: int | None) -> None:
         lease = None if lease_s is None else lease_s * 1000
         if op == "claim":
-            result = self.bus.try_claim(task, agent, lease or 60_000,
-                                        max_attempts=MAX_ATTEMPTS, now=self.now)
+            result = self.bus.claims.try_claim(task, agent, lease or 60_000,
+                                               max_attempts=MAX_ATTEMPTS, now=self.now)
             if result.granted:
                 self.claims[task] = (agent, self.now + (lease or 60_000))
             if result.just_died:
                 self.dead_claims += 1
                 self.claims.pop(task, None)
         elif op == "renew":
-            if self.bus.renew(task, agent, lease, now=self.now):
+            if self.bus.claims.renew(task, agent, lease, now=self.now):
                 holder, until = self.claims[task]
                 assert holder == agent and until > self.now
-                own = next(c for c in self.bus.claims() if c.task_id == task)
+                own = next(c for c in self.bus.claims.list() if c.task_id == task)
                 self.claims[task] = (agent, self.now + (lease or own.lease_ms))
-        elif self.bus.release(task, agent):
+        elif self.bus.claims.release(task, agent):
             assert self.claims.pop(task)[0] == agent
 
     @rule(op=st.sampled_from(("claim-next", "claim-next", "done", "done", "cancel")),
@@ -231,23 +231,23 @@ class ViewsGame(RuleBasedStateMachine):
     def task_graph(self, op: str, task: str) -> None:
         """Build the graph the first time (g2 waits on g1, g3 on both); then claim-next,
         done or cancel (a refusal, such as finishing a task not held, is part of the game)."""
-        if self.bus.find_task("g1") is None:
+        if self.bus.tasks.find("g1") is None:
             for graph_task, after in zip(GRAPH_TASKS, ((), ("g1",), ("g1", "g2"))):
-                self.bus.add_task(graph_task, after=after, now=self.now)
+                self.bus.tasks.add(graph_task, after=after, now=self.now)
             return
         try:
             if op == "claim-next":
-                self.bus.claim_next(GRAPH_AGENT, now=self.now)
+                self.bus.tasks.claim_next(GRAPH_AGENT, now=self.now)
             elif op == "done":
-                self.bus.complete_task(task, GRAPH_AGENT, now=self.now)
+                self.bus.tasks.complete(task, GRAPH_AGENT, now=self.now)
             else:
-                self.bus.cancel_task(task, GRAPH_AGENT, now=self.now)
+                self.bus.tasks.cancel(task, GRAPH_AGENT, now=self.now)
         except BusError:
             pass
 
     @rule()
     def reap(self) -> None:
-        for reaped in self.bus.reap(now=self.now):
+        for reaped in self.bus.claims.reap(now=self.now):
             if reaped.task_id in self.claims:
                 self.claims[reaped.task_id] = (reaped.agent, self.now)
 
@@ -257,11 +257,11 @@ class ViewsGame(RuleBasedStateMachine):
     def reserve(self, agent: str, patterns: list[str], shared: bool, ttl_s: int,
                 release: bool) -> None:
         if release:
-            self.bus.unreserve(agent, now=self.now)
+            self.bus.reservations.unreserve(agent, now=self.now)
             return
         try:
-            self.bus.reserve(agent, patterns, mode="shared" if shared else "exclusive",
-                             ttl_ms=ttl_s * 1000, now=self.now)
+            self.bus.reservations.reserve(agent, patterns, mode="shared" if shared else "exclusive",
+                                          ttl_ms=ttl_s * 1000, now=self.now)
         except ReservationConflict as exc:
             assert all(c.held.agent != agent for c in exc.conflicts)
         except ValidationFailed as exc:  # a holder whose reservation would end at once
@@ -444,7 +444,7 @@ class ViewsGame(RuleBasedStateMachine):
         """What the views show is what the bus calls live: unexpired, of holders not dead
         and whose worker has not finished; and no two of them conflict."""
         shown = status.reservations
-        assert shown == self.bus.reservations(now=self.now)
+        assert shown == self.bus.reservations.list(now=self.now)
         for r in shown:
             assert r.expires_at_ms > self.now
             beat_ts, beat_status = self.beats.get(r.agent, (self.now, "idle"))

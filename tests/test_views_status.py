@@ -69,13 +69,13 @@ def test_status_agents_by_liveness(bus: Bus, db_path: Path) -> None:
 
 
 def test_status_claims_held_expiring_expired_taken_over_dead(bus: Bus, db_path: Path) -> None:
-    assert bus.claim("long", "a", 60_000, now=NOW)
-    assert bus.claim("short", "a", 5_000, now=NOW)
-    assert bus.claim("lapsed", "a", 1_000, now=NOW - 2_000)
-    assert bus.claim("retried", "a", 1_000, now=NOW - 10_000)
-    assert bus.claim("retried", "b", 60_000, now=NOW - 5_000)  # takes over the expired lease
-    assert bus.claim("doomed", "a", 1_000, max_attempts=1, now=NOW - 10_000)
-    assert not bus.claim("doomed", "b", 1_000, max_attempts=1, now=NOW - 5_000)  # dies
+    assert bus.claims.claim("long", "a", 60_000, now=NOW)
+    assert bus.claims.claim("short", "a", 5_000, now=NOW)
+    assert bus.claims.claim("lapsed", "a", 1_000, now=NOW - 2_000)
+    assert bus.claims.claim("retried", "a", 1_000, now=NOW - 10_000)
+    assert bus.claims.claim("retried", "b", 60_000, now=NOW - 5_000)  # takes over the expired lease
+    assert bus.claims.claim("doomed", "a", 1_000, max_attempts=1, now=NOW - 10_000)
+    assert not bus.claims.claim("doomed", "b", 1_000, max_attempts=1, now=NOW - 5_000)  # dies
     c = read_status(db_path, now=NOW).claims
     assert (c.held, c.expiring_soon, c.expired, c.taken_over, c.dead) == (3, 1, 1, 1, 1)
     assert sorted(claim.task_id for claim in c.claims) == ["lapsed", "long", "retried", "short"]

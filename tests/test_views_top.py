@@ -74,10 +74,10 @@ def test_top_shows_a_beating_agent_updates_on_publish_and_quits(
 def test_top_shows_an_agent_that_stops_and_goes_on(terminal: Terminal, db_path: Path) -> None:
     """`worker done`, `fail` and `cancel` leave a `stopped` beat while top runs."""
     with Bus.open(db_path) as bus:
-        bus.heartbeat("w1", "working", "t1")
+        bus.heartbeats.beat("w1", "working", "t1")
         terminal.start(f"{bus_in_shell(db_path)} top")
         terminal.wait_for(lambda s: "agents: 1 alive" in s, "the working agent")
-        bus.heartbeat("w1", "stopped", "t1")
+        bus.heartbeats.beat("w1", "stopped", "t1")
         screen = terminal.wait_for(lambda s: "agents: 1 stopped" in s, "the agent stopped")
         assert any(line.split()[:2] == ["w1", "stopped"] for line in screen.splitlines())
         bus.publish("p", "t")  # still reading: the next commit shows
@@ -90,12 +90,12 @@ def test_top_shows_an_agent_that_stops_and_goes_on(terminal: Terminal, db_path: 
 @pytest.mark.slow
 def test_top_shows_each_claim_with_its_fence(terminal: Terminal, db_path: Path) -> None:
     with Bus.open(db_path) as bus:
-        assert bus.try_claim("t1", "w1", 60_000).fence == 1
+        assert bus.claims.try_claim("t1", "w1", 60_000).fence == 1
         terminal.start(f"{bus_in_shell(db_path)} top")
         terminal.wait_for(lambda s: "claims: 1 held" in s, "the claim")
         terminal.keys("c")  # the claims table
-        assert bus.release("t1", "w1", fence=1)
-        assert bus.try_claim("t1", "w2", 60_000).fence == 2  # a new holder: the next fence
+        assert bus.claims.release("t1", "w1", fence=1)
+        assert bus.claims.try_claim("t1", "w2", 60_000).fence == 2  # a new holder: the next fence
         screen = terminal.wait_for(lambda s: any(line.split()[:3] == ["t1", "w2", "2"]
                                                  for line in s.splitlines()), "w2's fence")
         assert any(line.split()[:3] == ["task", "holder", "fence"] for line in screen.splitlines())
@@ -150,9 +150,9 @@ def two_workers(db_path: Path, tmp_path: Path) -> None:
         workers.spawn("t-a", "w-a", repo)
         workers.start("w-a")
         workers.spawn("t-b", "w-b", repo)
-        bus.heartbeat("w-a", "working", "t-a")
-        bus.add_task("t-c", "after t-a's task", after=[])
-        bus.add_task("t-d", after=["t-c"])
+        bus.heartbeats.beat("w-a", "working", "t-a")
+        bus.tasks.add("t-c", "after t-a's task", after=[])
+        bus.tasks.add("t-d", after=["t-c"])
 
 
 def rows_starting(screen: str, *cells: str) -> list[int]:
@@ -324,12 +324,12 @@ def test_detail_lines_of_each_table(db_path: Path, tmp_path: Path,
 
 
 def test_task_rows_and_details_say_what_holds_each_task(bus: Bus, db_path: Path) -> None:
-    bus.add_task("build", "Build it", priority=1)
-    bus.add_task("test", after=["build"])
-    bus.add_task("docs")
-    bus.add_task("gone")
-    bus.cancel_task("gone", "lead")
-    claimed = bus.claim_next("w1")
+    bus.tasks.add("build", "Build it", priority=1)
+    bus.tasks.add("test", after=["build"])
+    bus.tasks.add("docs")
+    bus.tasks.add("gone")
+    bus.tasks.cancel("gone", "lead")
+    claimed = bus.tasks.claim_next("w1")
     assert claimed is not None and claimed.task.task_id == "build"
     status = read_status(db_path)
     conn = connect(db_path, readonly=True)

@@ -364,7 +364,7 @@ def test_wait_ignores_commits_on_its_own_connection(mode: str, bus: Bus, db_path
     assert wait(0) is True
     bus.publish("me", "mine")            # this thread's connection, the waiter's too
     bus.ack("me", 1)
-    bus.heartbeat("me")
+    bus.heartbeats.beat("me")
     assert wait(0.2) is False
     publish_once(db_path)                # another connection in the same thread
     assert wait(WAIT_TIMEOUT) is True

@@ -128,7 +128,7 @@ def state_changes(db: Path, worker: str) -> list[dict]:
 
 
 def claim_of(bus: Bus, task: str):
-    return next((c for c in bus.claims() if c.task_id == task), None)
+    return next((c for c in bus.claims.list() if c.task_id == task), None)
 
 
 def spawn(db: Path, repo: Path, task: str, worker: str) -> dict:
@@ -204,7 +204,7 @@ def test_cli_cancel_and_fail_print_state(db: Path, repo: Path) -> None:
     assert (row(db, "w1")["note"], row(db, "w2")["note"]) == ("no longer needed",
                                                               "tests do not pass")
     with Bus.open(db) as bus:
-        assert bus.claims() == []
+        assert bus.claims.list() == []
     assert git(repo, "branch", "--list", "w1/t1", "w2/t2", "--format=%(refname:short)").split() == [
         "w1/t1", "w2/t2"]
 
@@ -449,8 +449,8 @@ def test_cli_run_exit_0_is_done(db: Path, repo: Path, env: dict[str, str]) -> No
     assert w["note"] == f"`{shlex.join(command)}` exited 0"
     assert [c["command"] for c in state_changes(db, "w1")] == ["spawn", "start", "done"]
     with Bus.open(db) as bus:
-        assert bus.claims() == []
-        [beat] = bus.liveness()
+        assert bus.claims.list() == []
+        [beat] = bus.heartbeats.liveness()
         assert (beat.agent, beat.task, beat.status) == ("w1", "t1", "stopped")
 
 
@@ -466,7 +466,7 @@ def test_cli_run_nonzero_exit_fails_with_that_code(db: Path, repo: Path,
     assert (w["state"], w["note"]) == ("FAILED", f"`{shlex.join(command)}` exited with 3")
     assert [c["command"] for c in state_changes(db, "w1")] == ["spawn", "start", "fail"]
     with Bus.open(db) as bus:
-        assert bus.claims() == []
+        assert bus.claims.list() == []
         assert [m.payload for m in bus.list_messages() if m.type == "task_failed"] == [
             {"worker": "w1", "reason": w["note"]}]
 
@@ -540,7 +540,7 @@ def test_cli_run_interrupted_fails_the_worker(db: Path, repo: Path, env: dict[st
         with Bus.open(db) as bus:
             def beating() -> bool:
                 assert proc.poll() is None, proc.communicate()
-                return any(b.agent == "w1" for b in bus.liveness())
+                return any(b.agent == "w1" for b in bus.heartbeats.liveness())
 
             wait_until(beating, "worker run to beat")
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the CLI and its command together
@@ -590,7 +590,7 @@ def test_cli_run_killed_with_sigkill_leaves_claim_until_lease_end(db: Path, repo
                 claim = claim_of(bus, "t1")
                 if claim is not None and claim.agent == "w1":
                     leases.add(claim.lease_until_ms)
-                beats = [b for b in bus.liveness() if b.agent == "w1"]
+                beats = [b for b in bus.heartbeats.liveness() if b.agent == "w1"]
                 return bool(beats) and len(leases) >= 3  # beating and renewing
 
             wait_until(running, "worker run to beat and renew its lease")
@@ -599,26 +599,26 @@ def test_cli_run_killed_with_sigkill_leaves_claim_until_lease_end(db: Path, repo
             assert proc.wait(timeout=RUN_TIMEOUT) == -signal.SIGKILL
             wait_until(lambda: not live_group_members(proc.pid), "the blocked command to die")
 
-            [beat] = [b for b in bus.liveness() if b.agent == "w1"]
+            [beat] = [b for b in bus.heartbeats.liveness() if b.agent == "w1"]
             claim = claim_of(bus, "t1")
             # Nothing beats or renews any more (20 intervals later).
             wait_until(lambda: now_ms() > beat.ts_ms + 1000, "the clock to move on")
-            assert [b.ts_ms for b in bus.liveness() if b.agent == "w1"] == [beat.ts_ms]
+            assert [b.ts_ms for b in bus.heartbeats.liveness() if b.agent == "w1"] == [beat.ts_ms]
             assert claim_of(bus, "t1") == claim
 
             last = beat.ts_ms
-            [stale] = [b for b in bus.liveness(now=last + 100_000) if b.agent == "w1"]
+            [stale] = [b for b in bus.heartbeats.liveness(now=last + 100_000) if b.agent == "w1"]
             assert stale.state == "stale"
-            [dead] = [b for b in bus.liveness(now=last + 300_000) if b.agent == "w1"]
+            [dead] = [b for b in bus.heartbeats.liveness(now=last + 300_000) if b.agent == "w1"]
             assert dead.state == "dead"
 
             assert (claim.agent, claim.lease_ms) == ("w1", 3000)
-            refused = bus.try_claim("t1", "heir", 60_000, now=claim.lease_until_ms - 1)
+            refused = bus.claims.try_claim("t1", "heir", 60_000, now=claim.lease_until_ms - 1)
             assert not refused.granted and refused.claim.agent == "w1"
             assert get_row(bus.conn, "w1").state == "WORKING"  # nobody transitioned it
             assert [m.payload["command"] for m in bus.list_messages()
                     if m.type == "state_change"] == ["spawn", "start"]
-            taken = bus.try_claim("t1", "heir", 60_000, now=claim.lease_until_ms)
+            taken = bus.claims.try_claim("t1", "heir", 60_000, now=claim.lease_until_ms)
             assert taken.granted
             assert (taken.claim.agent, taken.claim.attempts) == ("heir", 2)
     finally:
@@ -722,7 +722,7 @@ def test_worker_heartbeat_without_progress_keeps_the_progress(db: Path, repo: Pa
     ok(["heartbeat", "w1", "--progress", "0.5"], db)
     ok(["heartbeat", "w1"], db)
     with Bus.open(db) as bus:
-        (beat,) = [b for b in bus.liveness() if b.agent == "w1"]
+        (beat,) = [b for b in bus.heartbeats.liveness() if b.agent == "w1"]
     assert (beat.task, beat.progress) == ("t1", 0.5)
 
 

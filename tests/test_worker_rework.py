@@ -78,7 +78,7 @@ def test_rework_after_merge_conflict_then_resolve_done_approve_merge(ws: Workers
     reworked = ws.rework("w1", "conflicts with main")
     assert (reworked.state, reworked.branch, reworked.worktree, reworked.note) == (
         "WORKING", w.branch, w.worktree, "conflicts with main")
-    assert bus.claims()[0].agent == "w1"
+    assert bus.claims.list()[0].agent == "w1"
     assert types_after(bus, seen) == [("w1", "state_change"), ("w1", "task_claim"),
                                       ("w1", "agent_started")]
     # resolve on the branch: merge main in, keep both sides
@@ -115,7 +115,7 @@ def test_rework_after_branch_moved_since_review(ws: Workers, bus: Bus, repo: Pat
 def test_rework_refused_while_another_worker_holds_the_lease(ws: Workers, bus: Bus,
                                                              repo: Path) -> None:
     approved_with_conflict(ws, repo)
-    assert bus.claim("t1", "someone", 60_000)
+    assert bus.claims.claim("t1", "someone", 60_000)
     with pytest.raises(ClaimRefused) as raised:
         ws.rework("w1")
     assert str(raised.value) == "task t1 is held by someone until its lease ends; try again later"
@@ -235,7 +235,7 @@ def test_start_takes_over_from_a_worker_whose_lease_ran_out(ws: Workers, bus: Bu
                                                             repo: Path) -> None:
     ws.spawn("t1", "w1", repo)
     ws.start("w1", lease_ms=1)
-    until = bus.claims()[0].lease_until_ms
+    until = bus.claims.list()[0].lease_until_ms
     wait_until(lambda: now_ms() > until, "the lease to run out")
     ws.spawn("t1", "w2", repo)
     seen = bus.last_seq()
@@ -320,9 +320,9 @@ def test_vocabulary_each_message_once_at_its_moment(ws: Workers, bus: Bus, repo:
     ws.done("w1")
     assert types_after(bus, seen) == [("w1", "state_change"), ("w1", "agent_stopped"),
                                       ("w1", "task_done"), ("w1", "review_request")]
-    [beat] = bus.liveness()
+    [beat] = bus.heartbeats.liveness()
     assert (beat.agent, beat.status, beat.state) == ("w1", "stopped", "stopped")
-    assert bus.liveness(stopped=False) == []
+    assert bus.heartbeats.liveness(stopped=False) == []
 
 
 def test_fail_and_cancel_leave_a_stopped_beat(ws: Workers, bus: Bus, repo: Path) -> None:
@@ -332,7 +332,7 @@ def test_fail_and_cancel_leave_a_stopped_beat(ws: Workers, bus: Bus, repo: Path)
     ws.heartbeat("w2")
     ws.fail("w1", "broke")
     ws.cancel("w2")
-    assert [(b.agent, b.status, b.state) for b in bus.liveness()] == [
+    assert [(b.agent, b.status, b.state) for b in bus.heartbeats.liveness()] == [
         ("w1", "stopped", "stopped"), ("w2", "stopped", "stopped")]
     types = [m.type for m in bus.list_messages(limit=1000)]
     assert types.count("agent_started") == 1 and types.count("agent_stopped") == 1
@@ -348,7 +348,7 @@ def test_back_to_work_the_stopped_beat_gives_way_to_a_working_one(
     ws.done("w1")
     seen = bus.last_seq()
     ws.reject("w1", "add a test") if back == "reject" else ws.rework("w1")
-    [beat] = bus.liveness()
+    [beat] = bus.heartbeats.liveness()
     assert (beat.agent, beat.status, beat.task, beat.state) == ("w1", "working", "t1", "alive")
     assert beat.progress is None  # the new stint has made no progress yet
     [status] = ws.status("w1")
@@ -362,9 +362,9 @@ def test_back_to_work_leaves_a_forgotten_agent_forgotten(ws: Workers, bus: Bus,
     ws.start("w1")
     commit_file(w.worktree, "a.txt", "a\n")
     ws.done("w1")
-    assert bus.forget("w1")
+    assert bus.heartbeats.forget("w1")
     ws.rework("w1")
-    assert bus.liveness() == []
+    assert bus.heartbeats.liveness() == []
 
 
 # --- a SIGKILLed `worker run` and the takeover ----------------------------------------------
@@ -379,18 +379,20 @@ def test_task_reclaimed_after_sigkilled_worker_run(db_path: Path, bus: Bus, repo
     proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: [c.agent for c in bus.claims()] == ["w1"]
-                   and [b.agent for b in bus.liveness()] == ["w1"], "w1 to hold t1 and beat")
+        wait_until(lambda: [c.agent for c in bus.claims.list()] == ["w1"]
+                   and [b.agent for b in bus.heartbeats.liveness()] == ["w1"],
+                   "w1 to hold t1 and beat")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     with pytest.raises(TaskTaken):  # the lease has not run out yet
         ws.spawn("t1", "w2", repo)
-    until = bus.claims()[0].lease_until_ms
+    until = bus.claims.list()[0].lease_until_ms
     wait_until(lambda: now_ms() > until, "w1's lease to run out")
     ws.spawn("t1", "w2", repo)
     ws.start("w2")
     [reclaimed] = [m for m in bus.list_messages(limit=1000) if m.type == "task_reclaimed"]
     assert reclaimed.payload == {"task": "t1", "previous_holder": "w1", "new_holder": "w2",
                                  "attempt": 2, "fence": 2}
-    assert [(b.agent, b.status) for b in bus.liveness()] == [("w1", "working")]  # died beating
+    # died beating
+    assert [(b.agent, b.status) for b in bus.heartbeats.liveness()] == [("w1", "working")]

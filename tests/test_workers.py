@@ -100,7 +100,7 @@ def state_changes(bus: Bus, worker: str) -> list[dict]:
 
 
 def claim_of(bus: Bus, task: str):
-    return next((c for c in bus.claims() if c.task_id == task), None)
+    return next((c for c in bus.claims.list() if c.task_id == task), None)
 
 
 def mirror_path(ws: Workers, worker: str) -> Path:
@@ -125,9 +125,9 @@ def snapshot(ws: Workers, worker: str, repo: Path, full: bool = True) -> dict:
         "messages": [m.seq for m in all_messages(bus)],
         "mirror": mirror_path(ws, worker).read_bytes(),
         "mirrors_dir": sorted(os.listdir(ws.mirrors)),
-        "claims": bus.claims(),
+        "claims": bus.claims.list(),
         "beats": sorted((b.agent, b.ts_ms, b.status, b.task, b.progress)
-                        for b in bus.liveness()),
+                        for b in bus.heartbeats.liveness()),
         "refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),
     }
     if full:
@@ -228,7 +228,7 @@ def test_spawn_creates_branch_worktree_row_mirror_and_messages(ws: Workers, bus:
         ("orchestrator", "w1", "task_assign", "t1",
          {"task": "t1", "branch": "w1/t1", "base": "main", "worktree": str(worktree)}),
     ]
-    assert bus.claims() == []
+    assert bus.claims.list() == []
     assert mirror_path(ws, "w1") == tmp_path / "workers" / "w1.json"
     assert_mirror_matches(ws, "w1")
 
@@ -408,7 +408,7 @@ def test_lifecycle_spawn_to_fast_forward_merge(ws: Workers, bus: Bus, repo: Path
                                            "commit": commit, "fast_forward": True}),
     ]
     assert claim_of(bus, "t1") is None
-    assert bus.claim("t1", "someone-else", 1000)  # the task is free
+    assert bus.claims.claim("t1", "someone-else", 1000)  # the task is free
     assert_mirror_matches(ws, "w1")
     assert [m.type for m in all_messages(bus)] == [
         "state_change", "task_assign", "state_change", "task_claim", "agent_started",
@@ -518,7 +518,7 @@ def test_merge_frees_the_task_even_if_the_worker_claimed_it_again(ws: Workers, b
                                                                   repo: Path) -> None:
     w = ws.spawn("t1", "w1", repo)
     drive(ws, "w1", ["start", "done", "approve"])
-    assert bus.claim("t1", "w1", 60_000)  # e.g. the agent ran `bus claim` itself meanwhile
+    assert bus.claims.claim("t1", "w1", 60_000)  # e.g. the agent ran `bus claim` itself meanwhile
     assert ws.merge("w1").state == "COMPLETED"
     assert claim_of(bus, "t1") is None
     assert not Path(w.worktree).exists()
@@ -582,7 +582,7 @@ def test_reject_refused_while_another_worker_holds_the_task(ws: Workers, bus: Bu
                                                             repo: Path) -> None:
     ws.spawn("t1", "w1", repo)
     drive(ws, "w1", ["start", "done"])
-    assert bus.claim("t1", "w2", 60_000)  # the task was released by w1's done
+    assert bus.claims.claim("t1", "w2", 60_000)  # the task was released by w1's done
     before = snapshot(ws, "w1", repo)
     with pytest.raises(ClaimRefused) as raised:
         ws.reject("w1", "again")
@@ -805,7 +805,7 @@ def test_cancel_and_fail_release_claim_and_keep_branch(ws: Workers, bus: Bus, re
     assert [summary(m) for m in bus.list_messages(after=seen)] == [
         ("w1", None, "state_change", "t1", {"from": state, "to": target, "command": command}),
         *(stopped if state == "WORKING" else []), *extra]
-    [beat] = bus.liveness()
+    [beat] = bus.heartbeats.liveness()
     assert (beat.agent, beat.state, beat.status) == ("w1", "stopped", "stopped")
     assert_mirror_matches(ws, "w1")
 
@@ -813,7 +813,7 @@ def test_cancel_and_fail_release_claim_and_keep_branch(ws: Workers, bus: Bus, re
 def test_cancel_does_not_release_another_workers_claim(ws: Workers, bus: Bus, repo: Path) -> None:
     ws.spawn("t1", "w1", repo)
     drive(ws, "w1", ["start", "done"])
-    assert bus.claim("t1", "w2", 60_000)
+    assert bus.claims.claim("t1", "w2", 60_000)
     ws.cancel("w1")
     assert claim_of(bus, "t1").agent == "w2"
 
@@ -854,8 +854,8 @@ def test_start_takes_over_an_expired_lease(ws: Workers, bus: Bus, repo: Path) ->
 def test_start_refused_when_task_is_dead(ws: Workers, bus: Bus, repo: Path) -> None:
     ws.spawn("t1", "w1", repo)
     for n in range(5):  # five leases that ran out: the task is dead
-        assert bus.claim("t1", f"crasher-{n}", 1, now=1_700_000_000_000 + n * 10)
-    assert not bus.try_claim("t1", "x", 1, now=1_700_000_001_000).granted
+        assert bus.claims.claim("t1", f"crasher-{n}", 1, now=1_700_000_000_000 + n * 10)
+    assert not bus.claims.try_claim("t1", "x", 1, now=1_700_000_001_000).granted
     before = snapshot(ws, "w1", repo)
     with pytest.raises(ClaimRefused) as raised:
         ws.start("w1")
@@ -870,10 +870,10 @@ def test_heartbeat_assigned_beats_without_claiming(ws: Workers, bus: Bus, repo: 
     ws.spawn("t1", "w1", repo)
     before = snapshot(ws, "w1", repo)
     assert ws.heartbeat("w1", "idle", 0.25) == before["row"]
-    [beat] = bus.liveness()
+    [beat] = bus.heartbeats.liveness()
     assert (beat.agent, beat.status, beat.task, beat.progress, beat.state) == (
         "w1", "idle", "t1", 0.25, "alive")
-    assert bus.claims() == []
+    assert bus.claims.list() == []
     after = snapshot(ws, "w1", repo)
     assert {k: v for k, v in after.items() if k not in ("beats", "messages")} == {
         k: v for k, v in before.items() if k not in ("beats", "messages")}
@@ -890,7 +890,7 @@ def test_heartbeat_renews_the_lease(ws: Workers, bus: Bus, repo: Path) -> None:
     assert renewed.lease_until_ms >= first.lease_until_ms + 60_000
     assert (renewed.agent, renewed.lease_ms, renewed.attempts, renewed.claimed_at_ms) == (
         "w1", 120_000, 1, first.claimed_at_ms)
-    [beat] = bus.liveness()
+    [beat] = bus.heartbeats.liveness()
     assert (beat.agent, beat.status, beat.task, beat.progress) == ("w1", "working", "t1", 0.5)
     wait_until(lambda: now_ms() > renewed.lease_until_ms - 120_000, "the clock to move")
     ws.heartbeat("w1", lease_ms=120_000)
@@ -914,7 +914,7 @@ def test_heartbeat_refused_when_another_agent_took_the_expired_lease(ws: Workers
     ws.spawn("t1", "w1", repo)
     ws.start("w1", lease_ms=1)
     wait_for_lease_end(bus, "t1")
-    assert bus.claim("t1", "intruder", 60_000)
+    assert bus.claims.claim("t1", "intruder", 60_000)
     with pytest.raises(ClaimRefused) as raised:
         ws.heartbeat("w1")
     assert str(raised.value) == "task t1 is held by intruder until its lease ends; try again later"
@@ -929,7 +929,7 @@ def test_heartbeat_refused_outside_assigned_and_working(ws: Workers, bus: Bus, r
         ws.heartbeat("w1")
     assert str(raised.value) == ("worker w1 is IN_REVIEW; allowed: approve, reject, rework,"
                                  " cancel, fail")
-    assert [(b.agent, b.status) for b in bus.liveness()] == [("w1", "stopped")]
+    assert [(b.agent, b.status) for b in bus.heartbeats.liveness()] == [("w1", "stopped")]
 
 
 # --- run (library) --------------------------------------------------------------------------------
@@ -946,7 +946,7 @@ def test_run_keeps_beating_and_renewing_while_the_command_runs(ws: Workers, bus:
         "with Bus.open(sys.argv[1], create=False) as b:\n"
         "    while len(seen) < 3:\n"
         "        assert time.monotonic() < deadline, seen\n"
-        "        c = [c for c in b.claims() if c.task_id == 't1']\n"
+        "        c = [c for c in b.claims.list() if c.task_id == 't1']\n"
         "        if c and c[0].agent == 'w1': seen.add(c[0].lease_until_ms)\n"
         "        time.sleep(0.005)\n"
         "open('result.txt', 'w').write('done')\n"
@@ -957,7 +957,7 @@ def test_run_keeps_beating_and_renewing_while_the_command_runs(ws: Workers, bus:
                           lease_ms=30_000)
     assert (worker.state, code) == ("IN_REVIEW", 0)
     assert worker.note.endswith("` exited 0")
-    [beat] = bus.liveness()  # done's last beat, after the beating thread's
+    [beat] = bus.heartbeats.liveness()  # done's last beat, after the beating thread's
     assert (beat.agent, beat.status, beat.task, beat.state) == ("w1", "stopped", "t1", "stopped")
     assert claim_of(bus, "t1") is None  # done released it
 
@@ -989,7 +989,7 @@ def test_run_cancelled_meanwhile_does_not_take_the_task_back(ws: Workers, bus: B
         "    seen, deadline = set(), time.monotonic() + 20\n"
         "    while len(seen) < 3:\n"
         "        assert time.monotonic() < deadline, seen\n"
-        "        seen |= {x.ts_ms for x in b.liveness() if x.agent == 'w1'}\n"
+        "        seen |= {x.ts_ms for x in b.heartbeats.liveness() if x.agent == 'w1'}\n"
         "        time.sleep(0.005)\n"
     )
     with pytest.raises(InvalidTransition) as raised:

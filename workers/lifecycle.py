@@ -160,7 +160,7 @@ class Workers:
     def status(self, worker: str | None = None) -> list[WorkerStatus]:
         """Workers with their last heartbeat's age and, while unfinished, their liveness."""
         found = [self.get(worker)] if worker else registry.list_workers(self.bus.conn)
-        beats = {b.agent: b for b in self.bus.liveness()}
+        beats = {b.agent: b for b in self.bus.heartbeats.liveness()}
         return [WorkerStatus(w, beats[w.worker].age_s if w.worker in beats else None,
                              beats[w.worker].state
                              if w.worker in beats and w.state not in TERMINAL else None)
@@ -378,7 +378,8 @@ class Workers:
         `progress` None keeps the progress the worker's last beat reported.
         """
         current = self._expect(worker, "heartbeat")
-        self.bus.heartbeat(worker, status, current.task, KEEP if progress is None else progress)
+        self.bus.heartbeats.beat(worker, status, current.task,
+                                 KEEP if progress is None else progress)
         if current.state == WORKING:
             self._keep_lease(current, lease_ms)
         return current
@@ -462,17 +463,17 @@ class Workers:
         """PathsReserved when `ref` changes (since its base) paths that live agents other
         than the worker hold exclusively (`bus reserve`); the message is the hook's."""
         paths = git.changed_paths(where, worker.base, ref)
-        held = self.bus.check_paths(worker.worker, paths) if paths else []
+        held = self.bus.reservations.check_paths(worker.worker, paths) if paths else []
         if held:
             raise PathsReserved(held)
 
     def _release(self, worker: Worker, fence: int | None = None) -> None:
-        self.bus.release(worker.task, worker.worker, fence=fence)
+        self.bus.claims.release(worker.task, worker.worker, fence=fence)
 
     def _registered_task(self, task: str) -> Task | None:
         """The task graph's task of this id, if one is registered; one that is done or
         cancelled already is refused (TaskStateConflict): there is nothing left to do."""
-        registered = self.bus.find_task(task)
+        registered = self.bus.tasks.find(task)
         if registered is not None and registered.state != OPEN:
             raise TaskStateConflict(task, registered.state, "worker spawn",
                                     "add a new task (`bus task add`) for more work")
@@ -481,9 +482,9 @@ class Workers:
     def _finish_registered(self, worker: Worker) -> None:
         """A merged worker's task, when the task graph has it, is done (`task_done`), and the
         tasks waiting on it may become ready. One still waiting on others stays open."""
-        registered = self.bus.find_task(worker.task)
+        registered = self.bus.tasks.find(worker.task)
         if registered is not None and registered.state == OPEN and not registered.waiting_on:
-            self.bus.complete_task(worker.task, worker.worker, require_claim=False)
+            self.bus.tasks.complete(worker.task, worker.worker, require_claim=False)
 
     def _stop(self, worker: Worker, fence: int | None = None) -> None:
         """Leaving for review or for good: release the task (StaleFence, before
@@ -506,7 +507,7 @@ class Workers:
     def _take(self, worker: Worker, lease_ms: int) -> Claim:
         """The task's lease for `worker`, unless another worker has the task."""
         self._refuse_rival(worker.task, worker.worker)
-        result = self.bus.try_claim(worker.task, worker.worker, lease_ms)
+        result = self.bus.claims.try_claim(worker.task, worker.worker, lease_ms)
         if not result.granted:
             raise _refusal(worker.task, result)
         return result.claim
@@ -557,7 +558,7 @@ class Workers:
         From `run`'s heartbeat thread only while the worker is still WORKING:
         a fail or cancel meanwhile released the task, and it must stay released.
         """
-        if self.bus.renew(worker.task, worker.worker, lease_ms):
+        if self.bus.claims.renew(worker.task, worker.worker, lease_ms):
             return
         with write_transaction(self.bus.conn):  # the state check and the claim, together
             if only_while_working and self.get(worker.worker).state != WORKING:

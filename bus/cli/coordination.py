@@ -66,10 +66,10 @@ def heartbeat(obj: BusContext, agent: str, status: str, task: str | None,
     Example: bus heartbeat --agent worker-1 --status working --task t1 --progress 0.5
     """
     bus = obj.open()
-    ts = bus.heartbeat(agent, status, KEEP if task is None else (task or None),
-                       KEEP if progress is None else progress)
+    ts = bus.heartbeats.beat(agent, status, KEEP if task is None else (task or None),
+                             KEEP if progress is None else progress)
     if as_json:
-        beat = next(b for b in bus.liveness() if b.agent == agent)
+        beat = next(b for b in bus.heartbeats.liveness() if b.agent == agent)
         echo_json({"agent": agent, "ts_ms": ts, "status": status, "task": beat.task,
                    "progress": beat.progress})
     else:
@@ -91,8 +91,8 @@ def alive(obj: BusContext, warn_s: float | None, stale_s: float | None, dead_s: 
 
     Example: bus alive --all --json
     """
-    found = obj.open().liveness(thresholds=Thresholds.given(warn_s, stale_s, dead_s),
-                                stopped=show_all)
+    found = obj.open().heartbeats.liveness(thresholds=Thresholds.given(warn_s, stale_s, dead_s),
+                                           stopped=show_all)
     empty = "no heartbeats yet" if show_all else "no running agents; --all shows stopped ones too"
     echo_listing(found, as_json, empty,
                  ["agent", "state", "silent_s", "status", "task", "progress"],
@@ -109,7 +109,7 @@ def forget(obj: BusContext, agent: str, as_json: bool) -> None:
 
     Example: bus forget worker-1
     """
-    removed = obj.open().forget(agent)
+    removed = obj.open().heartbeats.forget(agent)
     if as_json:
         echo_json({"agent": agent, "forgotten": removed})
     else:
@@ -141,7 +141,7 @@ def claim(obj: BusContext, task_id: str, agent: str, lease_ms: int, max_attempts
 
     Example: bus claim --task t1 --agent worker-1 --lease-ms 30000
     """
-    result = obj.open().try_claim(task_id, agent, lease_ms, max_attempts=max_attempts)
+    result = obj.open().claims.try_claim(task_id, agent, lease_ms, max_attempts=max_attempts)
     if as_json:
         echo_json(_result_json(result))
         if not result.granted:
@@ -170,8 +170,8 @@ def renew(obj: BusContext, task_id: str, agent: str, lease_ms: int | None, fence
     Example: bus renew --task t1 --agent worker-1 --fence 3
     """
     bus = obj.open()
-    renewed = bus.renew(task_id, agent, lease_ms, fence=fence)
-    current = next((c for c in bus.claims() if c.task_id == task_id), None)
+    renewed = bus.claims.renew(task_id, agent, lease_ms, fence=fence)
+    current = next((c for c in bus.claims.list() if c.task_id == task_id), None)
     if as_json:
         echo_json({"renewed": renewed, "claim": current.to_json_dict() if current else None})
         if not renewed:
@@ -196,7 +196,7 @@ def release(obj: BusContext, task_id: str, agent: str, fence: int | None, as_jso
 
     Example: bus release --task t1 --agent worker-1 --fence 3
     """
-    released = obj.open().release(task_id, agent, fence=fence)
+    released = obj.open().claims.release(task_id, agent, fence=fence)
     if as_json:
         echo_json({"released": released, "task": task_id, "agent": agent})
         if not released:
@@ -217,7 +217,7 @@ def claims(obj: BusContext, dead: bool, as_json: bool) -> None:
     Example: bus claims --dead --json
     """
     bus = obj.open()
-    found = bus.dead_claims() if dead else bus.claims()
+    found = bus.claims.dead() if dead else bus.claims.list()
     if as_json:
         for item in found:
             echo_json(item.to_json_dict())
@@ -244,7 +244,7 @@ def reap(obj: BusContext, dead_s: float | None, as_json: bool) -> None:
 
     Example: bus reap --dead 300
     """
-    reaped = obj.open().reap(thresholds=Thresholds.given(dead=dead_s))
+    reaped = obj.open().claims.reap(thresholds=Thresholds.given(dead=dead_s))
     if as_json:
         for c in reaped:
             echo_json(c.to_json_dict())

@@ -79,8 +79,9 @@ def reserve(obj: BusContext, agent: str, patterns: tuple[str, ...], exclusive: b
         return
     bus = obj.open()
     try:
-        made = bus.reserve(agent, list(patterns), mode=EXCLUSIVE if exclusive else SHARED,
-                           ttl_ms=ttl_ms, reason=reason)
+        made = bus.reservations.reserve(agent, list(patterns),
+                                        mode=EXCLUSIVE if exclusive else SHARED,
+                                        ttl_ms=ttl_ms, reason=reason)
     except ReservationConflict as exc:
         if not as_json:
             raise
@@ -104,7 +105,7 @@ def _refuse_reserve_options(ctx: click.Context) -> None:
 
 def _check(obj: BusContext, agent: str, paths: list[str], as_json: bool) -> None:
     try:
-        held = obj.open().check_paths(agent, paths)
+        held = obj.open().reservations.check_paths(agent, paths)
     except ValidationFailed as exc:
         if exc.field != "paths":
             raise
@@ -130,7 +131,7 @@ def reservations(obj: BusContext, agent: str | None, path: str | None, as_json: 
 
     Example: bus reservations --path src/auth/login.py
     """
-    found = obj.open().reservations(agent, path)
+    found = obj.open().reservations.list(agent, path)
     echo_listing(found, as_json, "no live reservations",
                  ["pattern", "agent", "mode", "expires", "reason"],
                  lambda r: (r.pattern, r.agent, r.mode, iso_utc(r.expires_at_ms), r.reason or ""))
@@ -146,7 +147,7 @@ def unreserve(obj: BusContext, agent: str, patterns: tuple[str, ...], as_json: b
 
     Example: bus unreserve --agent agent-a 'src/auth/**'
     """
-    removed = obj.open().unreserve(agent, list(patterns) if patterns else None)
+    removed = obj.open().reservations.unreserve(agent, list(patterns) if patterns else None)
     if as_json:
         echo_json({"agent": agent, "released": [r.to_json_dict() for r in removed]})
     elif not removed:
@@ -208,7 +209,7 @@ def pre_commit(obj: BusContext, agent: str | None, as_json: bool) -> None:
         return
     paths = githooks.staged_paths()
     committer = agent or worker_of_worktree(bus.conn, githooks.worktree_top())
-    held = bus.check_paths(committer, paths) if paths else []
+    held = bus.reservations.check_paths(committer, paths) if paths else []
     if as_json:
         echo_json({"ok": not held, "agent": committer, "held": [h.to_json_dict() for h in held]})
         if held:

@@ -64,7 +64,7 @@ def task_add(obj: BusContext, task_id: str, title: str | None, after: tuple[str,
 
     Example: bus task add build --title "Build it" --after design --priority 1
     """
-    added = obj.open().add_task(task_id, title, after=after, priority=priority)
+    added = obj.open().tasks.add(task_id, title, after=after, priority=priority)
     if as_json:
         echo_json({**added.to_json_dict(), "after": list(dict.fromkeys(after))})
         return
@@ -83,7 +83,7 @@ def task_depend(obj: BusContext, task_id: str, after: tuple[str, ...], as_json: 
 
     Example: bus task depend deploy --after review
     """
-    added = obj.open().add_dependencies(task_id, after)
+    added = obj.open().tasks.add_dependencies(task_id, after)
     if as_json:
         echo_json({"task": task_id, "added": added})
     elif added:
@@ -101,7 +101,7 @@ def task_ready(obj: BusContext, limit: int | None, as_json: bool) -> None:
 
     Example: bus task ready --json
     """
-    found = obj.open().ready_tasks(limit)
+    found = obj.open().tasks.ready(limit)
     echo_listing(found, as_json, "no task is ready", ["task", "priority", "title"],
                  lambda t: (t.task_id, t.priority, t.title or ""))
 
@@ -115,7 +115,7 @@ def task_list(obj: BusContext, state: str | None, as_json: bool) -> None:
 
     Example: bus task list --state open
     """
-    found = obj.open().list_tasks(state)
+    found = obj.open().tasks.list(state)
     echo_listing(found, as_json, f"no {state} tasks" if state else "no tasks yet",
                  _TASK_COLUMNS, _task_row)
 
@@ -129,7 +129,7 @@ def task_show(obj: BusContext, task_id: str, as_json: bool) -> None:
 
     Example: bus task show build
     """
-    detail = obj.open().task_detail(task_id)
+    detail = obj.open().tasks.detail(task_id)
     if as_json:
         echo_json(detail.to_json_dict())
     else:
@@ -148,7 +148,7 @@ def task_claim_next(obj: BusContext, agent: str, lease_ms: int, max_attempts: in
 
     Example: bus task claim-next --agent worker-1 --lease-ms 600000
     """
-    claimed = obj.open().claim_next(agent, lease_ms, max_attempts=max_attempts)
+    claimed = obj.open().tasks.claim_next(agent, lease_ms, max_attempts=max_attempts)
     if claimed is None:
         if as_json:
             echo_json({"claimed": False, "task": None})
@@ -178,7 +178,7 @@ def task_done(obj: BusContext, task_id: str, agent: str, fence: int | None,
     """
     # A stale --fence or another holder's task: exit 1 naming the flag (their errors are
     # `refused_by_state`, bus/cli/flags.py), not a usage error.
-    done = obj.open().complete_task(task_id, agent, fence=fence)
+    done = obj.open().tasks.complete(task_id, agent, fence=fence)
     if as_json:
         echo_json(done.to_json_dict())
     else:
@@ -197,7 +197,7 @@ def task_cancel(obj: BusContext, task_id: str, agent: str | None, reason: str | 
 
     Example: bus task cancel old-idea --reason "not needed"
     """
-    cancelled = obj.open().cancel_task(task_id, agent, reason)
+    cancelled = obj.open().tasks.cancel(task_id, agent, reason)
     if as_json:
         echo_json(cancelled.to_json_dict())
     else:

@@ -10,10 +10,7 @@ from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import echo_json
-from bus.coordination.tokens import create_token
-from bus.coordination.tokens import list_tokens
 from bus.coordination.tokens import parse_duration_ms
-from bus.coordination.tokens import revoke_token
 
 
 @click.group()
@@ -46,7 +43,7 @@ def token_create(obj: BusContext, agent: str, expires: str | None, read_only: bo
     Example: bus token create --agent worker-1 --expires 30d --read-only
     """
     expires_ms = None if expires is None else parse_duration_ms(expires, "expires")
-    new = create_token(obj.open().conn, agent, expires_ms=expires_ms, read_only=read_only)
+    new = obj.open().tokens.create(agent, expires_ms=expires_ms, read_only=read_only)
     if as_json:
         echo_json({"id": new.id, "agent": new.agent, "token": new.token})
         return
@@ -62,7 +59,7 @@ def token_list(obj: BusContext, as_json: bool) -> None:
 
     Example: bus token list --json
     """
-    found = list_tokens(obj.open().conn)
+    found = obj.open().tokens.list()
     if as_json:
         for one in found:
             echo_json(one.to_json_dict())
@@ -86,7 +83,7 @@ def token_revoke(obj: BusContext, token_id: str, as_json: bool) -> None:
 
     Example: bus token revoke tok-1a2b3c4d
     """
-    revoked = revoke_token(obj.open().conn, token_id)
+    revoked = obj.open().tokens.revoke(token_id)
     if as_json:
         echo_json(revoked.to_json_dict())
     else:

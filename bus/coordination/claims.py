@@ -18,8 +18,9 @@ another took it.
 The operations take a connection and run in one write transaction on it (a
 savepoint inside the caller's, so a task graph can claim in its own
 transaction), together with the messages the bus announces itself
-(`task_dead`, `task_reclaimed`, `task_released`). `Bus` (bus/api.py) hands
-them its thread's connection.
+(`task_dead`, `task_reclaimed`, `task_released`). The `Claims` facade
+(bus/coordination/facades.py, `bus.claims` on a Bus) hands them its thread's
+connection.
 """
 
 from __future__ import annotations
@@ -190,7 +191,7 @@ def _stale_reason(task: str, given: int, current: int | None, holder: Claim | No
 
 def try_claim(conn: apsw.Connection, task_id: str, agent: str, lease_ms: int = 60_000, *,
               max_attempts: int = 5, now: int | None = None) -> ClaimResult:
-    """Claim a task and say what happened (see `Bus.try_claim`)."""
+    """Claim a task and say what happened (see `Claims.try_claim`)."""
     task_id, agent = validate_task(task_id), messages.validate_agent_id(agent)
     validate_lease(lease_ms)
     messages.validate_positive_int(max_attempts, "max_attempts")
@@ -210,7 +211,8 @@ def try_claim(conn: apsw.Connection, task_id: str, agent: str, lease_ms: int = 6
 
 def renew(conn: apsw.Connection, task_id: str, agent: str, lease_ms: int | None = None, *,
           fence: int | None = None, now: int | None = None) -> bool:
-    """Set `agent`'s lease to run `lease_ms` (default: the claim's own) from now (see `Bus.renew`)."""
+    """Set `agent`'s lease to run `lease_ms` (default: the claim's own) from now
+    (see `Claims.renew`)."""
     task_id, agent = validate_task(task_id), messages.validate_agent_id(agent)
     if lease_ms is not None:
         validate_lease(lease_ms)
@@ -223,7 +225,7 @@ def renew(conn: apsw.Connection, task_id: str, agent: str, lease_ms: int | None 
 
 
 def release(conn: apsw.Connection, task_id: str, agent: str, *, fence: int | None = None) -> bool:
-    """Give the task back; False if `agent` does not hold it (see `Bus.release`)."""
+    """Give the task back; False if `agent` does not hold it (see `Claims.release`)."""
     task_id, agent = validate_task(task_id), messages.validate_agent_id(agent)
     with write_transaction(conn):
         if fence is not None:
@@ -233,7 +235,7 @@ def release(conn: apsw.Connection, task_id: str, agent: str, *, fence: int | Non
 
 def reap(conn: apsw.Connection, now: int | None = None,
          thresholds: Thresholds | None = None) -> list[Claim]:
-    """End the leases held by agents whose liveness is dead (see `Bus.reap`)."""
+    """End the leases held by agents whose liveness is dead (see `Claims.reap`)."""
     thresholds = thresholds or Thresholds()
     with write_transaction(conn):
         at = clock_ms(now)

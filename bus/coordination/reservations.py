@@ -1,7 +1,7 @@
 """File reservations: an agent holds files of the repository, by glob, for a while.
 
-    bus.reserve("agent-a", ["src/auth/**"], ttl_ms=2 * 3600_000, reason="login rework")
-    bus.check_paths("agent-b", ["src/auth/login.py"])   # [Held(path, reservation)]
+    bus.reservations.reserve("agent-a", ["src/auth/**"], ttl_ms=2 * 3600_000, reason="login rework")
+    bus.reservations.check_paths("agent-b", ["src/auth/login.py"])  # [Held(path, reservation)]
 
 Two reservations conflict when some path matches both patterns (bus/coordination/globs.py
 decides it exactly) and either is exclusive; an agent's own reservations never
@@ -22,8 +22,9 @@ that ended stays ended. All times are epoch milliseconds; every call takes
 `now` so tests step the clock instead of sleeping.
 
 Like bus/coordination/claims.py, the operations (reserve, list_reservations, unreserve,
-check_paths) take a connection and run in one transaction on it; `Bus`
-(bus/api.py) hands them its thread's connection (`Bus.reservations` is
+check_paths) take a connection and run in one transaction on it; the
+`Reservations` facade (bus/coordination/facades.py, `bus.reservations` on a
+Bus) hands them its thread's connection (`bus.reservations.list` is
 `list_reservations`). The functions above them read or sweep inside the
 caller's transaction (the status views read the table so).
 """
@@ -307,7 +308,7 @@ def _validate_ttl(ttl_ms: object) -> int:
 def reserve(conn: apsw.Connection, agent: str, patterns: Sequence[str], *,
             mode: str = EXCLUSIVE, ttl_ms: int = DEFAULT_TTL_MS, reason: str | None = None,
             now: int | None = None, thresholds: Thresholds | None = None) -> list[Reservation]:
-    """See `Bus.reserve`."""
+    """See `Reservations.reserve`."""
     agent = messages.validate_agent_id(agent)
     globs = validate_patterns(patterns)
     mode, ttl_ms = _validate_mode(mode), _validate_ttl(ttl_ms)
@@ -326,7 +327,7 @@ def reserve(conn: apsw.Connection, agent: str, patterns: Sequence[str], *,
 def list_reservations(conn: apsw.Connection, agent: str | None = None,
                       path: str | None = None, *, now: int | None = None,
                       thresholds: Thresholds | None = None) -> list[Reservation]:
-    """See `Bus.reservations`."""
+    """See `Reservations.list`."""
     if agent is not None:
         agent = messages.validate_agent_id(agent)
     wanted = normalize_path(path) if path is not None else None
@@ -340,7 +341,7 @@ def list_reservations(conn: apsw.Connection, agent: str | None = None,
 def unreserve(conn: apsw.Connection, agent: str, patterns: Sequence[str] | None = None, *,
               now: int | None = None,
               thresholds: Thresholds | None = None) -> list[Reservation]:
-    """See `Bus.unreserve`."""
+    """See `Reservations.unreserve`."""
     agent = messages.validate_agent_id(agent)
     with write_transaction(conn):
         at = messages.now_ms() if now is None else now
@@ -357,7 +358,7 @@ def unreserve(conn: apsw.Connection, agent: str, patterns: Sequence[str] | None 
 
 def check_paths(conn: apsw.Connection, agent: str | None, paths: Sequence[str], *,
                 now: int | None = None, thresholds: Thresholds | None = None) -> list[Held]:
-    """See `Bus.check_paths`."""
+    """See `Reservations.check_paths`."""
     if agent is not None:
         agent = messages.validate_agent_id(agent)
     wanted = validate_paths(paths)

@@ -12,12 +12,13 @@ so the ready list is one scan of a partial index (migration 0014) in its
 own order, checking only the leases of what it returns.
 
 Like bus/coordination/claims.py, the operations (add_task ... cancel_task) take a
-connection and run in one transaction on it; `Bus` (bus/api.py) hands them
-its thread's connection under the same names. The functions below them run
-inside the caller's transaction. Leases are the claims of bus/coordination/claims.py
-under the same task ids, so `claim_next` takes its task through the very
-code `claim` runs (attempts, takeovers, dead tasks, reaping and heartbeats
-all apply), and a task a live lease holds is not ready. `complete_task` and
+connection and run in one transaction on it; the `Tasks` facade
+(bus/coordination/facades.py, `bus.tasks` on a Bus) hands them its thread's
+connection. The functions below them run inside the caller's transaction.
+Leases are the claims of bus/coordination/claims.py under the same task ids,
+so `claim_next` takes its task through the very code `claim` runs (attempts,
+takeovers, dead tasks, reaping and heartbeats all apply), and a task a live
+lease holds is not ready. `complete_task` and
 `cancel_task` publish `task_done` and `task_cancelled` (correlation id: the
 task) in their transaction, so the export and the history see every end.
 """
@@ -252,7 +253,7 @@ class TaskRow:
 def add_task(conn: apsw.Connection, task_id: str, title: str | None = None, *,
              after: Iterable[str] = (), priority: int = PRIORITY_DEFAULT,
              now: int | None = None) -> Task:
-    """See `Bus.add_task`."""
+    """See `Tasks.add`."""
     task_id = validate_task_id(task_id)
     title = messages.validate_text(title, "title", TITLE_MAX, optional=True)
     _validate_priority(priority)
@@ -269,7 +270,7 @@ def add_task(conn: apsw.Connection, task_id: str, title: str | None = None, *,
 
 
 def add_dependencies(conn: apsw.Connection, task_id: str, after: Iterable[str]) -> list[str]:
-    """See `Bus.add_dependencies`."""
+    """See `Tasks.add_dependencies`."""
     task_id = validate_task_id(task_id)
     after = _validated_ids(after)
     with write_transaction(conn):
@@ -287,7 +288,7 @@ def add_dependencies(conn: apsw.Connection, task_id: str, after: Iterable[str]) 
 
 def ready_tasks(conn: apsw.Connection, limit: int | None = None, *,
                 now: int | None = None) -> list[Task]:
-    """See `Bus.ready_tasks`."""
+    """See `Tasks.ready`."""
     if limit is not None:
         messages.validate_positive_int(limit, "limit")
     with translate_errors(conn), conn:  # one read snapshot
@@ -295,7 +296,7 @@ def ready_tasks(conn: apsw.Connection, limit: int | None = None, *,
 
 
 def list_tasks(conn: apsw.Connection, state: str | None = None) -> list[Task]:
-    """See `Bus.list_tasks`."""
+    """See `Tasks.list`."""
     if state is not None and state not in STATES:
         raise ValidationFailed("state", f"must be one of {', '.join(STATES)},"
                                         f" got {state!r}")
@@ -305,13 +306,13 @@ def list_tasks(conn: apsw.Connection, state: str | None = None) -> list[Task]:
 
 
 def find_task(conn: apsw.Connection, task_id: str) -> Task | None:
-    """See `Bus.find_task`."""
+    """See `Tasks.find`."""
     with translate_errors(conn):
         return get(conn, validate_task_id(task_id))
 
 
 def task_detail(conn: apsw.Connection, task_id: str, *, now: int | None = None) -> TaskDetail:
-    """See `Bus.task_detail`."""
+    """See `Tasks.detail`."""
     task_id = validate_task_id(task_id)
     with translate_errors(conn), conn:
         return task_detail_of(conn, _required(conn, task_id), clock_ms(now))
@@ -332,7 +333,7 @@ def task_counts(conn: apsw.Connection, *, now: int | None = None) -> TaskCounts:
 
 def claim_next(conn: apsw.Connection, agent: str, lease_ms: int = 60_000, *, max_attempts: int = 5,
                now: int | None = None) -> ClaimedTask | None:
-    """See `Bus.claim_next`: the ready list and the claim share one transaction."""
+    """See `Tasks.claim_next`: the ready list and the claim share one transaction."""
     agent = messages.validate_agent_id(agent)
     validate_lease(lease_ms)
     messages.validate_positive_int(max_attempts, "max_attempts")
@@ -357,7 +358,7 @@ def claim_next(conn: apsw.Connection, agent: str, lease_ms: int = 60_000, *, max
 
 def complete_task(conn: apsw.Connection, task_id: str, agent: str, *, fence: int | None = None,
                   require_claim: bool = True, now: int | None = None) -> Task:
-    """See `Bus.complete_task`."""
+    """See `Tasks.complete`."""
     task_id, agent = validate_task_id(task_id), messages.validate_agent_id(agent)
     if fence is not None:
         messages.validate_positive_int(fence, "fence")
@@ -384,7 +385,7 @@ def complete_task(conn: apsw.Connection, task_id: str, agent: str, *, fence: int
 
 def cancel_task(conn: apsw.Connection, task_id: str, agent: str | None = None,
                 reason: str | None = None, *, now: int | None = None) -> Task:
-    """See `Bus.cancel_task`."""
+    """See `Tasks.cancel`."""
     task_id = validate_task_id(task_id)
     agent = messages.validate_agent_id(agent) if agent is not None else SYSTEM_AGENT
     reason = messages.validate_text(reason, "reason", TITLE_MAX, optional=True)

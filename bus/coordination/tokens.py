@@ -10,7 +10,7 @@ per token (`TokenChecker`), so a busy server costs the file no write per
 request.
 
     with Bus.open("bus.db") as bus:
-        new = create_token(bus.conn, "worker-1", expires_ms=30 * DAY_MS)
+        new = bus.tokens.create("worker-1", expires_ms=30 * DAY_MS)
         print(new.token)                   # shown once, never again
         TokenChecker(bus).check(new.token) # -> Token(agent="worker-1", ...)
 """

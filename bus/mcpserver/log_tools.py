@@ -211,13 +211,13 @@ class LogTools:
         ))] = None,
     ) -> dict[str, Any]:
         """Tell the bus you are alive. Beat at least every 30 s, or others see you as silent."""
-        at = self.bus.heartbeat(self.agent, status, KEEP if task is None else (task or None),
-                                KEEP if progress is None else progress)
+        at = self.bus.heartbeats.beat(self.agent, status, KEEP if task is None else (task or None),
+                                      KEEP if progress is None else progress)
         return {"agent": self.agent, "ts_ms": at}
 
     def liveness(self) -> dict[str, Any]:
         """Every agent that ever beat: alive, warn (30 s silent), stale (100 s) or dead (5 min)."""
-        return {"agents": [entry.to_json_dict() for entry in self.bus.liveness()]}
+        return {"agents": [entry.to_json_dict() for entry in self.bus.heartbeats.liveness()]}
 
     def search(
         self,

@@ -47,8 +47,10 @@ class ReservationTools:
         `granted` false: nothing reserved; `conflicts` names what is in the way.
         """
         try:
-            made = self.bus.reserve(self.agent, patterns, mode=EXCLUSIVE if exclusive else SHARED,
-                                    ttl_ms=max(1, round(ttl_seconds * 1000)), reason=reason)
+            made = self.bus.reservations.reserve(self.agent, patterns,
+                                                 mode=EXCLUSIVE if exclusive else SHARED,
+                                                 ttl_ms=max(1, round(ttl_seconds * 1000)),
+                                                 reason=reason)
         except ReservationConflict as exc:
             return {"granted": False, "conflicts": [c.to_json_dict() for c in exc.conflicts]}
         return {"granted": True, "reservations": [r.to_json_dict() for r in made]}
@@ -62,13 +64,15 @@ class ReservationTools:
         ] = None,
     ) -> dict[str, Any]:
         """The live file reservations (ended ones are gone), by pattern."""
-        return {"reservations": [r.to_json_dict() for r in self.bus.reservations(holder, path)]}
+        found = self.bus.reservations.list(holder, path)
+        return {"reservations": [r.to_json_dict() for r in found]}
 
     def unreserve(self, patterns: Annotated[Optional[list[str]], Field(description=(
             "The patterns to release, as reserved; omit to release all of yours."))] = None,
     ) -> dict[str, Any]:
         """Release your file reservations when you are done with the files."""
-        return {"released": [r.to_json_dict() for r in self.bus.unreserve(self.agent, patterns)]}
+        released = self.bus.reservations.unreserve(self.agent, patterns)
+        return {"released": [r.to_json_dict() for r in released]}
 
     def reserve_check(self, paths: Annotated[list[str], Field(min_length=1, description=(
             "File paths from the repository root, e.g. the ones you are about to commit."))],
@@ -78,7 +82,7 @@ class ReservationTools:
         {"ok": true} unless another live agent holds some of them exclusively;
         "held" names each such path with its holder and expiry.
         """
-        held = self.bus.check_paths(self.agent, paths)
+        held = self.bus.reservations.check_paths(self.agent, paths)
         return {"ok": not held, "held": [h.to_json_dict() for h in held]}
 
     TOOLS = {"reserve": ADDS, "reservations": READS, "unreserve": DISCARDS,

@@ -45,35 +45,35 @@ class TaskTools:
         priority: Priority = PRIORITY_DEFAULT,
     ) -> dict[str, Any]:
         """Add a task to the graph. An unknown dependency is refused; nothing is added."""
-        return self.bus.add_task(task, title, after=after or (), priority=priority).to_json_dict()
+        return self.bus.tasks.add(task, title, after=after or (), priority=priority).to_json_dict()
 
     def task_depend(self, task: Task, after: After) -> dict[str, Any]:
         """Make an open task wait on more tasks (refused if that closes a cycle).
 
         The refusal names the cycle, and then nothing is added.
         """
-        return {"task": task, "added": self.bus.add_dependencies(task, after)}
+        return {"task": task, "added": self.bus.tasks.add_dependencies(task, after)}
 
     def task_ready(self, limit: Annotated[int, Field(ge=1, le=1000, description=(
             "The most tasks to return."))] = 20) -> dict[str, Any]:
         """Tasks you could take now (open, dependencies done, no lease), most urgent first."""
-        return {"tasks": [t.to_json_dict() for t in self.bus.ready_tasks(limit)]}
+        return {"tasks": [t.to_json_dict() for t in self.bus.tasks.ready(limit)]}
 
     def task_list(self, state: Annotated[Optional[Literal[STATES]], Field(description=(
             "Only tasks in this state; omit for all."))] = None) -> dict[str, Any]:
         """Every task of the graph (or those in one state), oldest first."""
-        return {"tasks": [t.to_json_dict() for t in self.bus.list_tasks(state)]}
+        return {"tasks": [t.to_json_dict() for t in self.bus.tasks.list(state)]}
 
     def task_show(self, task: Task) -> dict[str, Any]:
         """One task: state, dependencies, dependents, holder, fence and its newest events."""
-        return self.bus.task_detail(task).to_json_dict()
+        return self.bus.tasks.detail(task).to_json_dict()
 
     def task_claim_next(self, lease_ms: LeaseMs = 60_000) -> dict[str, Any]:
         """Claim the most urgent ready task; returns it with its fence, for task_done.
 
         `claimed` false: nothing is ready.
         """
-        claimed = self.bus.claim_next(self.agent, lease_ms)
+        claimed = self.bus.tasks.claim_next(self.agent, lease_ms)
         if claimed is None:
             return {"claimed": False, "task": None}
         return {"claimed": True, **claimed.to_json_dict()}
@@ -85,12 +85,12 @@ class TaskTools:
 
         Its lease ends, and a `task_done` message tells everyone.
         """
-        return self.bus.complete_task(task, self.agent, fence=fence).to_json_dict()
+        return self.bus.tasks.complete(task, self.agent, fence=fence).to_json_dict()
 
     def task_cancel(self, task: Task, reason: Annotated[Optional[str], Field(
             max_length=TITLE_MAX, description="Why, for the log.")] = None) -> dict[str, Any]:
         """Cancel an open task. Tasks waiting on it stay blocked (cancelled is not done)."""
-        return self.bus.cancel_task(task, self.agent, reason).to_json_dict()
+        return self.bus.tasks.cancel(task, self.agent, reason).to_json_dict()
 
     def claim(self, task: Task, lease_ms: LeaseMs = 60_000) -> dict[str, Any]:
         """Take the lease on a task so no other agent works on it.
@@ -99,7 +99,7 @@ class TaskTools:
         or the task is dead (ran out of attempts). Claiming a task you hold extends it.
         `fence` is your lease's fence: pass it to renew, release and publish about the task.
         """
-        result = self.bus.try_claim(task, self.agent, lease_ms)
+        result = self.bus.claims.try_claim(task, self.agent, lease_ms)
         return {"task": task, "granted": result.granted, "fence": result.fence,
                 "claim": result.claim.to_json_dict() if result.claim else None,
                 "dead": result.dead.to_json_dict() if result.dead else None}
@@ -111,11 +111,12 @@ class TaskTools:
         `renewed` false means the lease already ran out or another agent holds it:
         stop working on the task, or claim it again.
         """
-        return {"task": task, "renewed": self.bus.renew(task, self.agent, lease_ms, fence=fence)}
+        renewed = self.bus.claims.renew(task, self.agent, lease_ms, fence=fence)
+        return {"task": task, "renewed": renewed}
 
     def release(self, task: Task, fence: Fence = None) -> dict[str, Any]:
         """Give a task back so another agent can claim it at once."""
-        return {"task": task, "released": self.bus.release(task, self.agent, fence=fence)}
+        return {"task": task, "released": self.bus.claims.release(task, self.agent, fence=fence)}
 
     TOOLS = {"task_add": ADDS, "task_depend": SETS, "task_ready": READS, "task_list": READS,
              "task_show": READS, "task_claim_next": ADDS, "task_done": SETS,

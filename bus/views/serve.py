@@ -59,7 +59,6 @@ from bus.views.charts import History
 from bus.views.charts import chart_data
 from bus.views.follow import follow
 from bus.coordination.tokens import TokenChecker
-from bus.coordination.tokens import any_usable_token
 from bus.views.follow import read_failure
 from bus.views.guard import LOOPBACK
 from bus.views.guard import Guard
@@ -292,7 +291,7 @@ class _Server(uvicorn.Server):
 
 def check_host(host: str, checker: TokenChecker | None, require_token: bool = False) -> None:
     """Listen beyond this machine only when a token exists: then every path needs one."""
-    no_token = checker is None or not any_usable_token(checker.bus.conn)
+    no_token = checker is None or not checker.bus.tokens.any_usable()
     if require_token and no_token:
         raise ValidationFailed("require_token", "no token exists, so nobody could reach the"
                                                 " server; create one with bus token create"
