@@ -38,6 +38,7 @@ from bus.replica.config import replica_config  # noqa: E402
 from bus.replica.config import write_config  # noqa: E402
 from bus.replica.position import replica_position  # noqa: E402
 from bus.replica.process import replicate_argv  # noqa: E402
+from scripts.bench_publish import publish_one_per_txn  # noqa: E402
 from tests.nats_servers import NatsServer  # noqa: E402
 
 THROUGHPUT_TARGET = 0.5
@@ -48,12 +49,9 @@ LAG_MESSAGES = 400
 
 
 def publish_rate(db: Path, count: int) -> float:
-    """Messages per second, one publish call (one transaction) each."""
+    """Messages per second, one publish call (one transaction) each, as bench_publish.py."""
     with Bus.open(db, create=True) as bus:
-        start = time.perf_counter()
-        for n in range(count):
-            bus.publish("bench", "load", {"n": n})
-        return count / (time.perf_counter() - start)
+        return publish_one_per_txn(bus, count)
 
 
 def mirror_rate(db: Path, url: str, count: int) -> float:
