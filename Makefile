@@ -35,7 +35,7 @@ tools:
 		fi; \
 	done
 
-# tests/test_real_clients.py drives the agents' real clients (Claude Code, Codex, the
+# tests/harness/test_real_clients.py drives the agents' real clients (Claude Code, Codex, the
 # MCP Inspector), pinned in tests/clients/package-lock.json. npm ci installs them when
 # node and npm are present, again only when the lock changes; without node those
 # tests skip and say so.
@@ -56,7 +56,7 @@ bench: $(INSTALLED)
 	$(BIN)/python scripts/bench.py
 
 # The documentation site from docs/ (mkdocs.yml), served on this host only, rebuilt
-# as the pages change; tests/test_docs_site.py builds it with --strict.
+# as the pages change; tests/project/test_docs_site.py builds it with --strict.
 DOCS_ADDR ?= 127.0.0.1:8000
 docs: $(INSTALLED)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr $(DOCS_ADDR)

@@ -39,13 +39,13 @@ class ManualClock:
 
 @pytest.fixture(autouse=True)
 def fresh_pump_calls():
-    """The handlers of tests/pump_tools.py record their calls in CALLS: every test
+    """The handlers of tests/support/pump_tools.py record their calls in CALLS: every test
     starts and ends with none (only where a test module imported them)."""
-    tools = sys.modules.get("tests.pump_tools")
+    tools = sys.modules.get("tests.support.pump_tools")
     if tools is not None:
         tools.CALLS.clear()
     yield
-    tools = sys.modules.get("tests.pump_tools")
+    tools = sys.modules.get("tests.support.pump_tools")
     if tools is not None:
         tools.CALLS.clear()
 
