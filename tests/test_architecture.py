@@ -351,7 +351,7 @@ def folders_of_tests() -> set[str]:
             if path.is_dir() and path.name not in NOT_PYTHON | {"__pycache__"}}
 
 
-def tests_python_files() -> list[Path]:
+def python_files_of_tests() -> list[Path]:
     return [path for path in TESTS.rglob("*.py")
             if path.relative_to(TESTS).parts[0] not in NOT_PYTHON]
 
@@ -364,7 +364,7 @@ def test_architecture_every_part_has_its_test_folder():
 
 
 def test_architecture_every_test_file_lives_in_a_parts_folder():
-    misplaced = [str(path.relative_to(ROOT)) for path in tests_python_files()
+    misplaced = [str(path.relative_to(ROOT)) for path in python_files_of_tests()
                  if path.name.startswith("test_") and path.parent == TESTS
                  and path.name not in TOP_TESTS]
     assert misplaced == []
@@ -374,7 +374,7 @@ def test_architecture_every_test_file_lives_in_a_parts_folder():
 
 def test_architecture_every_helper_lives_in_support():
     """A module that is not a test, a conftest or a package marker is a helper: tests/support/."""
-    helpers = [path for path in tests_python_files()
+    helpers = [path for path in python_files_of_tests()
                if not path.name.startswith("test_")
                and path.name not in ("conftest.py", "__init__.py")]
     outside = [str(path.relative_to(ROOT)) for path in helpers if path.parent != TESTS / "support"]
