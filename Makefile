@@ -1,12 +1,13 @@
-# The two commands of README.md: `make demo` and `make test` (and `make docs`, the site).
-# Both create .venv on first use and reinstall only when setup.cfg changes.
+# The two commands of README.md: `make demo` and `make test` (and `make docs`, the site;
+# `make check`, the fast tier for the inner loop). Each creates .venv on first use and
+# reinstalls only when setup.cfg changes.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test bench docs clean tools clients
+.PHONY: demo test test-steps check check-steps bench docs clean tools check-tools clients
 
 demo: $(INSTALLED)
 	$(BIN)/python scripts/demo.py
@@ -18,8 +19,34 @@ demo: $(INSTALLED)
 # its tests will skip.
 TOOLS := xmllint:libxml2-utils tmux:tmux chromium:chromium
 
-test: $(INSTALLED) tools clients
+# `make test` and `make check` end with their wall time, setup included: the target runs
+# its steps in a sub-make and says how long they took, whether they passed or not.
+TIMED = start=$$(date +%s); $(MAKE) --no-print-directory $@-steps; status=$$?; \
+	took=$$(( $$(date +%s) - start )); \
+	printf 'make %s: %dm%02ds wall time, setup included\n' $@ $$((took / 60)) $$((took % 60)); \
+	exit $$status
+
+# Everything, as CI runs it (.ci/run).
+test:
+	@$(TIMED)
+
+test-steps: $(INSTALLED) tools clients
 	$(BIN)/python -m pytest
+
+# The fast tier for the inner loop: everything but the heavy tests, those that need Spark,
+# Chromium, the agents' real clients (npm), a wheel build or a real Litestream or
+# nats-server. tests/conftest.py marks them `heavy` from what each test reaches. It runs
+# on CHECK_JOBS processes (pytest-xdist: most tests wait on child processes, so two share
+# two cores well) and each property on fewer examples (conftest.py's "check" profile).
+CHECK_JOBS ?= 2
+check:
+	@$(TIMED)
+
+check-steps: $(INSTALLED) check-tools
+	$(BIN)/python -m pytest -m "not heavy" -n $(CHECK_JOBS) --hypothesis-profile=check
+
+check-tools:
+	@$(MAKE) --no-print-directory tools TOOLS="$(filter-out chromium:%,$(TOOLS))"
 
 tools:
 	@for pair in $(TOOLS); do \

@@ -26,7 +26,9 @@ class Terminal:
         # The pid too: tmp_path's name repeats in every pytest run, and two runs at
         # once (other checkouts on the machine) would share, and kill, one server.
         self.base = [TMUX, "-L", f"bustop-{os.getpid()}-{tmp_path.name}", "-f", "/dev/null"]
-        self.env = env
+        # Not COLUMNS and LINES (pytest-xdist's workers set 80x24): the program would
+        # take them over the window's own size.
+        self.env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
 
     def start(self, command: str, size: tuple[int, int] = (140, 45)) -> None:
         self.tmux("new-session", "-d", "-s", "top", "-x", str(size[0]), "-y", str(size[1]),

@@ -399,7 +399,7 @@ def test_lifecycle_spawn_to_fast_forward_merge(ws: Workers, bus: Bus, repo: Path
     assert git(repo, "status", "--porcelain") == ""
     assert not worktree.exists()
     assert worktree_paths(repo) == [str(repo.resolve())]
-    assert "w1" not in git(repo, "worktree", "list")
+    assert "[w1/t1]" not in git(repo, "worktree", "list")  # not "w1": pytest-xdist's gw1 is in tmp_path
     assert head(repo, "refs/heads/w1/t1") == commit  # the branch is kept
     assert [summary(m) for m in bus.list_messages(after=seen)] == [
         ("w1", None, "state_change", "t1", {"from": "APPROVED", "to": "COMPLETED",
