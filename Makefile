@@ -28,7 +28,7 @@ TIMED = start=$$(date +%s); $(MAKE) --no-print-directory $@-steps; status=$$?; \
 
 # Everything, as CI runs it (.ci/run).
 test:
-	@$(TIMED)
+	+@$(TIMED)
 
 test-steps: $(INSTALLED) tools clients
 	$(BIN)/python -m pytest
@@ -40,7 +40,7 @@ test-steps: $(INSTALLED) tools clients
 # two cores well) and each property on fewer examples (conftest.py's "check" profile).
 CHECK_JOBS ?= 2
 check:
-	@$(TIMED)
+	+@$(TIMED)
 
 check-steps: $(INSTALLED) check-tools
 	$(BIN)/python -m pytest -m "not heavy" -n $(CHECK_JOBS) --hypothesis-profile=check
