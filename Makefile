@@ -1,12 +1,13 @@
-# The two commands of README.md: `make demo` and `make test` (and `make docs`, the site).
-# Both create .venv on first use and reinstall only when setup.cfg changes.
+# The two commands of README.md: `make demo` and `make test` (and `make docs`, the site;
+# `make check`, the fast tier for the inner loop). Each creates .venv on first use and
+# reinstalls only when setup.cfg changes.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test bench docs clean tools clients
+.PHONY: demo test test-steps check check-steps bench docs clean tools check-tools clients
 
 demo: $(INSTALLED)
 	$(BIN)/python scripts/demo.py
@@ -18,8 +19,34 @@ demo: $(INSTALLED)
 # its tests will skip.
 TOOLS := xmllint:libxml2-utils tmux:tmux chromium:chromium
 
-test: $(INSTALLED) tools clients
+# `make test` and `make check` end with their wall time, setup included: the target runs
+# its steps in a sub-make and says how long they took, whether they passed or not.
+TIMED = start=$$(date +%s); $(MAKE) --no-print-directory $@-steps; status=$$?; \
+	took=$$(( $$(date +%s) - start )); \
+	printf 'make %s: %dm%02ds wall time, setup included\n' $@ $$((took / 60)) $$((took % 60)); \
+	exit $$status
+
+# Everything, as CI runs it (.ci/run).
+test:
+	+@$(TIMED)
+
+test-steps: $(INSTALLED) tools clients
 	$(BIN)/python -m pytest
+
+# The fast tier for the inner loop: everything but the heavy tests, those that need Spark,
+# Chromium, the agents' real clients (npm), a wheel build or a real Litestream or
+# nats-server. tests/conftest.py marks them `heavy` from what each test reaches. It runs
+# on CHECK_JOBS processes (pytest-xdist: most tests wait on child processes, so two share
+# two cores well) and each property on fewer examples (conftest.py's "check" profile).
+CHECK_JOBS ?= 2
+check:
+	+@$(TIMED)
+
+check-steps: $(INSTALLED) check-tools
+	$(BIN)/python -m pytest -m "not heavy" -n $(CHECK_JOBS) --hypothesis-profile=check
+
+check-tools:
+	@$(MAKE) --no-print-directory tools TOOLS="$(filter-out chromium:%,$(TOOLS))"
 
 tools:
 	@for pair in $(TOOLS); do \
@@ -35,7 +62,7 @@ tools:
 		fi; \
 	done
 
-# tests/test_real_clients.py drives the agents' real clients (Claude Code, Codex, the
+# tests/harness/test_real_clients.py drives the agents' real clients (Claude Code, Codex, the
 # MCP Inspector), pinned in tests/clients/package-lock.json. npm ci installs them when
 # node and npm are present, again only when the lock changes; without node those
 # tests skip and say so.
@@ -56,7 +83,7 @@ bench: $(INSTALLED)
 	$(BIN)/python scripts/bench.py
 
 # The documentation site from docs/ (mkdocs.yml), served on this host only, rebuilt
-# as the pages change; tests/test_docs_site.py builds it with --strict.
+# as the pages change; tests/project/test_docs_site.py builds it with --strict.
 DOCS_ADDR ?= 127.0.0.1:8000
 docs: $(INSTALLED)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr $(DOCS_ADDR)

@@ -10,7 +10,7 @@
   p50; beside `bus inbox --wait` (the plain waiting command) on the same file.
   With the pinned Claude Code binary installed (`make clients`) and tmux:
   an idle interactive session, from the publish to its model request with
-  the message (the scripted model of tests/model_api.py logs it), through
+  the message (the scripted model of tests/support/model_api.py logs it), through
   its inbox socket and through the hook's exit 2. Target: 1 s.
 - tool listing: the bytes of `tools/list` (JSON, as the MCP SDK client gets
   it) of `bus mcp`'s default tool set, beside agent-bus-mcp's, the peer of
@@ -152,7 +152,7 @@ def claude_row(workdir: Path, rounds: int, env: dict[str, str], route: str) -> d
         print(f"(the Claude Code row needs {binary} and tmux: make clients)")
         return None
     sys.path.insert(0, str(REPO_ROOT))
-    from tests.model_api import ScriptedModel  # the scripted model the tests serve
+    from tests.support.model_api import ScriptedModel  # the scripted model the tests serve
 
     workdir = workdir / route
     db, home, project = workdir / "claude.db", workdir / "home", workdir / "project"

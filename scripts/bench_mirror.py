@@ -39,7 +39,7 @@ from bus.replica.config import write_config  # noqa: E402
 from bus.replica.position import replica_position  # noqa: E402
 from bus.replica.process import replicate_argv  # noqa: E402
 from scripts.bench_publish import publish_one_per_txn  # noqa: E402
-from tests.nats_servers import NatsServer  # noqa: E402
+from tests.support.nats_servers import NatsServer  # noqa: E402
 
 THROUGHPUT_TARGET = 0.5
 LAG_P50_TARGET_MS = 50.0

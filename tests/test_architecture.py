@@ -384,3 +384,61 @@ def test_architecture_errors_live_with_their_part_and_bus_errors_still_exports_t
     shown = subprocess.run([sys.executable, "-c", loaded], capture_output=True, text=True,
                            check=True, cwd=ROOT)
     assert shown.stdout == "False\nbus.pump.errors\n"
+
+
+# The tests mirror the rooms: a folder per part under tests/, named as the part (the MCP
+# server's tests are tests/mcp, the replica's and the mirror's tests/replication), the
+# helpers in tests/support/, and beside them only the journeys (the built wheel, end to
+# end) and the project's own checks (the docs, the extras). This file stays at the top:
+# it checks the layout of everything, tests/ included.
+TESTS = ROOT / "tests"
+TEST_FOLDER_OF = {"bus.mcpserver": "mcp", "bus.replica": "replication", "bus.mirror": "replication"}
+OTHER_TEST_FOLDERS = {"journeys", "project", "support"}
+TOP_TESTS = {"test_architecture.py"}
+NOT_PYTHON = {"clients", "data"}  # the real clients' npm pins, the XML corpus
+
+
+def folders_of_tests() -> set[str]:
+    """tests/'s folders of Python modules (not the npm pins or the data)."""
+    return {path.name for path in TESTS.iterdir()
+            if path.is_dir() and path.name not in NOT_PYTHON | {"__pycache__"}}
+
+
+def python_files_of_tests() -> list[Path]:
+    return [path for path in TESTS.rglob("*.py")
+            if path.relative_to(TESTS).parts[0] not in NOT_PYTHON]
+
+
+def test_architecture_every_part_has_its_test_folder():
+    parts = {part_of(module) for module in module_files()} - {"bus", "bus.api"}
+    expected = {TEST_FOLDER_OF.get(part, part.rpartition(".")[2]) for part in parts}
+    assert expected - folders_of_tests() == set()
+    assert folders_of_tests() - expected - OTHER_TEST_FOLDERS == set()
+
+
+def test_architecture_every_test_file_lives_in_a_parts_folder():
+    misplaced = [str(path.relative_to(ROOT)) for path in python_files_of_tests()
+                 if path.name.startswith("test_") and path.parent == TESTS
+                 and path.name not in TOP_TESTS]
+    assert misplaced == []
+    in_support = [str(path.relative_to(ROOT)) for path in (TESTS / "support").glob("test_*.py")]
+    assert in_support == []
+
+
+def test_architecture_every_helper_lives_in_support():
+    """A module that is not a test, a conftest or a package marker is a helper: tests/support/."""
+    helpers = [path for path in python_files_of_tests()
+               if not path.name.startswith("test_")
+               and path.name not in ("conftest.py", "__init__.py")]
+    outside = [str(path.relative_to(ROOT)) for path in helpers if path.parent != TESTS / "support"]
+    assert outside == []
+    assert len(helpers) > 20  # the walk sees the helpers
+
+
+def test_architecture_test_folders_are_packages():
+    """tests/ and each folder are packages, so a module is tests.<part>.<name> however it
+    is imported; a bare tests/xml or tests/mcp on sys.path would hide the stdlib's xml and
+    the SDK's mcp."""
+    missing = [folder for folder in {".", *folders_of_tests()}
+               if not (TESTS / folder / "__init__.py").is_file()]
+    assert missing == []

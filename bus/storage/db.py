@@ -502,7 +502,7 @@ class write_transaction:
     apsw keeps the GIL while its context manager runs BEGIN, so a thread
     waiting there for the write lock froze every other thread of the process,
     the lock holder included, until busy_timeout ran out (apsw issue #551 on
-    where the GIL is released; reproduced in tests/test_db.py).
+    where the GIL is released; reproduced in tests/storage/test_db.py).
     """
 
     __slots__ = ("conn", "nested")

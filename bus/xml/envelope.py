@@ -115,7 +115,7 @@ def plain_fields(root: etree._Element,
     spelling each, so one regular expression over it and two looks at the
     tree decide "plain": what `build_envelope` writes, give or take
     whitespace around the children and the tokens. Every plain envelope is
-    valid under envelope.xsd (tests/test_xml_pipeline.py checks this on many
+    valid under envelope.xsd (tests/xml/test_xml_pipeline.py checks this on many
     variants), and this costs a third of an XSD validation. None decides
     nothing: `validate_envelope` then decides, and names the error.
     """

@@ -289,7 +289,7 @@ def canonicalize(element: etree._Element) -> bytes:
     exclusive C14N is used because lxml's ``method="c14n2"`` is written in
     Python (about 20x slower); for trees from `parse` (no comments, PIs, DTD
     or entity references) the two agree byte for byte, which
-    tests/test_xml_parser.py checks against lxml's c14n2.
+    tests/xml/test_xml_parser.py checks against lxml's c14n2.
     """
     if element.getparent() is not None:
         element = copy.deepcopy(element)

@@ -299,7 +299,7 @@ def _fill_missing(element: etree._Element, record: _Record, path: str,
 # without surrounding whitespace), is read from the message's C14N bytes with
 # one regular expression instead of the XSD (2.5-3.5 us on a fresh document)
 # and a walk of the tree. Each pattern is a subset of its XSD type's lexical
-# space, so a plain payload is a valid one (tests/test_xml_payload.py checks
+# space, so a plain payload is a valid one (tests/xml/test_xml_payload.py checks
 # that against the XSD); for anything else the XSD decides.
 
 def _unescape(text: bytes) -> str:

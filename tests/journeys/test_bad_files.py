@@ -4,7 +4,7 @@ A person points `bus` or `worker` at the wrong file: a corrupt copy, another
 application's database, a bus a newer agentbus migrated, a truncated copy,
 SQLite's header followed by garbage, a path with no file, or a bus in a
 directory they cannot write. Every command of both installed programs runs
-on every kind (tests/bad_files.py lists them and their arguments), as
+on every kind (tests/support/bad_files.py lists them and their arguments), as
 subprocesses several at a time; each must exit 1 with `Error: ...` naming the
 file and the problem, without a traceback, and leave the directory holding
 the file byte-identical. A missing file is created only by the commands that
@@ -20,17 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from tests import bad_files
-from tests.bad_files import BAD_KINDS
-from tests.bad_files import CREATES
-from tests.bad_files import NOT_REFUSED_WHEN_MISSING
-from tests.bad_files import NAMED
-from tests.bad_files import NAMED_BY_COMMAND
-from tests.bad_files import NO_BUS
-from tests.bad_files import NOTHING_TO_WRITE
-from tests.bad_files import READ_ONLY_ERRORS
-from tests.bad_files import READS
-from tests.bad_files import RUN_ON
+from tests.support import bad_files
+from tests.support.bad_files import BAD_KINDS
+from tests.support.bad_files import CREATES
+from tests.support.bad_files import NOT_REFUSED_WHEN_MISSING
+from tests.support.bad_files import NAMED
+from tests.support.bad_files import NAMED_BY_COMMAND
+from tests.support.bad_files import NO_BUS
+from tests.support.bad_files import NOTHING_TO_WRITE
+from tests.support.bad_files import READ_ONLY_ERRORS
+from tests.support.bad_files import READS
+from tests.support.bad_files import RUN_ON
 from tests.journeys.conftest import Installed
 
 pytestmark = pytest.mark.slow

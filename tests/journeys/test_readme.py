@@ -3,7 +3,7 @@
 A newcomer runs `pip install agentbus` (no extras: no views, MCP or Spark), then the
 README's `bus` session and its Python example. Both run here through the installed
 commands and interpreter, in a scratch directory far from the source tree, and print what
-the README shows (tests/readme_transcripts.py has the placeholders).
+the README shows (tests/support/readme_transcripts.py has the placeholders).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.journeys.conftest import ROOT
-from tests.readme_transcripts import normalize
-from tests.readme_transcripts import run
-from tests.readme_transcripts import scratch_env
-from tests.readme_transcripts import transcripts
+from tests.support.readme_transcripts import normalize
+from tests.support.readme_transcripts import run
+from tests.support.readme_transcripts import scratch_env
+from tests.support.readme_transcripts import transcripts
 
 pytestmark = pytest.mark.slow
 

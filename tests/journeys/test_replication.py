@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.nats_servers import nats_server_binary
-from tests.readme_transcripts import scratch_env
-from tests.test_docs_replication import run_sessions
+from tests.support.nats_servers import nats_server_binary
+from tests.support.readme_transcripts import scratch_env
+from tests.replication.test_docs_replication import run_sessions
 
 pytestmark = pytest.mark.slow
 

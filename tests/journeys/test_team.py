@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from tests.journeys.conftest import Installed
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
