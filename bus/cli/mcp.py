@@ -13,7 +13,7 @@ from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.extras import import_extra
 from bus.cli.extras import require_extra
-from bus.cli.harness import resolve_agent
+from bus.cli.agents import resolve_agent
 from bus.cli.output import echo_json
 from bus.storage.errors import ValidationFailed
 

@@ -26,12 +26,12 @@ from bus.cli.output import format_message
 __all__ = ["main", "format_message"]
 
 # The modules whose COMMANDS make up `bus`, in the order they are registered.
-COMMAND_MODULES = ("messaging", "coordination", "tasks", "reservations", "history", "channels",
-                   "pump", "xml", "search", "mcp", "harness", "tokens", "admin", "live",
+COMMAND_MODULES = ("log", "coordination", "tasks", "reservations", "history", "channels",
+                   "pump", "xml", "search", "mcp", "agents", "tokens", "admin", "live",
                    "replication")
 # Commands that run without loading the rest of the CLI (the pump, XML, views...):
 # a client that spawns them waits for their start (an MCP client for `bus mcp`).
-ALONE = {"mcp": "mcp", "hook": "harness", "inbox": "harness"}
+ALONE = {"mcp": "mcp", "hook": "agents", "inbox": "agents"}
 
 
 class _Root(SectionedGroup):
