@@ -219,7 +219,7 @@ def _read_only(obj: BusContext) -> apsw.Connection:
     return conn
 
 
-# --- bus check --------------------------------------------------------------------------------
+# --- bus check ----------------------------------------------------------------
 
 
 @click.command()
@@ -247,7 +247,7 @@ def check(obj: BusContext, full: bool, as_json: bool) -> None:
         raise DatabaseCorrupt(obj.db, f"{len(report.problems)} problem(s) found")
 
 
-# --- bus top and bus serve: they keep watching ------------------------------------------------
+# --- bus top and bus serve: they keep watching --------------------------------
 
 
 @click.command()
@@ -344,7 +344,7 @@ def _mcp_endpoint(tools: frozenset[str]) -> Callable[[Bus], Any]:
     return lambda bus: http.McpEndpoint(bus, tools)
 
 
-# --- bus sql and bus migrate ------------------------------------------------------------------
+# --- bus sql and bus migrate --------------------------------------------------
 
 
 @click.command()
@@ -423,7 +423,7 @@ def _run_read_only(conn: apsw.Connection, query: str) -> tuple[list[str], list[t
     return columns, cursor.fetchall()
 
 
-# --- bus gc and bus compact -------------------------------------------------------------------
+# --- bus gc and bus compact ---------------------------------------------------
 
 
 @click.command()

@@ -51,7 +51,7 @@ from bus.log.agent_ids import AUTO
 from bus.log.messages import validate_agent_id
 from bus.storage.errors import ValidationFailed
 
-# --- bus hook and bus inbox -------------------------------------------------------------------
+# --- bus hook and bus inbox ---------------------------------------------------
 
 
 AGENT_HELP = ("The agent to act as; `auto`: the worker whose worktree contains the working"
@@ -417,7 +417,7 @@ def inbox(obj: BusContext, agent: str, wait: float, shape: str, ack: bool, limit
         bus.record_delivered(who, found.shown, "inbox")
 
 
-# --- bus mcp ----------------------------------------------------------------------------------
+# --- bus mcp ------------------------------------------------------------------
 
 
 TOOLS_HELP = (
@@ -558,7 +558,7 @@ def _list(server: Any, session: Any, as_json: bool) -> None:
             click.echo(f"  {group['name']:<32} {', '.join(group['tools'])}")
 
 
-# --- bus token --------------------------------------------------------------------------------
+# --- bus token ----------------------------------------------------------------
 
 
 @click.group()

@@ -55,7 +55,7 @@ def engine_of(obj: BusContext) -> Channels:
     return obj.open().channels
 
 
-# --- bus channel ------------------------------------------------------------
+# --- bus channel --------------------------------------------------------------
 
 
 @click.group()
@@ -295,7 +295,7 @@ def channel_tick(obj: BusContext, as_json: bool) -> None:
                    f" expired queries {report.expired_queries}")
 
 
-# --- bus channel: messages --------------------------------------------------------------------
+# --- bus channel: messages ----------------------------------------------------
 
 
 @channel.command()
@@ -531,7 +531,7 @@ def format_channel_message(message: ChannelMessage) -> str:
     return "  ".join(parts)
 
 
-# --- bus dlq --------------------------------------------------------------------
+# --- bus dlq ------------------------------------------------------------------
 
 
 @click.group()

@@ -294,7 +294,7 @@ def _holder_note(current) -> str:
     return f" (held by {current.agent} until {iso_utc(current.lease_until_ms)})"
 
 
-# --- bus task ---------------------------------------------------------------------------------
+# --- bus task -----------------------------------------------------------------
 
 
 task_argument = click.argument("task_id", metavar="ID")
@@ -509,7 +509,7 @@ def _neighbours(found: list[Task]) -> str:
     return ", ".join(f"{t.task_id} ({t.state})" for t in found) or "none"
 
 
-# --- bus reserve, reservations, unreserve, hooks ----------------------------------------------
+# --- bus reserve, reservations, unreserve, hooks ------------------------------
 
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

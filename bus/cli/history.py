@@ -36,7 +36,7 @@ from bus.history.report import output_problem
 PROGRESS_MIN = 50_000  # messages of backlog that earn a progress bar
 
 
-# --- bus export -------------------------------------------------------------------------------
+# --- bus export ---------------------------------------------------------------
 
 
 @click.command()
@@ -85,7 +85,7 @@ def _export_with_progress(exporter) -> int:
     return total
 
 
-# --- bus history ------------------------------------------------------------------------------
+# --- bus history --------------------------------------------------------------
 
 
 @click.command()

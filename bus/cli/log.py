@@ -28,7 +28,7 @@ FOLLOW_BATCH = 1000
 FOLLOW_WAKE_S = 1.0  # re-check at least this often even without a wake
 
 
-# --- commands -------------------------------------------------------------
+# --- commands -----------------------------------------------------------------
 
 
 @click.command()
@@ -195,7 +195,7 @@ def tail(obj: BusContext, follow: bool, since: int | None, lines: int, as_json: 
             raise
 
 
-# --- bus search -------------------------------------------------------------------------------
+# --- bus search ---------------------------------------------------------------
 
 
 class _Since(click.ParamType):
@@ -277,7 +277,7 @@ def _switch(bus: Bus, enable: bool, as_json: bool) -> None:
         click.echo(line)
 
 
-# --- helpers ----------------------------------------------------------------------------------
+# --- helpers ------------------------------------------------------------------
 
 
 def _read_payload(payload: str | None, payload_file: Any, limit: int) -> Any:

@@ -327,7 +327,7 @@ for _command in (organism, oob, threads):
     pump.add_command(_command)
 
 
-# --- bus xml ----------------------------------------------------------------------------------
+# --- bus xml ------------------------------------------------------------------
 
 
 CHECK_LISTENER = "check"  # the pipeline's listener name; a Huh never shows it
