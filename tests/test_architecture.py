@@ -201,7 +201,7 @@ def test_architecture_parts_are_the_folders():
     assert part_of("bus.api") == part_of("bus") == "bus.api"
     assert part_of("bus.pump.threads") == "bus.pump"
     assert part_of("bus.views.status") == part_of("bus.views") == "bus.views"
-    assert part_of("bus.cli.context") == part_of("bus.cli.mcp") == "bus.cli"
+    assert part_of("bus.cli.context") == part_of("bus.cli.agents") == "bus.cli"
     assert part_of("workers.cli") == part_of("workers.lifecycle") == part_of("workers") == "workers"
     assert part_of("blobs") == part_of("blobs.store") == part_of("blobs.errors") == "blobs"
     assert part_of("bus.mcpserver") == part_of("bus.mcpserver.server") == "bus.mcpserver"

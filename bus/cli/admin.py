@@ -1,19 +1,35 @@
-"""`bus` commands for the operator: status, consumers and cursors, tables and schema."""
+"""`bus` commands for the operator: status, check, top, serve, consumers and cursors, sql,
+tables and schema, migrate, gc and compact, help."""
 
 from __future__ import annotations
 
+from typing import Any
+from typing import Callable
+
 import apsw
+import apsw.ext
 import click
 
+from bus.api import Bus
+from bus.api import GC_GRACE_SECONDS
+from bus.cli.agents import tools_option
 from bus.cli.context import BusContext
+from bus.cli.context import json_anywhere
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
+from bus.cli.extras import import_extra
 from bus.cli.output import echo_json
 from bus.cli.output import echo_listing
-from bus.storage.db import connect
-from bus.storage.db import translate_busy
-from bus.storage.errors import UnknownConsumer
+from bus.cli.output import echo_query_rows
 from bus.log.messages import iso_utc
+from bus.storage.db import check_database
+from bus.storage.db import connect
+from bus.storage.db import environment_error
+from bus.storage.db import translate_busy
+from bus.storage.errors import DatabaseCorrupt
+from bus.storage.errors import UnknownConsumer
+from bus.storage.schema import migrate
+from bus.storage.schema import schema_status
 from bus.views.render import CONSUMER_COLUMNS
 from bus.views.render import consumer_row
 from bus.views.render import last_ack
@@ -21,6 +37,10 @@ from bus.views.render import status_lines
 from bus.views.status import read_status
 from bus.views.tables import list_tables
 from bus.views.tables import table_schema
+
+grace_option = click.option("--grace-seconds", default=GC_GRACE_SECONDS, show_default=True,
+                            type=click.FloatRange(0),
+                            help="Keep unreferenced blobs younger than this (writes in flight).")
 
 
 @click.command()
@@ -199,4 +219,258 @@ def _read_only(obj: BusContext) -> apsw.Connection:
     return conn
 
 
-COMMANDS = [status, consumers, consumer, cursor, tables, schema, help_command]
+# --- bus check ----------------------------------------------------------------
+
+
+@click.command()
+@click.option("--full", is_flag=True,
+              help="Run integrity_check (also compares every index with its table; slower)"
+                   " instead of quick_check.")
+@json_option
+@pass_bus_context
+def check(obj: BusContext, full: bool, as_json: bool) -> None:
+    """Check the bus file for damage with SQLite's quick_check (--full: integrity_check).
+
+    Only reads. Exits 1 when the file is damaged, after listing what SQLite found.
+
+    Example: bus check --full
+    """
+    report = check_database(obj.db, full)
+    if as_json:
+        echo_json(report.to_json_dict())
+    elif report.ok:
+        click.echo(f"{obj.db}: ok ({report.to_json_dict()['check']})")
+    else:
+        for problem in report.problems:
+            click.echo(problem)
+    if not report.ok:
+        raise DatabaseCorrupt(obj.db, f"{len(report.problems)} problem(s) found")
+
+
+# --- bus top and bus serve: they keep watching --------------------------------
+
+
+@click.command()
+@pass_bus_context
+def top(obj: BusContext) -> None:
+    """Watch agents, workers, claims and the message stream live; q or Ctrl-C quits.
+
+    The screen changes when something commits to the bus (not on a timer),
+    and reads the file read-only. Keys: a, w, c, t, n, h, e switch between
+    agents, workers, claims, tasks, consumers, channels and reservations; Enter
+    opens the selected row (Escape goes back); s sorts by the next column, r
+    reverses.
+
+    Example: bus top
+    """
+    # Textual loads only for the command that draws, and comes with the views extra.
+    run_top = import_extra("bus.views.top", "views", "bus top").run_top
+    run_top(obj.db, obj.durability)
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; another than this machine's needs a token"
+                   " (bus token create), and then every request needs one.")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on (0: any free port; the URL is printed).")
+@click.option("--mcp", "with_mcp", is_flag=True,
+              help="Also serve MCP over Streamable HTTP at /mcp (a bearer token per agent).")
+@tools_option
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="A name clients use to reach a non-loopback --host (the Host header);"
+                   " repeat for more.")
+@click.option("--certfile", type=click.Path(exists=True, dir_okay=False),
+              help="Serve HTTPS with this certificate (PEM); needs --keyfile.")
+@click.option("--keyfile", type=click.Path(exists=True, dir_okay=False),
+              help="The private key of --certfile (PEM).")
+@click.option("--require-token", is_flag=True,
+              help="Require a token for the page too on loopback (always so on another --host).")
+@click.option("--allow-remote", is_flag=True, hidden=True,
+              help="Deprecated: a non-loopback --host now needs a token instead.")
+@pass_bus_context
+def serve(obj: BusContext, host: str, port: int, with_mcp: bool, tools: frozenset[str],
+          allowed_hosts: tuple[str, ...], certfile: str | None, keyfile: str | None,
+          require_token: bool, allow_remote: bool) -> None:
+    """Serve a live status page with charts, and with --mcp the bus to MCP clients.
+
+    The page updates as commits land and works offline (Plotly is served
+    from the installed package). /messages browses the log (filters in the
+    URL: type, sender, to, task, since, text), and every agent, worker, task
+    and channel has a page of its own. It listens on 127.0.0.1 unless --host says
+    otherwise; beyond this machine every request needs a token (a browser
+    opens the page once with ?token=...). /mcp always needs one: a request
+    acts as its token's agent. See docs/remote.md.
+
+    \b
+    Example:
+      bus serve --port 8765   # then open http://127.0.0.1:8765/
+      bus token create --agent worker-1
+      bus serve --mcp --host 0.0.0.0 --certfile cert.pem --keyfile key.pem
+      bus serve --mcp --tools tasks,files   # the daily loop and two tool groups
+    """
+    # Starlette and uvicorn load only for this command; plotly (whose JS the page
+    # loads from the installed package) is checked now, not at the first request.
+    views = import_extra("bus.views.serve", "views", "bus serve")
+    import_extra("plotly", "views", "bus serve")
+    if (certfile is None) != (keyfile is None):
+        raise click.UsageError("--certfile and --keyfile go together; give both or neither")
+    if tools and not with_mcp:
+        raise click.UsageError("--tools chooses the tools served at /mcp; give --mcp too")
+    if allow_remote:
+        click.echo("note: --allow-remote is no longer needed: a non-loopback --host is served"
+                   " when a token exists (bus token create), and every request needs one",
+                   err=True)
+    options = views.ServerOptions(host, port, allowed_hosts, certfile, keyfile, require_token)
+
+    def ready(url: str) -> None:
+        if options.plain_http_beyond_loopback:
+            click.echo(f"warning: serving {host} over plain HTTP: tokens and the bus cross the"
+                       " network readable by anyone on the path; give --certfile and --keyfile",
+                       err=True)
+        mcp_note = f" and MCP at {url}mcp" if with_mcp else ""
+        click.echo(f"serving {obj.db} at {url}{mcp_note} (Ctrl-C stops)")
+
+    try:
+        views.serve(obj.db, options, durability=obj.durability, ready=ready, open_bus=obj.open,
+                    extension=_mcp_endpoint(tools) if with_mcp else None)
+    except KeyboardInterrupt:
+        pass  # uvicorn has shut down cleanly and re-raised the Ctrl-C: stopping is the normal end
+
+
+def _mcp_endpoint(tools: frozenset[str]) -> Callable[[Bus], Any]:
+    """The MCP endpoint at /mcp, made once the server has opened the bus."""
+    http = import_extra("bus.mcpserver.http", "mcp", "bus serve --mcp")
+    return lambda bus: http.McpEndpoint(bus, tools)
+
+
+# --- bus sql and bus migrate --------------------------------------------------
+
+
+@click.command()
+@click.argument("query")
+@click.option("--table", "shape", flag_value="table", default=True,
+              help="Aligned columns (the default).")
+@click.option("--csv", "shape", flag_value="csv", help="CSV with a header row; NULL is empty.")
+@click.option("--nl", "shape", flag_value="nl", help="One JSON object per row, one per line.")
+@click.option("--json", "as_json", is_flag=True, callback=json_anywhere,
+              help="One JSON array of row objects.")
+@pass_bus_context
+def sql(obj: BusContext, query: str, shape: str, as_json: bool) -> None:
+    """Run a read-only SQL query on the bus file and print the rows.
+
+    Writes fail: the connection is opened read-only. Change the bus through
+    the other commands. `bus tables` lists what there is to query.
+
+    \b
+    Example:
+      bus sql "SELECT type, count(*) FROM messages GROUP BY type"
+      bus sql --csv "SELECT * FROM cursors" > cursors.csv
+    """
+    conn = connect(obj.db, readonly=True)
+    obj.ctx.call_on_close(lambda: conn.close(True))
+    try:
+        columns, rows = _run_read_only(conn, query)
+    except apsw.CorruptError as exc:
+        raise environment_error(exc, conn.filename) from exc
+    except (apsw.ReadOnlyError, apsw.AuthError):
+        raise click.ClickException(
+            "bus sql is read-only and cannot change the database; "
+            "use bus publish / bus ack / bus migrate to write"
+        ) from None
+    except apsw.Error as exc:
+        raise click.ClickException(f"SQL failed: {exc}") from None
+    echo_query_rows(columns, rows, "json" if as_json else shape)
+
+
+@click.command("migrate")
+@click.option("--status", "status_only", is_flag=True, help="Only report versions; change nothing.")
+@json_option
+@pass_bus_context
+def migrate_command(obj: BusContext, status_only: bool, as_json: bool) -> None:
+    """Apply pending schema migrations, or report them with --status.
+
+    Example: bus migrate --status
+    """
+    conn = connect(obj.db, obj.durability, create=False)
+    obj.ctx.call_on_close(conn.close)
+    before = schema_status(conn, obj.db)
+    applied = [] if status_only else migrate(conn, obj.db)
+    after = schema_status(conn, obj.db)
+    if as_json:
+        echo_json({"path": obj.db, "version": after.current, "latest": after.latest,
+                    "pending": [f"{m.version:04d}_{m.name}" for m in after.pending],
+                    "applied": [f"{m.version:04d}_{m.name}" for m in applied]})
+        return
+    click.echo(f"schema version {after.current} (latest {after.latest})")
+    for m in applied:
+        click.echo(f"applied {m.version:04d}_{m.name}")
+    if status_only:
+        for m in before.pending:
+            click.echo(f"pending {m.version:04d}_{m.name}")
+
+
+def _run_read_only(conn: apsw.Connection, query: str) -> tuple[list[str], list[tuple]]:
+    """Run one statement; return its column names and rows."""
+    if apsw.ext.query_info(conn, query).query_remaining:
+        raise click.UsageError("bus sql runs one statement at a time; drop what follows the first ';'")
+    cursor = conn.execute(query)
+    try:
+        # The description exists only while the statement has rows to give.
+        columns = [name for name, _decl in cursor.get_description()]
+    except apsw.ExecutionCompleteError:
+        return [], []
+    return columns, cursor.fetchall()
+
+
+# --- bus gc and bus compact ---------------------------------------------------
+
+
+@click.command()
+@grace_option
+@json_option
+@pass_bus_context
+def gc(obj: BusContext, grace_seconds: float, as_json: bool) -> None:
+    """Delete blobs that no message references (after a grace period).
+
+    Example: bus gc --grace-seconds 600
+    """
+    removed = obj.open().gc_blobs(grace_seconds)
+    if as_json:
+        echo_json({"deleted": removed})
+    else:
+        click.echo(f"deleted {len(removed)} unreferenced blob(s)")
+
+
+@click.command()
+@click.option("--keep-days", default=7.0, show_default=True, type=click.FloatRange(0),
+              help="Keep messages younger than this many days.")
+@click.option("--dry-run", is_flag=True, help="Count what would go; change nothing.")
+@grace_option
+@json_option
+@pass_bus_context
+def compact(obj: BusContext, keep_days: float, dry_run: bool, grace_seconds: float,
+            as_json: bool) -> None:
+    """Delete old messages every cursor has acked, orphaned blobs, and shrink the WAL.
+
+    A message is deleted only when it is older than --keep-days and every
+    consumer (and the exporter, once used) has acknowledged it.
+
+    Example: bus compact --keep-days 30 --dry-run
+    """
+    report = obj.open().compact(keep_days, dry_run=dry_run, grace_seconds=grace_seconds)
+    if as_json:
+        echo_json(report.to_json_dict())
+        return
+    verb = "would delete" if dry_run else "deleted"
+    click.echo(f"{verb} {report.messages} message(s) older than {iso_utc(report.cutoff_ms)}"
+               f" acked by every cursor (through seq {report.acked_through})")
+    if not dry_run:
+        click.echo(f"deleted {len(report.blobs)} unreferenced blob(s)")
+        note = " (passive checkpoint: Litestream replicates this bus)" \
+            if report.checkpoint == "passive" else ""
+        click.echo(f"WAL {report.wal_bytes_before} -> {report.wal_bytes_after} bytes{note}")
+
+
+COMMANDS = [status, check, top, serve, consumers, consumer, cursor, sql, tables, schema,
+            migrate_command, gc, compact, help_command]

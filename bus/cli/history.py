@@ -1,4 +1,7 @@
-"""`bus history`: the Spark history job (bus.history) over the JSONL export.
+"""`bus export` and `bus history`: the JSONL export, and the Spark history job over it.
+
+`bus export` appends the log to the export (bus/log/export.py); `bus history` runs
+the Spark job (bus.history) over it.
 
 PySpark and Java are optional (the `[spark]` extra): nothing here imports
 pyspark until the command runs, so every other command works without them,
@@ -19,14 +22,70 @@ import click
 import orjson
 
 from bus.cli.context import BusContext
+from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.extras import extra_missing
 from bus.cli.extras import import_extra
+from bus.cli.output import echo_json
 from bus.history import QUERY_NAMES
 from bus.history import STUCK_AFTER_SECONDS
 from bus.history import job_path
 from bus.history.report import Output
 from bus.history.report import output_problem
+
+PROGRESS_MIN = 50_000  # messages of backlog that earn a progress bar
+
+
+# --- bus export ---------------------------------------------------------------
+
+
+@click.command()
+@click.option("--out", type=click.Path(),
+              help="JSONL file, or directory with --partition-by (default: where the export"
+                   " went before, else bus.jsonl beside the db).")
+@click.option("-f", "--follow", is_flag=True, help="Keep exporting as messages arrive, until Ctrl-C.")
+@click.option("--partition-by", type=click.Choice(["date"]),
+              help="Write date=YYYY-MM-DD/part-*.jsonl under the --out directory (for Spark);"
+                   " without --out, as the export went before.")
+@json_option
+@pass_bus_context
+def export(obj: BusContext, out: str | None, follow: bool, partition_by: str | None,
+           as_json: bool) -> None:
+    """Append new messages to the JSONL export, once each, in seq order.
+
+    Safe to kill at any moment: the next run neither loses nor repeats a line.
+
+    Example: bus export --follow & tail -f .worker-state/bus.jsonl
+    """
+    bus = obj.open()
+    with bus.exporter(out, partition_by) as exporter:
+        try:
+            total = _export_with_progress(exporter)
+            if as_json:
+                echo_json({"path": str(exporter.path), "exported": total})
+            else:
+                click.echo(f"exported {total} message(s) to {exporter.path}")
+            if follow:
+                exporter.follow(bus.wait_for_change)
+        except KeyboardInterrupt:
+            if not follow:
+                raise
+
+
+def _export_with_progress(exporter) -> int:
+    """Export the backlog, with a progress bar on a terminal when it is large."""
+    pending = exporter.pending()
+    if pending < PROGRESS_MIN or not sys.stderr.isatty():
+        return exporter.export()
+    total = 0
+    with click.progressbar(length=pending, label="exporting", file=sys.stderr) as bar:
+        for done in exporter.export_batches():
+            total += done
+            bar.update(done)
+    return total
+
+
+# --- bus history --------------------------------------------------------------
 
 
 @click.command()
@@ -169,4 +228,4 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-COMMANDS = [history]
+COMMANDS = [export, history]

@@ -1,18 +1,28 @@
-"""`bus pump ...`: check organism.yaml, run the pump, send requests into it, list its
-threads and dead units, keys and signed control requests (`bus pump oob`)."""
+"""`bus pump ...` and `bus xml ...`: the message pump, and the XML messages it carries.
+
+`bus pump` checks organism.yaml, runs the pump, sends requests into it, lists its
+threads and dead units, keys and signed control requests (`bus pump oob`).
+`bus xml` checks an XML message against a payload class and prints a payload's
+XSD; neither xml command opens the bus. MODULE:Class names an ``@xmlify``
+dataclass; the current directory is importable, as with ``python -m``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import logging
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import click
 import orjson
+from lxml import etree
 
-from bus.cli import threads
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
@@ -22,14 +32,22 @@ from bus.log.messages import iso_utc
 from bus.pump import client
 from bus.pump import oob as channel
 from bus.pump import organism as organisms
+from bus.pump import threads as registry
 from bus.pump import work
+from bus.pump.commit import Finished
 from bus.pump.pump import DEFAULT_COMMIT_BATCH
 from bus.pump.pump import DEFAULT_LEASE_MS
 from bus.pump.pump import DEFAULT_MAX_IN_FLIGHT
-from bus.pump.commit import Finished
 from bus.pump.pump import Pump
+from bus.xml import Envelope
+from bus.xml import Huh
+from bus.xml import check_payload
+from bus.xml import listener_pipeline
+from bus.xml import run
+from bus.xml import spec_of
+from bus.xml import write_schema
+from bus.xml.errors import XmlifyUnsupported
 from bus.xml.pipeline import HUH
-
 
 HUH_EXIT = 3  # `bus pump send --wait`: the reply was a <huh>
 
@@ -286,7 +304,142 @@ def oob_send(obj: BusContext, command: str, args: str, key_file: str, socket_pat
                                    f"{response.get('message')}")
 
 
-for _command in (organism, oob, threads.threads):
+@click.command("threads")
+@click.option("--status", type=click.Choice(registry.STATUSES), help="Only open or closed threads.")
+@click.option("--limit", default=100, show_default=True,
+              type=click.IntRange(1, registry.LIST_LIMIT_MAX), help="Show the newest N.")
+@json_option
+@pass_bus_context
+def threads(obj: BusContext, status: str | None, limit: int, as_json: bool) -> None:
+    """List threads, oldest first: UUID, path (organism/caller/.../listener), parent, status.
+
+    Example: bus pump threads --status open --json
+    """
+    found = registry.list_threads(obj.open().conn, status, limit)
+    echo_listing(found, as_json, "no threads",
+                 ["uuid", "path", "parent", "status", "created", "closed"],
+                 lambda t: (t.uuid, registry.PATH_SEPARATOR.join(t.path), t.parent_uuid or "-",
+                            t.status, iso_utc(t.created_at_ms),
+                            "-" if t.closed_at_ms is None else iso_utc(t.closed_at_ms)))
+
+
+for _command in (organism, oob, threads):
     pump.add_command(_command)
 
-COMMANDS = (pump,)
+
+# --- bus xml ------------------------------------------------------------------
+
+
+CHECK_LISTENER = "check"  # the pipeline's listener name; a Huh never shows it
+
+
+class PayloadClass(click.ParamType):
+    """MODULE:Class of an @xmlify dataclass, imported."""
+
+    name = "MODULE:Class"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> type:
+        if isinstance(value, type):
+            return value
+        module_name, _, class_name = str(value).partition(":")
+        if not module_name or not class_name:
+            self.fail(f"{value!r} is not MODULE:Class, e.g. myagents.calc:CalculatorAdd",
+                      param, ctx)
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError) as exc:
+            self.fail(f"cannot load {value}: {exc}", param, ctx)
+        try:
+            spec_of(cls)
+        except XmlifyUnsupported as exc:
+            self.fail(str(exc), param, ctx)
+        return cls
+
+
+schema_option = click.option("--schema", "cls", required=True, type=PayloadClass(),
+                             help="The payload class, MODULE:Class (an @xmlify dataclass).")
+
+
+@click.group("xml")
+def xml_group() -> None:
+    """Validate XML messages and show payload schemas.
+
+    \b
+    Example:
+      bus xml check --schema myagents.calc:CalculatorAdd message.xml
+      bus xml schema myagents.calc:CalculatorAdd
+    """
+
+
+@xml_group.command()
+@schema_option
+@click.option("--payload", "bare", is_flag=True,
+              help="FILE holds the payload element alone, without an envelope.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.argument("file", type=click.File("rb"))
+@click.pass_context
+def check(ctx: click.Context, cls: type, bare: bool, as_json: bool, file: Any) -> None:
+    """Run FILE (- for stdin) through the pipeline for a payload class.
+
+    Prints the parsed message (exit 0), or the <huh> the sender would get
+    (exit 1). Repairs made on the way are listed.
+
+    Example: bus xml check --schema myagents.calc:CalculatorAdd message.xml
+    """
+    raw = file.read()
+    result = check_payload(cls, raw) if bare else run(listener_pipeline(CHECK_LISTENER, cls), raw)
+    if isinstance(result, Huh):
+        if as_json:
+            _echo_json({"huh": dataclasses.asdict(result)})
+        else:
+            click.echo(etree.tostring(result.to_element()).decode())
+        ctx.exit(1)
+    if as_json:
+        _echo_json(_envelope_json(result))
+        return
+    if not bare:
+        click.echo(f"from {result.sender} to {result.to or '*'} thread {result.thread}")
+    click.echo(repr(result.payload))
+    for change in result.repairs:
+        click.echo(f"repaired line {change.line} column {change.column}: {change.kind} "
+                   f"{change.detail!r}")
+
+
+@xml_group.command()
+@click.argument("cls", metavar="MODULE:Class", type=PayloadClass())
+@click.option("--example", is_flag=True, help="Print an example payload instead.")
+@click.option("--usage", is_flag=True, help="Print the usage text (a tool description) instead.")
+@click.option("--write", "directory", type=click.Path(file_okay=False),
+              help="Also write DIRECTORY/LISTENER/ROOT/v1.xsd.")
+@click.option("--listener", help="The listener name for --write.")
+def schema(cls: type, example: bool, usage: bool, directory: str | None,
+           listener: str | None) -> None:
+    """Print the XSD derived from an @xmlify payload class.
+
+    Example: bus xml schema myagents.calc:CalculatorAdd --write schemas --listener calculator
+    """
+    spec = spec_of(cls)
+    if directory is not None:
+        if listener is None:
+            raise click.UsageError("--write needs --listener")
+        click.echo(f"wrote {write_schema(cls, listener, directory)}", err=True)
+    if usage:
+        click.echo(spec.usage)
+    else:
+        click.echo((spec.example if example else spec.xsd).decode().rstrip())
+
+
+def _envelope_json(envelope: Envelope) -> dict[str, Any]:
+    return {"from": envelope.sender or None, "to": envelope.to, "thread": envelope.thread or None,
+            "root": envelope.root_tag, "payload": envelope.payload,
+            "repairs": [dataclasses.asdict(r) for r in envelope.repairs]}
+
+
+def _echo_json(obj: Any) -> None:
+    # default=str: Decimal, which orjson does not serialize, as its exact text
+    click.echo(orjson.dumps(obj, default=str).decode())
+
+
+COMMANDS = [pump, xml_group]

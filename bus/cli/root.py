@@ -25,13 +25,13 @@ from bus.cli.output import format_message
 
 __all__ = ["main", "format_message"]
 
-# The modules whose COMMANDS make up `bus`, in the order they are registered.
-COMMAND_MODULES = ("messaging", "coordination", "tasks", "reservations", "history", "channels",
-                   "pump", "xml", "search", "mcp", "harness", "tokens", "admin", "live",
-                   "replication")
+# The modules whose COMMANDS make up `bus`, one per section of `bus --help` (layout.SECTIONS),
+# in the order they are registered.
+COMMAND_MODULES = ("log", "coordination", "channels", "pump", "agents", "history", "replication",
+                   "admin")
 # Commands that run without loading the rest of the CLI (the pump, XML, views...):
 # a client that spawns them waits for their start (an MCP client for `bus mcp`).
-ALONE = {"mcp": "mcp", "hook": "harness", "inbox": "harness"}
+ALONE = {"mcp": "agents", "hook": "agents", "inbox": "agents"}
 
 
 class _Root(SectionedGroup):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import re
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 from bus.cli import main
 from bus.cli.layout import MOVED
 from bus.cli.layout import SECTIONS
+from bus.cli.root import COMMAND_MODULES
 from tests.support.cli_helpers import run
 from tests.conftest import REPO_ROOT
 
@@ -43,6 +45,21 @@ def test_cli_help_lists_every_visible_command_once_under_its_part():
     assert sorted(listed) == visible
     assert {title: names for title, names in sections.items() if title != "Options"} == {
         title: list(names) for title, names in SECTIONS}
+
+
+# Section title -> the module under bus/cli/ that holds its commands: one module per section.
+SECTION_MODULES = {"Log": "log", "Coordination": "coordination", "Channels": "channels",
+                   "Pump and XML": "pump", "Agents": "agents", "Export and history": "history",
+                   "Beyond one host": "replication", "Admin": "admin"}
+
+
+def test_cli_each_section_is_one_module_holding_exactly_its_commands():
+    """A command defined in another section's module would fail here, not drift."""
+    assert [title for title, _ in SECTIONS] == list(SECTION_MODULES)
+    assert COMMAND_MODULES == tuple(SECTION_MODULES.values())
+    for title, names in SECTIONS:
+        module = importlib.import_module(f"bus.cli.{SECTION_MODULES[title]}")
+        assert [command.name for command in module.COMMANDS] == list(names), title
 
 
 def test_cli_moved_commands_are_hidden_from_help():

@@ -578,7 +578,7 @@ def test_install_local_refuses_auto(tmp_path, db, env):
 
 
 HEAVY = ("click", "pydantic", "mcp", "bus.api", "bus.channels", "bus.pump", "bus.cli.root",
-         "bus.cli.harness", "bus.views", "blobs.store")
+         "bus.cli.agents", "bus.views", "blobs.store")
 
 
 def imported_modules(importtime: str) -> set[str]:

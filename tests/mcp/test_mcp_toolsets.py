@@ -182,5 +182,5 @@ def test_mcp_docs_table_of_groups_is_what_each_group_adds():
 
 
 def test_bus_mcp_help_names_every_tool_of_the_daily_loop() -> None:
-    from bus.cli.mcp import TOOLS_HELP
+    from bus.cli.agents import TOOLS_HELP
     assert [name for name in DAILY if name not in TOOLS_HELP] == []

@@ -77,7 +77,7 @@ def test_library_and_both_clis_import_without_any_extra(tmp_path: Path) -> None:
     done = run_without(EVERY_EXTRA, "-c", code, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     loaded = json.loads(done.stdout)
-    assert "bus.cli.live" in loaded and "workers.lifecycle" in loaded  # the walk reached them
+    assert "bus.cli.admin" in loaded and "workers.lifecycle" in loaded  # the walk reached them
     assert not [m for m in loaded if m.partition(".")[0] in EVERY_EXTRA]
 
 

@@ -1,7 +1,10 @@
-"""`bus` commands for agent harnesses: `hook claude`, `hook install claude`, `inbox`.
+"""`bus` commands for agents and their clients: `mcp`, `hook`, `inbox`, `token`.
+
+`bus mcp` serves the bus to one agent's MCP client over stdio; `bus token`
+makes the bearer tokens that let agents elsewhere reach `bus serve --mcp`.
 
 An LLM session that has finished its turn calls no tool, so it never polls.
-Harnesses run hooks at their own moments; these commands answer them with the
+Harnesses run hooks at their own moments; `hook` and `inbox` answer them with the
 agent's waiting messages. The answers and their policy (what to show, when a
 Stop goes on, what is acked) are the library's: bus/harness/claude_code.py `answer`
 and bus/harness/claude_rewake.py; these commands read the event and write the output. `--agent auto`
@@ -9,34 +12,47 @@ is the worker whose worktree contains the directory, else $BUS_AGENT
 (bus/log/agent_ids.py). The console script answers a hook with nothing to show
 before it loads this module (bus/cli/entry.py); the command does the same
 through the same functions, then shows what waits.
+
+`bus mcp`, `bus hook` and `bus inbox` load this module alone (bus/cli/root.py
+ALONE): what it imports at the top is what their clients wait for, so the MCP
+SDK, the server and the views are imported inside the commands.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 from typing import Callable
 
 import click
+import orjson
 
 from blobs.files import write_atomically
-from bus.harness import claude_code
-from bus.harness import claude_rewake
-from bus.log import agent_ids as identity
 from bus.api import Bus
 from bus.cli.context import BusContext
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.extras import import_extra
+from bus.cli.extras import require_extra
 from bus.cli.output import echo_json
-from bus.log.agent_ids import AGENT_ENV
-from bus.log.agent_ids import AUTO
+from bus.coordination.tokens import parse_duration_ms
+from bus.harness import claude_code
+from bus.harness import claude_rewake
 from bus.harness.inbox import BLOB_PREVIEW
 from bus.harness.inbox import acknowledge
 from bus.harness.inbox import pending
+from bus.log import agent_ids as identity
+from bus.log.agent_ids import AGENT_ENV
+from bus.log.agent_ids import AUTO
 from bus.log.messages import validate_agent_id
+from bus.storage.errors import ValidationFailed
+
+# --- bus hook and bus inbox ---------------------------------------------------
+
 
 AGENT_HELP = ("The agent to act as; `auto`: the worker whose worktree contains the working"
               " directory (as `worker spawn` set it up), else $BUS_AGENT.")
@@ -401,4 +417,232 @@ def inbox(obj: BusContext, agent: str, wait: float, shape: str, ack: bool, limit
         bus.record_delivered(who, found.shown, "inbox")
 
 
-COMMANDS = [hook, inbox]
+# --- bus mcp ------------------------------------------------------------------
+
+
+TOOLS_HELP = (
+    "Tool groups to list beside the daily loop, comma-separated: tasks (the graph and its"
+    " leases), files (reservations), channels, pump, admin (the log's other tools: search,"
+    " heartbeat, liveness...), workers (the worker lifecycle), or all. Without it only the"
+    " daily loop is listed: join (without --agent), publish, publish_many, exchange, reply,"
+    " poll, ack, task_ready, task_claim_next, task_done, reserve, unreserve.")
+
+
+def _chosen_groups(ctx: click.Context, param: click.Parameter,
+                   value: str | None) -> frozenset[str]:
+    from bus.mcpserver.toolsets import chosen_groups  # no SDK: checked before serving
+
+    try:
+        return chosen_groups(value)
+    except ValidationFailed as exc:
+        raise click.BadParameter(exc.reason, ctx, param) from exc
+
+
+def tools_option(function: Any) -> Any:
+    """`--tools GROUP,...`: the tool groups a server lists beside the daily loop."""
+    return click.option("--tools", "tools", metavar="GROUP,...", default=None,
+                        callback=_chosen_groups, help=TOOLS_HELP)(function)
+
+
+@click.command()
+@click.option("--agent", default=None,
+              help="The agent every tool acts as: it publishes, acks and claims as this id only;"
+                   " `auto`: the worker whose worktree contains the working directory. Without"
+                   " it the agent chooses its name with the join tool.")
+@tools_option
+@click.option("--list", "list_only", is_flag=True,
+              help="Print the tools and resources the server lists instead of serving.")
+@click.option("--call", "tool", metavar="TOOL",
+              help="Call one tool as the agent would, print its JSON result and exit.")
+@click.option("--args", "arguments", default="{}", show_default=True, metavar="JSON",
+              help="The arguments of --call, a JSON object.")
+@json_option
+@pass_bus_context
+def mcp(obj: BusContext, agent: str | None, tools: frozenset[str], list_only: bool,
+        tool: str | None, arguments: str, as_json: bool) -> None:
+    """Serve the bus to an MCP client (an LLM agent) over stdin/stdout.
+
+    The client starts this command itself; register it in the client's
+    configuration (see README.md). stdout carries the protocol only. --list
+    prints the tools and resources; --call runs one tool through the same
+    server, to see what an agent would get.
+
+    Without --agent, the agent calls join(name) first (one configuration
+    serves every session of a project); join's reclaim_token takes the name
+    back after a restart.
+
+    Every model request carries the listed tools' schemas, so only the
+    daily loop is listed unless --tools names more groups.
+
+    \b
+    Example:
+      bus --db .worker-state/bus.db mcp --agent planner
+      bus mcp                        # the agent joins under a name of its own
+      bus mcp --agent planner --list
+      bus mcp --agent planner --tools tasks,files   # the daily loop and two groups
+      bus mcp --agent auto   # started in a worker's worktree: that worker
+      bus mcp --agent planner --call publish --args '{"type": "note", "to": "worker-1"}'
+    """
+    # The SDK takes half a second to import and no other command needs it; serving starts
+    # before it is imported (bus/mcpserver/stdio.py). It comes with the mcp extra: without
+    # it, the error names that extra.
+    require_extra("mcp", "mcp", "bus mcp")
+    from bus.mcpserver.session import AgentSession
+
+    bus = obj.open()
+    session = AgentSession.open_on(bus, resolve_agent(bus, agent), tools)
+    if tool is None and not list_only:
+        from bus.mcpserver.stdio import serve_stdio
+
+        # SIGINT ends the server at once and without a word, as SIGTERM does (a shell shows
+        # status 130): there is nothing to save, and the bus file is safe against a process
+        # ending at any point. A KeyboardInterrupt would unwind the event loop and its
+        # threads (about 0.4 s), and click would print "Aborted!" on the client's stderr.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        serve_stdio(session)
+        return
+    server = import_extra("bus.mcpserver.server", "mcp", "bus mcp").build_server(session)
+    if tool is not None:
+        _call(server, tool, _arguments(arguments))
+    else:
+        _list(server, session, as_json)
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise click.UsageError(f"--args is not JSON ({exc}); give an object such as"
+                               """ '{"type": "note"}'""") from exc
+    if not isinstance(value, dict):
+        raise click.UsageError("--args must be a JSON object of argument names and values")
+    return value
+
+
+def _call(server: Any, tool: str, arguments: dict[str, Any]) -> None:
+    from bus.mcpserver.server import call_tool
+
+    from bus.mcpserver.failures import Failure
+
+    failed, result = call_tool(server, tool, arguments)
+    if failed:
+        error = Failure(result["error"]["code"], result["error"].get("argument"),
+                        result["error"]["message"])
+        raise click.ClickException(error.text()) from _Refused(error.argument)
+    echo_json(result)
+
+
+class _Refused(Exception):
+    """The argument a tool error names: `--json` shows it as the error's field."""
+
+    def __init__(self, field: str | None) -> None:
+        super().__init__(field)
+        self.field = field
+
+
+def _list(server: Any, session: Any, as_json: bool) -> None:
+    from bus.mcpserver.server import catalog
+
+    listed = catalog(server, session)
+    if as_json:
+        echo_json(listed)
+        return
+    more = listed.pop("more")
+    for kind, items in listed.items():
+        click.echo(f"{kind}:")
+        for item in items:
+            click.echo(f"  {item['name']:<32} {item['description'].splitlines()[0]}")
+    if more:
+        click.echo("more with --tools GROUP:")
+        for group in more:
+            click.echo(f"  {group['name']:<32} {', '.join(group['tools'])}")
+
+
+# --- bus token ----------------------------------------------------------------
+
+
+@click.group()
+def token() -> None:
+    """Create, list and revoke the tokens of `bus serve` (agents over HTTP).
+
+    A token acts as one agent and as no one else. Only its hash is kept in
+    the bus file: the token is printed once, when it is created.
+
+    \b
+    Example:
+      bus token create --agent worker-1 --expires 30d
+      bus token list
+      bus token revoke tok-1a2b3c4d
+    """
+
+
+@token.command("create")
+@click.option("--agent", required=True, help="The agent every request with this token acts as.")
+@click.option("--expires", metavar="DURATION",
+              help="Expire after this long: 90s, 15m, 12h or 30d (default: until revoked).")
+@click.option("--read-only", is_flag=True,
+              help="Allow only tools that change nothing (poll, status, search, ...).")
+@json_option
+@pass_bus_context
+def token_create(obj: BusContext, agent: str, expires: str | None, read_only: bool,
+                 as_json: bool) -> None:
+    """Create a token for --agent and print it once; keep it secret.
+
+    Example: bus token create --agent worker-1 --expires 30d --read-only
+    """
+    expires_ms = None if expires is None else parse_duration_ms(expires, "expires")
+    new = obj.open().tokens.create(agent, expires_ms=expires_ms, read_only=read_only)
+    if as_json:
+        echo_json({"id": new.id, "agent": new.agent, "token": new.token})
+        return
+    click.echo(f"token {new.id} for {new.agent} (shown once; only its hash is kept):")
+    click.echo(new.token)
+
+
+@token.command("list")
+@json_option
+@pass_bus_context
+def token_list(obj: BusContext, as_json: bool) -> None:
+    """List the tokens: id, agent, created, expires, last used, read-only (never the token).
+
+    Example: bus token list --json
+    """
+    found = obj.open().tokens.list()
+    if as_json:
+        for one in found:
+            echo_json(one.to_json_dict())
+        return
+    if not found:
+        click.echo("no tokens; create one with bus token create --agent ID")
+    for one in found:
+        state = ("revoked" if one.revoked_ms is not None
+                 else "read-only" if one.read_only else "read-write")
+        click.echo(f"{one.id}  {one.agent}  {state}  created {_when(one.created_ms)}"
+                   f"  expires {_when(one.expires_ms, 'never')}"
+                   f"  last used {_when(one.last_used_ms, 'never')}")
+
+
+@token.command("revoke")
+@click.argument("token_id", metavar="ID")
+@json_option
+@pass_bus_context
+def token_revoke(obj: BusContext, token_id: str, as_json: bool) -> None:
+    """Revoke token ID: the next request with it gets 401.
+
+    Example: bus token revoke tok-1a2b3c4d
+    """
+    revoked = obj.open().tokens.revoke(token_id)
+    if as_json:
+        echo_json(revoked.to_json_dict())
+    else:
+        click.echo(f"revoked {revoked.id} ({revoked.agent})")
+
+
+def _when(ms: int | None, none: str = "-") -> str:
+    if ms is None:
+        return none
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%SZ")
+
+
+COMMANDS = [mcp, hook, inbox, token]

@@ -1,42 +1,34 @@
-"""`bus` commands for the message log: init, publish, poll, ack, tail, sql, migrate, status,
-check."""
+"""`bus` commands for the message log: init, publish, poll, ack, tail, search."""
 
 from __future__ import annotations
 
 import sys
+from datetime import datetime
+from datetime import timezone
 from pathlib import Path
 from typing import Any
 
-import apsw
-import apsw.ext
 import click
 import orjson
 
 from bus.api import Bus
 from bus.cli.context import BusContext
-from bus.cli.context import json_anywhere
 from bus.cli.context import json_option
 from bus.cli.context import pass_bus_context
 from bus.cli.output import PAYLOAD_PREVIEW
 from bus.cli.output import echo_json
 from bus.cli.output import echo_messages
-from bus.cli.output import echo_query_rows
+from bus.cli.output import format_message
 from bus.cli.output import shown_path
-from bus.storage.db import connect
-from bus.storage.db import environment_error
-from bus.storage.errors import DatabaseCorrupt
-from bus.storage.errors import ValidationFailed
 from bus.harness.git_exclude import exclude_directory
-from bus.storage.db import check_database
-from bus.storage.schema import migrate
-from bus.storage.schema import schema_status
+from bus.log.search import LIMIT_MAX
+from bus.storage.errors import ValidationFailed
 
 FOLLOW_BATCH = 1000
 FOLLOW_WAKE_S = 1.0  # re-check at least this often even without a wake
-PROGRESS_MIN = 50_000  # messages of backlog that earn a progress bar
 
 
-# --- commands -------------------------------------------------------------
+# --- commands -----------------------------------------------------------------
 
 
 @click.command()
@@ -203,108 +195,89 @@ def tail(obj: BusContext, follow: bool, since: int | None, lines: int, as_json: 
             raise
 
 
-@click.command()
-@click.argument("query")
-@click.option("--table", "shape", flag_value="table", default=True,
-              help="Aligned columns (the default).")
-@click.option("--csv", "shape", flag_value="csv", help="CSV with a header row; NULL is empty.")
-@click.option("--nl", "shape", flag_value="nl", help="One JSON object per row, one per line.")
-@click.option("--json", "as_json", is_flag=True, callback=json_anywhere,
-              help="One JSON array of row objects.")
-@pass_bus_context
-def sql(obj: BusContext, query: str, shape: str, as_json: bool) -> None:
-    """Run a read-only SQL query on the bus file and print the rows.
+# --- bus search ---------------------------------------------------------------
 
-    Writes fail: the connection is opened read-only. Change the bus through
-    the other commands. `bus tables` lists what there is to query.
+
+class _Since(click.ParamType):
+    """Epoch milliseconds, or an ISO 8601 time (UTC unless it says otherwise)."""
+
+    name = "TIME"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if text.isdigit():
+            return int(text)
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            self.fail(f"{value!r} is neither epoch milliseconds nor an ISO 8601 time like"
+                      " 2026-11-22T18:00:00Z", param, ctx)
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        return int(when.timestamp() * 1000)
+
+
+@click.command()
+@click.argument("query", required=False)
+@click.option("--type", "type_", help="Only messages of this type.")
+@click.option("--from", "from_agent", help="Only messages from this agent.")
+@click.option("--to", help="Only messages to this agent (or #channel, @organism).")
+@click.option("--since", type=_Since(), help="Only messages since TIME (ISO 8601 or epoch ms).")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, LIMIT_MAX))
+@click.option("--enable", is_flag=True, help="Build the index (once per bus), then search.")
+@click.option("--disable", is_flag=True, help="Drop the index: publishes stop paying for it.")
+@json_option
+@pass_bus_context
+def search(obj: BusContext, query: str | None, type_: str | None, from_agent: str | None,
+           to: str | None, since: int | None, limit: int, enable: bool, disable: bool,
+           as_json: bool) -> None:
+    """Find messages by the words of their payloads, best match first.
+
+    QUERY is FTS5 syntax: words (all must occur), "a phrase", OR, NOT,
+    prefix*. The index is optional per bus, since each publish pays for it:
+    `bus search --enable` builds it from the log once, and from then on
+    publishes keep it in step (compaction removes what it deletes).
 
     \b
     Example:
-      bus sql "SELECT type, count(*) FROM messages GROUP BY type"
-      bus sql --csv "SELECT * FROM cursors" > cursors.csv
+      bus search --enable
+      bus search 'deploy* frontend' --from ci-agent --since 2026-11-22T00:00:00Z --json
     """
-    conn = connect(obj.db, readonly=True)
-    obj.ctx.call_on_close(lambda: conn.close(True))
-    try:
-        columns, rows = _run_read_only(conn, query)
-    except apsw.CorruptError as exc:
-        raise environment_error(exc, conn.filename) from exc
-    except (apsw.ReadOnlyError, apsw.AuthError):
-        raise click.ClickException(
-            "bus sql is read-only and cannot change the database; "
-            "use bus publish / bus ack / bus migrate to write"
-        ) from None
-    except apsw.Error as exc:
-        raise click.ClickException(f"SQL failed: {exc}") from None
-    echo_query_rows(columns, rows, "json" if as_json else shape)
+    if enable and disable:
+        raise click.UsageError("give --enable or --disable, not both")
+    if not (query or enable or disable):
+        raise click.UsageError("give a QUERY (or --enable / --disable)")
+    bus = obj.open()
+    if enable or disable:
+        _switch(bus, enable, as_json)
+    if query:
+        hits = bus.search(query, type=type_, from_agent=from_agent, to=to, since_ms=since,
+                          limit=limit)
+        for hit in hits:
+            if as_json:
+                echo_json(hit.to_json_dict())
+            else:
+                click.echo(format_message(hit.message))
 
 
-@click.command("migrate")
-@click.option("--status", "status_only", is_flag=True, help="Only report versions; change nothing.")
-@json_option
-@pass_bus_context
-def migrate_command(obj: BusContext, status_only: bool, as_json: bool) -> None:
-    """Apply pending schema migrations, or report them with --status.
-
-    Example: bus migrate --status
-    """
-    conn = connect(obj.db, obj.durability, create=False)
-    obj.ctx.call_on_close(conn.close)
-    before = schema_status(conn, obj.db)
-    applied = [] if status_only else migrate(conn, obj.db)
-    after = schema_status(conn, obj.db)
-    if as_json:
-        echo_json({"path": obj.db, "version": after.current, "latest": after.latest,
-                    "pending": [f"{m.version:04d}_{m.name}" for m in after.pending],
-                    "applied": [f"{m.version:04d}_{m.name}" for m in applied]})
-        return
-    click.echo(f"schema version {after.current} (latest {after.latest})")
-    for m in applied:
-        click.echo(f"applied {m.version:04d}_{m.name}")
-    if status_only:
-        for m in before.pending:
-            click.echo(f"pending {m.version:04d}_{m.name}")
-
-
-@click.command()
-@click.option("--full", is_flag=True,
-              help="Run integrity_check (also compares every index with its table; slower)"
-                   " instead of quick_check.")
-@json_option
-@pass_bus_context
-def check(obj: BusContext, full: bool, as_json: bool) -> None:
-    """Check the bus file for damage with SQLite's quick_check (--full: integrity_check).
-
-    Only reads. Exits 1 when the file is damaged, after listing what SQLite found.
-
-    Example: bus check --full
-    """
-    report = check_database(obj.db, full)
-    if as_json:
-        echo_json(report.to_json_dict())
-    elif report.ok:
-        click.echo(f"{obj.db}: ok ({report.to_json_dict()['check']})")
+def _switch(bus: Bus, enable: bool, as_json: bool) -> None:
+    if enable:
+        indexed = bus.enable_search()
+        report = {"search": "enabled", "indexed": indexed}
+        line = f"search enabled: {indexed} messages indexed"
     else:
-        for problem in report.problems:
-            click.echo(problem)
-    if not report.ok:
-        raise DatabaseCorrupt(obj.db, f"{len(report.problems)} problem(s) found")
+        bus.disable_search()
+        report, line = {"search": "disabled"}, "search disabled"
+    if as_json:
+        echo_json(report)
+    else:
+        click.echo(line)
 
 
-# --- helpers --------------------------------------------------------------
-
-
-def _run_read_only(conn: apsw.Connection, query: str) -> tuple[list[str], list[tuple]]:
-    """Run one statement; return its column names and rows."""
-    if apsw.ext.query_info(conn, query).query_remaining:
-        raise click.UsageError("bus sql runs one statement at a time; drop what follows the first ';'")
-    cursor = conn.execute(query)
-    try:
-        # The description exists only while the statement has rows to give.
-        columns = [name for name, _decl in cursor.get_description()]
-    except apsw.ExecutionCompleteError:
-        return [], []
-    return columns, cursor.fetchall()
+# --- helpers ------------------------------------------------------------------
 
 
 def _read_payload(payload: str | None, payload_file: Any, limit: int) -> Any:
@@ -359,50 +332,4 @@ def _follow(bus: Bus, after: int, as_json: bool) -> None:
         after = _echo_all_after(bus, after, as_json)
 
 
-@click.command()
-@click.option("--out", type=click.Path(),
-              help="JSONL file, or directory with --partition-by (default: where the export"
-                   " went before, else bus.jsonl beside the db).")
-@click.option("-f", "--follow", is_flag=True, help="Keep exporting as messages arrive, until Ctrl-C.")
-@click.option("--partition-by", type=click.Choice(["date"]),
-              help="Write date=YYYY-MM-DD/part-*.jsonl under the --out directory (for Spark);"
-                   " without --out, as the export went before.")
-@json_option
-@pass_bus_context
-def export(obj: BusContext, out: str | None, follow: bool, partition_by: str | None,
-           as_json: bool) -> None:
-    """Append new messages to the JSONL export, once each, in seq order.
-
-    Safe to kill at any moment: the next run neither loses nor repeats a line.
-
-    Example: bus export --follow & tail -f .worker-state/bus.jsonl
-    """
-    bus = obj.open()
-    with bus.exporter(out, partition_by) as exporter:
-        try:
-            total = _export_with_progress(exporter)
-            if as_json:
-                echo_json({"path": str(exporter.path), "exported": total})
-            else:
-                click.echo(f"exported {total} message(s) to {exporter.path}")
-            if follow:
-                exporter.follow(bus.wait_for_change)
-        except KeyboardInterrupt:
-            if not follow:
-                raise
-
-
-def _export_with_progress(exporter) -> int:
-    """Export the backlog, with a progress bar on a terminal when it is large."""
-    pending = exporter.pending()
-    if pending < PROGRESS_MIN or not sys.stderr.isatty():
-        return exporter.export()
-    total = 0
-    with click.progressbar(length=pending, label="exporting", file=sys.stderr) as bar:
-        for done in exporter.export_batches():
-            total += done
-            bar.update(done)
-    return total
-
-
-COMMANDS = [init, publish, poll, ack, tail, sql, migrate_command, check, export]
+COMMANDS = [init, publish, poll, ack, tail, search]
