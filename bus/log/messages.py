@@ -77,6 +77,12 @@ _LAST_OWN_BEFORE_SQL = (
     "SELECT max(seq) FROM messages WHERE from_agent = :agent"
     " AND (to_agent IS NULL OR to_agent = :agent) AND seq > :after AND seq < :before"
 )
+# past_own's common case in one row read: the message right after the acked one is for the
+# agent (to it or to all) and not its own, so no own message lies before what waits next.
+_NEXT_WAITS_SQL = (
+    "SELECT 1 FROM messages WHERE seq = :next AND from_agent <> :agent"
+    " AND (to_agent = :agent OR to_agent IS NULL)"
+)
 # What an answer needs of the message it answers: no payload read.
 _ADDRESS_SQL = "SELECT id, from_agent, to_agent, correlation_id FROM messages WHERE seq = ?"
 _LAST_SEQ_SQL = "SELECT max(seq) FROM messages"  # the newest row is never deleted
@@ -390,6 +396,8 @@ def past_own(conn: apsw.Connection, agent: str, seq: int) -> int:
     cursor past those after the last message it was shown; left there, they
     would hold back retention and stand as lag.
     """
+    if conn.execute(_NEXT_WAITS_SQL, {"next": seq + 1, "agent": agent}).get:
+        return seq  # a queue read in order: the very next message waits for the agent
     before = first_waiting(conn, agent, seq)
     own = conn.execute(_LAST_OWN_BEFORE_SQL, {"agent": agent, "after": seq,
                                               "before": before or _SEQ_END}).get
