@@ -230,6 +230,9 @@ def _open_read_only(path: Path) -> apsw.Connection:
     https://sqlite.org/uri.html#uriimmutable).
     """
     conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    # Before the probe: the first readers of a file whose -shm is new take turns to build
+    # its index, and one that finds another at it is told "busy" and must wait its turn.
+    conn.set_busy_handler(wait_when_busy())
     try:
         conn.execute(_PROBE_SQL).get
         return conn

@@ -313,3 +313,51 @@ def test_commits_survive_other_opens_and_closes_beside_a_long_lived_writer(db_pa
         assert after.conn.execute("PRAGMA integrity_check").get == "ok"
     assert ids <= {row_id for row_id, sender in rows if sender == "writer"}
     assert sum(sender == "closer" for _, sender in rows) == closer_writes
+
+
+_HOLD_EXCLUSIVE = """
+import sys, apsw
+conn = apsw.Connection(sys.argv[1])
+conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+conn.execute("BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS held(x); COMMIT")
+print("held", flush=True)
+sys.stdin.readline()
+conn.close()
+"""
+
+
+def test_connect_read_only_waits_for_a_lock_at_its_first_read(db_path, python_env):
+    # A reader's first read (the probe that tells a readable file) meets "busy" when another
+    # connection holds the file, as the first readers of a new -shm do while one builds it:
+    # it must wait its turn through the busy handler, not fail at once.
+    Bus.open(db_path, create=True).close()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_EXCLUSIVE, str(db_path)],
+                              env=python_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        outcome: list[object] = []
+
+        def read() -> None:
+            try:
+                conn = connect(db_path, readonly=True)
+                outcome.append(conn.execute("SELECT count(*) FROM messages").get)
+                conn.close()
+            except Exception as exc:  # noqa: BLE001 - the test reports what the reader met
+                outcome.append(exc)
+
+        reader = threading.Thread(target=read)
+        started = time.monotonic()
+        reader.start()
+        # Release once the reader has been blocked a while (or has already given up).
+        deadline = time.monotonic() + 60
+        while reader.is_alive() and time.monotonic() - started < 0.3:
+            assert time.monotonic() < deadline
+            reader.join(0.01)
+        holder.stdin.write("release\n")
+        holder.stdin.flush()
+        reader.join(30)
+        assert outcome == [0], outcome
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
