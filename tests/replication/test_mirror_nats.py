@@ -52,11 +52,15 @@ async def _stream_rows(url: str, stream: str) -> list[tuple[int, str, str]]:
 
 
 async def _stream_count(url: str, stream: str) -> int:
+    """How many messages the stream holds: 0 when there is no stream, -1 when no one
+    answers in time (a cluster whose nodes are back but whose stream has no leader yet)."""
     nc = await nats.connect(url.split(","), connect_timeout=2)
     try:
-        return (await nc.jetstream().stream_info(stream)).state.messages
+        return (await nc.jetstream(timeout=2).stream_info(stream)).state.messages
     except nats.js.errors.NotFoundError:
         return 0
+    except nats.errors.TimeoutError:
+        return -1
     finally:
         await nc.close()
 
