@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from typing import NamedTuple
 
 import apsw
 
@@ -64,6 +65,15 @@ _CLAIM_SQL = (
     f" RETURNING {_CLAIM_COLUMNS}"
 )
 _LAST_FENCE_SQL = "SELECT fence FROM task_fences WHERE task_id = ?"
+# What a claim must know before it writes, in one statement (it runs on every claim):
+# the holder now, the last fence handed out, and whether the task is dead.
+_BEFORE_CLAIM_SQL = (
+    "SELECT c.claimed_by, f.fence, d.task_id IS NOT NULL"
+    " FROM (SELECT ? AS task_id) AS t"
+    " LEFT JOIN task_claims AS c USING (task_id)"
+    " LEFT JOIN task_fences AS f USING (task_id)"
+    " LEFT JOIN dead_claims AS d USING (task_id)"
+)
 _RECORD_FENCE_SQL = (
     "INSERT INTO task_fences (task_id, fence) VALUES (?, ?)"
     " ON CONFLICT (task_id) DO UPDATE SET fence = excluded.fence"
@@ -156,6 +166,14 @@ class ClaimResult:
         return self.claim.fence if self.granted else None
 
 
+class BeforeClaim(NamedTuple):
+    """A task's state as a claim finds it (`_BEFORE_CLAIM_SQL`)."""
+
+    holder: str | None  # the claim row's agent, expired or not; None without a row
+    last_fence: int | None  # the highest fence handed out; None if never claimed
+    dead: int  # 1 when the task ran out of attempts
+
+
 class StaleFence(BusError):
     """An action passed a fence that is not its task's current one; nothing changed.
 
@@ -197,14 +215,14 @@ def try_claim(conn: apsw.Connection, task_id: str, agent: str, lease_ms: int = 6
     messages.validate_positive_int(max_attempts, "max_attempts")
     with write_transaction(conn):
         at = clock_ms(now)
-        previous = get(conn, task_id)
-        result = _take(conn, task_id, agent, lease_ms, max_attempts, at)
+        before = BeforeClaim(*conn.execute(_BEFORE_CLAIM_SQL, (task_id,)).fetchone())
+        result = _take(conn, task_id, agent, lease_ms, max_attempts, at, before)
         if result.just_died:
             _announce(conn, "task_dead", result.dead.to_json_dict(), task_id, at)
-        elif result.granted and previous is not None and previous.agent != agent:
+        elif result.granted and before.holder is not None and before.holder != agent:
             # Granted over another agent's row: its lease had run out (a takeover).
             _announce(conn, "task_reclaimed", {
-                "task": task_id, "previous_holder": previous.agent, "new_holder": agent,
+                "task": task_id, "previous_holder": before.holder, "new_holder": agent,
                 "attempt": result.claim.attempts, "fence": result.claim.fence}, task_id, at)
     return result
 
@@ -326,11 +344,10 @@ def validate_lease(lease_ms: object) -> None:
 
 
 def _take(conn: apsw.Connection, task: str, agent: str, lease_ms: int,
-          max_attempts: int, now: int) -> ClaimResult:
-    dead = get_dead(conn, task)
-    if dead is not None:
-        return ClaimResult(False, dead=dead)
-    next_fence = (conn.execute(_LAST_FENCE_SQL, (task,)).get or 0) + 1
+          max_attempts: int, now: int, before: BeforeClaim) -> ClaimResult:
+    if before.dead:
+        return ClaimResult(False, dead=get_dead(conn, task))
+    next_fence = (before.last_fence or 0) + 1
     row = conn.execute(_CLAIM_SQL, {"task": task, "agent": agent, "now": now, "lease": lease_ms,
                                     "max_attempts": max_attempts, "fence": next_fence}).fetchall()
     if row:

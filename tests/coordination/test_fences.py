@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from hypothesis.stateful import rule
 from bus import Bus
 from bus import StaleFence
 from bus import ValidationFailed
+from bus.storage import schema
 from bus.storage.db import write_transaction
 from bus.coordination.heartbeats import Thresholds
 from bus.log.messages import now_ms
@@ -38,6 +40,7 @@ from tests.support.children import Child
 from tests.support.cli_helpers import bad_value
 from tests.support.cli_helpers import last_error
 from tests.support.cli_helpers import run
+from tests.conftest import LATEST_VERSION
 from tests.conftest import REPO_ROOT
 from tests.support.waiting import wait_until
 from tests.support.worker_fixtures import hermetic_git  # noqa: F401 - autouse fixture
@@ -519,3 +522,31 @@ def test_a_paused_holder_is_refused_everything_once_another_took_its_task(
     assert results == [("bob", {"by": "bob"})]
     assert ws.get("w1").state == "WORKING"  # its work was not handed in
     assert not [m for m in bus.list_messages() if m.type in ("task_done", "review_request")]
+
+
+def test_claims_made_before_the_keyed_table_survive_its_migration(
+        db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file whose task_claims was a rowid table keeps every lease, fence and attempt
+    when the table becomes WITHOUT ROWID, and its holders go on with their fences."""
+    older = tmp_path / "migrations-v16"
+    older.mkdir()
+    for migration in schema.available_migrations()[:16]:
+        shutil.copy(migration.path, older / migration.path.name)
+    monkeypatch.setattr(schema, "MIGRATIONS_DIR", older)
+    t0 = 1_800_000_000_000
+    with Bus.open(db_path) as bus:
+        held = bus.claims.try_claim("held", "w1", lease_ms=60_000, now=t0)
+        bus.claims.try_claim("taken", "w1", lease_ms=10, now=t0)
+        taken = bus.claims.try_claim("taken", "w2", lease_ms=60_000, now=t0 + 1_000)
+        before = bus.claims.list()
+    monkeypatch.undo()
+    with Bus.open(db_path) as bus:
+        assert bus.schema_version() == LATEST_VERSION
+        assert bus.claims.list() == before
+        assert (held.fence, taken.fence) == (1, 2)
+        keyed = bus.conn.execute(
+            "SELECT sql FROM sqlite_schema WHERE name = 'task_claims'").get
+        assert keyed.rstrip().endswith("WITHOUT ROWID")
+        assert bus.claims.renew("taken", "w2", fence=2, now=t0 + 2_000)
+        assert bus.claims.release("held", "w1", fence=1)
+        assert bus.claims.try_claim("held", "w3", now=t0 + 3_000).fence == 2
