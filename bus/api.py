@@ -409,6 +409,9 @@ class Bus:
         messages.validate_positive_int(seq, "seq")
         conn = self.conn
         with write_transaction(conn):
+            if not include_own and (moved_to := cursors.advance_when_next_waits(
+                    conn, agent, seq)) is not None:
+                return moved_to  # a queue read in order: one statement
             target = seq if include_own else messages.past_own(conn, agent, seq)
             moved_to = cursors.advance(conn, agent, target)
             if moved_to is None:

@@ -27,6 +27,19 @@ _ACK_SQL = (
     " THEN excluded.updated_at_ms ELSE updated_at_ms END"
     " RETURNING last_acked_seq"
 )
+# The common ack, in one statement: the message right after :seq waits for the agent
+# (not its own, addressed to it or to all), so the cursor goes to :seq and no further.
+# Writes nothing when that message is missing or not for the agent.
+_ACK_WHEN_NEXT_WAITS_SQL = (
+    "INSERT INTO cursors (agent_id, last_acked_seq, updated_at_ms)"
+    " SELECT :agent, :seq, :now FROM messages WHERE seq = :seq + 1"
+    " AND from_agent <> :agent AND (to_agent = :agent OR to_agent IS NULL)"
+    " ON CONFLICT (agent_id) DO UPDATE SET"
+    " last_acked_seq = max(last_acked_seq, excluded.last_acked_seq),"
+    " updated_at_ms = CASE WHEN excluded.last_acked_seq > last_acked_seq"
+    " THEN excluded.updated_at_ms ELSE updated_at_ms END"
+    " RETURNING last_acked_seq"
+)
 _LIST_SQL = "SELECT agent_id, last_acked_seq, updated_at_ms FROM cursors ORDER BY agent_id"
 _SET_SQL = (
     "INSERT INTO cursors (agent_id, last_acked_seq, updated_at_ms) VALUES (:agent, :seq, :now)"
@@ -64,6 +77,16 @@ def advance(conn: apsw.Connection, agent: str, seq: int) -> int | None:
     Returns None, writing nothing, when `seq` is beyond the last assigned seq.
     """
     return conn.execute(_ACK_SQL, {"agent": agent, "seq": seq, "now": now_ms()}).get
+
+
+def advance_when_next_waits(conn: apsw.Connection, agent: str, seq: int) -> int | None:
+    """`advance` to `seq` when the next message waits for `agent`, so none of the agent's
+    own messages follow `seq` to pass (see `messages.past_own`); return the new position.
+
+    None, writing nothing, otherwise: the caller then takes the general path.
+    """
+    return conn.execute(_ACK_WHEN_NEXT_WAITS_SQL,
+                        {"agent": agent, "seq": seq, "now": now_ms()}).get
 
 
 def list_rows(conn: apsw.Connection) -> list[tuple[str, int, int]]:

@@ -5,8 +5,15 @@ readers built on its poll (the MCP tools, `bus poll`)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 
 from bus import Bus
 from bus import process_loop
@@ -77,3 +84,41 @@ def test_mcp_poll_tool_leaves_out_the_agents_own_broadcasts(bus: Bus):
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert [m["type"] for m in result["messages"]] == ["review"]
+
+
+AGENTS = ("ann", "bob")
+# (sender, recipient or None for all): every way a message can stand towards ann
+SENDS = st.tuples(st.sampled_from(AGENTS), st.sampled_from((*AGENTS, None)))
+
+
+def where_ack_goes(log: list[tuple[str, str | None]], agent: str, seq: int) -> int:
+    """The model: `seq`, or the last of the agent's own messages (to itself or to all)
+    before the next one that waits for it (seqs are 1-based positions in `log`)."""
+    waits = [n for n, (sender, to) in enumerate(log, 1)
+             if n > seq and sender != agent and to in (agent, None)]
+    end = waits[0] if waits else len(log) + 1
+    own = [n for n, (sender, to) in enumerate(log, 1)  # what poll would show but for its sender
+           if seq < n < end and sender == agent and to in (agent, None)]
+    return own[-1] if own else seq
+
+
+@pytest.fixture(scope="module")
+def empty_bus_file(tmp_path_factory) -> Path:
+    """A new bus file, migrated and closed: each example starts from a copy of it."""
+    path = Path(tmp_path_factory.mktemp("empty")) / "bus.db"
+    Bus.open(path, create=True).close()
+    return path
+
+
+@settings(max_examples=60, deadline=None)
+@given(log=st.lists(SENDS, min_size=1, max_size=12), data=st.data())
+def test_ack_lands_where_the_model_says(tmp_path_factory, empty_bus_file, log, data) -> None:
+    """Whatever mix of own, others' and broadcast messages follows, ack (its one-statement
+    path when the next message waits, or the general one) lands where the model says."""
+    path = Path(tmp_path_factory.mktemp("acks")) / "bus.db"
+    shutil.copy(empty_bus_file, path)
+    with Bus.open(path) as bus:
+        for sender, to in log:
+            bus.publish(sender, "note", None, to=to)
+        seq = data.draw(st.integers(1, len(log)), label="seq")
+        assert bus.ack("ann", seq) == where_ack_goes(log, "ann", seq)
