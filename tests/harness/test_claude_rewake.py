@@ -182,7 +182,10 @@ class FakeInbox:
         self.thread.start()
 
     def _serve(self) -> None:
-        conn, _ = self.server.accept()
+        try:
+            conn, _ = self.server.accept()
+        except OSError:  # closed with no client come: a test that expects none
+            return
         with conn:
             data = b""
             while chunk := conn.recv(65536):

@@ -154,7 +154,11 @@ class ScriptedModel:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
+        # shutdown() waits, without a limit, for serve_forever to notice; a teardown must
+        # not hang a whole run on it, so it gets 10 s on a thread of its own.
+        stopping = threading.Thread(target=self._server.shutdown, daemon=True)
+        stopping.start()
+        stopping.join(timeout=10)
         self._server.server_close()
         self._thread.join(timeout=10)
 
