@@ -278,11 +278,23 @@ _PAGE_ROUTES = (
 
 class _Server(uvicorn.Server):
     """uvicorn's server, ending the event streams when asked to stop: it waits for
-    open responses before it shuts the app down, and a stream never ends by itself."""
+    open responses before it shuts the app down, and a stream never ends by itself.
 
-    def __init__(self, config: uvicorn.Config, broadcaster: Broadcaster) -> None:
+    `ready()` is called once it serves: the app started and Ctrl-C handled by uvicorn.
+    Said any earlier, a caller that stops the server on seeing it sent a SIGINT that
+    met no handler yet, and the server did not stop.
+    """
+
+    def __init__(self, config: uvicorn.Config, broadcaster: Broadcaster,
+                 ready: Callable[[], Any]) -> None:
         super().__init__(config)
         self.broadcaster = broadcaster
+        self.ready = ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self.ready()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         self.broadcaster.end_streams_soon()
@@ -398,8 +410,7 @@ def _run(path: str, options: ServerOptions, durability: str, ready: Callable[[st
                      extra_lifespan=extension.running if extension is not None else None)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
                             ssl_certfile=options.certfile, ssl_keyfile=options.keyfile)
-    server = _Server(config, app.state.broadcaster)
-    ready(_url(options, guard.port))
+    server = _Server(config, app.state.broadcaster, lambda: ready(_url(options, guard.port)))
     server.run(sockets=[sock])
 
 
