@@ -24,7 +24,6 @@ import orjson
 import pytest
 from hypothesis import example
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 import blobs
@@ -41,6 +40,7 @@ from bus.storage.blob_errors import BusBlobStore
 from bus.storage.errors import DiskFull
 from bus.log.messages import prepare_row
 from bus.log.payloads import PayloadPolicy
+from tests.support.properties import scaled_settings
 
 REF_PATTERN = r"sha256-[0-9a-f]{64}"
 HOUR = 3600.0
@@ -106,7 +106,7 @@ def test_blobs_package_imports_after_bus(tmp_path: Path, python_env) -> None:
 # --- BlobStore: round trip ------------------------------------------------------
 
 
-@settings(max_examples=40)
+@scaled_settings(max_examples=40)
 @given(data=st.binary(max_size=1 << 20))
 @example(data=b"")
 @example(data=os.urandom(1 << 20))
@@ -121,7 +121,7 @@ def test_blobstore_put_get_round_trip_any_bytes(tmp_path: Path, data: bytes) -> 
     assert names_in(store.root) == [ref]  # nothing but the blob: no temp file left
 
 
-@settings(max_examples=25)
+@scaled_settings(max_examples=25)
 @given(data=st.binary(max_size=4096))
 def test_blobstore_put_twice_is_idempotent(tmp_path: Path, data: bytes) -> None:
     store = BlobStore(fresh_dir(tmp_path, "blobs"))
@@ -327,7 +327,7 @@ def test_blobstore_concurrent_reader_never_sees_partial_blob(tmp_path: Path) -> 
 # --- BlobStore: gc ------------------------------------------------------------------
 
 
-@settings(max_examples=30)
+@scaled_settings(max_examples=30)
 @given(blobs=st.lists(st.tuples(st.binary(min_size=1, max_size=64), st.booleans(),
                                 st.booleans()), max_size=12, unique_by=lambda t: t[0]),
        grace=st.sampled_from([0.0, 1.0, HOUR]))
@@ -566,7 +566,7 @@ def test_bus_publish_many_failing_validation_writes_no_blob(bus: Bus, db_path: P
 # --- through the Bus: gc ----------------------------------------------------------------
 
 
-@settings(max_examples=25)
+@scaled_settings(max_examples=25)
 @given(plan=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=10),
        grace=st.sampled_from([0.0, 0.5, GC_GRACE_SECONDS]))
 def test_bus_gc_blobs_never_deletes_a_referenced_blob(tmp_path: Path, plan, grace: float) -> None:

@@ -8,7 +8,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine
 from hypothesis.stateful import invariant
@@ -24,6 +23,7 @@ from bus.storage.errors import UnknownTask
 from bus.storage.errors import ValidationFailed
 from tests.support.children import Barrier
 from tests.support.children import Children
+from tests.support.properties import scaled_settings
 
 T0 = 1_700_000_000_000
 PROGRAM = Path(__file__).parent.parent / "support" / "procs_tasks.py"
@@ -396,7 +396,7 @@ class GraphMachine(RuleBasedStateMachine):
         assert counts.blocked == len(blocked)
 
 
-GraphMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30)
+GraphMachine.TestCase.settings = scaled_settings(max_examples=60, stateful_step_count=30)
 test_tasks_ready_equals_the_reference_on_random_graphs = GraphMachine.TestCase
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus.harness import claude_code
 from bus.storage.errors import ValidationFailed
+from tests.support.properties import scaled_settings
 
 BASE = ["/venv/bin/bus", "--db", "/p/.worker-state/bus.db"]
 OURS = claude_code.hook_commands(BASE, "auto", 300, 5)
@@ -51,7 +51,7 @@ def foreign_in(entries: list) -> list[dict]:
             if not claude_code.is_ours(h["command"])]
 
 
-@settings(max_examples=200, deadline=None)
+@scaled_settings(max_examples=200, deadline=None)
 @given(settings_file)
 def test_claude_code_merge_keeps_everything_else_and_is_idempotent(before):
     merged = claude_code.merge_settings(before, OURS, TIMEOUTS)

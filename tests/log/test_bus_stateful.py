@@ -11,7 +11,6 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine
 from hypothesis.stateful import initialize
@@ -21,6 +20,7 @@ from hypothesis.stateful import rule
 
 from bus import Bus
 from bus import ValidationFailed
+from tests.support.properties import scaled_settings
 
 AGENTS = st.sampled_from(["a", "b", "c"])
 RECIPIENTS = st.one_of(st.none(), AGENTS)
@@ -125,5 +125,5 @@ class BusModel(RuleBasedStateMachine):
             history.append(position)
 
 
-BusModel.TestCase.settings = settings(max_examples=50, stateful_step_count=30)
+BusModel.TestCase.settings = scaled_settings(max_examples=50, stateful_step_count=30)
 test_bus_matches_reference_model = BusModel.TestCase

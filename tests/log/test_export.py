@@ -38,7 +38,6 @@ import orjson
 import pytest
 from click.testing import CliRunner
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
@@ -51,6 +50,7 @@ from bus.log.messages import now_ms
 from tests.support.procs_coordination import Barrier
 from tests.support.procs_export import Children
 from tests.support.procs_export import make_messages
+from tests.support.properties import scaled_settings
 
 LINE_KEYS = ["seq", "id", "ts_ms", "ts", "from", "to", "type", "correlation_id", "in_reply_to",
              "payload_ref", "payload"]
@@ -1128,7 +1128,7 @@ JSON_VALUES = st.recursive(
 )
 
 
-@settings(max_examples=150)
+@scaled_settings(max_examples=150)
 @given(payload=JSON_VALUES, from_agent=AGENT, to=st.none() | AGENT, type_=TEXT,
        correlation_id=st.none() | TEXT, in_reply_to=st.none() | TEXT,
        ts_ms=st.integers(0, 253_402_300_799_999))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import uuid
 
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
@@ -19,6 +18,7 @@ from bus.storage.db import write_transaction
 from bus.log.messages import insert_row
 from bus.log.messages import insert_rows
 from bus.log.messages import prepare_row
+from tests.support.properties import scaled_settings
 
 # A small pool of ids so batches repeat ids, among themselves and with the file.
 ID_POOL = [str(uuid.UUID(int=n + 1)) for n in range(12)]
@@ -48,7 +48,7 @@ def contents(bus: Bus) -> list[tuple]:
 id_lists = st.lists(st.one_of(st.none(), st.sampled_from(ID_POOL)), max_size=150)
 
 
-@settings(max_examples=40, deadline=None)
+@scaled_settings(max_examples=40, deadline=None)
 @given(before=id_lists, batch=id_lists)
 def test_insert_rows_gives_what_one_by_one_gives(tmp_path_factory, before, batch):
     directory = tmp_path_factory.mktemp("rows")

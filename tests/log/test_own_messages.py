@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
 from bus import process_loop
+from tests.support.properties import scaled_settings
 
 
 def test_own_broadcasts_are_left_out_of_poll_and_counts_unless_asked(bus: Bus):
@@ -110,7 +110,7 @@ def empty_bus_file(tmp_path_factory) -> Path:
     return path
 
 
-@settings(max_examples=60, deadline=None)
+@scaled_settings(max_examples=60, deadline=None)
 @given(log=st.lists(SENDS, min_size=1, max_size=12), data=st.data())
 def test_ack_lands_where_the_model_says(tmp_path_factory, empty_bus_file, log, data) -> None:
     """Whatever mix of own, others' and broadcast messages follows, ack (its one-statement

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
@@ -23,6 +22,7 @@ from bus import process_loop
 from tests.support.children import SHORT_TIMEOUT
 from tests.support.children import Children
 from tests.conftest import REPO_ROOT
+from tests.support.properties import scaled_settings
 
 CONSUMER = Path(__file__).parent.parent / "support" / "procs_consumer.py"
 PUBLISHER = Path(__file__).parent.parent / "support" / "procs_wake.py"
@@ -244,7 +244,7 @@ def test_consumer_refuses_a_bad_agent_a_handler_that_is_not_callable_and_max_mes
 _agents = iter(range(10**9))
 
 
-@settings(max_examples=60)
+@scaled_settings(max_examples=60)
 @given(count=st.integers(0, 12), outcomes=st.lists(st.booleans(), max_size=40),
        rounds=st.lists(st.one_of(st.none(), st.integers(1, 5)), min_size=1, max_size=30))
 def test_process_loop_matches_the_model_for_any_successes_and_failures(bus, count, outcomes,

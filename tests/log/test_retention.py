@@ -17,7 +17,6 @@ from pathlib import Path
 import apsw
 import pytest
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
@@ -27,6 +26,7 @@ from bus.storage.db import JOURNAL_SIZE_LIMIT
 from bus.storage.db import connect
 from bus.log.messages import now_ms
 from bus.log.retention import CompactReport
+from tests.support.properties import scaled_settings
 
 DAY_MS = 86_400_000
 HOUR = 3600.0
@@ -376,7 +376,7 @@ OPS = st.one_of(
 )
 
 
-@settings(max_examples=40)
+@scaled_settings(max_examples=40)
 @given(ops=st.lists(OPS, max_size=30))
 def test_compact_never_removes_what_a_cursor_has_not_acked(tmp_path: Path, ops) -> None:
     with Bus.open(tmp_path / f"prop-{next(_counter)}" / "bus.db") as bus:

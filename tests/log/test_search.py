@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
@@ -19,6 +18,7 @@ from bus.storage.errors import SearchDisabled
 from bus.storage.errors import ValidationFailed
 from bus.log.messages import now_ms
 from tests.support.cli_helpers import last_error
+from tests.support.properties import scaled_settings
 
 # Words the unicode61 tokenizer keeps whole: letters only, and not FTS5's operators.
 WORDS = st.text("abcdefghijklmnopqrstuvwxyzéøß", min_size=3, max_size=12).filter(
@@ -30,7 +30,7 @@ def found(bus: Bus, query: str, **filters) -> list[int]:
     return [hit.message.seq for hit in bus.search(query, **filters)]
 
 
-@settings(max_examples=25, deadline=None)
+@scaled_settings(max_examples=25, deadline=None)
 @given(PAYLOADS, st.booleans())
 def test_payloads_are_found_by_their_words_until_compaction_removes_them(payloads, as_dict):
     with tempfile.TemporaryDirectory() as directory, Bus.open(Path(directory) / "b.db") as bus:

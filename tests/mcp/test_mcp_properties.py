@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 from mcp import Client
 
@@ -28,6 +27,7 @@ from bus.mcpserver.task_tools import TaskTools
 from bus.mcpserver.toolsets import ALL
 from bus.mcpserver.toolsets import chosen_groups
 from tests.mcp.test_mcp import snapshot
+from tests.support.properties import scaled_settings
 from workers.mcp_tools import WorkerTools
 
 AGENT = "planner"
@@ -129,7 +129,7 @@ def test_mcp_valid_calls_all_succeed(tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(TOOLS))
-@settings(max_examples=15)
+@scaled_settings(max_examples=15)
 @given(data=st.data())
 def test_mcp_any_arguments_get_an_answer_and_a_refusal_writes_nothing(tmp_path_factory, name, data):
     calls = [(name, data.draw(broken(name))) for _ in range(2)]

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
@@ -30,6 +29,7 @@ from bus.pump.organism import load_organism
 from bus.xml import XmlRejected
 from bus.xml.pipeline import Huh
 from tests.support import pump_tools
+from tests.support.properties import scaled_settings
 
 ADD = "root_tag: add\n    payload: tests.support.pump_tools:Add\n    handler: tests.support.pump_tools:add"
 LISTENERS = {
@@ -399,7 +399,7 @@ REQUESTS = st.lists(st.tuples(st.sampled_from(["ok", "raise", "peer", "final"]),
                               st.integers(0, 3)), min_size=1, max_size=8)
 
 
-@settings(max_examples=12)
+@scaled_settings(max_examples=12)
 @given(requests=REQUESTS, batch=st.sampled_from([1, 3, 64]))
 def test_every_request_gets_exactly_its_reply_set(tmp_path_factory, requests, batch):
     directory = tmp_path_factory.mktemp("prop")

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
@@ -32,6 +31,7 @@ from bus.pump.organism import load_organism
 from bus.pump.organism import parse_organism
 from tests.support import pump_tools
 from tests.support.cli_helpers import run
+from tests.support.properties import scaled_settings
 
 ECHO = """\
   - name: echo
@@ -273,7 +273,7 @@ REQUESTS = st.lists(st.tuples(st.sampled_from(["ok", "raise"]), st.integers(0, 3
                     min_size=1, max_size=12)
 
 
-@settings(max_examples=10, deadline=None)
+@scaled_settings(max_examples=10, deadline=None)
 @given(requests=REQUESTS, batch=st.sampled_from([1, 3, 64]))
 def test_every_inline_request_gets_exactly_its_reply_set(tmp_path_factory, requests, batch):
     """Requests committed together, answered `batch` per transaction."""

@@ -16,7 +16,6 @@ from pathlib import Path
 import apsw
 import pytest
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
@@ -24,6 +23,7 @@ from bus.storage import schema
 from bus.storage.db import connect
 from bus.log.messages import new_message_id
 from bus.log.messages import now_ms
+from tests.support.properties import scaled_settings
 
 VERSION_BEFORE = 7
 TABLES = ("messages", "cursors", "task_claims", "channels", "participants",
@@ -187,7 +187,7 @@ STEPS = st.lists(st.one_of(
 ), max_size=25)
 
 
-@settings(max_examples=30, deadline=None)
+@scaled_settings(max_examples=30, deadline=None)
 @given(steps=STEPS)
 def test_seq_never_repeats_or_goes_back(tmp_path_factory, steps):
     path = tmp_path_factory.mktemp("seq") / "bus.db"

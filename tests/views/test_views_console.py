@@ -20,7 +20,6 @@ from typing import Iterator
 
 import pytest
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
@@ -42,6 +41,7 @@ from bus.views.routes import branch_commits
 from bus.views.status import status_of
 from tests.support.broken_files import break_the_file
 from tests.conftest import REPO_ROOT
+from tests.support.properties import scaled_settings
 from tests.views.test_views_serve import CHROMIUM
 from tests.views.test_views_serve import PAGE_TIMEOUT_MS
 from tests.views.test_views_serve import Server
@@ -149,7 +149,7 @@ MIXED_TYPES = ("tick", "tock", "rare")
 MIXED_AGENTS = ("a0", "a1", "a2")
 
 
-@settings(max_examples=40, deadline=None)
+@scaled_settings(max_examples=40, deadline=None)
 @given(filt=st.fixed_dictionaries({}, optional={
            "type": st.sampled_from(MIXED_TYPES), "sender": st.sampled_from(MIXED_AGENTS),
            "to": st.sampled_from(MIXED_AGENTS), "task": st.sampled_from(("c0", "c3", "c9"))}),

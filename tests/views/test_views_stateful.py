@@ -23,7 +23,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine
 from hypothesis.stateful import invariant
@@ -63,6 +62,7 @@ from bus.views.top import table_cells
 from tests.support.cli_helpers import json_lines
 from tests.support.cli_helpers import run
 from tests.support.procs_workers import make_repo
+from tests.support.properties import scaled_settings
 from tests.support.worker_fixtures import isolate_git
 from workers import machine
 from workers.lifecycle import Workers
@@ -557,7 +557,7 @@ def hermetic_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_views_stateful_every_view_renders_every_reachable_state() -> None:
-    run_state_machine_as_test(ViewsGame, settings=settings(max_examples=25,
+    run_state_machine_as_test(ViewsGame, settings=scaled_settings(max_examples=25,
                                                            stateful_step_count=40))
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from hypothesis import event
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine
 from hypothesis.stateful import invariant
@@ -29,6 +28,7 @@ from bus.storage.errors import BusError
 from tests.support.procs_workers import commit_file
 from tests.support.procs_workers import git
 from tests.support.procs_workers import make_repo
+from tests.support.properties import scaled_settings
 from tests.support.worker_fixtures import isolate_git
 from workers import machine
 from workers.git import MergeConflict
@@ -191,5 +191,5 @@ def hermetic_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_workers_stateful_every_state_leads_to_completed() -> None:
-    run_state_machine_as_test(WorkerGame, settings=settings(max_examples=25,
+    run_state_machine_as_test(WorkerGame, settings=scaled_settings(max_examples=25,
                                                              stateful_step_count=30))

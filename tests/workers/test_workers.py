@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 from hypothesis import event
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from bus import Bus
@@ -31,6 +30,7 @@ from tests.support.procs_workers import commit_file
 from tests.support.procs_workers import git
 from tests.support.procs_workers import head
 from tests.support.procs_workers import make_repo
+from tests.support.properties import scaled_settings
 from tests.support.waiting import wait_until
 from tests.support.worker_fixtures import hermetic_git  # noqa: F401 - autouse fixture
 from tests.support.worker_fixtures import repo  # noqa: F401 - fixture
@@ -1105,7 +1105,7 @@ TRUE = shutil.which("true") or "true"
 FALSE = shutil.which("false") or "false"
 
 
-@settings(max_examples=25)
+@scaled_settings(max_examples=25)
 @given(data=st.data())
 def test_workers_random_commands_never_leave_the_machine(tmp_path: Path, data) -> None:
     root = tmp_path / f"example-{next(_examples)}"

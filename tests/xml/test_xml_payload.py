@@ -20,7 +20,6 @@ from typing import Optional
 import pytest
 from hypothesis import example
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 from lxml import etree
 
@@ -37,6 +36,7 @@ from bus.xml.errors import XmlRejected
 from bus.xml.errors import XmlUnrepresentable
 from bus.xml.errors import XmlValueInvalid
 from bus.xml.errors import XmlifyUnsupported
+from tests.support.properties import scaled_settings
 
 
 class Color(enum.Enum):
@@ -356,7 +356,7 @@ def test_plain_payload_is_valid_and_decodes_like_the_tree() -> None:
     spec = spec_of(Call)
     hits = []
 
-    @settings(max_examples=1000)
+    @scaled_settings(max_examples=1000)
     @given(call_documents())
     def check(data: bytes) -> None:
         parsed = plain_match(data)

@@ -11,7 +11,6 @@ from unittest import mock
 
 import pytest
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 from lxml import etree
 
@@ -36,6 +35,7 @@ from bus.xml.errors import XmlRejected
 from bus.xml.pipeline import LISTENER_STEPS
 from bus.xml.pipeline import Document
 from bus.xml.pipeline import SYSTEM_STEPS
+from tests.support.properties import scaled_settings
 
 LISTENER = "calculator-7f"  # must never show up in a Huh
 HEAD = f'<env:message xmlns:env="{ENVELOPE_NS}">'
@@ -285,7 +285,7 @@ def test_plain_envelope_is_valid_and_reads_like_the_xsd_path() -> None:
     """plain_fields accepts only envelopes envelope.xsd accepts, and reads them alike."""
     hits = []
 
-    @settings(max_examples=1000)
+    @scaled_settings(max_examples=1000)
     @given(envelopes())
     def check(raw: bytes) -> None:
         try:
@@ -304,7 +304,7 @@ def test_plain_envelope_is_valid_and_reads_like_the_xsd_path() -> None:
     assert len(hits) > 50  # the strategy reaches plain envelopes: the test is not vacuous
 
 
-@settings(max_examples=300)
+@scaled_settings(max_examples=300)
 @given(envelopes())
 def test_pipeline_plain_and_schema_paths_agree(raw: bytes) -> None:
     """The same result, Huh or Envelope, with the plain fast paths and with the XSDs only."""
