@@ -35,7 +35,8 @@ test-steps: $(INSTALLED) tools clients
 
 # The fast tier for the inner loop: everything but the heavy tests, those that need Spark,
 # Chromium, the agents' real clients (npm), a wheel build or a real Litestream or
-# nats-server. tests/conftest.py marks them `heavy` from what each test reaches. It runs
+# nats-server (tests/conftest.py marks them `heavy` from what each test reaches), and the
+# `slow` ones, the multi-process crash and race campaigns that `make test` runs. It runs
 # on CHECK_JOBS processes (pytest-xdist: most tests wait on child processes, so two share
 # two cores well) and each property on fewer examples (conftest.py's "check" profile).
 CHECK_JOBS ?= 2
@@ -43,7 +44,7 @@ check:
 	+@$(TIMED)
 
 check-steps: $(INSTALLED) check-tools
-	$(BIN)/python -m pytest -m "not heavy" -n $(CHECK_JOBS) --hypothesis-profile=check
+	$(BIN)/python -m pytest -m "not heavy and not slow" -n $(CHECK_JOBS) --hypothesis-profile=check
 
 check-tools:
 	@$(MAKE) --no-print-directory tools TOOLS="$(filter-out chromium:%,$(TOOLS))"

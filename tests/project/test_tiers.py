@@ -1,4 +1,4 @@
-"""The two tiers: `make check` runs `pytest -m "not heavy"`, `make test` everything.
+"""The two tiers: `make check` runs `pytest -m "not heavy and not slow"`, `make test` everything.
 
 tests/conftest.py marks a test `heavy` from what it reaches (Spark, Chromium, the agents'
 real clients, a wheel build, a real Litestream or nats-server). These tests hold its
