@@ -175,6 +175,7 @@ class FakeInbox:
         self.path = path
         self.transcript = transcript
         self.lines: list[dict] = []
+        self.closing = False
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(path))
         self.server.listen(1)
@@ -182,11 +183,10 @@ class FakeInbox:
         self.thread.start()
 
     def _serve(self) -> None:
-        try:
-            conn, _ = self.server.accept()
-        except OSError:  # closed with no client come: a test that expects none
-            return
+        conn, _ = self.server.accept()
         with conn:
+            if self.closing:  # close()'s own connection: no client came
+                return
             data = b""
             while chunk := conn.recv(65536):
                 data += chunk
@@ -198,6 +198,15 @@ class FakeInbox:
                     out.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
+        """End the thread, then close the socket. Closed under a thread still blocked in
+        accept(), the descriptor's number would be reused by the next socket this process
+        opens (a scripted model's, a later test's inbox) and the stale accept() would take
+        that socket's connections: a later test then waited for a request that never came."""
+        if self.thread.is_alive():
+            self.closing = True
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as wake:
+                wake.connect(str(self.path))
+            self.thread.join(timeout=30)
         self.server.close()
 
 
