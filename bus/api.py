@@ -306,7 +306,7 @@ class Bus:
         # Up to 64 rows outside a transaction are one statement: a transaction of its own.
         one_statement = not conn.in_transaction and len(rows) <= messages.ROWS_PER_INSERT
         with translate_errors(conn) if one_statement else write_transaction(conn):
-            written = iter(messages.insert_rows(conn, rows))
+            written = iter(messages.append(conn, rows, self.payloads))
         results = []
         for batch in batches:
             results.append([PublishResult(seq, row.id, duplicate, durable)

@@ -302,7 +302,8 @@ class Channels:
                                              lambda: self._topic_index(channel))
                 now = self.clock()
                 self._check_limits(conn, len(targets), now)
-                seq, correlation_id = sending.insert(conn, channel, out, targets, now)
+                seq, correlation_id = sending.insert(conn, self.payloads, channel, out,
+                                                             targets, now)
                 if answered:
                     self._settle_answered(conn, out, answered[1], now)
         content, error = self._load_content(out.row.payload, out.row.payload_ref)
@@ -347,7 +348,7 @@ class Channels:
         if size > limits.max_file_bytes - limits.reserve_bytes:
             raise StoreCapacity(size, limits.max_file_bytes, limits.reserve_bytes)
         if size > limits.max_file_bytes - limits.warn_bytes:
-            _warn_capacity(conn, size, limits, now)
+            _warn_capacity(conn, self.payloads, size, limits, now)
 
     # --- receiving and acknowledging -------------------------------------------
 
@@ -469,7 +470,8 @@ class Channels:
             return deadletters.purge(conn, self.clock() - round(seconds * 1000))
 
 
-def _warn_capacity(conn: apsw.Connection, size: int, limits: StoreLimits, now: int) -> None:
+def _warn_capacity(conn: apsw.Connection, payloads: PayloadPolicy, size: int,
+                   limits: StoreLimits, now: int) -> None:
     """Broadcast that the file nears its limit, at most once a minute (inside the send)."""
     warned_at = conn.execute(_WARNED_AT_SQL).get
     if warned_at is not None and now - int(warned_at) < CAPACITY_WARNING_EVERY_MS:
@@ -479,4 +481,4 @@ def _warn_capacity(conn: apsw.Connection, size: int, limits: StoreLimits, now: i
         "file_bytes": size, "max_file_bytes": limits.max_file_bytes,
         "refused_above": limits.max_file_bytes - limits.reserve_bytes,
         "fix": "run `bus compact` or purge dead letters"})
-    messages.insert_row(conn, notice, now)
+    messages.append(conn, [notice], payloads, now)

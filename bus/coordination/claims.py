@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from typing import TYPE_CHECKING
 
 import apsw
 
@@ -37,6 +38,9 @@ from bus.storage.errors import BusError
 from bus.storage.errors import ValidationFailed
 from bus.coordination.heartbeats import Thresholds
 from bus.log.messages import clock_ms
+
+if TYPE_CHECKING:
+    from bus.log.payloads import PayloadPolicy
 
 LEASE_MS_MAX = 7 * 24 * 3600 * 1000
 SYSTEM_AGENT = "bus"  # sender of the messages the bus publishes itself (task_released, ...)
@@ -190,8 +194,10 @@ def _stale_reason(task: str, given: int, current: int | None, holder: Claim | No
 
 
 def try_claim(conn: apsw.Connection, task_id: str, agent: str, lease_ms: int = 60_000, *,
-              max_attempts: int = 5, now: int | None = None) -> ClaimResult:
-    """Claim a task and say what happened (see `Claims.try_claim`)."""
+              max_attempts: int = 5, now: int | None = None,
+              payloads: PayloadPolicy | None = None) -> ClaimResult:
+    """Claim a task and say what happened (see `Claims.try_claim`). `payloads`, the
+    bus's PayloadPolicy, places the payloads of what it announces as a publish's."""
     task_id, agent = validate_task(task_id), messages.validate_agent_id(agent)
     validate_lease(lease_ms)
     messages.validate_positive_int(max_attempts, "max_attempts")
@@ -200,10 +206,10 @@ def try_claim(conn: apsw.Connection, task_id: str, agent: str, lease_ms: int = 6
         previous = get(conn, task_id)
         result = _take(conn, task_id, agent, lease_ms, max_attempts, at)
         if result.just_died:
-            _announce(conn, "task_dead", result.dead.to_json_dict(), task_id, at)
+            _announce(conn, payloads, "task_dead", result.dead.to_json_dict(), task_id, at)
         elif result.granted and previous is not None and previous.agent != agent:
             # Granted over another agent's row: its lease had run out (a takeover).
-            _announce(conn, "task_reclaimed", {
+            _announce(conn, payloads, "task_reclaimed", {
                 "task": task_id, "previous_holder": previous.agent, "new_holder": agent,
                 "attempt": result.claim.attempts, "fence": result.claim.fence}, task_id, at)
     return result
@@ -233,8 +239,8 @@ def release(conn: apsw.Connection, task_id: str, agent: str, *, fence: int | Non
         return conn.execute(_RELEASE_SQL, (task_id, agent)).get is not None
 
 
-def reap(conn: apsw.Connection, now: int | None = None,
-         thresholds: Thresholds | None = None) -> list[Claim]:
+def reap(conn: apsw.Connection, now: int | None = None, thresholds: Thresholds | None = None,
+         payloads: PayloadPolicy | None = None) -> list[Claim]:
     """End the leases held by agents whose liveness is dead (see `Claims.reap`)."""
     thresholds = thresholds or Thresholds()
     with write_transaction(conn):
@@ -243,7 +249,7 @@ def reap(conn: apsw.Connection, now: int | None = None,
         silent = _held_by_silent_agents(conn, cutoff, at)
         for claim, last_beat in silent:
             conn.execute(_EXPIRE_SQL, (at, claim.task_id))
-            _announce(conn, "task_released", {
+            _announce(conn, payloads, "task_released", {
                 "task": claim.task_id, "agent": claim.agent, "reason": "agent dead",
                 "fence": claim.fence, "silent_s": round((at - last_beat) / 1000, 3)},
                 claim.task_id, at)
@@ -359,8 +365,8 @@ def _held_by_silent_agents(conn: apsw.Connection, cutoff_ms: int,
     return [(Claim(*row[:-1]), row[-1]) for row in rows]
 
 
-def _announce(conn: apsw.Connection, type: str, payload: dict[str, Any],
-              correlation_id: str, at: int) -> None:
+def _announce(conn: apsw.Connection, payloads: PayloadPolicy | None, type: str,
+              payload: dict[str, Any], correlation_id: str, at: int) -> None:
     """Broadcast a message from the bus itself, inside the caller's transaction."""
     row = messages.prepare_row(SYSTEM_AGENT, type, payload, correlation_id=correlation_id)
-    messages.insert_row(conn, row, at)
+    messages.append(conn, [row], payloads, at)

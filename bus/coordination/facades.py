@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Iterable
 from typing import Protocol
 from typing import Sequence
+from typing import TYPE_CHECKING
 
 import apsw
 
@@ -48,6 +49,9 @@ from bus.log.messages import validate_agent_id
 from bus.storage.db import translate_errors
 from bus.storage.db import write_transaction
 
+if TYPE_CHECKING:
+    from bus.log.payloads import PayloadPolicy
+
 
 class Connected(Protocol):
     """What a facade uses of the bus it serves: `Bus` hands itself over.
@@ -58,6 +62,9 @@ class Connected(Protocol):
 
     @property
     def conn(self) -> apsw.Connection: ...
+
+    @property
+    def payloads(self) -> PayloadPolicy: ...
 
 
 class Claims:
@@ -92,7 +99,7 @@ class Claims:
         Pass it to `renew`, `release` and `bus.publish(task=..., fence=...)`.
         """
         return claims.try_claim(self._bus.conn, task_id, agent, lease_ms,
-                                max_attempts=max_attempts, now=now)
+                                max_attempts=max_attempts, now=now, payloads=self._bus.payloads)
 
     def renew(self, task_id: str, agent: str, lease_ms: int | None = None, *,
               fence: int | None = None, now: int | None = None) -> bool:
@@ -131,7 +138,7 @@ class Claims:
         next holder gets a new fence) and a `task_released` message is
         broadcast for it.
         """
-        return claims.reap(self._bus.conn, now, thresholds)
+        return claims.reap(self._bus.conn, now, thresholds, self._bus.payloads)
 
 
 class Tasks:
@@ -194,7 +201,7 @@ class Tasks:
         one is tried.
         """
         return tasks.claim_next(self._bus.conn, agent, lease_ms, max_attempts=max_attempts,
-                                now=now)
+                                now=now, payloads=self._bus.payloads)
 
     def complete(self, task_id: str, agent: str, *, fence: int | None = None,
                  require_claim: bool = True, now: int | None = None) -> Task:
@@ -208,7 +215,8 @@ class Tasks:
         TaskStateConflict (not open, or waiting on others), NotTaskHolder.
         """
         return tasks.complete_task(self._bus.conn, task_id, agent, fence=fence,
-                                   require_claim=require_claim, now=now)
+                                   require_claim=require_claim, now=now,
+                                   payloads=self._bus.payloads)
 
     def cancel(self, task_id: str, agent: str | None = None, reason: str | None = None, *,
                now: int | None = None) -> Task:
@@ -216,7 +224,8 @@ class Tasks:
 
         Its dependents stay blocked: a cancelled task is not done.
         """
-        return tasks.cancel_task(self._bus.conn, task_id, agent, reason, now=now)
+        return tasks.cancel_task(self._bus.conn, task_id, agent, reason, now=now,
+                                 payloads=self._bus.payloads)
 
     def list(self, state: str | None = None) -> list[Task]:
         """Every task (or those in `state`: open, done, cancelled), oldest first."""
@@ -289,7 +298,7 @@ class Heartbeats:
         For beats that go on while the agent blocks, use `Heartbeat`.
         """
         fields = heartbeats.validate_beat(agent, status, task, progress)
-        return heartbeats.beat(self._bus.conn, *fields)
+        return heartbeats.beat(self._bus.conn, *fields, payloads=self._bus.payloads)
 
     def liveness(self, now: int | None = None, thresholds: Thresholds | None = None, *,
                  stopped: bool = True) -> list[Liveness]:

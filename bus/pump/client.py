@@ -27,7 +27,7 @@ from bus.storage.errors import BusError
 from bus.coordination.heartbeats import STOPPED
 from bus.storage.errors import ValidationFailed
 from bus.log.messages import Message
-from bus.log.messages import insert_row
+from bus.log.messages import append
 from bus.log.messages import new_message_id
 from bus.log.messages import now_ms
 from bus.log.messages import row_to_message
@@ -174,7 +174,7 @@ def send(bus: Bus, organism: str, xml: bytes | str, *, to: str | None = None,
         conversation = threads.open_conversation(conn, organism, client, now)
         row = envelope_row(payload, id=message_id, sender=client, thread=conversation,
                            to=to, organism=organism)
-        seq, _ = insert_row(conn, bus.payloads.place(row), now)
+        [(seq, _)] = append(conn, [row], bus.payloads, now)
         work.insert_inbox(conn, seq, organism, payload.tag, to, now)
     return Sent(seq, message_id, conversation, client)
 

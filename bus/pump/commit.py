@@ -45,8 +45,7 @@ from bus.storage.errors import BusError
 from bus.storage.errors import ValidationFailed
 from bus.log.messages import Message
 from bus.log.messages import Row
-from bus.log.messages import insert_row
-from bus.log.messages import insert_rows
+from bus.log.messages import append
 from bus.log.messages import new_message_id
 from bus.pump import threads
 from bus.pump import work
@@ -218,7 +217,7 @@ class Batch:
         """Insert one envelope; (seq, duplicate)."""
         row = envelope_row(payload, id=id, sender=sender, thread=thread, to=to,
                            organism=self.organism, in_reply_to=in_reply_to)
-        return insert_row(self.conn, self.bus.payloads.place(row), self.now)
+        return append(self.conn, [row], self.bus.payloads, self.now)[0]
 
     def boot(self, root: str) -> bool:
         """Send <boot/> on the organism's first start; False on a restart (sent before)."""
@@ -450,17 +449,16 @@ class Batch:
         all of them where the per-unit path takes two per unit."""
         rows = [self._client_reply(done, caller, index, output.element)
                 for done, caller in answered for index, output in enumerate(done.outputs)]
-        insert_rows(self.conn, rows)
+        append(self.conn, rows, self.bus.payloads)
         threads.close_all_if_done(self.conn, [caller.uuid for _, caller in answered], self.now)
 
     def _client_reply(self, done: Finished, caller: Caller, index: int,
                       element: etree._Element) -> Row:
         """The row of answer `index` of a unit to the client `caller`."""
         message = done.input
-        row = envelope_row(element, id=derived_id(message.id, done.unit.listener, index),
-                           sender=done.unit.listener, thread=caller.uuid, to=caller.name,
-                           organism=self.organism, in_reply_to=message.id)
-        return self.bus.payloads.place(row)
+        return envelope_row(element, id=derived_id(message.id, done.unit.listener, index),
+                            sender=done.unit.listener, thread=caller.uuid, to=caller.name,
+                            organism=self.organism, in_reply_to=message.id)
 
     def _finish_with_thread(self, done: Finished, owner: str | None,
                             parent: str | None) -> str:
