@@ -249,7 +249,7 @@ def test_architecture_click_only_in_the_cli_modules():
 # What `Bus` itself offers: the log. Every other part is a facade reached from it.
 BUS_LOG = {
     # the file
-    "open", "close", "conn", "path", "durability", "durable", "blobs", "payloads",
+    "open", "close", "conn", "read", "write", "path", "durability", "durable", "blobs", "payloads",
     "blob_threshold", "max_payload_bytes", "schema_version",
     # writing and reading the log
     "publish", "publish_many", "poll", "reply_to", "answer", "recipient_warning",
