@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from dataclasses import replace
 from typing import TYPE_CHECKING
 from typing import Callable
+from typing import Iterable
 
 import apsw
 from lxml import etree
@@ -47,6 +48,7 @@ from bus.log.messages import Message
 from bus.log.messages import Row
 from bus.log.messages import append
 from bus.log.messages import new_message_id
+from bus.pump import meta
 from bus.pump import threads
 from bus.pump import work
 from bus.pump.envelopes import SYSTEM_SENDER
@@ -209,6 +211,35 @@ class Batch:
         if missing:
             self._messages.update(work.messages_by_seq(self.conn, missing, self.bus.blobs))
         return {seq: self._messages[seq] for seq in seqs if seq in self._messages}
+
+    # --- the organism's work, in this transaction --------------------------------------
+
+    def take_inbox(self, limit: int) -> list[work.Inbound]:
+        """Remove and return up to `limit` waiting client envelopes, oldest first."""
+        return work.take_inbox(self.conn, self.organism, limit)
+
+    def last_inbox_seq(self) -> int:
+        return work.last_inbox_seq(self.conn, self.organism)
+
+    def record_capabilities(self) -> None:
+        """What the organism's listeners offer, as meta questions read it."""
+        meta.record_capabilities(self.conn, self.organism, self.routes.listeners)
+
+    def bury_exhausted(self) -> list[Unit]:
+        return work.bury_exhausted(self.conn, self.organism, self.now)
+
+    def bury_orphans(self) -> list[Unit]:
+        """The unleased units of listeners the routing table no longer has, marked dead."""
+        return work.bury_orphans(self.conn, self.organism, self.routes.listeners, self.now)
+
+    def find_suspect(self, listeners: Iterable[str]) -> int | None:
+        return work.find_suspect(self.conn, self.organism, listeners, self.now)
+
+    def lease(self, ids: list[int], owner: str, lease_ms: int) -> list[Unit]:
+        return work.lease(self.conn, ids, owner, lease_ms, self.now)
+
+    def claim(self, listener: str, owner: str, lease_ms: int, limit: int) -> list[Unit]:
+        return work.claim(self.conn, self.organism, listener, owner, lease_ms, limit, self.now)
 
     # --- envelopes -------------------------------------------------------------------
 

@@ -404,19 +404,22 @@ class OobServer:
     def handle(self, wire: bytes, now: int | None = None) -> dict[str, Any]:
         """Verify, record and dispatch one request; the response for the client."""
         at = now_ms() if now is None else now
-        conn = self.bus.conn
         try:
             request = verify_request(wire, self.public_keys, now=at, window_ms=self.window_ms)
-            record_request(conn, request, at, self.bus.payloads)
+            with self.bus.write() as conn:
+                record_request(conn, request, at, self.bus.payloads)
         except OobRefused as exc:
             return self._refuse(exc, at)
         response = self._dispatch(request)
-        _audit(conn, self.bus.payloads, "oob_result", {"command": request.command, **response}, now_ms(),
-               request.nonce)
+        with self.bus.write() as conn:
+            _audit(conn, self.bus.payloads, "oob_result", {"command": request.command, **response},
+                   now_ms(), request.nonce)
         return response
 
     def _refuse(self, exc: OobRefused, at: int) -> dict[str, Any]:
-        _audit(self.bus.conn, self.bus.payloads, "oob_refused", {"error": exc.kind, "message": str(exc)}, at)
+        with self.bus.write() as conn:
+            _audit(conn, self.bus.payloads, "oob_refused",
+                   {"error": exc.kind, "message": str(exc)}, at)
         return {"ok": False, "error": exc.kind, "message": str(exc)}
 
     def _dispatch(self, request: OobRequest) -> dict[str, Any]:
