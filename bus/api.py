@@ -54,6 +54,7 @@ from bus.coordination.facades import Tokens
 from bus.log.cursors import Cursor
 from bus.storage.db import DURABLE_BY_DURABILITY
 from bus.storage.db import connect
+from bus.storage.db import read_transaction
 from bus.storage.db import refuse_write
 from bus.storage.db import synchronous_for
 from bus.storage.db import translate_errors
@@ -168,6 +169,23 @@ class Bus:
             mine = self._local.mine = self._thread_resources(
                 connect(self.path, self.durability, create=False))
         return mine.conn
+
+    def read(self) -> read_transaction:
+        """The door to this thread's connection for reading: `with bus.read() as conn:`
+        reads one snapshot of the file, in one read transaction (bus/storage/db.py).
+
+        Inside a transaction this thread has open already, the reads join it. Every part
+        above the log reads through here (or `write`), never through `conn`.
+        """
+        return read_transaction(self.conn)
+
+    def write(self) -> write_transaction:
+        """The door to this thread's connection for writing: `with bus.write() as conn:`
+        is one BEGIN IMMEDIATE transaction, committed when the block ends and rolled back
+        if it raises; a locked file is waited for, then BusBusy. Inside a transaction
+        this thread has open already, a savepoint of it (bus/storage/db.py).
+        """
+        return write_transaction(self.conn)
 
     def _thread_resources(self, conn: apsw.Connection) -> _ThreadResources:
         """`conn` as this thread's, closed with its watcher when the thread ends: a server's
@@ -306,7 +324,7 @@ class Bus:
         # Up to 64 rows outside a transaction are one statement: a transaction of its own.
         one_statement = not conn.in_transaction and len(rows) <= messages.ROWS_PER_INSERT
         with translate_errors(conn) if one_statement else write_transaction(conn):
-            written = iter(messages.insert_rows(conn, rows))
+            written = iter(messages.append(conn, rows, self.payloads))
         results = []
         for batch in batches:
             results.append([PublishResult(seq, row.id, duplicate, durable)

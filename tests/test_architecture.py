@@ -246,10 +246,73 @@ def test_architecture_click_only_in_the_cli_modules():
     assert outside == []
 
 
+# The parts that hold a connection: storage opens it, the log writes and reads through it,
+# and the facade (`bus/api.py`) keeps one per thread and hands it out through its doors.
+CONNECTION_OWNERS = ("bus.storage", "bus.log", "bus.api")
+# The log's inserts: every other part writes a message through `messages.append`.
+LOG_INSERTS = {"_insert_row", "_insert_rows", "insert_row", "insert_rows"}
+
+
+def reaches_around_the_doors(source: str, filename: str) -> list[str]:
+    """`file:line` of each connection taken past the bus's doors (`.conn` read on anything
+    but `self`: `bus.conn`, `self.bus.conn`, `batch.conn`) and of each use of the log's
+    inserts (imported, called or named)."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Attribute) and node.attr == "conn" \
+                and isinstance(node.ctx, ast.Load) \
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Attribute) and node.attr in LOG_INSERTS \
+                or isinstance(node, ast.Name) and node.id in LOG_INSERTS:
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, (ast.ImportFrom, ast.Import)):
+            found.extend((node.lineno, f"import {alias.name}") for alias in node.names
+                         if alias.name.rpartition(".")[2] in LOG_INSERTS)
+    return [f"{filename}:{line}: {what}" for line, what in sorted(found)]
+
+
+def test_architecture_parts_reach_the_connection_only_through_the_doors():
+    """Outside storage, the log and the facade, a part takes its connection from
+    `bus.read()` or `bus.write()` (an object that lives for one transaction is handed
+    it, as `self.conn`) and writes a message through `messages.append` only."""
+    outside = []
+    for name, path in sorted(module_files().items()):
+        if name.split(".")[0] == "bus" and part_of(name) not in CONNECTION_OWNERS:
+            outside.extend(reaches_around_the_doors(path.read_text(),
+                                                    str(path.relative_to(ROOT))))
+    assert outside == []
+
+
+def test_architecture_the_door_check_names_what_goes_around_it():
+    """The check above fails on each way around the doors, and passes what goes through."""
+    around = (
+        "def f(bus, batch, self):\n"
+        "    bus.conn.execute('SELECT 1')\n"
+        "    batch.conn\n"
+        "    self.bus.conn\n"
+        "    self._bus.conn\n"
+        "    messages._insert_row(c, r, 1)\n"
+        "from bus.log.messages import _insert_rows\n"
+    )
+    assert [hit.split(": ")[0] for hit in reaches_around_the_doors(around, "part.py")] == [
+        "part.py:2", "part.py:3", "part.py:4", "part.py:5", "part.py:6", "part.py:7"]
+    through = (
+        "class Batch:\n"
+        "    def __init__(self, conn):\n"
+        "        self.conn = conn\n"
+        "    def read(self, bus):\n"
+        "        with bus.read() as conn:\n"
+        "            return self.conn.execute('SELECT 1'), conn\n"
+        "messages.append(conn, rows, payloads)\n"
+    )
+    assert reaches_around_the_doors(through, "part.py") == []
+
+
 # What `Bus` itself offers: the log. Every other part is a facade reached from it.
 BUS_LOG = {
     # the file
-    "open", "close", "conn", "path", "durability", "durable", "blobs", "payloads",
+    "open", "close", "conn", "read", "write", "path", "durability", "durable", "blobs", "payloads",
     "blob_threshold", "max_payload_bytes", "schema_version",
     # writing and reading the log
     "publish", "publish_many", "poll", "reply_to", "answer", "recipient_warning",

@@ -15,6 +15,7 @@ file. Messages come back as `ChannelMessage`.
 from __future__ import annotations
 
 import threading
+from contextlib import AbstractContextManager
 from contextlib import contextmanager
 from dataclasses import dataclass
 from dataclasses import replace
@@ -58,8 +59,6 @@ from bus.channels.store import validate_choice
 from bus.channels.store import validate_name
 from bus.channels.topics import TopicIndex
 from bus.storage.db import refuse_write
-from bus.storage.db import translate_busy
-from bus.storage.db import write_transaction
 from bus.storage.errors import ValidationFailed
 from bus.log.messages import load_payload
 from bus.log.messages import now_ms
@@ -114,8 +113,9 @@ class Log(Protocol):
     blobs: BlobStore
     payloads: PayloadPolicy
 
-    @property
-    def conn(self) -> apsw.Connection: ...
+    def read(self) -> AbstractContextManager[apsw.Connection]: ...
+
+    def write(self) -> AbstractContextManager[apsw.Connection]: ...
 
 
 class Channels:
@@ -135,12 +135,22 @@ class Channels:
         self._indexes_lock = threading.Lock()
         self._local = threading.local()
 
-    # --- connections ---------------------------------------------------------
+    # --- the connection: through the bus's doors --------------------------------
 
-    @property
-    def conn(self) -> apsw.Connection:
-        """The calling thread's connection, with the filter functions registered."""
-        conn = self.bus.conn
+    @contextmanager
+    def _read(self) -> Iterator[apsw.Connection]:
+        """`bus.read()`, on a connection with the filter functions registered."""
+        with self.bus.read() as conn:
+            yield self._registered(conn)
+
+    @contextmanager
+    def _write(self) -> Iterator[apsw.Connection]:
+        """`bus.write()`, on a connection with the filter functions registered."""
+        with self.bus.write() as conn:
+            yield self._registered(conn)
+
+    def _registered(self, conn: apsw.Connection) -> apsw.Connection:
+        """`conn` with the filter functions registered, once per thread's connection."""
         if getattr(self._local, "registered", None) is not conn:
             connection_register_functions(conn, self._load_content)
             self._local.registered = conn
@@ -157,7 +167,7 @@ class Channels:
         (each survives a crash once its call returns; with durability
         "full", power loss too), or one per batch, for throughput.
         """
-        with write_transaction(self.conn):
+        with self._write():
             yield
 
     # --- channels ------------------------------------------------------------
@@ -169,25 +179,26 @@ class Channels:
         validate_choice(type, "type", CHANNEL_TYPES)
         validate_agent_id(owner, "owner")
         settings = ChannelConfig.build(**config)
-        conn = self.conn
-        with write_transaction(conn):
+        with self._write() as conn:
             return store.insert_channel(conn, name, type, owner, settings, self.clock())
 
     def get_channel(self, name: str) -> Channel:
         validate_name(name)
-        with translate_busy():
-            return store.get_channel(self.conn, name)
+        with self._read() as conn:
+            return store.get_channel(conn, name)
 
     def list_channels(self) -> list[Channel]:
-        with translate_busy():
-            return store.list_channels(self.conn)
+        with self._read() as conn:
+            return store.list_channels(conn)
 
     def participants(self, channel: str) -> list[Participant]:
-        return store.participants(self.conn, self.get_channel(channel))
+        with self._read() as conn:
+            return store.participants(conn, self.get_channel(channel))
 
     def subscriptions(self, channel: str) -> list[tuple[str, str]]:
         """(topic_pattern, agent) pairs of a pubsub channel."""
-        return store.subscriptions(self.conn, self.get_channel(channel))
+        with self._read() as conn:
+            return store.subscriptions(conn, self.get_channel(channel))
 
     def join_channel(self, channel: str, agent: str, role: str = "member") -> None:
         validate_agent_id(agent)
@@ -210,8 +221,7 @@ class Channels:
         """
         validate_agent_id(agent)
         if channel == system.SYSTEM_CHANNEL:
-            conn = self.conn
-            with write_transaction(conn):
+            with self._write() as conn:
                 return system.subscribe(conn, agent, topic_pattern, self.clock())
         return self._write_on(channel, lambda conn, c: store.add_subscription(
             conn, c, agent, topic_pattern, self.clock()))
@@ -237,8 +247,7 @@ class Channels:
 
     def _write_on(self, name: str, action: Callable[[apsw.Connection, Channel], Any]) -> Any:
         validate_name(name)
-        conn = self.conn
-        with write_transaction(conn):
+        with self._write() as conn:
             return action(conn, store.get_channel(conn, name))
 
     # --- sending -------------------------------------------------------------
@@ -285,14 +294,13 @@ class Channels:
 
     def _send(self, out: sending.Outgoing) -> ChannelMessage:
         self.payloads.check_size(out.row, "content")
-        conn = self.conn
         if out.size > self.payloads.blob_threshold:
-            self._check_before_blob(conn, out)
+            self._check_before_blob(out)
         # A refused send deletes the blob it wrote (PayloadPolicy.staging).
         with self.payloads.staging():
             # A large content goes to the blob store before the transaction, outside the lock.
             out = replace(out, row=self.payloads.place(out.row))
-            with write_transaction(conn):
+            with self._write() as conn:
                 channel = store.get_channel(conn, out.channel)
                 sending.check_channel(conn, channel, out)
                 answered = sending.answered(conn, channel, out)
@@ -302,7 +310,8 @@ class Channels:
                                              lambda: self._topic_index(channel))
                 now = self.clock()
                 self._check_limits(conn, len(targets), now)
-                seq, correlation_id = sending.insert(conn, channel, out, targets, now)
+                seq, correlation_id = sending.insert(conn, self.payloads, channel, out,
+                                                             targets, now)
                 if answered:
                     self._settle_answered(conn, out, answered[1], now)
         content, error = self._load_content(out.row.payload, out.row.payload_ref)
@@ -310,14 +319,13 @@ class Channels:
                               out.topic, out.priority, correlation_id, out.row.in_reply_to, now,
                               "sent", error)
 
-    @staticmethod
-    def _check_before_blob(conn: apsw.Connection, out: sending.Outgoing) -> None:
+    def _check_before_blob(self, out: sending.Outgoing) -> None:
         """The channel's checks, read-only, before a large content is written as a blob.
 
         The transaction checks again: the channel may change in between.
         """
-        refuse_write(conn)
-        with translate_busy(conn):
+        with self._read() as conn:
+            refuse_write(conn)
             sending.check_channel(conn, store.get_channel(conn, out.channel), out)
 
     @staticmethod
@@ -334,7 +342,8 @@ class Channels:
             cached = self._indexes.get(channel.id)
         if cached is not None and cached[0] == channel.subscriptions_version:
             return cached[1]
-        index = TopicIndex(store.subscriptions(self.conn, channel))
+        with self._read() as conn:
+            index = TopicIndex(store.subscriptions(conn, channel))
         with self._indexes_lock:
             self._indexes[channel.id] = (channel.subscriptions_version, index)
         return index
@@ -347,7 +356,7 @@ class Channels:
         if size > limits.max_file_bytes - limits.reserve_bytes:
             raise StoreCapacity(size, limits.max_file_bytes, limits.reserve_bytes)
         if size > limits.max_file_bytes - limits.warn_bytes:
-            _warn_capacity(conn, size, limits, now)
+            _warn_capacity(conn, self.payloads, size, limits, now)
 
     # --- receiving and acknowledging -------------------------------------------
 
@@ -361,20 +370,19 @@ class Channels:
         """
         validate_agent_id(agent)
         flt = self._checked_filter(filter)
-        conn = self.conn
         candidates = None
         if flt.content_pattern is not None:  # the user's regex runs outside the write lock
-            with translate_busy(conn):
+            with self._read() as conn:
                 candidates = delivery.content_candidates(conn, agent, flt, self.clock())
-        with write_transaction(conn):
+        with self._write() as conn:
             now = self.clock()
             delivery.tick(conn, now)
             return delivery.receive(conn, agent, flt, now, self._load_content, self._count,
                                     candidates)
 
     def _count(self, sql: str, params: dict[str, Any]) -> int:
-        with translate_busy():
-            return self.conn.execute(sql, params).get
+        with self._read() as conn:
+            return conn.execute(sql, params).get
 
     def acknowledge_message(self, message: ChannelMessage | int, agent: str, status: str,
                             note: str | None = None) -> str:
@@ -386,21 +394,19 @@ class Channels:
         seq = message.seq if isinstance(message, ChannelMessage) else message
         validate_positive_int(seq, "message")
         validate_agent_id(agent)
-        conn = self.conn
-        with write_transaction(conn):
+        with self._write() as conn:
             return delivery.acknowledge(conn, seq, agent, status, note, self.clock())
 
     def deliveries(self, message: ChannelMessage | int) -> list[Delivery]:
         """Every recipient's delivery of a message: the sender's view of its acks."""
         seq = message.seq if isinstance(message, ChannelMessage) else message
         validate_positive_int(seq, "message")
-        with translate_busy():
-            return deliveries_of(self.conn, seq)
+        with self._read() as conn:
+            return deliveries_of(conn, seq)
 
     def tick(self, now: int | None = None) -> TickReport:
         """Run every timer due by `now` (default: the clock): retries, dead letters, expiries."""
-        conn = self.conn
-        with write_transaction(conn):
+        with self._write() as conn:
             return delivery.tick(conn, self.clock() if now is None else now)
 
     # --- queries ---------------------------------------------------------------
@@ -411,8 +417,7 @@ class Channels:
         clauses, params = filter_sql(flt)
         where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
         params.update(limit=flt.limit, offset=flt.offset)
-        conn = self.conn
-        with translate_busy():
+        with self._read() as conn:
             total = conn.execute("SELECT count(*)" + FROM_SQL + where, params).get
             rows = conn.execute("SELECT " + MESSAGE_COLUMNS + FROM_SQL + where
                                 + order_sql(flt, "desc") + " LIMIT :limit OFFSET :offset", params)
@@ -430,33 +435,31 @@ class Channels:
         """The messages sharing `correlation_id` (a query and its responses), oldest first."""
         if not isinstance(correlation_id, str) or not correlation_id:
             raise ValidationFailed("correlation_id", "must be a non-empty string")
-        with translate_busy():
-            rows = self.conn.execute(_THREAD_SQL, (correlation_id,))
+        with self._read() as conn:
+            rows = conn.execute(_THREAD_SQL, (correlation_id,))
             return [row_to_message(row, self._load_content) for row in rows]
 
     # --- dead letters ----------------------------------------------------------
 
     def dead_letters(self, limit: int = 1000) -> list[DeadLetter]:
         validate_positive_int(limit, "limit")
-        with translate_busy():
-            return deadletters.list_dead_letters(self.conn, self._load_content, limit)
+        with self._read() as conn:
+            return deadletters.list_dead_letters(conn, self._load_content, limit)
 
     def dead_letter(self, dead_letter_id: int) -> DeadLetter:
         validate_positive_int(dead_letter_id, "id")
-        with translate_busy():
-            return deadletters.get_dead_letter(self.conn, dead_letter_id, self._load_content)
+        with self._read() as conn:
+            return deadletters.get_dead_letter(conn, dead_letter_id, self._load_content)
 
     def replay_dead_letter(self, dead_letter_id: int) -> tuple[int, str]:
         """Deliver it again, retries reset; returns (seq, recipient)."""
         validate_positive_int(dead_letter_id, "id")
-        conn = self.conn
-        with write_transaction(conn):
+        with self._write() as conn:
             return deadletters.replay(conn, dead_letter_id, self.clock())
 
     def discard_dead_letter(self, dead_letter_id: int) -> None:
         validate_positive_int(dead_letter_id, "id")
-        conn = self.conn
-        with write_transaction(conn):
+        with self._write() as conn:
             deadletters.discard(conn, dead_letter_id)
 
     def purge_dead_letters(self, older_than: float | timedelta) -> int:
@@ -464,12 +467,12 @@ class Channels:
         seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
         if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
             raise ValidationFailed("older_than", f"must be seconds >= 0, got {older_than!r}")
-        conn = self.conn
-        with write_transaction(conn):
+        with self._write() as conn:
             return deadletters.purge(conn, self.clock() - round(seconds * 1000))
 
 
-def _warn_capacity(conn: apsw.Connection, size: int, limits: StoreLimits, now: int) -> None:
+def _warn_capacity(conn: apsw.Connection, payloads: PayloadPolicy, size: int,
+                   limits: StoreLimits, now: int) -> None:
     """Broadcast that the file nears its limit, at most once a minute (inside the send)."""
     warned_at = conn.execute(_WARNED_AT_SQL).get
     if warned_at is not None and now - int(warned_at) < CAPACITY_WARNING_EVERY_MS:
@@ -479,4 +482,4 @@ def _warn_capacity(conn: apsw.Connection, size: int, limits: StoreLimits, now: i
         "file_bytes": size, "max_file_bytes": limits.max_file_bytes,
         "refused_above": limits.max_file_bytes - limits.reserve_bytes,
         "fix": "run `bus compact` or purge dead letters"})
-    messages.insert_row(conn, notice, now)
+    messages.append(conn, [notice], payloads, now)

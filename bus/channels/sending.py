@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 from typing import Callable
+from typing import TYPE_CHECKING
 
 import apsw
 import orjson
@@ -28,6 +29,9 @@ from bus.channels.store import role_of
 from bus.channels.topics import TopicIndex
 from bus.channels.topics import validate_topic
 from bus.storage.errors import ValidationFailed
+
+if TYPE_CHECKING:
+    from bus.log.payloads import PayloadPolicy
 
 PRIORITY_MIN, PRIORITY_MAX = 0, 4
 DEFAULT_PRIORITY = 2
@@ -189,13 +193,17 @@ def recipients(conn: apsw.Connection, channel: Channel, out: Outgoing,
     return sorted(found)
 
 
-def insert(conn: apsw.Connection, channel: Channel, out: Outgoing, targets: list[str],
-           now_ms: int) -> tuple[int, str | None]:
-    """Write the message, its channel row and its deliveries; return (seq, correlation id)."""
+def insert(conn: apsw.Connection, payloads: PayloadPolicy | None, channel: Channel,
+           out: Outgoing, targets: list[str], now_ms: int) -> tuple[int, str | None]:
+    """Write the message, its channel row and its deliveries; return (seq, correlation id).
+
+    Through the log's write path (`messages.append`), with the bus's `payloads` policy.
+    """
     row = out.row
     if channel.config.delivery_mode == "exactly_once" and row.correlation_id is None:
         row = row._replace(correlation_id=row.id)  # the dedup key: every send gets one
-    seq, _duplicate = messages.insert_row(conn, row._replace(to_agent=channel.address), now_ms)
+    [(seq, _duplicate)] = messages.append(conn, [row._replace(to_agent=channel.address)],
+                                          payloads, now_ms)
     expires = now_ms + out.timeout_ms if out.type == "query" and out.timeout_ms else None
     conn.execute(_INSERT_CHANNEL_MESSAGE_SQL, (seq, channel.id, out.sender, out.type, now_ms,
                                                out.topic, out.priority, expires))

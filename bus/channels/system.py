@@ -80,5 +80,6 @@ def announce(conn: apsw.Connection, topic: str, content: dict, now_ms: int) -> i
     if channel.state in SENDING_STATES:
         index = TopicIndex(store.subscriptions(conn, channel))
         targets = sending.recipients(conn, channel, out, lambda: index)
-    seq, _correlation_id = sending.insert(conn, channel, out, targets, now_ms)
+    # No PayloadPolicy down here: a notice is a few short fields, written inline.
+    seq, _correlation_id = sending.insert(conn, None, channel, out, targets, now_ms)
     return seq

@@ -65,8 +65,9 @@ def resolve_agent(bus: Bus, agent: str | None, directory: str | None = None) -> 
     cwd), else $BUS_AGENT."""
     if agent is None:
         return None
-    return identity.resolve_agent(bus.conn, agent, directory if directory is not None
-                                  else os.getcwd())
+    with bus.read() as conn:
+        return identity.resolve_agent(conn, agent, directory if directory is not None
+                                      else os.getcwd())
 
 
 class NonBlockingCommand(click.Command):
@@ -164,13 +165,14 @@ def claude(obj: BusContext, agent: str, wait: float, max_continues: int, limit: 
     if not event.known:
         return
     bus = obj.open()
-    who = claude_code.hook_agent(bus.conn, agent, event)
+    with bus.read() as conn:
+        who = claude_code.hook_agent(conn, agent, event)
     if who is None:
         return
     if rewake:  # not an answer: the waiter keeps no presence and never lets a Stop end
         _rewake(bus, obj.db, who, event, wait, limit, use_inbox)
         return
-    claude_code.answer(bus, bus.conn, obj.db, who, event, wait, max_continues, limit, _emit)
+    claude_code.answer(bus, obj.db, who, event, wait, max_continues, limit, _emit)
 
 
 def _emit(output: dict[str, Any]) -> None:

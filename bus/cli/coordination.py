@@ -697,7 +697,10 @@ def pre_commit(obj: BusContext, agent: str | None, as_json: bool) -> None:
         click.echo("agentbus pre-commit: not in a git work tree; nothing is staged", err=True)
         return
     paths = githooks.staged_paths()
-    committer = agent or worker_of_worktree(bus.conn, githooks.worktree_top())
+    committer = agent
+    if not committer:
+        with bus.read() as conn:
+            committer = worker_of_worktree(conn, githooks.worktree_top())
     held = bus.reservations.check_paths(committer, paths) if paths else []
     if as_json:
         echo_json({"ok": not held, "agent": committer, "held": [h.to_json_dict() for h in held]})

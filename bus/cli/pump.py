@@ -231,7 +231,8 @@ def pump_dead(obj: BusContext, organism_file: str, limit: int, as_json: bool) ->
       bus pump dead examples/organism.yaml --json
     """
     name = organisms.load_organism(organism_file).name
-    found = work.dead_units(obj.open().conn, name, limit)
+    with obj.open().read() as conn:
+        found = work.dead_units(conn, name, limit)
     echo_listing(found, as_json, f"no dead letters for organism {name}",
                  ["unit", "input", "sender", "listener", "attempts", "outcome", "finished_at"],
                  lambda d: (d.id, d.input_seq, d.sender or "-", d.listener, d.attempts,
@@ -315,7 +316,8 @@ def threads(obj: BusContext, status: str | None, limit: int, as_json: bool) -> N
 
     Example: bus pump threads --status open --json
     """
-    found = registry.list_threads(obj.open().conn, status, limit)
+    with obj.open().read() as conn:
+        found = registry.list_threads(conn, status, limit)
     echo_listing(found, as_json, "no threads",
                  ["uuid", "path", "parent", "status", "created", "closed"],
                  lambda t: (t.uuid, registry.PATH_SEPARATOR.join(t.path), t.parent_uuid or "-",

@@ -15,29 +15,31 @@ refused with StaleFence, changing nothing, unless it is the task's current
 fence: a holder that was paused past its lease cannot act on the task once
 another took it.
 
-The operations take a connection and run in one write transaction on it (a
-savepoint inside the caller's, so a task graph can claim in its own
-transaction), together with the messages the bus announces itself
-(`task_dead`, `task_reclaimed`, `task_released`). The `Claims` facade
-(bus/coordination/facades.py, `bus.claims` on a Bus) hands them its thread's
-connection.
+The operations take a connection and run inside the caller's write transaction
+on it, together with the messages the bus announces itself (`task_dead`,
+`task_reclaimed`, `task_released`): the `Claims` facade (bus/coordination/
+facades.py, `bus.claims` on a Bus) runs each in `bus.write()`, and the task
+graph claims inside its own transaction.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from typing import TYPE_CHECKING
 from typing import NamedTuple
 
 import apsw
 
 from bus.log import messages
 from bus.storage.db import translate_errors
-from bus.storage.db import write_transaction
 from bus.storage.errors import BusError
 from bus.storage.errors import ValidationFailed
 from bus.coordination.heartbeats import Thresholds
 from bus.log.messages import clock_ms
+
+if TYPE_CHECKING:
+    from bus.log.payloads import PayloadPolicy
 
 LEASE_MS_MAX = 7 * 24 * 3600 * 1000
 SYSTEM_AGENT = "bus"  # sender of the messages the bus publishes itself (task_released, ...)
@@ -204,26 +206,38 @@ def _stale_reason(task: str, given: int, current: int | None, holder: Claim | No
             f" claim {task} again for a current fence")
 
 
-# --- operations: one write transaction each (a savepoint inside the caller's) -----
+# --- operations: inside the caller's write transaction --------------------------------
+# `bus.claims` runs each in `bus.write()`, one transaction; `tasks` runs them inside its
+# own. Not a savepoint of their own: a claim and its release are the hot path, and none
+# of them writes before it can fail.
+
+
+def _inside_a_write(conn: apsw.Connection) -> None:
+    """Refuse to run outside a transaction, where each statement would commit alone."""
+    if not conn.in_transaction:
+        raise BusError("a claim operation runs inside a write transaction: `with"
+                       " bus.write() as conn:` (or call `bus.claims`)")
 
 
 def try_claim(conn: apsw.Connection, task_id: str, agent: str, lease_ms: int = 60_000, *,
-              max_attempts: int = 5, now: int | None = None) -> ClaimResult:
-    """Claim a task and say what happened (see `Claims.try_claim`)."""
+              max_attempts: int = 5, now: int | None = None,
+              payloads: PayloadPolicy | None = None) -> ClaimResult:
+    """Claim a task and say what happened (see `Claims.try_claim`). `payloads`, the
+    bus's PayloadPolicy, places the payloads of what it announces as a publish's."""
     task_id, agent = validate_task(task_id), messages.validate_agent_id(agent)
     validate_lease(lease_ms)
     messages.validate_positive_int(max_attempts, "max_attempts")
-    with write_transaction(conn):
-        at = clock_ms(now)
-        before = BeforeClaim(*conn.execute(_BEFORE_CLAIM_SQL, (task_id,)).fetchone())
-        result = _take(conn, task_id, agent, lease_ms, max_attempts, at, before)
-        if result.just_died:
-            _announce(conn, "task_dead", result.dead.to_json_dict(), task_id, at)
-        elif result.granted and before.holder is not None and before.holder != agent:
-            # Granted over another agent's row: its lease had run out (a takeover).
-            _announce(conn, "task_reclaimed", {
-                "task": task_id, "previous_holder": before.holder, "new_holder": agent,
-                "attempt": result.claim.attempts, "fence": result.claim.fence}, task_id, at)
+    _inside_a_write(conn)
+    at = clock_ms(now)
+    before = BeforeClaim(*conn.execute(_BEFORE_CLAIM_SQL, (task_id,)).fetchone())
+    result = _take(conn, task_id, agent, lease_ms, max_attempts, at, before)
+    if result.just_died:
+        _announce(conn, payloads, "task_dead", result.dead.to_json_dict(), task_id, at)
+    elif result.granted and before.holder is not None and before.holder != agent:
+        # Granted over another agent's row: its lease had run out (a takeover).
+        _announce(conn, payloads, "task_reclaimed", {
+            "task": task_id, "previous_holder": before.holder, "new_holder": agent,
+            "attempt": result.claim.attempts, "fence": result.claim.fence}, task_id, at)
     return result
 
 
@@ -234,37 +248,37 @@ def renew(conn: apsw.Connection, task_id: str, agent: str, lease_ms: int | None 
     task_id, agent = validate_task(task_id), messages.validate_agent_id(agent)
     if lease_ms is not None:
         validate_lease(lease_ms)
-    with write_transaction(conn):
-        at = clock_ms(now)
-        if fence is not None:
-            check_fence(conn, task_id, fence)
-        return conn.execute(_RENEW_SQL, {"task": task_id, "agent": agent, "lease": lease_ms,
-                                         "now": at}).get is not None
+    _inside_a_write(conn)
+    at = clock_ms(now)
+    if fence is not None:
+        check_fence(conn, task_id, fence)
+    return conn.execute(_RENEW_SQL, {"task": task_id, "agent": agent, "lease": lease_ms,
+                                     "now": at}).get is not None
 
 
 def release(conn: apsw.Connection, task_id: str, agent: str, *, fence: int | None = None) -> bool:
     """Give the task back; False if `agent` does not hold it (see `Claims.release`)."""
     task_id, agent = validate_task(task_id), messages.validate_agent_id(agent)
-    with write_transaction(conn):
-        if fence is not None:
-            check_fence(conn, task_id, fence)
-        return conn.execute(_RELEASE_SQL, (task_id, agent)).get is not None
+    _inside_a_write(conn)
+    if fence is not None:
+        check_fence(conn, task_id, fence)
+    return conn.execute(_RELEASE_SQL, (task_id, agent)).get is not None
 
 
-def reap(conn: apsw.Connection, now: int | None = None,
-         thresholds: Thresholds | None = None) -> list[Claim]:
+def reap(conn: apsw.Connection, now: int | None = None, thresholds: Thresholds | None = None,
+         payloads: PayloadPolicy | None = None) -> list[Claim]:
     """End the leases held by agents whose liveness is dead (see `Claims.reap`)."""
     thresholds = thresholds or Thresholds()
-    with write_transaction(conn):
-        at = clock_ms(now)
-        cutoff = at - Thresholds.to_ms(thresholds.dead)  # liveness's own boundary
-        silent = _held_by_silent_agents(conn, cutoff, at)
-        for claim, last_beat in silent:
-            conn.execute(_EXPIRE_SQL, (at, claim.task_id))
-            _announce(conn, "task_released", {
-                "task": claim.task_id, "agent": claim.agent, "reason": "agent dead",
-                "fence": claim.fence, "silent_s": round((at - last_beat) / 1000, 3)},
-                claim.task_id, at)
+    _inside_a_write(conn)
+    at = clock_ms(now)
+    cutoff = at - Thresholds.to_ms(thresholds.dead)  # liveness's own boundary
+    silent = _held_by_silent_agents(conn, cutoff, at)
+    for claim, last_beat in silent:
+        conn.execute(_EXPIRE_SQL, (at, claim.task_id))
+        _announce(conn, payloads, "task_released", {
+            "task": claim.task_id, "agent": claim.agent, "reason": "agent dead",
+            "fence": claim.fence, "silent_s": round((at - last_beat) / 1000, 3)},
+            claim.task_id, at)
     return [claim for claim, _ in silent]
 
 
@@ -376,8 +390,8 @@ def _held_by_silent_agents(conn: apsw.Connection, cutoff_ms: int,
     return [(Claim(*row[:-1]), row[-1]) for row in rows]
 
 
-def _announce(conn: apsw.Connection, type: str, payload: dict[str, Any],
-              correlation_id: str, at: int) -> None:
+def _announce(conn: apsw.Connection, payloads: PayloadPolicy | None, type: str,
+              payload: dict[str, Any], correlation_id: str, at: int) -> None:
     """Broadcast a message from the bus itself, inside the caller's transaction."""
     row = messages.prepare_row(SYSTEM_AGENT, type, payload, correlation_id=correlation_id)
-    messages.insert_row(conn, row, at)
+    messages.append(conn, [row], payloads, at)

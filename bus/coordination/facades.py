@@ -15,9 +15,11 @@ itself keeps the log; whatever coordinates agents is reached through here.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Iterable
 from typing import Protocol
 from typing import Sequence
+from typing import TYPE_CHECKING
 
 import apsw
 
@@ -45,19 +47,26 @@ from bus.coordination.tokens import NewToken
 from bus.coordination.tokens import Token
 from bus.log.messages import clock_ms
 from bus.log.messages import validate_agent_id
-from bus.storage.db import translate_errors
-from bus.storage.db import write_transaction
+
+if TYPE_CHECKING:
+    from bus.log.payloads import PayloadPolicy
 
 
 class Connected(Protocol):
     """What a facade uses of the bus it serves: `Bus` hands itself over.
 
     A protocol rather than an import of `bus.api`, which imports this module:
-    coordination sits below the facade and knows only the log's parts.
+    coordination sits below the facade and knows only the log's parts. A facade
+    reaches the connection only through the bus's doors, a read transaction or a
+    write transaction; each module function it calls runs inside that one.
     """
 
+    def read(self) -> AbstractContextManager[apsw.Connection]: ...
+
+    def write(self) -> AbstractContextManager[apsw.Connection]: ...
+
     @property
-    def conn(self) -> apsw.Connection: ...
+    def payloads(self) -> PayloadPolicy: ...
 
 
 class Claims:
@@ -91,8 +100,9 @@ class Claims:
         each time the lease goes to a new holder (an extension keeps it).
         Pass it to `renew`, `release` and `bus.publish(task=..., fence=...)`.
         """
-        return claims.try_claim(self._bus.conn, task_id, agent, lease_ms,
-                                max_attempts=max_attempts, now=now)
+        with self._bus.write() as conn:
+            return claims.try_claim(conn, task_id, agent, lease_ms,
+                                    max_attempts=max_attempts, now=now, payloads=self._bus.payloads)
 
     def renew(self, task_id: str, agent: str, lease_ms: int | None = None, *,
               fence: int | None = None, now: int | None = None) -> bool:
@@ -103,7 +113,8 @@ class Claims:
         With `fence`, raises StaleFence (changing nothing) unless it is the
         task's current fence.
         """
-        return claims.renew(self._bus.conn, task_id, agent, lease_ms, fence=fence, now=now)
+        with self._bus.write() as conn:
+            return claims.renew(conn, task_id, agent, lease_ms, fence=fence, now=now)
 
     def release(self, task_id: str, agent: str, *, fence: int | None = None) -> bool:
         """Give the task back; False if `agent` does not hold it.
@@ -114,15 +125,18 @@ class Claims:
         with the next fence. With `fence`, raises StaleFence (changing
         nothing) unless it is the task's current fence.
         """
-        return claims.release(self._bus.conn, task_id, agent, fence=fence)
+        with self._bus.write() as conn:
+            return claims.release(conn, task_id, agent, fence=fence)
 
     def list(self) -> list[Claim]:
         """Every current claim, expired ones included (check `claim.expired(now)`)."""
-        return claims.list_claims(self._bus.conn)
+        with self._bus.read() as conn:
+            return claims.list_claims(conn)
 
     def dead(self) -> list[DeadClaim]:
         """Tasks that ran out of attempts, oldest first."""
-        return claims.list_dead(self._bus.conn)
+        with self._bus.read() as conn:
+            return claims.list_dead(conn)
 
     def reap(self, now: int | None = None, thresholds: Thresholds | None = None) -> list[Claim]:
         """End the leases held by agents whose liveness is dead; return those claims.
@@ -131,7 +145,8 @@ class Claims:
         next holder gets a new fence) and a `task_released` message is
         broadcast for it.
         """
-        return claims.reap(self._bus.conn, now, thresholds)
+        with self._bus.write() as conn:
+            return claims.reap(conn, now, thresholds, self._bus.payloads)
 
 
 class Tasks:
@@ -154,8 +169,9 @@ class Tasks:
         ValidationFailed (field `task`) when the id is taken, UnknownTask
         (field `after`) for a dependency that does not exist.
         """
-        return tasks.add_task(self._bus.conn, task_id, title, after=after, priority=priority,
-                              now=now)
+        with self._bus.write() as conn:
+            return tasks.add_task(conn, task_id, title, after=after, priority=priority,
+                                  now=now)
 
     def add_dependencies(self, task_id: str, after: Iterable[str]) -> list[str]:
         """Make an open task wait on more tasks; the ids newly added (known ones are skipped).
@@ -163,25 +179,30 @@ class Tasks:
         Raises TaskCycle (field `after`, with the cycle's path) when one would
         close a cycle; then nothing is added.
         """
-        return tasks.add_dependencies(self._bus.conn, task_id, after)
+        with self._bus.write() as conn:
+            return tasks.add_dependencies(conn, task_id, after)
 
     def ready(self, limit: int | None = None, *, now: int | None = None) -> list[Task]:
         """Open tasks whose dependencies are all done and that no live lease holds,
         most urgent first (priority 0), then oldest."""
-        return tasks.ready_tasks(self._bus.conn, limit, now=now)
+        with self._bus.read() as conn:
+            return tasks.ready_tasks(conn, limit, now=now)
 
     def find(self, task_id: str) -> Task | None:
         """The task, or None when the graph has no such id."""
-        return tasks.find_task(self._bus.conn, task_id)
+        with self._bus.read() as conn:
+            return tasks.find_task(conn, task_id)
 
     def detail(self, task_id: str, *, now: int | None = None) -> TaskDetail:
         """The task with its dependencies, dependents, lease and newest events."""
-        return tasks.task_detail(self._bus.conn, task_id, now=now)
+        with self._bus.read() as conn:
+            return tasks.task_detail(conn, task_id, now=now)
 
     def counts(self, *, now: int | None = None) -> TaskCounts:
         """How many tasks are ready, blocked (on a dependency), held (by a lease), done and
         cancelled."""
-        return tasks.task_counts(self._bus.conn, now=now)
+        with self._bus.read() as conn:
+            return tasks.task_counts(conn, now=now)
 
     def claim_next(self, agent: str, lease_ms: int = 60_000, *, max_attempts: int = 5,
                    now: int | None = None) -> ClaimedTask | None:
@@ -193,8 +214,9 @@ class Tasks:
         declared dead on the way (`task_dead`, as a claim would) and the next
         one is tried.
         """
-        return tasks.claim_next(self._bus.conn, agent, lease_ms, max_attempts=max_attempts,
-                                now=now)
+        with self._bus.write() as conn:
+            return tasks.claim_next(conn, agent, lease_ms, max_attempts=max_attempts,
+                                    now=now, payloads=self._bus.payloads)
 
     def complete(self, task_id: str, agent: str, *, fence: int | None = None,
                  require_claim: bool = True, now: int | None = None) -> Task:
@@ -207,8 +229,10 @@ class Tasks:
         took the task over since `fence` was handed out, UnknownTask,
         TaskStateConflict (not open, or waiting on others), NotTaskHolder.
         """
-        return tasks.complete_task(self._bus.conn, task_id, agent, fence=fence,
-                                   require_claim=require_claim, now=now)
+        with self._bus.write() as conn:
+            return tasks.complete_task(conn, task_id, agent, fence=fence,
+                                       require_claim=require_claim, now=now,
+                                       payloads=self._bus.payloads)
 
     def cancel(self, task_id: str, agent: str | None = None, reason: str | None = None, *,
                now: int | None = None) -> Task:
@@ -216,11 +240,14 @@ class Tasks:
 
         Its dependents stay blocked: a cancelled task is not done.
         """
-        return tasks.cancel_task(self._bus.conn, task_id, agent, reason, now=now)
+        with self._bus.write() as conn:
+            return tasks.cancel_task(conn, task_id, agent, reason, now=now,
+                                     payloads=self._bus.payloads)
 
     def list(self, state: str | None = None) -> list[Task]:
         """Every task (or those in `state`: open, done, cancelled), oldest first."""
-        return tasks.list_tasks(self._bus.conn, state)
+        with self._bus.read() as conn:
+            return tasks.list_tasks(conn, state)
 
 
 class Reservations:
@@ -240,8 +267,9 @@ class Reservations:
         agent's live reservation. Reserving a pattern the agent holds already
         renews it with the new mode, TTL and reason.
         """
-        return reservations.reserve(self._bus.conn, agent, patterns, mode=mode, ttl_ms=ttl_ms,
-                                    reason=reason, now=now, thresholds=thresholds)
+        with self._bus.write() as conn:
+            return reservations.reserve(conn, agent, patterns, mode=mode, ttl_ms=ttl_ms,
+                                        reason=reason, now=now, thresholds=thresholds)
 
     def unreserve(self, agent: str, patterns: Sequence[str] | None = None, *,
                   now: int | None = None,
@@ -249,23 +277,26 @@ class Reservations:
         """Remove `agent`'s reservations of `patterns` (all of them when None); return those
         removed. A pattern the agent does not hold raises NotReserved, and nothing
         is removed."""
-        return reservations.unreserve(self._bus.conn, agent, patterns, now=now,
-                                      thresholds=thresholds)
+        with self._bus.write() as conn:
+            return reservations.unreserve(conn, agent, patterns, now=now,
+                                          thresholds=thresholds)
 
     def check_paths(self, agent: str | None, paths: Sequence[str], *, now: int | None = None,
                     thresholds: Thresholds | None = None) -> list[Held]:
         """The paths (relative to the repository root) that live agents other than
         `agent` hold exclusively, each with its holder; empty when `agent` may change
         them all. `agent=None` (someone the bus does not know): every holder counts."""
-        return reservations.check_paths(self._bus.conn, agent, paths, now=now,
-                                        thresholds=thresholds)
+        with self._bus.read() as conn:
+            return reservations.check_paths(conn, agent, paths, now=now,
+                                            thresholds=thresholds)
 
     def list(self, agent: str | None = None, path: str | None = None, *,
              now: int | None = None, thresholds: Thresholds | None = None) -> list[Reservation]:
         """The live reservations, by pattern: of `agent` only, and/or those whose
         pattern matches `path` (relative to the repository root)."""
-        return reservations.list_reservations(self._bus.conn, agent, path, now=now,
-                                              thresholds=thresholds)
+        with self._bus.read() as conn:
+            return reservations.list_reservations(conn, agent, path, now=now,
+                                                  thresholds=thresholds)
 
 
 class Heartbeats:
@@ -289,7 +320,8 @@ class Heartbeats:
         For beats that go on while the agent blocks, use `Heartbeat`.
         """
         fields = heartbeats.validate_beat(agent, status, task, progress)
-        return heartbeats.beat(self._bus.conn, *fields)
+        with self._bus.write() as conn:
+            return heartbeats.beat(conn, *fields, payloads=self._bus.payloads)
 
     def liveness(self, now: int | None = None, thresholds: Thresholds | None = None, *,
                  stopped: bool = True) -> list[Liveness]:
@@ -300,8 +332,7 @@ class Heartbeats:
         last beat was `stopped` (they finished cleanly) have the state
         `stopped` and come last; `stopped=False` leaves them out.
         """
-        conn = self._bus.conn
-        with translate_errors(conn):
+        with self._bus.read() as conn:
             return heartbeats.liveness(conn, clock_ms(now), thresholds or Thresholds(), stopped)
 
     def forget(self, agent: str) -> bool:
@@ -311,8 +342,7 @@ class Heartbeats:
         claim (expired or not): release it first, or let another agent take it.
         """
         agent = validate_agent_id(agent)
-        conn = self._bus.conn
-        with write_transaction(conn):
+        with self._bus.write() as conn:
             held = [c.task_id for c in claims.held_by(conn, agent)]
             if held:
                 raise AgentHoldsClaims(agent, held)
@@ -333,20 +363,24 @@ class Tokens:
 
         The secret is in `new.token` this once: the file keeps only its hash.
         """
-        return tokens.create_token(self._bus.conn, agent, expires_ms=expires_ms,
-                                   read_only=read_only, now=now)
+        with self._bus.write() as conn:
+            return tokens.create_token(conn, agent, expires_ms=expires_ms,
+                                       read_only=read_only, now=now)
 
     def revoke(self, token_id: str, now: int | None = None) -> Token:
         """Revoke a token for good; revoking one already revoked is a no-op.
 
         Raises ValidationFailed("id") for an id no token has.
         """
-        return tokens.revoke_token(self._bus.conn, token_id, now)
+        with self._bus.write() as conn:
+            return tokens.revoke_token(conn, token_id, now)
 
     def any_usable(self, now: int | None = None) -> bool:
         """Whether some token is neither revoked nor expired."""
-        return tokens.any_usable_token(self._bus.conn, now)
+        with self._bus.read() as conn:
+            return tokens.any_usable_token(conn, now)
 
     def list(self) -> list[Token]:
         """Every token, revoked and expired ones too, oldest first (never a secret)."""
-        return tokens.list_tokens(self._bus.conn)
+        with self._bus.read() as conn:
+            return tokens.list_tokens(conn)

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 from typing import Callable
+from typing import TYPE_CHECKING
 
 import apsw
 
@@ -23,11 +24,14 @@ from bus.storage.errors import BusError
 from bus.storage.errors import ValidationFailed
 from bus.log.glance import PRESENCE_STATUS
 from bus.log.glance import STOPPED
-from bus.log.messages import insert_row
+from bus.log.messages import append
 from bus.log.messages import now_ms
 from bus.log.messages import prepare_row
 from bus.log.messages import validate_agent_id
 from bus.log.messages import validate_text
+
+if TYPE_CHECKING:
+    from bus.log.payloads import PayloadPolicy
 
 
 STATUSES = ("idle", "working", "blocked", "stopped")
@@ -159,7 +163,8 @@ def validate_beat(agent: object, status: object, task: object,
 
 
 def beat(conn: apsw.Connection, agent: str, status: str, task: str | None,
-         progress: float | None, now: int | None = None) -> int:
+         progress: float | None, now: int | None = None, *,
+         payloads: PayloadPolicy | None = None) -> int:
     """Upsert the agent's row in its own short transaction; return the beat time.
 
     A beat that changes the agent's progress publishes `task_progress`, one
@@ -175,7 +180,7 @@ def beat(conn: apsw.Connection, agent: str, status: str, task: str | None,
         conn.execute(_BEAT_SQL, (agent, ts, status, task, progress))
         for type_, payload in _changes(last, status, task, progress):
             row = prepare_row(agent, type_, payload, correlation_id=task)
-            insert_row(conn, row, ts)
+            append(conn, [row], payloads, ts)
     return ts
 
 
@@ -207,14 +212,15 @@ def _changes(last: tuple | None, status: str, task: str | None,
     return found
 
 
-def presence(conn: apsw.Connection, agent: str, moment: str, now: int | None = None) -> int:
+def presence(conn: apsw.Connection, agent: str, moment: str, now: int | None = None, *,
+             payloads: PayloadPolicy | None = None) -> int:
     """Beat for `agent` as its session's `moment` (a key of PRESENCE_STATUS) says;
     return the beat time. ValidationFailed for a moment not in PRESENCE_STATUS."""
     status = PRESENCE_STATUS.get(moment)
     if status is None:
         raise ValidationFailed("moment", f"{moment!r} is not one of:"
                                f" {', '.join(PRESENCE_STATUS)}")
-    return beat(conn, agent, status, KEEP, KEEP, now)
+    return beat(conn, agent, status, KEEP, KEEP, now, payloads=payloads)
 
 
 def forget(conn: apsw.Connection, agent: str) -> bool:

@@ -1,8 +1,9 @@
 """Agent names taken at run time (`bus mcp` without --agent): a name, its holder, its token.
 
-    token = join_name(bus.conn, "alice")           # a new name: a fresh reclaim token
-    join_name(bus.conn, "alice", token)            # after a restart: the name back
-    renew_name(bus.conn, "alice", token)           # the serving process, every HOLD_MS / 4
+    with bus.write() as conn:
+        token = join_name(conn, "alice")           # a new name: a fresh reclaim token
+        join_name(conn, "alice", token)            # after a restart: the name back
+        renew_name(conn, "alice", token)           # the serving process, every HOLD_MS / 4
 
 A name is held while its holder renews it (HOLD_MS, the stale threshold of
 liveness): no other session can take it then, nor the name of an agent whose

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from typing import Iterable
 from typing import NamedTuple
+from typing import TYPE_CHECKING
 
 import apsw
 
@@ -46,6 +47,9 @@ from bus.storage.errors import TaskStateConflict
 from bus.storage.errors import UnknownTask
 from bus.storage.errors import ValidationFailed
 from bus.log.messages import clock_ms
+
+if TYPE_CHECKING:
+    from bus.log.payloads import PayloadPolicy
 
 TASKS_SCHEMA_VERSION = 14  # migrations/0014_task_graph.sql: a file before it has no tasks
 PRIORITY_HIGHEST = 0
@@ -332,7 +336,7 @@ def task_counts(conn: apsw.Connection, *, now: int | None = None) -> TaskCounts:
 
 
 def claim_next(conn: apsw.Connection, agent: str, lease_ms: int = 60_000, *, max_attempts: int = 5,
-               now: int | None = None) -> ClaimedTask | None:
+               now: int | None = None, payloads: PayloadPolicy | None = None) -> ClaimedTask | None:
     """See `Tasks.claim_next`: the ready list and the claim share one transaction."""
     agent = messages.validate_agent_id(agent)
     validate_lease(lease_ms)
@@ -350,14 +354,16 @@ def claim_next(conn: apsw.Connection, agent: str, lease_ms: int = 60_000, *, max
                 # The claim code of `bus claim`, as a savepoint in this transaction:
                 # the ready list cannot change under it.
                 result = claims.try_claim(conn, task.task_id, agent, lease_ms,
-                                          max_attempts=max_attempts, now=at)
+                                          max_attempts=max_attempts, now=at,
+                                          payloads=payloads)
                 if result.granted:
                     return ClaimedTask(task, result.claim)
                 refused.add(task.task_id)
 
 
 def complete_task(conn: apsw.Connection, task_id: str, agent: str, *, fence: int | None = None,
-                  require_claim: bool = True, now: int | None = None) -> Task:
+                  require_claim: bool = True, now: int | None = None,
+                  payloads: PayloadPolicy | None = None) -> Task:
     """See `Tasks.complete`."""
     task_id, agent = validate_task_id(task_id), messages.validate_agent_id(agent)
     if fence is not None:
@@ -377,14 +383,15 @@ def complete_task(conn: apsw.Connection, task_id: str, agent: str, *, fence: int
         if claim is not None:
             claims.release(conn, task_id, claim.agent)
         done, unblocked = finish(conn, task, DONE, agent, at)
-        _task_event(conn, agent, "task_done", {
+        _task_event(conn, payloads, agent, "task_done", {
             "task": task_id, "agent": agent, "title": task.title,
             "fence": claim.fence if claim else None, "unblocked": unblocked}, at)
         return done
 
 
 def cancel_task(conn: apsw.Connection, task_id: str, agent: str | None = None,
-                reason: str | None = None, *, now: int | None = None) -> Task:
+                reason: str | None = None, *, now: int | None = None,
+                payloads: PayloadPolicy | None = None) -> Task:
     """See `Tasks.cancel`."""
     task_id = validate_task_id(task_id)
     agent = messages.validate_agent_id(agent) if agent is not None else SYSTEM_AGENT
@@ -397,17 +404,17 @@ def cancel_task(conn: apsw.Connection, task_id: str, agent: str | None = None,
             claims.release(conn, task_id, claim.agent)
         cancelled, _ = finish(conn, task, CANCELLED, agent, at)
         held = claim.agent if claim is not None and not claim.expired(at) else None
-        _task_event(conn, agent, "task_cancelled", {
+        _task_event(conn, payloads, agent, "task_cancelled", {
             "task": task_id, "agent": agent, "reason": reason, "holder": held,
             "blocked": [t.task_id for t in dependents(conn, task)
                         if t.state == OPEN]}, at)
         return cancelled
 
 
-def _task_event(conn: apsw.Connection, agent: str, type: str,
+def _task_event(conn: apsw.Connection, payloads: PayloadPolicy | None, agent: str, type: str,
                 payload: dict[str, Any], at: int) -> None:
     row = messages.prepare_row(agent, type, payload, correlation_id=payload["task"])
-    messages.insert_row(conn, row, at)
+    messages.append(conn, [row], payloads, at)
 
 
 # --- inside the caller's transaction ---------------------------------------------

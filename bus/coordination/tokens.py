@@ -164,7 +164,8 @@ class TokenChecker:
         if not presented or not presented.startswith(TOKEN_PREFIX):
             return None
         digest = secret_hash(presented)
-        row = self.bus.conn.execute(_BY_HASH_SQL, (digest,)).fetchone()
+        with self.bus.read() as conn:
+            row = conn.execute(_BY_HASH_SQL, (digest,)).fetchone()
         # The lookup is by hash, so timing tells nothing of the secret; compare anyway.
         if row is None or not hmac.compare_digest(row[-1], digest):
             return None
@@ -181,7 +182,7 @@ class TokenChecker:
             return True
 
     def note_use(self, token_id: str, now: int) -> None:
-        with write_transaction(self.bus.conn) as conn:
+        with self.bus.write() as conn:
             conn.execute(_USED_SQL, (now, token_id, now - LAST_USED_GRAIN_MS))
 
 

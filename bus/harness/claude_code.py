@@ -207,7 +207,7 @@ def let_stop(conn: apsw.Connection, agent: str, counter: ContinueCounter) -> Non
     heartbeats.presence(conn, agent, PRESENCE[STOP])
 
 
-def answer(log: Log, conn: apsw.Connection, db_path: str | os.PathLike[str], agent: str,
+def answer(log: Log, db_path: str | os.PathLike[str], agent: str,
            event: HookEvent, wait: float, max_continues: int, limit: int,
            emit: Callable[[dict[str, Any]], None],
            environ: Mapping[str, str] = os.environ) -> Inbox | None:
@@ -220,9 +220,12 @@ def answer(log: Log, conn: apsw.Connection, db_path: str | os.PathLike[str], age
     at most `max_continues` stops in a row and never beyond the cap Claude Code
     honours (`continues_allowed`), as a block it ignores would be acked unseen.
     The agent's delivery lock (claude_rewake) is held from the read to the ack,
-    so its background waiter never shows the same messages.
+    so its background waiter never shows the same messages. Each beat and each look is
+    a short write transaction of its own (`log.write()`), never held across a wait.
     """
-    if quiet_answer(conn, db_path, agent, event, wait, max_continues, environ):
+    with log.write() as conn:
+        quiet = quiet_answer(conn, db_path, agent, event, wait, max_continues, environ)
+    if quiet:
         return None
     # Imported here, not above: the fast path's quiet answer (bus/cli/entry.py) loads this
     # module, and the waiter's socket and locks cost it a few ms it never needs.
@@ -231,9 +234,10 @@ def answer(log: Log, conn: apsw.Connection, db_path: str | os.PathLike[str], age
     from bus.harness.inbox import pending
     with delivering(db_path, agent):
         if event.name == STOP:
-            shown, output = _stop_answer(log, conn, db_path, agent, event, wait, limit)
+            shown, output = _stop_answer(log, db_path, agent, event, wait, limit)
         else:
-            heartbeats.presence(conn, agent, PRESENCE[event.name])
+            with log.write() as conn:
+                heartbeats.presence(conn, agent, PRESENCE[event.name])
             shown = pending(log, agent, limit)
             output = context_output(event.name, shown.text) if shown.shown else None
         if output is None:
@@ -243,7 +247,7 @@ def answer(log: Log, conn: apsw.Connection, db_path: str | os.PathLike[str], age
         return shown
 
 
-def _stop_answer(log: Log, conn: apsw.Connection, db_path: str | os.PathLike[str], agent: str,
+def _stop_answer(log: Log, db_path: str | os.PathLike[str], agent: str,
                  event: HookEvent, wait: float, limit: int
                  ) -> tuple[Inbox, dict[str, Any] | None]:
     """A Stop that may go on (quiet_answer said so): a block with what waits, or None to
@@ -251,11 +255,12 @@ def _stop_answer(log: Log, conn: apsw.Connection, db_path: str | os.PathLike[str
     from bus.harness.inbox import pending  # as in `answer`
     counter, streak = stop_streak(db_path, event)
     shown = pending(log, agent, limit, wait)
-    if not shown.shown:
-        let_stop(conn, agent, counter)
-        return shown, None
-    counter.record(streak + 1)
-    heartbeats.presence(conn, agent, "working")  # the session goes on with them
+    with log.write() as conn:
+        if not shown.shown:
+            let_stop(conn, agent, counter)
+            return shown, None
+        counter.record(streak + 1)
+        heartbeats.presence(conn, agent, "working")  # the session goes on with them
     return shown, block_output(shown.text)
 
 

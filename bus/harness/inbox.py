@@ -15,12 +15,14 @@ own way of showing the text.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Callable
 from typing import Protocol
 from typing import Sequence
 from typing import TypeVar
 
+import apsw
 import orjson
 
 from bus.log.messages import Message
@@ -45,6 +47,10 @@ class Log(Protocol):
 
     def wait_for(self, fetch: Callable[[], T], seconds: float,
                  done: Callable[[T], bool] = ...) -> T: ...
+
+    def read(self) -> AbstractContextManager[apsw.Connection]: ...
+
+    def write(self) -> AbstractContextManager[apsw.Connection]: ...
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,13 @@ class BusFile(Protocol):
     durability: str
 
 
+class OpenBus(BusFile, Protocol):
+    """A bus whose calling thread's connection a Checkpointer attaches (a `Bus` is one)."""
+
+    @property
+    def conn(self) -> apsw.Connection: ...
+
+
 class Checkpointer:
     """A thread that checkpoints the bus for the connections attached to it."""
 
@@ -86,6 +93,11 @@ class Checkpointer:
         """Checkpoint for `conn` from now on: call it on the thread that owns `conn`."""
         conn.set_wal_hook(self._on_commit)
         self._attached.append(conn)
+
+    def attach_thread_of(self, bus: OpenBus) -> None:
+        """`attach` the calling thread's connection to `bus`: call it on the thread that
+        writes (a part above the log never holds a connection of its own)."""
+        self.attach(bus.conn)
 
     def stop(self) -> None:
         """End the thread, then give the attached connections their autocheckpoint back.

@@ -1,7 +1,8 @@
 """The message log: validation, encoding, and the SQL of publish and poll.
 
 `Bus` (bus/api.py) calls these functions with its connection; they hold the
-rules that decide what a valid message is and how it maps to a row.
+rules that decide what a valid message is and how it maps to a row. `append` is
+the one way any part writes a message: the inserts behind it are private.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from datetime import timezone
 from typing import Any
+from typing import ContextManager
 from typing import Iterable
 from typing import Mapping
 from typing import TYPE_CHECKING
 from typing import NamedTuple
+from typing import Protocol
 from typing import Sequence
 
 import apsw
@@ -277,7 +280,47 @@ def _prepare_item(message: Mapping[str, Any]) -> Row:
 # --- SQL --------------------------------------------------------------------
 
 
-def insert_row(conn: apsw.Connection, row: Row, ts_ms: int) -> tuple[int, bool]:
+class Placement(Protocol):
+    """Where a row's payload goes: the bus's PayloadPolicy (bus/log/payloads.py, which
+    imports this module: hence a protocol here)."""
+
+    def all_inline(self, rows: Sequence[Row]) -> bool: ...
+
+    def place(self, row: Row) -> Row: ...
+
+    def staging(self) -> ContextManager[None]: ...
+
+
+def append(conn: apsw.Connection, rows: Sequence[Row], payloads: Placement | None,
+           now: int | None = None) -> list[tuple[int, bool]]:
+    """Write `rows` to the log; return each one's (seq, duplicate). The log's one write
+    path: a publish, a channel's send, the pump's envelopes and the coordination's
+    announcements all come here, so every message gets the same treatment.
+
+    Inside the caller's write transaction (up to ROWS_PER_INSERT rows may also be one
+    statement of their own). `payloads`, the bus's PayloadPolicy, refuses a payload
+    over the size limit and moves one over the blob threshold to the blob store,
+    exactly as for a publish (a row placed already passes unchanged); None only where
+    no bus is at hand (a hook's own connection), whose payloads stay inline. A row
+    whose id is in the log already is not written: its original seq comes back with
+    duplicate True.
+
+    `now`: the time written on every row; None lets SQLite take it once the write
+    lock is held, so times follow seq order across processes.
+    """
+    if payloads is None or payloads.all_inline(rows):
+        return _insert(conn, rows, now)
+    with payloads.staging():  # a refused or failed write leaves no blob behind
+        return _insert(conn, [payloads.place(row) for row in rows], now)
+
+
+def _insert(conn: apsw.Connection, rows: Sequence[Row], now: int | None) -> list[tuple[int, bool]]:
+    if now is None:
+        return _insert_rows(conn, rows)
+    return [_insert_row(conn, row, now) for row in rows]
+
+
+def _insert_row(conn: apsw.Connection, row: Row, ts_ms: int) -> tuple[int, bool]:
     """Insert inside the caller's write transaction; return (seq, duplicate).
 
     The caller takes `ts_ms` after acquiring the write lock, so times follow
@@ -301,10 +344,10 @@ _NOW_MS_SQL = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)"
 _ROW_VALUES_NOW = f"(?, {_NOW_MS_SQL}, ?, ?, ?, ?, ?, ?, ?)"
 
 
-def insert_rows(conn: apsw.Connection, rows: Sequence[Row]) -> list[tuple[int, bool]]:
+def _insert_rows(conn: apsw.Connection, rows: Sequence[Row]) -> list[tuple[int, bool]]:
     """Insert rows with one statement per 64; return each one's (seq, duplicate).
 
-    The results are what `insert_row` would give for each row in turn: an id
+    The results are what `_insert_row` would give for each row in turn: an id
     already in the file, or earlier in `rows`, is a duplicate of that row.
     Outside a transaction, up to 64 rows are one statement and so one
     transaction of their own: no BEGIN or COMMIT, so a group commit's leader
@@ -340,7 +383,7 @@ def _resolve_duplicates(conn: apsw.Connection, rows: Sequence[Row],
         if seq is None:
             # Outside a transaction, compaction may have removed the row this one
             # duplicated since the INSERT committed: then it is new after all.
-            seq, duplicate = insert_row(conn, row, now_ms())
+            seq, duplicate = _insert_row(conn, row, now_ms())
             seq_by_id[row.id] = seq
         else:
             duplicate = first_new is None or seq < first_new or row.id in seen

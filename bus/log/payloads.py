@@ -1,8 +1,9 @@
 """Where a payload lives: inline in its row, in the blob store, or nowhere (too large).
 
 One `PayloadPolicy` per open bus (`Bus.payloads`) decides for every writer:
-the log's publish, the channels' send and the pump's sends and commits are
-handed it, so the size limit, the blob threshold and the cleanup of blobs a
+the log's one write path (`messages.append`) applies it to every row, whether
+a publish, a channel's send, the pump's sends and commits or a part's own
+announcement, so the size limit, the blob threshold and the cleanup of blobs a
 failed write left behind are decided here and nowhere else.
 """
 

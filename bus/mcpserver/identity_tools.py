@@ -48,7 +48,8 @@ class IdentityTools:
         """
         if self.session.agent is not None:
             raise AlreadyJoined(self.session.agent)
-        token = join_name(self.session.bus.conn, name, reclaim_token)
+        with self.session.bus.write() as conn:
+            token = join_name(conn, name, reclaim_token)
         self.session.agent = name
         _Holder(self.session.bus.path, name, token).start()
         return {"agent": name, "reclaim_token": token}
@@ -71,7 +72,8 @@ class _Holder(threading.Thread):
         with Bus.open(self.path) as bus:
             while not stop.wait(HOLD_MS / 4000):
                 try:
-                    if not renew_name(bus.conn, self.name_held, self.token):
-                        return
+                    with bus.write() as conn:
+                        if not renew_name(conn, self.name_held, self.token):
+                            return
                 except BusError:  # busy or read-only for a moment: the next turn retries
                     continue

@@ -37,7 +37,8 @@ class PumpTools:
         from bus.pump import client  # the pump's modules (lxml, YAML...): loaded when used
         from bus.pump import meta
 
-        with_schemas = meta.recorded_capabilities(self.bus.conn, organism)
+        with self.bus.read() as conn:
+            with_schemas = meta.recorded_capabilities(conn, organism)
         try:
             client.check_running(self.bus, organism)
             running = True

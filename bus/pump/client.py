@@ -21,13 +21,11 @@ from typing import Any
 
 from lxml import etree
 
-from bus.storage.db import translate_busy
-from bus.storage.db import write_transaction
 from bus.storage.errors import BusError
 from bus.coordination.heartbeats import STOPPED
 from bus.storage.errors import ValidationFailed
 from bus.log.messages import Message
-from bus.log.messages import insert_row
+from bus.log.messages import append
 from bus.log.messages import new_message_id
 from bus.log.messages import now_ms
 from bus.log.messages import row_to_message
@@ -131,9 +129,9 @@ def check_running(bus: Bus, organism: str, now: int | None = None) -> None:
     The pump records its boot in pump_organisms and beats as `pump:<organism>`.
     """
     organism = validate_agent_id(organism, "organism")
-    with translate_busy():
-        booted = [row[0] for row in bus.conn.execute(_BOOTED_SQL)]
-        beat = bus.conn.execute(_PUMP_BEAT_SQL, (f"pump:{organism}",)).fetchone()
+    with bus.read() as conn:
+        booted = [row[0] for row in conn.execute(_BOOTED_SQL)]
+        beat = conn.execute(_PUMP_BEAT_SQL, (f"pump:{organism}",)).fetchone()
     if organism not in booted:
         raise UnknownOrganism(organism, booted)
     now = now_ms() if now is None else now
@@ -164,9 +162,8 @@ def send(bus: Bus, organism: str, xml: bytes | str, *, to: str | None = None,
     if to is not None:
         validate_agent_id(to, "to")
     payload = _payload(xml)
-    conn = bus.conn
     message_id = new_message_id()
-    with write_transaction(conn):  # one commit: the pump wakes once, to a routable request
+    with bus.write() as conn:  # one commit: the pump wakes once, to a routable request
         waiting = work.waiting_count(conn, organism, max_pending)
         if waiting >= max_pending:
             raise Backpressure(organism, waiting, max_pending)
@@ -174,7 +171,7 @@ def send(bus: Bus, organism: str, xml: bytes | str, *, to: str | None = None,
         conversation = threads.open_conversation(conn, organism, client, now)
         row = envelope_row(payload, id=message_id, sender=client, thread=conversation,
                            to=to, organism=organism)
-        seq, _ = insert_row(conn, bus.payloads.place(row), now)
+        [(seq, _)] = append(conn, [row], bus.payloads, now)
         work.insert_inbox(conn, seq, organism, payload.tag, to, now)
     return Sent(seq, message_id, conversation, client)
 
@@ -204,8 +201,8 @@ def _payload(xml: bytes | str) -> etree._Element:
 
 def replies(bus: Bus, sent: Sent, after: int | None = None) -> list[Received]:
     """Envelopes on the request's conversation thread after seq `after` (default: the request)."""
-    with translate_busy():
-        rows = bus.conn.execute(_THREAD_MESSAGES_SQL, (sent.thread, after or sent.seq))
+    with bus.read() as conn:
+        rows = conn.execute(_THREAD_MESSAGES_SQL, (sent.thread, after or sent.seq))
         found = [row_to_message(row, bus.blobs) for row in rows.fetchall()]
     # Only the request itself is the client's on its thread: a listener named like
     # the client still answers it.

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from dataclasses import replace
 from typing import TYPE_CHECKING
 from typing import Callable
+from typing import Iterable
 
 import apsw
 from lxml import etree
@@ -45,9 +46,9 @@ from bus.storage.errors import BusError
 from bus.storage.errors import ValidationFailed
 from bus.log.messages import Message
 from bus.log.messages import Row
-from bus.log.messages import insert_row
-from bus.log.messages import insert_rows
+from bus.log.messages import append
 from bus.log.messages import new_message_id
+from bus.pump import meta
 from bus.pump import threads
 from bus.pump import work
 from bus.pump.envelopes import SYSTEM_SENDER
@@ -211,6 +212,35 @@ class Batch:
             self._messages.update(work.messages_by_seq(self.conn, missing, self.bus.blobs))
         return {seq: self._messages[seq] for seq in seqs if seq in self._messages}
 
+    # --- the organism's work, in this transaction --------------------------------------
+
+    def take_inbox(self, limit: int) -> list[work.Inbound]:
+        """Remove and return up to `limit` waiting client envelopes, oldest first."""
+        return work.take_inbox(self.conn, self.organism, limit)
+
+    def last_inbox_seq(self) -> int:
+        return work.last_inbox_seq(self.conn, self.organism)
+
+    def record_capabilities(self) -> None:
+        """What the organism's listeners offer, as meta questions read it."""
+        meta.record_capabilities(self.conn, self.organism, self.routes.listeners)
+
+    def bury_exhausted(self) -> list[Unit]:
+        return work.bury_exhausted(self.conn, self.organism, self.now)
+
+    def bury_orphans(self) -> list[Unit]:
+        """The unleased units of listeners the routing table no longer has, marked dead."""
+        return work.bury_orphans(self.conn, self.organism, self.routes.listeners, self.now)
+
+    def find_suspect(self, listeners: Iterable[str]) -> int | None:
+        return work.find_suspect(self.conn, self.organism, listeners, self.now)
+
+    def lease(self, ids: list[int], owner: str, lease_ms: int) -> list[Unit]:
+        return work.lease(self.conn, ids, owner, lease_ms, self.now)
+
+    def claim(self, listener: str, owner: str, lease_ms: int, limit: int) -> list[Unit]:
+        return work.claim(self.conn, self.organism, listener, owner, lease_ms, limit, self.now)
+
     # --- envelopes -------------------------------------------------------------------
 
     def write(self, payload: etree._Element, *, id: str, sender: str, thread: str,
@@ -218,7 +248,7 @@ class Batch:
         """Insert one envelope; (seq, duplicate)."""
         row = envelope_row(payload, id=id, sender=sender, thread=thread, to=to,
                            organism=self.organism, in_reply_to=in_reply_to)
-        return insert_row(self.conn, self.bus.payloads.place(row), self.now)
+        return append(self.conn, [row], self.bus.payloads, self.now)[0]
 
     def boot(self, root: str) -> bool:
         """Send <boot/> on the organism's first start; False on a restart (sent before)."""
@@ -450,17 +480,16 @@ class Batch:
         all of them where the per-unit path takes two per unit."""
         rows = [self._client_reply(done, caller, index, output.element)
                 for done, caller in answered for index, output in enumerate(done.outputs)]
-        insert_rows(self.conn, rows)
+        append(self.conn, rows, self.bus.payloads)
         threads.close_all_if_done(self.conn, [caller.uuid for _, caller in answered], self.now)
 
     def _client_reply(self, done: Finished, caller: Caller, index: int,
                       element: etree._Element) -> Row:
         """The row of answer `index` of a unit to the client `caller`."""
         message = done.input
-        row = envelope_row(element, id=derived_id(message.id, done.unit.listener, index),
-                           sender=done.unit.listener, thread=caller.uuid, to=caller.name,
-                           organism=self.organism, in_reply_to=message.id)
-        return self.bus.payloads.place(row)
+        return envelope_row(element, id=derived_id(message.id, done.unit.listener, index),
+                            sender=done.unit.listener, thread=caller.uuid, to=caller.name,
+                            organism=self.organism, in_reply_to=message.id)
 
     def _finish_with_thread(self, done: Finished, owner: str | None,
                             parent: str | None) -> str:

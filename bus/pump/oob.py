@@ -55,9 +55,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from bus.api import Bus
 from bus.storage.db import write_transaction
 from bus.storage.errors import BusError
-from bus.log.messages import insert_row
+from bus.log.messages import append
 from bus.log.messages import now_ms
 from bus.log.messages import prepare_row
+from bus.log.payloads import PayloadPolicy
 from bus.pump.errors import BadSignature
 from bus.pump.errors import MalformedRequest
 from bus.pump.errors import OobKeyError
@@ -307,8 +308,10 @@ def _loads(data: bytes, field: str) -> Any:
 # --- the audit --------------------------------------------------------------------------
 
 
-def record_request(conn: apsw.Connection, request: OobRequest, now: int) -> None:
-    """Remember the nonce and publish `oob_command`, in one transaction.
+def record_request(conn: apsw.Connection, request: OobRequest, now: int,
+                   payloads: PayloadPolicy | None = None) -> None:
+    """Remember the nonce and publish `oob_command`, in one transaction (`payloads`: the
+    bus's PayloadPolicy, which places the message's payload as a publish's).
 
     Raises ReplayedRequest (and writes nothing) for a nonce seen before.
     """
@@ -318,14 +321,14 @@ def record_request(conn: apsw.Connection, request: OobRequest, now: int) -> None
                                                    request.ts_ms, now)).get
         if fresh is None:
             raise ReplayedRequest(request.nonce)
-        _audit(conn, "oob_command", request.to_json_dict(), now, request.nonce)
+        _audit(conn, payloads, "oob_command", request.to_json_dict(), now, request.nonce)
 
 
-def _audit(conn: apsw.Connection, type_: str, payload: dict[str, Any], now: int,
-           correlation_id: str | None = None) -> None:
+def _audit(conn: apsw.Connection, payloads: PayloadPolicy | None, type_: str,
+           payload: dict[str, Any], now: int, correlation_id: str | None = None) -> None:
     row = prepare_row(AUDIT_AGENT, type_, payload, correlation_id=correlation_id)
     with write_transaction(conn):
-        insert_row(conn, row, now)
+        append(conn, [row], payloads, now)
 
 
 # --- the server ---------------------------------------------------------------------------
@@ -401,19 +404,22 @@ class OobServer:
     def handle(self, wire: bytes, now: int | None = None) -> dict[str, Any]:
         """Verify, record and dispatch one request; the response for the client."""
         at = now_ms() if now is None else now
-        conn = self.bus.conn
         try:
             request = verify_request(wire, self.public_keys, now=at, window_ms=self.window_ms)
-            record_request(conn, request, at)
+            with self.bus.write() as conn:
+                record_request(conn, request, at, self.bus.payloads)
         except OobRefused as exc:
             return self._refuse(exc, at)
         response = self._dispatch(request)
-        _audit(conn, "oob_result", {"command": request.command, **response}, now_ms(),
-               request.nonce)
+        with self.bus.write() as conn:
+            _audit(conn, self.bus.payloads, "oob_result", {"command": request.command, **response},
+                   now_ms(), request.nonce)
         return response
 
     def _refuse(self, exc: OobRefused, at: int) -> dict[str, Any]:
-        _audit(self.bus.conn, "oob_refused", {"error": exc.kind, "message": str(exc)}, at)
+        with self.bus.write() as conn:
+            _audit(conn, self.bus.payloads, "oob_refused",
+                   {"error": exc.kind, "message": str(exc)}, at)
         return {"ok": False, "error": exc.kind, "message": str(exc)}
 
     def _dispatch(self, request: OobRequest) -> dict[str, Any]:

@@ -39,8 +39,6 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import Callable
 
-from bus.storage.db import translate_busy
-from bus.storage.db import write_transaction
 from bus.storage.errors import BusError
 from bus.storage.errors import ValidationFailed
 from bus.log.messages import Message
@@ -257,8 +255,8 @@ class Pump:
         """
         if self._until_idle or self.table.routes is not self.steps.scan.routes:
             return True
-        with translate_busy():
-            ready, next_expiry = work.has_work(self.bus.conn, self.name, now_ms())
+        with self.bus.read() as conn:
+            ready, next_expiry = work.has_work(conn, self.name, now_ms())
         return ready or (next_expiry is not None and next_expiry < deadline_ms)
 
     async def _db(self, function: Callable[..., Any], *args: Any) -> Any:
@@ -283,8 +281,7 @@ class Pump:
         with self._running_lock:
             ids = list(self._running)
         if ids:
-            conn = self.bus.conn
-            with write_transaction(conn):
+            with self.bus.write() as conn:
                 work.renew(conn, self.owner, ids, self.lease_ms, now_ms())
 
     # --- handlers -------------------------------------------------------------------------

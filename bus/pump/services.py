@@ -58,7 +58,7 @@ class Services:
         # claim, the reply's commit finds the log copied and starts it over.
         self.checkpointer = Checkpointer(pump.bus, where=lambda: (
             checkpoints.THREAD if pump._finished else checkpoint_place())).__enter__()
-        pump._db_pool.submit(lambda: self.checkpointer.attach(pump.bus.conn)).result()
+        pump._db_pool.submit(lambda: self.checkpointer.attach_thread_of(pump.bus)).result()
         self.heartbeat = Heartbeat(pump.bus.path, f"pump:{pump.name}",
                                    interval=pump.lease_ms / 3000, status="working",
                                    on_beat=pump._renew).start()

@@ -31,7 +31,6 @@ from typing import Mapping
 import apsw
 
 from bus.log import checkpoints
-from bus.storage.db import write_transaction
 from bus.storage.errors import ValidationFailed
 from bus.log.messages import Message
 from bus.log.messages import now_ms
@@ -130,11 +129,11 @@ class Stepper:
 
     def boot(self) -> bool:
         """Send <boot/> on the organism's first start; False on a restart."""
-        conn = self.bus.conn
-        root = threads.initialize_root(conn, self.name)
+        with self.bus.write() as conn:
+            root = threads.initialize_root(conn, self.name)
         with self._batch([], checkpoints.HERE) as batch:
-            self._inline = InlineRunner(work.last_inbox_seq(conn, self.name))
-            meta.record_capabilities(conn, self.name, self.table.routes.listeners)
+            self._inline = InlineRunner(batch.last_inbox_seq())
+            batch.record_capabilities()
             return batch.boot(root.uuid)
 
     @contextmanager
@@ -148,10 +147,9 @@ class Stepper:
         """
         if finished and self.before_commit is not None:
             self.before_commit(finished)
-        conn = self.bus.conn
         placed = _CHECKPOINT.set(checkpoint)
         try:
-            with write_transaction(conn):
+            with self.bus.write() as conn:
                 # The table is read under the write lock: a client's send that follows an
                 # OOB change is routed by the changed table (its inbox row commits after).
                 batch = Batch(self.bus, conn, self.name, self.table.routes, now_ms())
@@ -180,16 +178,16 @@ class Stepper:
         must_scan = until_idle and not any(in_flight.values())
         last = self._commit_all_but_the_last_batch(finished)
         inlined = self._route_inline()
-        conn = self.bus.conn
         routes = self.table.routes
-        if not last and self.scan.quiet(conn, routes, now_ms()):
+        if not last and self._quiet(routes):
             return Step([], routes, inlined >= ROUTE_BATCH, self.scan.pending,
                          self.scan.due_ms)
         if not last and 0 < inlined < ROUTE_BATCH:
             drained = self._drained(routes)
             if drained is not None:
                 return drained
-        with self._batch(last, checkpoints.LATER if last else checkpoints.HERE) as batch:
+        with self._batch(last, checkpoints.LATER if last else checkpoints.HERE) as batch, \
+                self.bus.read() as conn:  # the reads join the batch's write transaction
             routes = batch.routes
             scan = not last or must_scan or self.scan.due(conn, routes, batch.now)
             if not scan and self.scan.settled and not batch.made_units:
@@ -212,6 +210,11 @@ class Stepper:
         return Step(claimed, routes, full or inlined >= ROUTE_BATCH, pending, next_expiry,
                     alone)
 
+    def _quiet(self, routes: Routes) -> bool:
+        """`Scan.quiet`, read in a transaction of its own: it sees the latest commit."""
+        with self.bus.read() as conn:
+            return self.scan.quiet(conn, routes, now_ms())
+
     def _commit_all_but_the_last_batch(self, finished: list[Finished]) -> list[Finished]:
         """Commit `finished` but its last `commit_batch` units, a transaction per batch;
         the last batch, which the step's own transaction commits."""
@@ -230,8 +233,11 @@ class Stepper:
         Up to ROUTE_BATCH rows, before the step's last transaction (which buries
         and claims): inline requests get commits of their own, as finished units do.
         """
-        if not self.table.routes.has_inline or not work.inbox_waiting(self.bus.conn, self.name):
+        if not self.table.routes.has_inline:
             return 0
+        with self.bus.read() as conn:
+            if not work.inbox_waiting(conn, self.name):
+                return 0
         routed = 0
         while routed < ROUTE_BATCH:
             with self._batch([], checkpoints.THREAD) as batch:  # more commits follow at once
@@ -249,7 +255,8 @@ class Stepper:
         """
         if routes is not self.scan.routes:
             return None
-        ready, next_expiry = work.has_work(self.bus.conn, self.name, now_ms())
+        with self.bus.read() as conn:
+            ready, next_expiry = work.has_work(conn, self.name, now_ms())
         if ready:
             return None
         return Step([], routes, False, next_expiry is not None, next_expiry)
@@ -257,7 +264,7 @@ class Stepper:
     def _route_inbox(self, batch: Batch, limit: int = ROUTE_BATCH) -> int:
         """Route up to `limit` inbox rows in `batch`: the leased calls are written together,
         at the end, then the units inline listeners handled meanwhile are committed."""
-        inbound = work.take_inbox(batch.conn, self.name, limit)
+        inbound = batch.take_inbox(limit)
         found = batch.messages([item.seq for item in inbound])
         calls: list[Call] = []
         handled: list[tuple[Finished, str]] = []  # inline units, with their parent threads
@@ -290,7 +297,7 @@ class Stepper:
         return outcome
 
     def _bury(self, batch: Batch) -> None:
-        dead = work.bury_exhausted(batch.conn, self.name, batch.now)
+        dead = batch.bury_exhausted()
         batch.bury(dead, lambda unit: (
             f"dead-letter:the listener's handler was tried {_times(unit.attempts)} and never "
             "finished (the pump died or lost its lease each time); the request was dropped: "
@@ -300,7 +307,7 @@ class Stepper:
         # another pump held may expire later); the query reads every pending unit.
         if (batch.routes, batch.now // ORPHAN_CHECK_MS) == self._orphans_checked:
             return
-        orphans = work.bury_orphans(batch.conn, self.name, batch.routes.listeners, batch.now)
+        orphans = batch.bury_orphans()
         self._orphans_checked = (batch.routes, batch.now // ORPHAN_CHECK_MS)
         self.stats.count("listener-removed", len(orphans))
         batch.bury(orphans, lambda unit: (
@@ -315,7 +322,7 @@ class Stepper:
         until it is done: Pump._capacity)."""
         if not capacity.listeners:
             return [], False, None
-        suspect = work.find_suspect(batch.conn, self.name, capacity.listeners, batch.now)
+        suspect = batch.find_suspect(capacity.listeners)
         if suspect is not None:
             claimed = self._claim_suspect(batch, suspect, in_flight)
             return claimed, bool(claimed), claimed[0][0].id if claimed else None
@@ -333,8 +340,7 @@ class Stepper:
         """
         if any(in_flight.values()):
             return []  # the running units finish first
-        return self._with_inputs(batch, work.lease(batch.conn, [suspect], self.owner,
-                                                   self.lease_ms, batch.now))
+        return self._with_inputs(batch, batch.lease([suspect], self.owner, self.lease_ms))
 
     def _claim_fresh(self, batch: Batch, capacity: Slots,
                      in_flight: Mapping[str, int]) -> tuple[list[Unit], bool]:
@@ -349,8 +355,8 @@ class Stepper:
             if in_flight.get(name) and slots < listener.spec.concurrency // 4:
                 continue
             eligible[name] = slots
-        return self._fair.share(Slots(capacity.free, eligible), lambda name, n: work.claim(
-            batch.conn, self.name, name, self.owner, self.lease_ms, n, batch.now))
+        return self._fair.share(Slots(capacity.free, eligible), lambda name, n: batch.claim(
+            name, self.owner, self.lease_ms, n))
 
     def _with_inputs(self, batch: Batch, units: list[Unit]) -> list[tuple[Unit, Message]]:
         inputs = batch.messages([unit.input_seq for unit in units])

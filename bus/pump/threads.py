@@ -553,7 +553,8 @@ def clear(conn: apsw.Connection, organism: str) -> int:
 
 
 class ThreadRegistry:
-    """The registry of one organism on a `Bus`, one transaction per call.
+    """The registry of one organism on a `Bus`, one transaction per call (through the
+    bus's doors, `bus.read()` and `bus.write()`).
 
         registry = ThreadRegistry(bus, "my-org")
         root = registry.initialize_root()
@@ -566,33 +567,42 @@ class ThreadRegistry:
         self.organism = validate_agent_id(organism, "organism")
 
     def initialize_root(self, now: int | None = None) -> Thread:
-        return initialize_root(self.bus.conn, self.organism, now)
+        with self.bus.write() as conn:
+            return initialize_root(conn, self.organism, now)
 
     def get_or_create(self, path: Sequence[str], now: int | None = None) -> Thread:
-        return get_or_create(self.bus.conn, path, now)
+        with self.bus.write() as conn:
+            return get_or_create(conn, path, now)
 
     def lookup(self, uuid: str) -> tuple[str, ...] | None:
-        return lookup(self.bus.conn, uuid)
+        with self.bus.read() as conn:
+            return lookup(conn, uuid)
 
     def get(self, uuid: str) -> Thread | None:
-        return get_thread(self.bus.conn, uuid)
+        with self.bus.read() as conn:
+            return get_thread(conn, uuid)
 
     def extend_chain(self, uuid: str, name: str, now: int | None = None) -> Thread:
-        return extend_chain(self.bus.conn, uuid, name, now)
+        with self.bus.write() as conn:
+            return extend_chain(conn, uuid, name, now)
 
     def prune_for_response(self, uuid: str, now: int | None = None) -> Pruned:
-        return prune_for_response(self.bus.conn, uuid, now)
+        with self.bus.write() as conn:
+            return prune_for_response(conn, uuid, now)
 
     def register_thread(self, thread_id: str, initiator: str, target: str,
                         now: int | None = None) -> Thread:
-        return register_thread(self.bus.conn, thread_id, initiator, target, self.organism, now)
+        with self.bus.write() as conn:
+            return register_thread(conn, thread_id, initiator, target, self.organism, now)
 
     def close(self, uuid: str, now: int | None = None) -> Thread:
-        return close_thread(self.bus.conn, uuid, now)
+        with self.bus.write() as conn:
+            return close_thread(conn, uuid, now)
 
     def clear(self) -> int:
         """Delete all of this organism's threads (for tests and scratch buses only)."""
-        return clear(self.bus.conn, self.organism)
+        with self.bus.write() as conn:
+            return clear(conn, self.organism)
 
 
 # --- helpers -------------------------------------------------------------------

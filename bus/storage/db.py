@@ -546,6 +546,46 @@ class write_transaction:
             self.conn.execute(_ROLLBACK_SQL)
 
 
+class read_transaction:
+    """A read transaction: every read inside sees one snapshot of the file (a WAL reader
+    keeps the snapshot its first read took until COMMIT), and the environment's
+    errors become BusErrors as under `translate_errors`.
+
+    Inside a transaction the connection has already (the caller's read or write
+    transaction) it begins nothing: the reads join that one. Only for reads: a
+    write inside would have to upgrade the snapshot, which fails at once
+    (SQLITE_BUSY_SNAPSHOT, no busy wait) when another connection wrote since;
+    a writer takes `write_transaction`.
+    """
+
+    __slots__ = ("conn", "nested")
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.conn = conn
+        self.nested = False
+
+    def __enter__(self) -> apsw.Connection:
+        self.nested = self.conn.in_transaction
+        if not self.nested:
+            try:
+                self.conn.execute(_BEGIN_READ_SQL)
+            except ENVIRONMENT_ERRORS as exc:
+                raise environment_error(exc, self.conn.filename) from exc
+        return self.conn
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if not self.nested and self.conn.in_transaction:
+            try:  # nothing was written: either only ends the snapshot
+                self.conn.execute(_ROLLBACK_SQL if exc_type is not None else _COMMIT_SQL)
+            except ENVIRONMENT_ERRORS as failure:
+                if exc_type is None:
+                    raise environment_error(failure, self.conn.filename) from failure
+        if exc_type is not None and issubclass(exc_type, ENVIRONMENT_ERRORS):
+            raise environment_error(exc, self.conn.filename) from exc
+        return False
+
+
+_BEGIN_READ_SQL = "BEGIN DEFERRED"
 _BEGIN_SQL = "BEGIN IMMEDIATE"
 _COMMIT_SQL = "COMMIT"
 _ROLLBACK_SQL = "ROLLBACK"

@@ -296,7 +296,7 @@ def test_receive_filters(history: Channels, flt: dict, expected: list[str]) -> N
 
 
 def test_receive_counts_only_when_asked(history: Channels) -> None:
-    statements = traced_selects(history.conn, lambda: history.receive_messages("r"))
+    statements = traced_selects(history.bus.conn, lambda: history.receive_messages("r"))
     assert not [sql for sql, _b in statements if sql.startswith("SELECT count(*)")]
 
 
@@ -354,7 +354,7 @@ def test_filters_use_an_index_not_a_table_scan(history: Channels, bus: Bus, flt:
     from bus.channels.queries import MessageFilter
     from bus.channels.queries import filter_sql
     clauses, params = filter_sql(MessageFilter.coerce(flt))
-    plan = [row[3] for row in history.conn.execute(
+    plan = [row[3] for row in history.bus.conn.execute(
         "EXPLAIN QUERY PLAN SELECT cm.seq" + FROM_SQL + " WHERE " + " AND ".join(clauses),
         params)]
     assert not [step for step in plan if step.startswith("SCAN")], plan
@@ -379,7 +379,7 @@ def traced_selects(conn, action) -> list[tuple[str, object]]:
 
 def test_receive_reads_the_pending_index_in_order_whatever_the_backlog(
         history: Channels) -> None:
-    conn = history.conn
+    conn = history.bus.conn
     statements = traced_selects(
         conn, lambda: history.receive_messages("r", {"limit": 1}).total_count)
     assert statements
@@ -403,7 +403,7 @@ def test_query_by_type_and_sender_reads_in_order_without_sorting(
         history: Channels, flt: dict, first_step: str) -> None:
     """`bus channel query --type/--sender` (the messages table has no type index since
     migration 8: these filters read channel_messages)."""
-    conn = history.conn
+    conn = history.bus.conn
     statements = traced_selects(conn, lambda: history.query_messages({**flt, "limit": 5}).messages)
     assert statements
     for sql, bindings in statements:

@@ -782,3 +782,17 @@ def check_final_claims_match_the_last_holdings(by_task: dict[str, list[dict]],
             assert rows[task] == Claim(task, last["agent"], last["start"],
                                        grant["lease_until_ms"], grant["lease_ms"],
                                        last["attempts"], 1_000_000_000, last["fence"]), task
+
+
+def test_claim_operations_refuse_to_run_outside_a_write_transaction(bus: Bus) -> None:
+    """The operations run inside the caller's transaction (`bus.write()`): outside one,
+    each statement would commit alone, so they refuse and write nothing."""
+    from bus.coordination import claims
+    from bus.storage.errors import BusError
+    with pytest.raises(BusError, match="inside a write transaction"):
+        claims.try_claim(bus.conn, "t-1", "alice", now=T0)
+    assert bus.claims.list() == []
+    with bus.write() as conn:
+        assert claims.try_claim(conn, "t-1", "alice", now=T0).granted
+        assert claims.release(conn, "t-1", "alice")
+    assert bus.claims.list() == []

@@ -1,4 +1,5 @@
-"""`messages.insert_rows`: one INSERT per 64 rows, with `insert_row`'s results.
+"""`messages.append`, the log's write path: without a time it writes one INSERT per 64
+rows, with the results that writing the rows one by one (at a given time) gives.
 
 Group commit and `publish_many` write many rows in one statement; every row
 must still get what writing it alone would give: a new seq, or the seq of
@@ -15,8 +16,7 @@ from hypothesis import strategies as st
 
 from bus import Bus
 from bus.storage.db import write_transaction
-from bus.log.messages import insert_row
-from bus.log.messages import insert_rows
+from bus.log.messages import append
 from bus.log.messages import prepare_row
 from tests.support.properties import scaled_settings
 
@@ -33,15 +33,15 @@ def rows_with_ids(ids: list[str | None], fresh_from: int = 10**6):
 
 def write(bus: Bus, rows, one_by_one: bool, in_transaction: bool = True) -> list[tuple[int, bool]]:
     if not in_transaction:  # each statement of 64 rows is a transaction of its own
-        return insert_rows(bus.conn, rows)
+        return append(bus.conn, rows, bus.payloads)
     with write_transaction(bus.conn) as conn:
-        if one_by_one:
-            return [insert_row(conn, row, 1_000) for row in rows]
-        return insert_rows(conn, rows)
+        if one_by_one:  # a time given: each row is an INSERT of its own
+            return append(conn, rows, bus.payloads, 1_000)
+        return append(conn, rows, bus.payloads)
 
 
 def contents(bus: Bus) -> list[tuple]:
-    # Not ts_ms: insert_row takes the time it is given, insert_rows SQLite's.
+    # Not ts_ms: one by one takes the time it is given, a batch SQLite's.
     return bus.conn.execute("SELECT seq, id, to_agent, payload FROM messages ORDER BY seq").fetchall()
 
 
@@ -50,7 +50,7 @@ id_lists = st.lists(st.one_of(st.none(), st.sampled_from(ID_POOL)), max_size=150
 
 @scaled_settings(max_examples=40, deadline=None)
 @given(before=id_lists, batch=id_lists)
-def test_insert_rows_gives_what_one_by_one_gives(tmp_path_factory, before, batch):
+def test_append_batch_gives_what_one_by_one_gives(tmp_path_factory, before, batch):
     directory = tmp_path_factory.mktemp("rows")
     outcomes = []
     for name, one_by_one, in_transaction in (("single", True, True), ("multi", False, True),

@@ -139,3 +139,22 @@ def test_tail_and_poll_preview_a_blob_without_loading_it(db_path: Path) -> None:
     with Bus.open(db_path) as bus:
         assert bus.poll("b")[0].payload_error == "blob_corrupt"  # what a full load says
         assert bus.poll("b", preview=20)[0].payload_preview == '{"text":"eeeeeeeeeee'
+
+
+def test_a_parts_message_over_the_threshold_goes_to_the_blob_store_as_a_publish(
+        db_path: Path) -> None:
+    """The coordination's announcements are written through the log's one write path:
+    a `task_done` whose payload passes the blob threshold is a blob, as a publish's is."""
+    title = "t" * 900
+    with Bus.open(db_path, blob_threshold=512) as bus:
+        bus.tasks.add("t1", title)
+        bus.claims.try_claim("t1", "w1")
+        bus.tasks.complete("t1", "w1")
+        published = bus.publish("w1", "note", {"title": title})
+        refs = dict(bus.conn.execute("SELECT type, payload_ref FROM messages"
+                                     " WHERE payload IS NULL AND payload_ref IS NOT NULL"))
+        assert set(refs) == {"task_done", "note"}
+        done = [m for m in bus.list_messages(0) if m.type == "task_done"]
+        assert done[0].payload["title"] == title and done[0].payload_error is None
+        assert bus.list_messages(published.seq - 1, 1)[0].payload == {"title": title}
+    assert len(blob_files(db_path)) == 2

@@ -361,3 +361,45 @@ def test_connect_read_only_waits_for_a_lock_at_its_first_read(db_path, python_en
     finally:
         holder.kill()
         holder.wait(timeout=30)
+
+
+# --- the doors: bus.read() and bus.write() ------------------------------------------------
+
+
+def test_read_door_is_one_snapshot_until_it_ends(bus: Bus, db_path: Path) -> None:
+    bus.publish("a", "t", 1)
+    with Bus.open(db_path) as other:
+        with bus.read() as conn:
+            assert conn.execute("SELECT count(*) FROM messages").get == 1
+            other.publish("a", "t", 2)  # commits while the read is open
+            assert conn.execute("SELECT count(*) FROM messages").get == 1
+        assert not bus.conn.in_transaction
+        with bus.read() as conn:
+            assert conn.execute("SELECT count(*) FROM messages").get == 2
+
+
+def test_read_door_inside_a_write_joins_it(bus: Bus) -> None:
+    with bus.write() as conn:
+        conn.execute("INSERT INTO meta (key, value) VALUES ('door', 'open')")
+        with bus.read() as inner:
+            assert inner is conn
+            assert inner.execute("SELECT value FROM meta WHERE key = 'door'").get == "open"
+        assert conn.in_transaction  # the read ended nothing
+    with bus.read() as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'door'").get == "open"
+
+
+def test_write_door_rolls_back_and_nests_as_a_savepoint(bus: Bus) -> None:
+    with pytest.raises(ZeroDivisionError):
+        with bus.write() as conn:
+            conn.execute("INSERT INTO meta (key, value) VALUES ('lost', 'x')")
+            1 / 0
+    with bus.write() as conn:
+        conn.execute("INSERT INTO meta (key, value) VALUES ('kept', 'x')")
+        with pytest.raises(ZeroDivisionError):
+            with bus.write() as inner:  # a savepoint: only its own rows go
+                inner.execute("INSERT INTO meta (key, value) VALUES ('inner', 'x')")
+                1 / 0
+    with bus.read() as conn:
+        keys = {key for (key,) in conn.execute("SELECT key FROM meta")}
+    assert "kept" in keys and not {"lost", "inner"} & keys
