@@ -23,13 +23,14 @@ from typing import Any
 from typing import Callable
 from typing import Union
 
+import apsw
+
 from bus.coordination import claims
 from bus.harness import git_exclude
 from bus.coordination import heartbeats
 from bus.api import Bus
 from bus.coordination.claims import Claim
 from bus.coordination.claims import ClaimResult
-from bus.storage.db import write_transaction
 from bus.storage.errors import BusError
 from bus.storage.errors import TaskStateConflict
 from bus.coordination.heartbeats import KEEP
@@ -155,11 +156,16 @@ class Workers:
     # --- reading ----------------------------------------------------------
 
     def get(self, worker: str) -> Worker:
-        return registry.get(self.bus.conn, worker)
+        with self.bus.read() as conn:
+            return registry.get(conn, worker)
+
+    def _all(self) -> list[Worker]:
+        with self.bus.read() as conn:
+            return registry.list_workers(conn)
 
     def status(self, worker: str | None = None) -> list[WorkerStatus]:
         """Workers with their last heartbeat's age and, while unfinished, their liveness."""
-        found = [self.get(worker)] if worker else registry.list_workers(self.bus.conn)
+        found = [self.get(worker)] if worker else self._all()
         beats = {b.agent: b for b in self.bus.heartbeats.liveness()}
         return [WorkerStatus(w, beats[w.worker].age_s if w.worker in beats else None,
                              beats[w.worker].state
@@ -179,7 +185,9 @@ class Workers:
         """Create a worker for `task` on a new branch `<worker>/<task>` in its own worktree."""
         task = validate_text(task, "task", TASK_MAX)
         worker = validate_agent_id(worker, "worker") if worker is not None else _new_worker_id()
-        if registry.exists(self.bus.conn, worker):
+        with self.bus.read() as conn:
+            taken = registry.exists(conn, worker)
+        if taken:
             raise registry.WorkerExists(worker)
         root = git.repo_root(repo if repo is not None else Path.cwd())
         git.require_commits(root)
@@ -194,8 +202,8 @@ class Workers:
         created = Worker(worker, task, ASSIGNED, str(root), base, branch, str(worktree),
                          None, None, None, at, at)
         try:
-            with write_transaction(self.bus.conn):
-                registry.insert(self.bus.conn, created)
+            with self.bus.write() as conn:
+                registry.insert(conn, created)
                 self.bus.publish(worker, "state_change",
                                  {"from": None, "to": ASSIGNED, "command": "spawn"},
                                  correlation_id=task)
@@ -325,11 +333,12 @@ class Workers:
 
         moved = False
         try:
-            with write_transaction(self.bus.conn):
-                new = self._apply(read.worker, "merge", expected=read, within=release, announce=[
-                    ("task_merged", {"branch": read.branch, "base": read.base,
-                                     "commit": merged.commit,
-                                     "fast_forward": merged.fast_forward}, None)])
+            with self.bus.write() as conn:
+                merged_note = ("task_merged", {"branch": read.branch, "base": read.base,
+                                               "commit": merged.commit,
+                                               "fast_forward": merged.fast_forward}, None)
+                new = self._apply(conn, read.worker, "merge", expected=read, within=release,
+                                  announce=[merged_note])
                 git.advance_base(Path(read.repo), merged)
                 moved = True
         except BaseException:
@@ -361,7 +370,7 @@ class Workers:
         nothing, unless `force`.
         """
         found = [self.get(worker)] if worker else [
-            w for w in registry.list_workers(self.bus.conn) if w.state in TERMINAL]
+            w for w in self._all() if w.state in TERMINAL]
         for w in found:
             next_state(w.worker, w.state, "cleanup")
         if not force:
@@ -426,20 +435,20 @@ class Workers:
     def _transition(self, worker: str, command: str, *,
                     within: Callable[[Worker], dict[str, Any] | None] | None = None,
                     announce: Announcements = (), **changes: Any) -> Worker:
-        with write_transaction(self.bus.conn):
-            new = self._apply(worker, command, within=within, announce=announce, **changes)
+        with self.bus.write() as conn:
+            new = self._apply(conn, worker, command, within=within, announce=announce,
+                              **changes)
         registry.write_mirror(self.mirrors, new)
         return new
 
-    def _apply(self, worker: str, command: str, *, expected: Worker | None = None,
+    def _apply(self, conn: apsw.Connection, worker: str, command: str, *, expected: Worker | None = None,
                within: Callable[[Worker], dict[str, Any] | None] | None = None,
                announce: Announcements = (), **changes: Any) -> Worker:
-        """The body of a transition, inside the caller's write transaction.
+        """The body of a transition, inside the caller's write transaction on `conn`.
 
         With `expected`, a compare-and-set: WorkerChanged unless the row is
         still exactly `expected` (as read before the transaction began).
         """
-        conn = self.bus.conn
         current = registry.get(conn, worker)
         if expected is not None and current != expected:
             raise WorkerChanged(command, expected, current)
@@ -496,7 +505,9 @@ class Workers:
             self.bus.publish(worker.worker, "agent_stopped",
                              {"worker": worker.worker, "task": worker.task},
                              correlation_id=worker.task)
-        heartbeats.beat(self.bus.conn, worker.worker, STOPPED, worker.task, None)
+        with self.bus.write() as conn:
+            heartbeats.beat(conn, worker.worker, STOPPED, worker.task, None,
+                            payloads=self.bus.payloads)
 
     @staticmethod
     def _resumed(worker: Worker) -> list[Announcement]:
@@ -526,15 +537,19 @@ class Workers:
         stopped, never as dead however long its agent stays away; this beat decays
         like any other (a forgotten agent stays forgotten)."""
         self._claim(worker, lease_ms)
-        if heartbeats.has_beaten(self.bus.conn, worker.worker):
-            heartbeats.beat(self.bus.conn, worker.worker, "working", worker.task, None)
+        with self.bus.write() as conn:
+            if heartbeats.has_beaten(conn, worker.worker):
+                heartbeats.beat(conn, worker.worker, "working", worker.task, None,
+                                payloads=self.bus.payloads)
 
     def _refuse_rival(self, task: str, worker: str) -> None:
         """TaskTaken if another worker has `task` in review, or is WORKING on it
         with a lease that has not run out (one whose lease ran out can be taken over)."""
-        held = claims.get(self.bus.conn, task)
+        with self.bus.read() as conn:
+            held = claims.get(conn, task)
+            others = registry.others_on_task(conn, task, worker)
         holder = held.agent if held is not None and not held.expired(now_ms()) else None
-        for other in registry.others_on_task(self.bus.conn, task, worker):
+        for other in others:
             if other.state in (IN_REVIEW, APPROVED) or (other.state == WORKING
                                                          and other.worker == holder):
                 raise TaskTaken(task, other)
@@ -560,7 +575,7 @@ class Workers:
         """
         if self.bus.claims.renew(worker.task, worker.worker, lease_ms):
             return
-        with write_transaction(self.bus.conn):  # the state check and the claim, together
+        with self.bus.write():  # the state check and the claim, together
             if only_while_working and self.get(worker.worker).state != WORKING:
                 return
             self._take(worker, lease_ms)
