@@ -92,6 +92,9 @@ def _export_with_progress(exporter) -> int:
 @click.option("--export", "export_path", type=click.Path(),
               help="Export JSONL file or date-partitioned directory"
                    " (default: where `bus export` writes).")
+@click.option("--lake", type=click.Path(file_okay=False),
+              help="The history lake the export streams into, and the queries read"
+                   " (default: beside the export: bus.jsonl -> bus.lake).")
 @click.option("--query", default="all", show_default=True,
               type=click.Choice([*QUERY_NAMES, "all"]), help="Which query to run.")
 @click.option("--full", is_flag=True, help="Every row of each query, not the summary.")
@@ -112,16 +115,19 @@ def _export_with_progress(exporter) -> int:
               help="Print the path of the job's file, for spark-submit, and run nothing"
                    " (needs neither PySpark nor Java).")
 @pass_bus_context
-def history(obj: BusContext, export_path: str | None, query: str, full: bool, as_json: bool,
+def history(obj: BusContext, export_path: str | None, lake: str | None, query: str, full: bool,
+            as_json: bool,
             as_csv: bool, out_dir: str | None, png: bool, strict: bool,
             stuck_after_seconds: float, limit: int | None, show_job_path: bool) -> None:
-    """Message volume, task lifecycles, reply latency, silences and dead tasks, by Spark.
+    """History by Spark: volume, lifecycles, latency, silences, dead tasks, lead times.
 
-    Prints a summary (totals and the top rows of each query); --full for
-    every row. Runs in this process on local[*] (SPARK_MASTER to change
-    it); needs PySpark and Java 17+ (`pip install 'agentbus[spark]'`). The
-    same job runs on a cluster with `spark-submit "$(bus history
-    --job-path)" --export PATH` (docs/spark.md).
+    Streams what the export gained since the last run into the history lake
+    (Parquet tables any engine reads, docs/history.md), then queries it:
+    also time blocked and throughput per agent. Prints a summary (totals and
+    the top rows of each query); --full for every row. Runs in this process
+    on local[*] (SPARK_MASTER to change it); needs PySpark and Java 17+
+    (`pip install 'agentbus[spark]'`). The same job runs on a cluster with
+    `spark-submit "$(bus history --job-path)" --export PATH` (docs/spark.md).
 
     \b
     Example:
@@ -145,7 +151,7 @@ def history(obj: BusContext, export_path: str | None, query: str, full: bool, as
     require_java()
     path = resolve_export(obj, export_path)
     output = Output(fmt, full, limit, out_dir=out_dir, png=png)
-    seen = run_job(job, path, query, output, stuck_after_seconds, strict)
+    seen = run_job(job, path, query, output, stuck_after_seconds, strict, lake)
     if seen.malformed:
         click.echo(seen.malformed_note(), err=True)
     if out_dir:
@@ -189,11 +195,12 @@ def resolve_export(obj: BusContext, export_path: str | None) -> str:
 
 
 def run_job(job: ModuleType, path: str, query: str, output: Any,
-            stuck_after_seconds: float, strict: bool) -> Any:
-    """Run the job in this process; its Overview of the export."""
+            stuck_after_seconds: float, strict: bool, lake: str | None = None) -> Any:
+    """Update the lake and run the queries in this process; its Overview of the export."""
     from py4j.protocol import Py4JError  # only now: pyspark is known to be there
     from pyspark.errors import PySparkException
 
+    from bus.history.errors import LakeError
     from bus.history.extract import MalformedExport
     from bus.history.queries import Options
     from bus.history.queries import query_names
@@ -208,8 +215,8 @@ def run_job(job: ModuleType, path: str, query: str, output: Any,
     options = Options(stuck_after_seconds=stuck_after_seconds)
     try:
         return job.run(spark, path, query_names(query), output, options, out=sys.stdout,
-                       strict=strict)
-    except MalformedExport as exc:
+                       strict=strict, lake=lake)
+    except (MalformedExport, LakeError) as exc:
         raise click.ClickException(str(exc)) from exc
     except ModuleNotFoundError as exc:  # --out's writers: pyarrow, plotly, matplotlib
         named = extra_missing(exc, "spark", "bus history --out")
