@@ -254,7 +254,7 @@ def kill_when(process: subprocess.Popen, lake: Path, moved: Callable[[set[str]],
     before = progress(lake)
     try:
         wait_until(lambda: moved(progress(lake) - before) or process.poll() is not None,
-                   timeout=300, interval=0.02)
+                   "the job's progress to reach the kill point", timeout=300, interval=0.02)
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
