@@ -19,3 +19,7 @@ class LakeTooNew(LakeError):
                          f" {supported}, the newest this agentbus reads; upgrade agentbus"
                          " or give a new --lake directory")
         self.path, self.found, self.supported = path, found, supported
+
+
+class ServerError(BusError):
+    """The history's Spark Connect server (`bus history serve`) could not be started."""
