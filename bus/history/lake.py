@@ -92,10 +92,11 @@ def open_lake(lake: str | os.PathLike[str]) -> Path:
     if marker.exists():
         check_version(root)
         return root
-    if root.exists() and any(child.name != LOCK_FILE for child in root.iterdir()):
+    # Hidden names are ours (the lock, a marker a killed run left half written).
+    if root.exists() and any(not child.name.startswith(".") for child in root.iterdir()):
         raise LakeError(f"{root} is not a history lake (it has no {LAKE_FILE}) and is not"
                         " empty; give --lake a new or empty directory")
-    (root / LANDING).mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
     _write_atomically(marker, json.dumps({"format": "agentbus-history-lake",
                                           "schema_version": LAKE_SCHEMA_VERSION}).encode())
     return root

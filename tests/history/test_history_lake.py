@@ -47,6 +47,7 @@ from bus.history.lake import CHECKPOINT  # noqa: E402
 from bus.history.lake import LAKE_FILE  # noqa: E402
 from bus.history.lake import LANDING  # noqa: E402
 from bus.history.lake import Chunk  # noqa: E402
+from bus.history.lake import open_lake  # noqa: E402
 from bus.history.pipeline import update_lake  # noqa: E402
 
 from tests.support.history_support import QUICK_JVM  # noqa: E402
@@ -405,3 +406,16 @@ def test_duckdb_reads_the_lake_without_agentbus_and_gets_sparks_answers(
         answer = [tuple(row) for row in connection.execute(sql).fetchall()]
         assert answer == full_run["results"][name], name
         assert answer, f"{name} has rows to compare"
+
+
+def test_a_directory_that_is_not_a_lake_is_refused_and_a_half_made_one_is_finished(
+        tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    with pytest.raises(LakeError, match="is not a history lake"):
+        open_lake(taken)
+    half = tmp_path / "half.lake"
+    half.mkdir()
+    (half / f".{LAKE_FILE}.tmp").write_text("{")  # a first run killed mid-write
+    assert json.loads((open_lake(half) / LAKE_FILE).read_text())["schema_version"] == 1
