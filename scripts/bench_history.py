@@ -5,7 +5,15 @@ fresh Python process each, one after the other, in each of --rounds rounds:
 
 - the floor: the same Spark start and the same `extract`, then a plain count,
   which is what any query over the export must at least do;
-- the job: `python -m bus.history.job --query all` (all six queries, as a user runs it).
+- the job: `python -m bus.history.job --query all` (every query, as a user runs it),
+  each round into a new history lake, so every round is a cold run that streams
+  the whole export into the lake before the queries read it;
+- then the incremental run: --increment more messages appended to the export
+  (the generator's longer history with the same seed, whose first N lines are
+  the export), and the job again over the last round's lake, which streams in
+  only what was appended;
+- with --serve, a run through a warm Spark Connect server (`bus history
+  serve`, warmed by a run with nothing new) after as many messages again.
 
 Both include the JVM's start, so the ratio (floor / job) says how much the
 queries add on top of reading the file, whatever the machine's speed. The
@@ -15,7 +23,11 @@ bench_pump.py compares best rounds); each round's figures are shown too.
 The target (issue 19) is a job within twice the floor, a ratio of at least
 0.5, on a quiet machine.
 
+The incremental run is shown beside the best cold run as a ratio (the issue's
+target: at most 0.15).
+
     python scripts/bench_history.py [--messages 1000000] [--rounds 3] [--master local[*]]
+                                    [--increment 10000] [--serve]
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ import orjson
 SCRIPTS = Path(__file__).resolve().parent
 TARGET_SECONDS = 60.0  # the job over 1,000,000 messages on 2 cores
 TARGET_RATIO = 0.5  # floor / job: the job within twice Spark's read-and-count floor
+TARGET_INCREMENTAL = 0.15  # incremental run / cold job, after 10,000 new messages
 _FLOOR_CODE = ("from bus.history.extract import extract;"
                " from bus.history.session import start_spark;"
                " spark = start_spark(quiet=True);"
@@ -41,24 +54,56 @@ _FLOOR_CODE = ("from bus.history.extract import extract;"
 
 
 def history_row(workdir: Path, messages: int, master: str = "local[*]",
-                rounds: int = 3) -> dict:
-    """Wall seconds of the whole job and of Spark's read-and-count floor, best of `rounds`."""
-    export = workdir / "history.jsonl"
+                rounds: int = 3, increment: int = 10_000, serve: bool = False) -> dict:
+    """Wall seconds of the whole job and of Spark's read-and-count floor, best of `rounds`,
+    and of an incremental run after `increment` more messages; with `serve`, of one more
+    through a warm Spark Connect server (`bus history serve`) after as many again."""
+    export, longer = workdir / "history.jsonl", workdir / "longer.jsonl"
     started = time.perf_counter()
-    _run([sys.executable, str(SCRIPTS / "gen_history.py"), "--out", str(export),
-          "-n", str(messages), "--seed", "7"], master)
+    _run([sys.executable, str(SCRIPTS / "gen_history.py"), "--out", str(longer),
+          "-n", str(messages + 2 * increment), "--seed", "7"], master)
     generated = time.perf_counter() - started
+    with longer.open("rb") as source, export.open("wb") as out:
+        out.writelines(line for _, line in zip(range(messages), source))
+        appended = b"".join(line for _, line in zip(range(increment), source))
+        appended_later = source.read()
     # Alternated, so a slow spell of the machine weighs on both alike.
-    timings = [(_floor_seconds(export, messages, master), _job_seconds(export, master))
-               for _ in range(rounds)]
+    lakes = [workdir / f"round-{number}.lake" for number in range(rounds)]
+    timings = [(_floor_seconds(export, messages, master), _job_seconds(export, lake, master))
+               for lake in lakes]
     floor = min(floor for floor, _ in timings)
     job = min(job for _, job in timings)
+    with export.open("ab") as out:
+        out.write(appended)
+    incremental = _job_seconds(export, lakes[-1], master)
+    warm = _warm_seconds(workdir, export, lakes[-1], appended_later, master) if serve else None
     return {"case": "Spark history job, all queries", "messages": messages, "master": master,
             "generate_s": round(generated, 1), "floor_s": round(floor, 1),
             "job_s": round(job, 1), "ratio": round(floor / job, 3),
+            "increment": increment, "incremental_s": round(incremental, 1),
+            "incremental_ratio": round(incremental / job, 3),
+            **({"warm_incremental_s": round(warm, 1), "warm_ratio": round(warm / job, 3)}
+               if warm is not None else {}),
             "rounds": [{"floor_s": round(floor, 1), "job_s": round(job, 1)}
                        for floor, job in timings],
             "target_s": TARGET_SECONDS if messages == 1_000_000 else None}
+
+
+def _warm_seconds(workdir: Path, export: Path, lake: Path, appended: bytes,
+                  master: str) -> float:
+    """A run through a warm server after `appended` more lines: the server started, a first
+    run over it with nothing new (the warm-up a long-lived server has had), then the one
+    timed; the server stopped after."""
+    bus = [sys.executable, "-m", "bus.cli", "--db", str(workdir / "bus.db"), "history"]
+    run = [*bus, "--export", str(export), "--lake", str(lake), "--query", "all", "--json"]
+    _run([*bus, "serve"], master)
+    try:
+        _run(run, master)
+        with export.open("ab") as out:
+            out.write(appended)
+        return _timed(run, master)[0]
+    finally:
+        _run([*bus, "serve", "--stop"], master)
 
 
 def _floor_seconds(export: Path, messages: int, master: str) -> float:
@@ -69,9 +114,9 @@ def _floor_seconds(export: Path, messages: int, master: str) -> float:
     return seconds
 
 
-def _job_seconds(export: Path, master: str) -> float:
+def _job_seconds(export: Path, lake: Path, master: str) -> float:
     seconds, _ = _timed([sys.executable, "-m", "bus.history.job", "--export", str(export),
-                         "--query", "all", "--format", "json"], master)
+                         "--lake", str(lake), "--query", "all", "--format", "json"], master)
     return seconds
 
 
@@ -101,6 +146,13 @@ def print_row(row: dict) -> None:
           f" {len(row['rounds'])}: job {row['job_s']:.1f} s{verdict}; read-and-count floor"
           f" {row['floor_s']:.1f} s (ratio {row['ratio']:.2f}, target >= {TARGET_RATIO}:"
           f" {ratio}); generating the export took {row['generate_s']:.1f} s")
+    print(f"incremental run after {row['increment']:,} more messages:"
+          f" {row['incremental_s']:.1f} s, {row['incremental_ratio']:.2f} of the cold job"
+          f" (target <= {TARGET_INCREMENTAL}:"
+          f" {'ok' if row['incremental_ratio'] <= TARGET_INCREMENTAL else 'ABOVE'})")
+    if "warm_incremental_s" in row:
+        print(f"the same through a warm `bus history serve`: {row['warm_incremental_s']:.1f} s,"
+              f" {row['warm_ratio']:.2f} of the cold job")
 
 
 def _positive(text: str) -> int:
@@ -116,12 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--rounds", type=_positive, default=3,
                         help="floor and job runs, alternated; the best of each counts")
+    parser.add_argument("--increment", type=_positive, default=10_000,
+                        help="messages appended before the incremental run")
+    parser.add_argument("--serve", action="store_true",
+                        help="also time an incremental run through a warm Spark Connect server")
     parser.add_argument("--dir", type=Path, help="where to put the export (default: a temp dir)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="agentbus-bench-history-", dir=args.dir))
     try:
-        row = history_row(workdir, args.messages, args.master, args.rounds)
+        row = history_row(workdir, args.messages, args.master, args.rounds, args.increment,
+                          args.serve)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if args.json:

@@ -30,6 +30,13 @@ from bus.cli.output import echo_json
 from bus.history import QUERY_NAMES
 from bus.history import STUCK_AFTER_SECONDS
 from bus.history import job_path
+from bus.history.errors import ServerError
+from bus.history.serve import ServerState
+from bus.history.serve import live_server
+from bus.history.serve import read_state
+from bus.history.serve import start_server
+from bus.history.serve import state_path
+from bus.history.serve import stop_server
 from bus.history.report import Output
 from bus.history.report import output_problem
 
@@ -88,10 +95,13 @@ def _export_with_progress(exporter) -> int:
 # --- bus history --------------------------------------------------------------
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option("--export", "export_path", type=click.Path(),
               help="Export JSONL file or date-partitioned directory"
                    " (default: where `bus export` writes).")
+@click.option("--lake", type=click.Path(file_okay=False),
+              help="The history lake the export streams into, and the queries read"
+                   " (default: beside the export: bus.jsonl -> bus.lake).")
 @click.option("--query", default="all", show_default=True,
               type=click.Choice([*QUERY_NAMES, "all"]), help="Which query to run.")
 @click.option("--full", is_flag=True, help="Every row of each query, not the summary.")
@@ -112,16 +122,19 @@ def _export_with_progress(exporter) -> int:
               help="Print the path of the job's file, for spark-submit, and run nothing"
                    " (needs neither PySpark nor Java).")
 @pass_bus_context
-def history(obj: BusContext, export_path: str | None, query: str, full: bool, as_json: bool,
+def history(obj: BusContext, export_path: str | None, lake: str | None, query: str, full: bool,
+            as_json: bool,
             as_csv: bool, out_dir: str | None, png: bool, strict: bool,
             stuck_after_seconds: float, limit: int | None, show_job_path: bool) -> None:
-    """Message volume, task lifecycles, reply latency, silences and dead tasks, by Spark.
+    """History by Spark: volume, lifecycles, latency, silences, dead tasks, lead times.
 
-    Prints a summary (totals and the top rows of each query); --full for
-    every row. Runs in this process on local[*] (SPARK_MASTER to change
-    it); needs PySpark and Java 17+ (`pip install 'agentbus[spark]'`). The
-    same job runs on a cluster with `spark-submit "$(bus history
-    --job-path)" --export PATH` (docs/spark.md).
+    Streams what the export gained since the last run into the history lake
+    (Parquet tables any engine reads, docs/history.md), then queries it:
+    also time blocked and throughput per agent. Prints a summary (totals and
+    the top rows of each query); --full for every row. Runs in this process
+    on local[*] (SPARK_MASTER to change it); needs PySpark and Java 17+
+    (`pip install 'agentbus[spark]'`). The same job runs on a cluster with
+    `spark-submit "$(bus history --job-path)" --export PATH` (docs/spark.md).
 
     \b
     Example:
@@ -130,7 +143,10 @@ def history(obj: BusContext, export_path: str | None, query: str, full: bool, as
       bus history --export history/ --query threads --json
       bus history --out report/ --png     # then open report/report.html
       bus history --job-path              # the file to give spark-submit
+      bus history serve                   # a warm Spark for the runs that follow
     """
+    if click.get_current_context().invoked_subcommand:  # `bus history serve`: that runs
+        return
     if show_job_path:  # before anything that needs the extra, the export or the bus
         path = str(job_path())
         click.echo(orjson.dumps({"job_path": path}).decode() if as_json or obj.as_json else path)
@@ -145,7 +161,8 @@ def history(obj: BusContext, export_path: str | None, query: str, full: bool, as
     require_java()
     path = resolve_export(obj, export_path)
     output = Output(fmt, full, limit, out_dir=out_dir, png=png)
-    seen = run_job(job, path, query, output, stuck_after_seconds, strict)
+    seen = run_job(job, path, query, output, stuck_after_seconds, strict, lake,
+                   live_server(obj.db))
     if seen.malformed:
         click.echo(seen.malformed_note(), err=True)
     if out_dir:
@@ -189,27 +206,31 @@ def resolve_export(obj: BusContext, export_path: str | None) -> str:
 
 
 def run_job(job: ModuleType, path: str, query: str, output: Any,
-            stuck_after_seconds: float, strict: bool) -> Any:
-    """Run the job in this process; its Overview of the export."""
+            stuck_after_seconds: float, strict: bool, lake: str | None = None,
+            server: ServerState | None = None) -> Any:
+    """Update the lake and run the queries, on the warm server when one runs (else in this
+    process); its Overview of the export."""
     from py4j.protocol import Py4JError  # only now: pyspark is known to be there
     from pyspark.errors import PySparkException
 
+    from bus.history.errors import LakeError
     from bus.history.extract import MalformedExport
     from bus.history.queries import Options
     from bus.history.queries import query_names
     from bus.history.session import SparkStartError
+    from bus.history.session import connect_spark
     from bus.history.session import start_spark
 
     try:
-        spark = start_spark(quiet=True)
+        spark = connect_spark(server.url) if server else start_spark(quiet=True)
     except SparkStartError as exc:
         raise click.ClickException(f"Spark could not start Java (it needs Java 17 or newer):"
                                    f"\n{exc}") from exc
     options = Options(stuck_after_seconds=stuck_after_seconds)
     try:
         return job.run(spark, path, query_names(query), output, options, out=sys.stdout,
-                       strict=strict)
-    except MalformedExport as exc:
+                       strict=strict, lake=lake)
+    except (MalformedExport, LakeError) as exc:
         raise click.ClickException(str(exc)) from exc
     except ModuleNotFoundError as exc:  # --out's writers: pyarrow, plotly, matplotlib
         named = extra_missing(exc, "spark", "bus history --out")
@@ -226,6 +247,55 @@ def run_job(job: ModuleType, path: str, query: str, output: Any,
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+@history.command("serve")
+@click.option("--stop", is_flag=True, help="Stop the running server.")
+@click.option("--status", is_flag=True, help="Say whether a server runs, and where.")
+@json_option
+@pass_bus_context
+def serve(obj: BusContext, stop: bool, status: bool, as_json: bool) -> None:
+    """Start (or stop) a warm Spark for `bus history`: a Spark Connect server on 127.0.0.1.
+
+    While it runs, `bus history` connects to it (sc://127.0.0.1:PORT) instead of
+    starting a JVM of its own. It runs in the background until --stop; its
+    pid and port are kept beside the bus file, and a stale record (the
+    process gone) is noticed and removed.
+
+    \b
+    Example:
+      bus history serve && bus history && bus history --query lifecycle
+      bus history serve --status
+      bus history serve --stop
+    """
+    as_json = as_json or obj.as_json
+    if stop or status:
+        recorded = read_state(obj.db)
+        state = stop_server(obj.db) if stop else live_server(obj.db)
+        stale = recorded is not None and state is None and not stop
+        _say(as_json, {"running": bool(state) and not stop, "stale_removed": stale,
+                       **({"pid": state.pid, "url": state.url} if state else {})},
+             (f"stopped the server at {state.url} (pid {state.pid})" if stop else
+              f"running at {state.url} (pid {state.pid})") if state else
+             "a stale server record (its process is gone) was removed" if stale else
+             "no server runs")
+        return
+    load_job()  # the extra and Java, named as for a run
+    require_java()
+    import pyspark
+
+    try:
+        state, started = start_server(obj.db, os.path.dirname(pyspark.__file__))
+    except ServerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _say(as_json, {"running": True, "started": started, "pid": state.pid, "url": state.url,
+                   "state": str(state_path(obj.db))},
+         f"{'started' if started else 'already running:'} Spark Connect at {state.url}"
+         f" (pid {state.pid}); stop it with `bus history serve --stop`")
+
+
+def _say(as_json: bool, fields: dict[str, Any], text: str) -> None:
+    click.echo(orjson.dumps(fields).decode() if as_json else text)
 
 
 COMMANDS = [export, history]

@@ -23,6 +23,8 @@ from bus.history.report import Overview
 HEARTBEAT_TYPE = "heartbeat"
 # What the bus publishes when a holder's lease ends without a state change.
 HOLD_ENDING_TYPES = ("task_released", "task_reclaimed", "task_dead")
+# The task graph's own messages about a task (bus/coordination/tasks.py, heartbeats.py).
+TASK_EVENT_TYPES = ("task_blocked", "task_progress", "task_done", "task_cancelled")
 PART_GLOB = "*.jsonl"  # the exporter's part files; anything else in the directory is not read
 CORRUPT_COLUMN = "_corrupt_record"
 
@@ -53,7 +55,8 @@ READ_SCHEMA = T.StructType([*EXPORT_SCHEMA.fields, T.StructField(CORRUPT_COLUMN,
 # (heartbeats, progress...) carry no field any query reads.
 PAYLOAD_FIELDS = {
     "to": ("state_change",),
-    **dict.fromkeys(("task", "agent", "last_holder", "previous_holder", "new_holder",
+    "task": (*HOLD_ENDING_TYPES, *TASK_EVENT_TYPES),
+    **dict.fromkeys(("agent", "last_holder", "previous_holder", "new_holder",
                      "attempt", "reason"), HOLD_ENDING_TYPES),
 }
 # What compute caches of read_export's rows: the columns the overview and the
@@ -126,6 +129,8 @@ def with_payload_fields(frame: DataFrame) -> DataFrame:
     """
     if "payload" not in frame.columns:
         return frame
+    if all(f"payload_{name}" in frame.columns for name in PAYLOAD_FIELDS):
+        return frame.drop("payload")  # pulled out already (the lake's rows keep the text too)
     kind = F.col("type")
     fields = [F.when(kind.isin(*types), F.get_json_object("payload", f"$.{name}"))
               .alias(f"payload_{name}") for name, types in PAYLOAD_FIELDS.items()]

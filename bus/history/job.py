@@ -1,15 +1,18 @@
 """The Spark history job over the agentbus JSONL export: the driver, and its command line.
 
-    spark-submit --master spark://host:7077 "$(bus history --job-path)" --export hdfs:///bus/
+    spark-submit --master spark://host:7077 "$(bus history --job-path)" --export /shared/bus/
     python -m bus.history.job --export .worker-state/bus.jsonl --format json
     bus history --query lifecycle        # the same job, from the `bus` command
 
-The job is extract (bus.history.extract: read the export with an explicit
-schema, total it), transform (bus.history.queries: one pure DataFrame ->
-DataFrame function per query) and load (bus.history.report: print a table,
-JSON lines or CSV; with --out, Parquet, CSV, report.html and PNGs). The
-export is one JSONL file or a directory of them (`date=YYYY-MM-DD/part-*.jsonl`,
-read recursively).
+The job first brings the history lake up to date (bus.history.pipeline: a
+Structured Streaming query over what the export gained since the last run,
+into partitioned Parquet tables), then queries the lake: the overview
+(bus.history.extract's survey), the transforms (bus.history.queries: one pure
+DataFrame -> DataFrame function per query) and the load (bus.history.report:
+print a table, JSON lines or CSV; with --out, Parquet, CSV, report.html and
+PNGs). The export is one JSONL file or a directory of them
+(`date=YYYY-MM-DD/part-*.jsonl`); it and the lake are local paths (on a
+cluster, a file system every node mounts at the same place).
 
 This file is what spark-submit runs (`bus history --job-path` prints its
 path): the driver imports bus.history from the installed agentbus; the
@@ -22,19 +25,25 @@ from __future__ import annotations
 import argparse
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 from typing import TextIO
 
 from pyspark.sql import DataFrame
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from bus.history.extract import CACHED_COLUMNS
+from bus.history.extract import PAYLOAD_FIELDS
 from bus.history.extract import MalformedExport
-from bus.history.extract import read_export
 from bus.history.extract import survey
 from bus.history.extract import to_messages
-from bus.history.extract import with_payload_fields
+from bus.history.errors import LakeError
+from bus.history.lake import check_version
+from bus.history.lake import default_lake
+from bus.history.pipeline import read_table
+from bus.history.pipeline import update_lake
 from bus.history.queries import MAX_SILENCE_TOP
 from bus.history.queries import QUERIES
 from bus.history.queries import SILENCE_TOP
@@ -54,13 +63,16 @@ from bus.history.session import start_spark
 
 def run(spark: SparkSession, export: str, names: Sequence[str],
         output: Output = Output(), options: Options = Options(), out: TextIO | None = None,
-        strict: bool = False) -> Overview:
-    """Read the export once, run each named query once, show the results.
+        strict: bool = False, lake: str | None = None,
+        files_per_batch: int | None = None) -> Overview:
+    """Bring the lake up to date with the export, run each named query once over it,
+    show the results.
 
-    Raises MalformedExport when `strict` and a line is not an export record;
-    otherwise such lines are left out and counted in the returned Overview.
+    The lake defaults to one beside the export (lake.default_lake). Raises
+    MalformedExport when `strict` and a line is not an export record;
+    otherwise such lines are quarantined and counted in the returned Overview.
     """
-    seen, results = compute(spark, export, names, options, strict)
+    seen, results = compute(spark, export, names, options, strict, lake, files_per_batch)
     show(seen, results, output, out or sys.stdout)
     if output.out_dir:
         write_report(seen, results, export, Path(output.out_dir), output.png)
@@ -68,26 +80,60 @@ def run(spark: SparkSession, export: str, names: Sequence[str],
 
 
 def compute(spark: SparkSession, export: str, names: Sequence[str], options: Options,
-            strict: bool = False) -> tuple[Overview, list[Result]]:
-    """The overview and each query's rows, in the order of `names`.
+            strict: bool = False, lake: str | None = None,
+            files_per_batch: int | None = None) -> tuple[Overview, list[Result]]:
+    """The overview and each query's rows, in the order of `names`, after the lake takes
+    in what the export gained."""
+    root = update_lake(spark, export, lake or default_lake(export), files_per_batch)
+    return compute_lake(spark, root, names, options, strict, export)
+
+
+def compute_lake(spark: SparkSession, lake: str | Path, names: Sequence[str],
+                 options: Options, strict: bool = False,
+                 export: str | None = None) -> tuple[Overview, list[Result]]:
+    """The overview and each query's rows over the lake as it is.
 
     The queries are submitted side by side (Spark runs jobs from several
     threads at once): a query's small stages and its driver-side planning
-    leave cores idle that another query's tasks then use.
+    leave cores idle that another query's tasks then use. `export` names the
+    export in the place of a quarantined line (FILE:LINE).
     """
-    # Parsed once for the overview and every query, and only what they read.
-    raw = with_payload_fields(read_export(spark, export).select(*CACHED_COLUMNS)).persist()
+    check_version(Path(lake))
+    # Read once for the overview and every query, and only what they read.
+    raw = lake_records(spark, lake).persist()
     try:
         seen, known = survey(spark, raw)
+        seen = with_quarantine(seen, read_table(spark, lake, "quarantine"), export)
         if strict and seen.malformed:
             raise MalformedExport(f"{seen.malformed_note('in the export')}; --strict stops"
-                                  " at any (without it they are skipped and counted)")
-        messages = to_messages(raw)
+                                  " at any (without it they are quarantined and counted)")
+        tables = {"messages": to_messages(raw), "tasks": read_table(spark, lake, "tasks")}
         with ThreadPoolExecutor(QUERY_THREADS) as pool:
             return seen, list(pool.map(
-                lambda name: collect(name, QUERIES[name].run(messages, options, known)), names))
+                lambda name: collect(name, QUERIES[name].run(tables[QUERIES[name].table],
+                                                             options, known)), names))
     finally:
         raw.unpersist()
+
+
+def lake_records(spark: SparkSession, lake: str | Path) -> DataFrame:
+    """The lake's messages as read_export gives the export's (CACHED_COLUMNS, the payload
+    as its pulled-out fields), for survey and to_messages."""
+    payload_fields = [f"payload_{name}" for name in PAYLOAD_FIELDS]
+    columns = [F.col("from_agent").alias("from") if name == "from" else name
+               for name in CACHED_COLUMNS if name not in ("payload", "bad_file")]
+    return (read_table(spark, lake, "messages")
+            .select(*columns, *payload_fields, F.lit(None).cast("string").alias("bad_file")))
+
+
+def with_quarantine(seen: Overview, quarantine: DataFrame, export: str | None) -> Overview:
+    """The overview with the quarantined lines counted, and the first located."""
+    first = quarantine.orderBy("source", F.col("line").asc_nulls_last(), "offset").first()
+    if first is None:
+        return seen
+    where = str(Path(export) / first.source) if export and first.source else export or first.chunk
+    return replace(seen, malformed=quarantine.count(),
+                   first_malformed=f"{where}:{first.line if first.line is not None else '?'}")
 
 
 def collect(name: str, result: DataFrame) -> Result:
@@ -107,6 +153,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="History queries over the agentbus export.")
     parser.add_argument("--export", required=True,
                         help="export JSONL file or directory (date=YYYY-MM-DD/part-*.jsonl)")
+    parser.add_argument("--lake", help="the history lake to update and query"
+                                       " (default: beside the export, e.g. bus.lake)")
+    parser.add_argument("--files-per-batch", type=int,
+                        help="at most this many new landing files per micro-batch (default: all)")
     parser.add_argument("--query", default="all", choices=[*QUERIES, "all"])
     parser.add_argument("--format", default="table", choices=["table", "json", "csv"],
                         help="table: a summary (every row with --full); json, csv: every row")
@@ -143,8 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = Output(args.format, args.full, args.limit, out_dir=args.out, png=args.png)
     try:
         seen = run(spark, args.export, query_names(args.query), output,
-                   Options(args.stuck_after_seconds, args.silence_top), strict=args.strict)
-    except MalformedExport as exc:
+                   Options(args.stuck_after_seconds, args.silence_top), strict=args.strict,
+                   lake=args.lake, files_per_batch=args.files_per_batch)
+    except (MalformedExport, LakeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:

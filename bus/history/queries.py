@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 from bus.history import STUCK_AFTER_SECONDS
 from bus.history.extract import HEARTBEAT_TYPE
 from bus.history.extract import HOLD_ENDING_TYPES
+from bus.history.extract import TASK_EVENT_TYPES
 from bus.history.extract import Known
 from bus.history.extract import with_payload_fields
 from bus.coordination.worker_table import TERMINAL_STATES
@@ -224,6 +225,74 @@ def dead_tasks(messages: DataFrame) -> DataFrame:
             .transform(ordered, "last_at", "task"))
 
 
+# --- over the lake's tasks table (bus.history.pipeline.tasks_table) ---------------------
+
+TASK_END_EVENTS = ("task_done", "task_cancelled")
+
+
+def task_events(messages: DataFrame, *extra: str) -> DataFrame:
+    """Every message about a task's progress: state changes, the task graph's events and
+    the bus's hold ends, as (task, event, agent, state, ts_ms, seq, *extra) rows; the task
+    is the payload's `task`, else the correlation id. The lake's tasks table."""
+    kind = F.col("type")
+    about_tasks = kind.isin("state_change", *TASK_EVENT_TYPES, *HOLD_ENDING_TYPES)
+    return (with_payload_fields(messages).where(about_tasks)
+            .select(F.coalesce(_field("task"), F.col("correlation_id")).alias("task"),
+                    kind.alias("event"), F.col("from_agent").alias("agent"),
+                    F.when(kind == "state_change", _field("to")).alias("state"),
+                    "ts_ms", "seq", *extra)
+            .where(F.col("task").isNotNull()))
+
+
+def lead_time(tasks: DataFrame) -> DataFrame:
+    """Per task: from its first event to its end (task_done, task_cancelled, or a terminal
+    state of its worker, whichever comes first); `ended` and `lead_s` null while it is open."""
+    kind, state = F.col("event"), F.col("state")
+    ending = kind.isin(*TASK_END_EVENTS) | state.isin(*sorted(TERMINAL_STATES))
+    outcome = F.when(kind == "task_done", "done").when(kind == "task_cancelled", "cancelled") \
+        .otherwise(F.lower(state))
+    first_end = F.min_by(F.struct("ts_ms", outcome.alias("outcome")),
+                         F.when(ending, F.struct("ts_ms", "seq")))
+    return (tasks.groupBy("task")
+            .agg(F.min("ts_ms").alias("start_ms"), first_end.alias("end"),
+                 F.count(F.lit(1)).alias("events"))
+            .select("task", _iso("start_ms").alias("started"), _iso("end.ts_ms").alias("ended"),
+                    ((F.col("end.ts_ms") - F.col("start_ms")) / 1000.0).alias("lead_s"),
+                    F.col("end.outcome").alias("outcome"), "events")
+            .transform(ordered, "started", "task"))
+
+
+def blocked(tasks: DataFrame) -> DataFrame:
+    """Per task and agent: the spells it was blocked (from a task_blocked to the task's next
+    event of another kind), their total seconds, and whether one is still open."""
+    in_order = Window.partitionBy("task").orderBy("ts_ms", "seq")
+    after = in_order.rowsBetween(1, Window.unboundedFollowing)
+    is_blocked = F.col("event") == "task_blocked"
+    spells = (tasks
+              .withColumn("resumed_ms", F.min(F.when(~is_blocked, F.col("ts_ms"))).over(after))
+              .withColumn("before", F.lag("event").over(in_order))
+              # A spell starts at a task_blocked the event before it did not already start.
+              .where(is_blocked & (F.col("before").isNull() | (F.col("before") != "task_blocked")))
+              .withColumn("seconds", (F.col("resumed_ms") - F.col("ts_ms")) / 1000.0))
+    return (spells.groupBy("task", "agent")
+            .agg(F.count(F.lit(1)).alias("spells"),
+                 F.round(F.coalesce(F.sum("seconds"), F.lit(0.0)), 3).alias("blocked_s"),
+                 F.max(F.col("resumed_ms").isNull()).alias("still_blocked"),
+                 F.min("ts_ms").alias("first_ms"))
+            .select("task", "agent", "spells", "blocked_s", "still_blocked",
+                    _iso("first_ms").alias("first_blocked"))
+            .transform(ordered, F.desc("blocked_s"), "task", "agent"))
+
+
+def throughput(tasks: DataFrame) -> DataFrame:
+    """Tasks each agent finished (task_done) per UTC day."""
+    done = tasks.where(F.col("event") == "task_done")
+    day = F.date_format(F.timestamp_millis("ts_ms"), "yyyy-MM-dd")
+    return (done.groupBy(F.col("agent"), day.alias("day"))
+            .agg(F.countDistinct("task").alias("done"))
+            .transform(ordered, "day", "agent"))
+
+
 def ordered(result: DataFrame, *keys: str | Column) -> DataFrame:
     """`result` sorted by `keys` in one partition: for the small results of the queries.
 
@@ -266,9 +335,13 @@ class Query:
     transform: Callable[[DataFrame, Options, Known], DataFrame]
     title: str
     times: tuple[str, ...] = ()  # the result's time columns (ISO text: HOUR_FORMAT or ISO_FORMAT)
+    table: str = "messages"  # the lake table it reads (bus.history.pipeline.TABLE_SCHEMAS)
 
-    def run(self, messages: DataFrame, options: Options, known: Known = Known()) -> DataFrame:
-        return self.transform(messages, options, known)
+    def run(self, frame: DataFrame, options: Options, known: Known = Known()) -> DataFrame:
+        """The query over its table; a tasks query given the messages derives the table."""
+        if self.table == "tasks" and "event" not in frame.columns:
+            frame = task_events(frame)
+        return self.transform(frame, options, known)
 
 
 QUERIES: dict[str, Query] = {
@@ -281,6 +354,12 @@ QUERIES: dict[str, Query] = {
                      "longest silences per agent", ("start", "end")),
     "dead_tasks": Query(lambda m, o, k: dead_tasks(m),
                         "tasks released, taken over (reclaimed) or declared dead", ("last_at",)),
+    "lead_time": Query(lambda t, o, k: lead_time(t), "lead time per task (seconds)",
+                       ("started", "ended"), table="tasks"),
+    "blocked": Query(lambda t, o, k: blocked(t), "time blocked per task and agent (seconds)",
+                     ("first_blocked",), table="tasks"),
+    "throughput": Query(lambda t, o, k: throughput(t), "tasks done per agent and UTC day",
+                        table="tasks"),
 }
 
 

@@ -55,6 +55,17 @@ def start_spark(quiet: bool = False) -> SparkSession:
     return spark
 
 
+def connect_spark(url: str) -> SparkSession:
+    """A Spark Connect session on the server at `url` (sc://HOST:PORT), in UTC.
+
+    The server (`bus history serve`) keeps its JVM and its settings; the
+    session's time zone is set here, as start_spark sets a local one's.
+    """
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    return spark
+
+
 def tune_for_one_machine(spark: SparkSession) -> None:
     """On a local master, SQL settings that suit one small machine (unless set already).
 

@@ -309,6 +309,7 @@ RAISED_ABOVE = {
                         "OobKeyError", "Backpressure"),
     "bus.replica.errors": ("LitestreamMissing", "ReplicaUrlInvalid", "SyncIntervalInvalid",
                            "RestoreTargetExists", "RestoreFailed"),
+    "bus.history.errors": ("LakeError", "LakeTooNew", "ServerError"),
     "bus.mirror.errors": ("NatsUrlInvalid", "NatsUnreachable", "JetStreamUnavailable",
                           "StreamMismatch", "SubjectsTaken", "StreamOfAnotherBus",
                           "ImportSubjectsInvalid"),

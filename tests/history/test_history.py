@@ -503,7 +503,9 @@ def test_run_all_queries_as_json_lines_names_each_query(
     job.run(spark, str(real_export["export"]), queries.query_names("all"), report.Output("json"),
             out=out)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert {line["query"] for line in lines} == set(queries.QUERIES)
+    # Every query with rows but those of the task graph's own events, which this bus has not
+    # (tests/history/test_history_lake.py runs them over a bus that has).
+    assert {line["query"] for line in lines} == set(queries.QUERIES) - {"blocked", "throughput"}
     assert {"query": "dead_tasks", "task": "t9", "released": 0, "reclaimed": 0, "dead": True,
             "agents": "w9",
             "last_event": "task_dead", "last_reason": real_export["dead_reason"],

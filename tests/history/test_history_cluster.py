@@ -3,8 +3,8 @@
 Both start from the installed pyspark (`spark-class ... Master` / `Worker`,
 as docs/spark.md says), the job's file, found with `bus history
 --job-path`, goes in with `spark-submit --master spark://127.0.0.1:PORT`
-and its JSON lines must equal local mode's; then both processes are
-stopped. Slow: three JVMs on a small machine.
+streams the export into a lake of its own and queries it, and its JSON
+lines must equal local mode's; then both processes are stopped. Slow: three JVMs on a small machine.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
     pytest.skip("Spark needs Java (no java on PATH, no JAVA_HOME)", allow_module_level=True)
 
 import io  # noqa: E402
+
+import pyarrow.dataset as ds  # noqa: E402
 
 from bus.history import job  # noqa: E402
 from bus.history import queries  # noqa: E402
@@ -122,14 +124,19 @@ def test_spark_submit_to_a_standalone_cluster_gives_local_modes_results(
          "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m",
          "--conf", "spark.cores.max=1", "--driver-memory", "512m",
          "--driver-java-options", QUICK_JVM,
-         str(job_file), "--export", str(export),
+         str(job_file), "--export", str(export), "--lake", str(tmp_path / "cluster.lake"),
          "--format", "json", "--stuck-after-seconds", "300"],
         env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     assert " INFO " not in submitted.stderr  # Spark's INFO lines are off by default
-    local = io.StringIO()
+    # The cluster's executors streamed the export into the lake: every message once.
+    ids = ds.dataset(tmp_path / "cluster.lake" / "messages", format="parquet",
+                     partitioning="hive").to_table().column("id").to_pylist()
+    assert len(ids) == len(set(ids)) == 3000
+    local = io.StringIO()  # a lake of its own, beside the export
     job.run(spark, str(export), queries.query_names("all"), report.Output("json"),
             queries.Options(stuck_after_seconds=300), out=local)
     on_cluster = [json.loads(line) for line in submitted.stdout.splitlines()]
     assert on_cluster == [json.loads(line) for line in local.getvalue().splitlines()]
-    assert {row["query"] for row in on_cluster} == set(queries.QUERIES)  # each has rows
+    # Each has rows but `blocked`: the generator's workers never report being blocked.
+    assert {row["query"] for row in on_cluster} == set(queries.QUERIES) - {"blocked"}

@@ -1,0 +1,223 @@
+"""The streaming pipeline: the export's new lines into the lake's Parquet tables.
+
+    update_lake(spark, "bus.jsonl", "bus.lake")   # land new bytes, then stream them in
+
+Each run lands what the export gained (bus.history.lake), then runs a
+Structured Streaming query over the landing directory: the text file source
+(each line parsed with the export's explicit schema), `trigger(availableNow)`
+so it processes what is there and stops, and a checkpoint in the lake. The
+file source remembers every chunk it has read, so a run reads only the new
+ones.
+
+Each micro-batch writes every table in foreachBatch (write_batch). Exactly
+once comes from the checkpoint and an idempotent write: the stream records a
+batch's files (offsets/N) before running it and its end (commits/N) after,
+and a run killed in between runs batch N again over the same files. Every
+table is partitioned by (day, batch_id) and written with dynamic partition
+overwrite, so the replay replaces the partitions of batch N a killed run
+left, whole or in part, instead of adding to them.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from urllib.parse import unquote
+from urllib.parse import urlparse
+
+from pyspark.sql import Column
+from pyspark.sql import DataFrame
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from bus.history.extract import EXPORT_SCHEMA
+from bus.history.extract import HOLD_ENDING_TYPES
+from bus.history.extract import PAYLOAD_FIELDS
+from bus.history.extract import with_payload_fields
+from bus.history.lake import CHECKPOINT
+from bus.history.lake import Chunk
+from bus.history.lake import LANDING
+from bus.history.lake import land
+from bus.history.lake import lake_lock
+from bus.history.lake import locate_lines
+from bus.history.lake import open_lake
+from bus.history.lake import remove_leftovers
+from bus.history.queries import task_events
+
+DAY_MS = 86_400_000
+STATE_CHANGE = "state_change"
+
+_TIME = [T.StructField("ts", T.TimestampType()), T.StructField("ts_ms", T.LongType()),
+         T.StructField("seq", T.LongType())]
+_PARTITION = [T.StructField("day", T.DateType()), T.StructField("batch_id", T.LongType())]
+# The lake's tables (docs/history.md describes each column), partition columns last.
+TABLE_SCHEMAS: dict[str, T.StructType] = {
+    "messages": T.StructType([
+        T.StructField("seq", T.LongType()), T.StructField("id", T.StringType()),
+        T.StructField("ts", T.TimestampType()), T.StructField("ts_ms", T.LongType()),
+        *[T.StructField(name, T.StringType()) for name in (
+            "from_agent", "to_agent", "type", "correlation_id", "in_reply_to", "payload_ref",
+            "payload")],
+        *[T.StructField(f"payload_{name}", T.StringType()) for name in PAYLOAD_FIELDS],
+        *_PARTITION]),
+    "worker_states": T.StructType([
+        *[T.StructField(name, T.StringType()) for name in ("worker", "task", "state")],
+        *_TIME, *_PARTITION]),
+    "claims": T.StructType([
+        *[T.StructField(name, T.StringType()) for name in ("task", "event", "holder",
+                                                           "new_holder")],
+        T.StructField("attempt", T.LongType()), T.StructField("reason", T.StringType()),
+        *_TIME, *_PARTITION]),
+    "tasks": T.StructType([
+        *[T.StructField(name, T.StringType()) for name in ("task", "event", "agent", "state")],
+        *_TIME, *_PARTITION]),
+    "quarantine": T.StructType([
+        T.StructField("source", T.StringType()), T.StructField("line", T.LongType()),
+        T.StructField("offset", T.LongType()), T.StructField("text", T.StringType()),
+        T.StructField("chunk", T.StringType()), T.StructField("batch_id", T.LongType())]),
+}
+
+
+def update_lake(spark: SparkSession, export: str, lake: str,
+                files_per_batch: int | None = None) -> Path:
+    """Bring the lake up to date with the export; the lake's directory.
+
+    `files_per_batch` caps the chunks per micro-batch (default: all new ones
+    in one batch). Raises LakeTooNew for a lake of a newer schema, LakeError
+    for an export the lake no longer matches.
+    """
+    root = open_lake(lake)
+    with lake_lock(root):
+        remove_leftovers(root)
+        land(Path(export).absolute(), root)
+        _parquet_for_every_engine(spark)
+        reader = spark.readStream.format("text")
+        if files_per_batch:
+            reader = reader.option("maxFilesPerTrigger", files_per_batch)
+        stream = (reader.load(str(root / LANDING))
+                  .select("value", F.col("_metadata.file_path").alias("chunk"))
+                  .writeStream.foreachBatch(partial(write_batch, root))
+                  .option("checkpointLocation", str(root / CHECKPOINT))
+                  .trigger(availableNow=True).start())
+        stream.awaitTermination()
+    return root
+
+
+def _parquet_for_every_engine(spark: SparkSession) -> None:
+    """Timestamps as Parquet's own TIMESTAMP(MICROS, UTC), not Spark's legacy INT96."""
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+
+
+def write_batch(root: Path, batch: DataFrame, batch_id: int) -> None:
+    """Write one micro-batch to every table, replacing what an earlier try of it wrote."""
+    parsed = parse_lines(batch).persist()
+    try:
+        records = parsed.where(F.col("seq").isNotNull())
+        for name, derive in DERIVED.items():
+            _write_partitions(derive(records), root / name, batch_id, ("day", "batch_id"))
+        bad = parsed.where(F.col("seq").isNull() & (F.trim("value") != "")).select(
+            "chunk", "value").collect()
+        if bad:
+            quarantined = quarantine_rows(bad, batch_id)
+            frame = batch.sparkSession.createDataFrame(quarantined, TABLE_SCHEMAS["quarantine"])
+            _write_partitions(frame.drop("batch_id"), root / "quarantine", batch_id, ("batch_id",))
+    finally:
+        parsed.unpersist()
+
+
+def parse_lines(batch: DataFrame) -> DataFrame:
+    """Each line parsed with the export's schema (a line that is not a record: seq null),
+    its payload fields pulled out, its time as a UTC timestamp and day."""
+    record = F.from_json("value", EXPORT_SCHEMA, {"mode": "PERMISSIVE"})
+    parsed = (batch.select("value", "chunk", record.alias("r"))
+              .select("value", "chunk", "r.*")
+              .withColumnsRenamed({"from": "from_agent", "to": "to_agent"})
+              .drop("ts"))
+    return (with_payload_fields(parsed.withColumn("payload_kept", F.col("payload")))
+            .withColumnRenamed("payload_kept", "payload")
+            .withColumn("ts", F.timestamp_millis("ts_ms"))
+            # The UTC day by arithmetic: the same whatever the session's time zone.
+            .withColumn("day", F.date_from_unix_date(F.floor(F.col("ts_ms") / DAY_MS).cast("int"))))
+
+
+def messages_table(records: DataFrame) -> DataFrame:
+    return records.select(*_columns("messages"))
+
+
+def worker_states_table(records: DataFrame) -> DataFrame:
+    """Each state a worker's task entered (its state_change messages)."""
+    return (records.where(F.col("type") == STATE_CHANGE)
+            .select(F.col("from_agent").alias("worker"), F.col("correlation_id").alias("task"),
+                    F.col("payload_to").alias("state"), "ts", "ts_ms", "seq", "day"))
+
+
+def claims_table(records: DataFrame) -> DataFrame:
+    """The bus's ends of a hold: released from a dead holder, taken over, declared dead."""
+    kind = F.col("type")
+    return (records.where(kind.isin(*HOLD_ENDING_TYPES))
+            .select(_task().alias("task"), kind.alias("event"),
+                    F.coalesce("payload_agent", "payload_last_holder",
+                               "payload_previous_holder").alias("holder"),
+                    F.col("payload_new_holder").alias("new_holder"),
+                    F.col("payload_attempt").cast("long").alias("attempt"),
+                    F.col("payload_reason").alias("reason"), "ts", "ts_ms", "seq", "day"))
+
+
+def tasks_table(records: DataFrame) -> DataFrame:
+    """Every message about a task's progress (queries.task_events), with its time and day."""
+    return task_events(records, "ts", "day")
+
+
+DERIVED = {"messages": messages_table, "worker_states": worker_states_table,
+           "claims": claims_table, "tasks": tasks_table}
+
+
+def quarantine_rows(bad: list, batch_id: int) -> list[tuple]:
+    """The lines that are not export records, each located in its export file."""
+    by_chunk: dict[str, list[str]] = {}
+    for row in bad:
+        by_chunk.setdefault(row.chunk, []).append(row.value)
+    rows = []
+    for chunk_uri, texts in sorted(by_chunk.items()):
+        chunk_path = Path(_local_path(chunk_uri))
+        source = _source_of(chunk_path)
+        for text, line, offset in locate_lines(chunk_path, texts):
+            rows.append((source, line, offset, text, chunk_path.name, batch_id))
+    return rows
+
+
+def _source_of(chunk_path: Path) -> str:
+    chunk = Chunk.parse(chunk_path.name)
+    return chunk.source if chunk is not None else chunk_path.name
+
+
+def _local_path(uri: str) -> str:
+    return unquote(urlparse(uri).path) if uri.startswith("file:") else uri
+
+
+def _write_partitions(frame: DataFrame, path: Path, batch_id: int,
+                      partitions: tuple[str, ...]) -> None:
+    """Append the batch's rows as its own partitions, replacing those of an earlier try."""
+    (frame.withColumn("batch_id", F.lit(batch_id).cast("long"))
+     .write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+     .partitionBy(*partitions).parquet(str(path)))
+
+
+def _task() -> Column:
+    """The task a message is about: its payload's `task`, else its correlation id."""
+    return F.coalesce(F.col("payload_task"), F.col("correlation_id"))
+
+
+def _columns(table: str) -> list[str]:
+    return [field.name for field in TABLE_SCHEMAS[table].fields if field.name != "batch_id"]
+
+
+def read_table(spark: SparkSession, lake: str | Path, table: str) -> DataFrame:
+    """One of the lake's tables (empty, with its columns, before it has a row)."""
+    path = Path(lake) / table
+    schema = TABLE_SCHEMAS[table]
+    if not path.is_dir() or not any(path.iterdir()):
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(str(path))
+

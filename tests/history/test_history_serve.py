@@ -1,0 +1,92 @@
+"""`bus history serve`: a warm Spark Connect server on 127.0.0.1 that `bus history` uses.
+
+Everything runs through the installed `bus` command in processes of its
+own: the server starts in the background, a run over it must print what a
+run in a JVM of its own prints, and a state file whose process is gone is
+found stale and removed. Slow: two JVMs on a small machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+pytest.importorskip("grpc")  # the Spark Connect client, in the [spark] extra
+if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+    pytest.skip("Spark needs Java (no java on PATH, no JAVA_HOME)", allow_module_level=True)
+
+from bus.history.serve import state_path  # noqa: E402
+
+from tests.support.history_support import QUICK_JVM  # noqa: E402
+from tests.support.history_support import load_script  # noqa: E402
+
+BUS = [sys.executable, "-m", "bus.cli"]  # as the bus_command fixture runs it
+
+
+def bus(*args: str, env: dict[str, str], cwd: Path, timeout: float = 600) -> dict | list:
+    done = subprocess.run([*BUS, *args], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.fixture
+def spark_env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "SPARK_MASTER": "local[1]", "SPARK_LOCAL_DIRS": str(tmp_path),
+            "TMPDIR": str(tmp_path),
+            "PYSPARK_SUBMIT_ARGS": f"--driver-java-options '-Djava.io.tmpdir={tmp_path}"
+                                   f" {QUICK_JVM}' --conf spark.ui.enabled=false pyspark-shell"}
+
+
+@pytest.fixture
+def served(tmp_path: Path, spark_env: dict[str, str]) -> Iterator[Path]:
+    db = tmp_path / "bus.db"
+    started = bus("--db", str(db), "history", "serve", "--json", env=spark_env, cwd=tmp_path)
+    try:
+        yield db
+    finally:
+        bus("--db", str(db), "history", "serve", "--stop", "--json", env=spark_env,
+            cwd=tmp_path)
+        assert not state_path(db).exists()
+        with pytest.raises(ProcessLookupError):
+            os.kill(started[0]["pid"], 0)
+
+
+@pytest.mark.slow
+def test_history_over_the_warm_server_gives_the_report_of_a_cold_run(
+        served: Path, tmp_path: Path, spark_env: dict[str, str]) -> None:
+    export = tmp_path / "bus.jsonl"
+    assert load_script("gen_history").main(["--out", str(export), "-n", "3000", "--seed", "8"]) == 0
+    status = bus("--db", str(served), "history", "serve", "--status", "--json", env=spark_env,
+                 cwd=tmp_path)[0]
+    assert status["running"] and status["url"].startswith("sc://127.0.0.1:")
+    state = json.loads(state_path(served).read_text())
+    assert status["url"] == f"sc://127.0.0.1:{state['port']}"
+    args = ["history", "--export", str(export), "--json", "--stuck-after-seconds", "300"]
+    warm = bus("--db", str(served), *args, "--lake", str(tmp_path / "warm.lake"),
+               env=spark_env, cwd=tmp_path)
+    cold = bus("--db", str(tmp_path / "other.db"), *args, "--lake", str(tmp_path / "cold.lake"),
+               env=spark_env, cwd=tmp_path)
+    assert warm == cold and warm
+    # The server wrote the warm lake: its log names the app, and its files are there.
+    assert (tmp_path / "warm.lake" / "messages").is_dir()
+
+
+def test_a_server_record_whose_process_is_gone_is_stale_and_removed(
+        tmp_path: Path, spark_env: dict[str, str]) -> None:
+    db = tmp_path / "bus.db"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    state_path(db).write_text(json.dumps({"pid": gone.pid, "port": 1}))
+    status = bus("--db", str(db), "history", "serve", "--status", "--json", env=spark_env,
+                 cwd=tmp_path)[0]
+    assert status == {"running": False, "stale_removed": True}
+    assert not state_path(db).exists()
