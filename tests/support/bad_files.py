@@ -183,12 +183,15 @@ def snapshot(directory: Path) -> dict[str, bytes | None]:
 
 
 def command_names() -> list[str]:
-    """Every visible leaf command of `bus` and `worker`, read from the click groups."""
+    """Every visible command of `bus` and `worker` that runs: each leaf, and each group
+    that runs without a subcommand too (`bus history`), read from the click groups."""
     def walk(group: click.Group, prefix: str) -> Iterator[str]:
         for name, command in sorted(group.commands.items()):
             if command.hidden:
                 continue
             if isinstance(command, click.Group):
+                if command.invoke_without_command:
+                    yield f"{prefix} {name}"
                 yield from walk(command, f"{prefix} {name}")
             else:
                 yield f"{prefix} {name}"
@@ -241,6 +244,7 @@ ARGS: dict[str, list[str]] = {
     "bus hook install codex": ["--agent", "a", "--codex-home", "{dir}/codex"],
     "bus inbox": ["--agent", "a"],
     "bus history": [],
+    "bus history serve": ["--status"],  # without it, it would start a Spark server
     "bus init": [],
     "bus mcp": ["--agent", "a", "--list"],
     "bus mirror nats": ["--url", "nats://127.0.0.1:9", "--stream", "BUS", "--until-caught-up"],
@@ -309,6 +313,7 @@ STDIN: dict[str, str] = {
 # Commands that never open the bus file: the kind of file does not matter to them.
 NO_BUS = {
     "bus help": "prints a command's help",
+    "bus history serve": "keeps its server's pid and port beside the file, never opens it",
     "bus hook install claude": "writes .claude/settings.json in --project",
     "bus hook install codex": "writes config.toml in --codex-home",
     "bus hooks install": "writes a git pre-commit hook naming the file, which it never opens",

@@ -355,8 +355,9 @@ def test_plain_payload_is_valid_and_decodes_like_the_tree() -> None:
     """The plain form (a regex over C14N bytes) accepts only what the XSD accepts, and reads it alike."""
     spec = spec_of(Call)
     hits = []
+    examples = scaled_settings(max_examples=1000)
 
-    @scaled_settings(max_examples=1000)
+    @examples
     @given(call_documents())
     def check(data: bytes) -> None:
         parsed = plain_match(data)
@@ -368,7 +369,8 @@ def test_plain_payload_is_valid_and_decodes_like_the_tree() -> None:
         assert spec.decode_plain(found.groups()) == spec.decode(root)
 
     check()
-    assert len(hits) > 200  # the strategy reaches the plain form: the test is not vacuous
+    # the strategy reaches the plain form: the test is not vacuous
+    assert len(hits) > examples.max_examples // 10  # about one in four reaches it
 
 
 @example(Call("", 0, 0.007705337909260689, False, None, ""))  # 18 digits after the point

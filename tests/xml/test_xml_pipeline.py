@@ -284,8 +284,9 @@ XSI = "http://www.w3.org/2001/XMLSchema-instance"
 def test_plain_envelope_is_valid_and_reads_like_the_xsd_path() -> None:
     """plain_fields accepts only envelopes envelope.xsd accepts, and reads them alike."""
     hits = []
+    examples = scaled_settings(max_examples=1000)
 
-    @scaled_settings(max_examples=1000)
+    @examples
     @given(envelopes())
     def check(raw: bytes) -> None:
         try:
@@ -301,7 +302,8 @@ def test_plain_envelope_is_valid_and_reads_like_the_xsd_path() -> None:
         assert fields == (read.sender, read.to, read.thread, read.element)
 
     check()
-    assert len(hits) > 50  # the strategy reaches plain envelopes: the test is not vacuous
+    # the strategy reaches plain envelopes: the test is not vacuous
+    assert len(hits) > examples.max_examples // 40  # about one in ten reaches it
 
 
 @scaled_settings(max_examples=300)
