@@ -14,7 +14,7 @@ before it loads this module (bus/cli/entry.py); the command does the same
 through the same functions, then shows what waits.
 
 `bus mcp`, `bus hook` and `bus inbox` load this module alone (bus/cli/root.py
-ALONE): what it imports at the top is what their clients wait for, so the MCP
+MODULE_OF): what it imports at the top is what their clients wait for, so the MCP
 SDK, the server and the views are imported inside the commands.
 """
 

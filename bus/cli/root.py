@@ -18,9 +18,11 @@ from bus.cli.context import DB_OPTION_NAME
 from bus.cli.context import DEFAULT_DB
 from bus.cli.context import BusContext
 from bus.cli.context import db_option
+from bus.cli.layout import SECTIONS
 from bus.cli.layout import SectionedGroup
 from bus.cli.layout import add_db_after_command
 from bus.cli.layout import add_moved_aliases
+from bus.cli.layout import leaf_commands
 from bus.cli.output import format_message
 
 __all__ = ["main", "format_message"]
@@ -29,16 +31,18 @@ __all__ = ["main", "format_message"]
 # in the order they are registered.
 COMMAND_MODULES = ("log", "coordination", "channels", "pump", "agents", "history", "replication",
                    "admin")
-# Commands that run without loading the rest of the CLI (the pump, XML, views...):
-# a client that spawns them waits for their start (an MCP client for `bus mcp`).
-ALONE = {"mcp": "agents", "hook": "agents", "inbox": "agents"}
+# The module of each command: one module per help section, in SECTIONS' order. A command
+# run by name loads its own module alone, not the rest of the CLI (the pump, lxml, the
+# views...): every `bus` process pays its imports, and an MCP client waits for `bus mcp`'s.
+MODULE_OF = {name: module for (_, names), module in zip(SECTIONS, COMMAND_MODULES)
+             for name in names}
 
 
 class _Root(SectionedGroup):
     """The `bus` group, whose commands are imported when first needed.
 
-    Any use of `commands` (help, completion, another command) loads them all;
-    a command in ALONE is found without the others.
+    Any use of `commands` (help, completion, an old name) loads them all; a command
+    run by its name is found without the others (MODULE_OF).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -57,16 +61,18 @@ class _Root(SectionedGroup):
         self._loaded = dict(value) if value else None  # click's __init__ passes {}
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if self._loaded is None and cmd_name in ALONE:
+        if self._loaded is None and cmd_name in MODULE_OF:
             return _alone(cmd_name)
         return super().get_command(ctx, cmd_name)
 
 
 def _alone(name: str) -> click.Command:
-    module = importlib.import_module(f"bus.cli.{ALONE[name]}")
+    module = importlib.import_module(f"bus.cli.{MODULE_OF[name]}")
     command = next(c for c in module.COMMANDS if c.name == name)
-    if not any(p.name == DB_OPTION_NAME for p in command.params):  # as add_db_after_command
-        command.params.append(db_option())
+    leaves = leaf_commands(command) if isinstance(command, click.Group) else [command]
+    for leaf in leaves:  # as add_db_after_command
+        if not any(p.name == DB_OPTION_NAME for p in leaf.params):
+            leaf.params.append(db_option())
     return command
 
 

@@ -154,3 +154,34 @@ def test_demo_runs_only_current_command_names():
     stale = [(line, name) for line, name in used
              if name not in main.commands or main.commands[name].hidden or name in MOVED]
     assert stale == []
+
+
+# Runs `bus` as `python -m bus.cli` does, then prints the modules the process imported.
+RUN_AND_LIST_MODULES = """
+import runpy, sys
+sys.argv = ["bus", *sys.argv[1:]]
+try:
+    runpy.run_module("bus.cli", run_name="__main__")
+except SystemExit as exit:
+    assert not exit.code, exit.code
+print(*sys.modules, file=sys.stderr)
+"""
+
+
+def imported_modules(*argv: str) -> set[str]:
+    """The modules a real `bus` process imports to run `argv`."""
+    done = subprocess.run([sys.executable, "-c", RUN_AND_LIST_MODULES, *argv],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return set(done.stderr.split())
+
+
+def test_cli_a_command_run_by_name_loads_its_own_part_only(db_path) -> None:
+    """`bus channel list` imports the channels' commands, not the pump's, lxml or the server:
+    every `bus` process would pay for the whole CLI otherwise; `--help` still loads all."""
+    run(["--db", str(db_path), "init"])
+    alone = imported_modules("--db", str(db_path), "channel", "list")
+    assert "bus.cli.channels" in alone
+    assert not alone & {"bus.cli.pump", "bus.pump", "lxml", "bus.cli.admin", "bus.views.serve"}
+    assert {"bus.cli.pump", "bus.cli.admin"} <= imported_modules("--help")
+    assert run(["--db", str(db_path), "channel", "list", "--db", str(db_path)]).exit_code == 0
