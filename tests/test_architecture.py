@@ -77,12 +77,20 @@ def imported_names(tree: ast.AST) -> list[str]:
     return names
 
 
+@functools.cache
+def syntax_tree(name: str) -> ast.Module:
+    """A module's parsed source, parsed once for every check that reads it."""
+    path = module_files()[name]
+    return ast.parse(path.read_text(), str(path))
+
+
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     """module -> the modules of the three packages it imports (itself excluded)."""
     modules = module_files()
     graph = {}
-    for name, path in modules.items():
-        tree = ast.parse(path.read_text(), str(path))
+    for name in modules:
+        tree = syntax_tree(name)
         targets = {owning_module(imported, modules) for imported in imported_names(tree)}
         graph[name] = {t for t in targets if t is not None and t != name}
     return graph
@@ -218,8 +226,8 @@ def test_architecture_parts_are_the_folders():
 def dataclasses_by_name() -> dict[str, list[str]]:
     """Each dataclass name in the library -> the modules that define a dataclass by it."""
     found: dict[str, list[str]] = {}
-    for module, path in module_files().items():
-        for node in ast.parse(path.read_text(), str(path)).body:
+    for module in module_files():
+        for node in syntax_tree(module).body:
             if isinstance(node, ast.ClassDef) and any(
                     "dataclass" in ast.unparse(decorator) for decorator in node.decorator_list):
                 found.setdefault(node.name, []).append(module)
@@ -238,8 +246,8 @@ def test_architecture_each_read_model_is_defined_once():
 def test_architecture_click_only_in_the_cli_modules():
     """click is imported only by a module named cli or inside a cli folder."""
     outside = []
-    for name, path in module_files().items():
-        tree = ast.parse(path.read_text(), str(path))
+    for name in module_files():
+        tree = syntax_tree(name)
         uses_click = any(n == "click" or n.startswith("click.") for n in imported_names(tree))
         if uses_click and "cli" not in name.split("."):
             outside.append(name)
