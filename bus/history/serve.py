@@ -83,10 +83,15 @@ def start_server(db: str | os.PathLike[str], spark_home: str,
     port = _free_port()
     log = state_path(db).with_name(Path(db).name + LOG_SUFFIX)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_HOME": spark_home}
+    master = os.environ.get("SPARK_MASTER", "local[*]")
+    # A local Spark's driver listens too (its RPC and block manager): on loopback, as the
+    # server does. A cluster's executors must reach the driver, so there it is left be.
+    driver = (["--conf", "spark.driver.bindAddress=127.0.0.1",
+               "--conf", "spark.driver.host=127.0.0.1"] if master.startswith("local") else [])
     with open(log, "ab") as out:
         process = subprocess.Popen(
             [os.path.join(spark_home, "bin", "spark-submit"), "--class", SERVER_CLASS,
-             "--name", "agentbus-history", "--master", os.environ.get("SPARK_MASTER", "local[*]"),
+             "--name", "agentbus-history", "--master", master, *driver,
              "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
              "--conf", f"spark.connect.grpc.binding.port={port}",
              "--conf", "spark.sql.session.timeZone=UTC",

@@ -60,6 +60,33 @@ def served(tmp_path: Path, spark_env: dict[str, str]) -> Iterator[Path]:
             os.kill(started[0]["pid"], 0)
 
 
+def listening_addresses(group: int) -> set[str]:
+    """The local addresses of the TCP sockets that the processes of `group` listen on,
+    as /proc/net/tcp and tcp6 spell them (hex IP:port)."""
+    inodes = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getpgid(int(pid)) != group:
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:["):-1])
+        except (ProcessLookupError, FileNotFoundError, PermissionError):
+            continue  # gone meanwhile
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                found.add(fields[1])
+    return found
+
+
+LOOPBACK_HEX = ("0100007F:", "0000000000000000FFFF00000100007F:",
+                "00000000000000000000000001000000:")  # 127.0.0.1, ::ffff:127.0.0.1, ::1
+
+
 @pytest.mark.slow
 def test_history_over_the_warm_server_gives_the_report_of_a_cold_run(
         served: Path, tmp_path: Path, spark_env: dict[str, str]) -> None:
@@ -70,6 +97,10 @@ def test_history_over_the_warm_server_gives_the_report_of_a_cold_run(
     assert status["running"] and status["url"].startswith("sc://127.0.0.1:")
     state = json.loads(state_path(served).read_text())
     assert status["url"] == f"sc://127.0.0.1:{state['port']}"
+    # Every port the server's processes listen on is on loopback: Spark Connect's, and a
+    # local driver's own (its RPC and block manager).
+    listening = listening_addresses(state["pid"])
+    assert listening and all(a.startswith(LOOPBACK_HEX) for a in listening), listening
     args = ["history", "--export", str(export), "--json", "--stuck-after-seconds", "300"]
     warm = bus("--db", str(served), *args, "--lake", str(tmp_path / "warm.lake"),
                env=spark_env, cwd=tmp_path)
