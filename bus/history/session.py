@@ -42,6 +42,11 @@ def start_spark(quiet: bool = False) -> SparkSession:
     master = _configured_master()
     if master is not None:
         builder = builder.master(master)
+    if master is not None and master.startswith("local"):
+        # The driver's RPC and block manager listen on the machine's address otherwise;
+        # on one machine nothing from elsewhere needs them.
+        builder = (builder.config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.driver.host", "127.0.0.1"))
     if quiet:
         builder = builder.config("spark.log.level", "ERROR")
         with _jvm_stderr_captured() as captured:

@@ -1,4 +1,4 @@
-"""`bus history serve`: a warm Spark Connect server on 127.0.0.1 that `bus history` uses.
+"""`bus history serve` (a warm Spark Connect server) and a local history session: on 127.0.0.1.
 
 Everything runs through the installed `bus` command in processes of its
 own: the server starts in the background, a run over it must print what a
@@ -121,3 +121,30 @@ def test_a_server_record_whose_process_is_gone_is_stale_and_removed(
                  cwd=tmp_path)[0]
     assert status == {"running": False, "stale_removed": True}
     assert not state_path(db).exists()
+
+
+# A local `bus history` session, held open until stdin closes.
+LOCAL_SESSION = """
+import sys
+from bus.history.session import start_spark
+spark = start_spark(quiet=True)
+print("ready", flush=True)
+sys.stdin.read()
+spark.stop()
+"""
+
+
+@pytest.mark.slow
+def test_a_local_history_session_listens_on_loopback_only(
+        tmp_path: Path, spark_env: dict[str, str]) -> None:
+    env = {key: value for key, value in spark_env.items() if key != "SPARK_MASTER"}
+    session = subprocess.Popen([sys.executable, "-c", LOCAL_SESSION], env=env, cwd=tmp_path,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        assert session.stdout.readline().strip() == "ready"
+        listening = listening_addresses(session.pid)
+        assert listening and all(a.startswith(LOOPBACK_HEX) for a in listening), listening
+    finally:
+        session.stdin.close()
+        session.wait(timeout=120)
