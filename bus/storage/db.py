@@ -517,10 +517,7 @@ class write_transaction:
     def __enter__(self) -> apsw.Connection:
         self.nested = self.conn.in_transaction
         refuse_write(self.conn)
-        try:
-            self.conn.execute(_SAVEPOINT_SQL if self.nested else _BEGIN_SQL)
-        except ENVIRONMENT_ERRORS as exc:
-            raise environment_error(exc, self.conn.filename) from exc
+        _begin(self.conn, _SAVEPOINT_SQL if self.nested else _BEGIN_SQL)
         return self.conn
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -567,10 +564,7 @@ class read_transaction:
     def __enter__(self) -> apsw.Connection:
         self.nested = self.conn.in_transaction
         if not self.nested:
-            try:
-                self.conn.execute(_BEGIN_READ_SQL)
-            except ENVIRONMENT_ERRORS as exc:
-                raise environment_error(exc, self.conn.filename) from exc
+            _begin(self.conn, _BEGIN_READ_SQL)
         return self.conn
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -583,6 +577,15 @@ class read_transaction:
         if exc_type is not None and issubclass(exc_type, ENVIRONMENT_ERRORS):
             raise environment_error(exc, self.conn.filename) from exc
         return False
+
+
+def _begin(conn: apsw.Connection, sql: str) -> None:
+    """Run a BEGIN or SAVEPOINT, the environment's errors (a full disk, a gone file) as
+    BusErrors naming the file."""
+    try:
+        conn.execute(sql)
+    except ENVIRONMENT_ERRORS as exc:
+        raise environment_error(exc, conn.filename) from exc
 
 
 _BEGIN_READ_SQL = "BEGIN DEFERRED"
