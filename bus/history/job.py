@@ -99,21 +99,20 @@ def compute_lake(spark: SparkSession, lake: str | Path, names: Sequence[str],
     export in the place of a quarantined line (FILE:LINE).
     """
     check_version(Path(lake))
-    # Read once for the overview and every query, and only what they read.
-    raw = lake_records(spark, lake).persist()
-    try:
-        seen, known = survey(spark, raw)
-        seen = with_quarantine(seen, read_table(spark, lake, "quarantine"), export)
-        if strict and seen.malformed:
-            raise MalformedExport(f"{seen.malformed_note('in the export')}; --strict stops"
-                                  " at any (without it they are quarantined and counted)")
-        tables = {"messages": to_messages(raw), "tasks": read_table(spark, lake, "tasks")}
-        with ThreadPoolExecutor(QUERY_THREADS) as pool:
-            return seen, list(pool.map(
-                lambda name: collect(name, QUERIES[name].run(tables[QUERIES[name].table],
-                                                             options, known)), names))
-    finally:
-        raw.unpersist()
+    # Not cached: each query reads only its columns of the Parquet, which
+    # costs less than building a cache of them all (measured in
+    # docs/benchmarks.md).
+    raw = lake_records(spark, lake)
+    seen, known = survey(spark, raw)
+    seen = with_quarantine(seen, read_table(spark, lake, "quarantine"), export)
+    if strict and seen.malformed:
+        raise MalformedExport(f"{seen.malformed_note('in the export')}; --strict stops"
+                              " at any (without it they are quarantined and counted)")
+    tables = {"messages": to_messages(raw), "tasks": read_table(spark, lake, "tasks")}
+    with ThreadPoolExecutor(QUERY_THREADS) as pool:
+        return seen, list(pool.map(
+            lambda name: collect(name, QUERIES[name].run(tables[QUERIES[name].table],
+                                                         options, known)), names))
 
 
 def lake_records(spark: SparkSession, lake: str | Path) -> DataFrame:

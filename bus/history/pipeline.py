@@ -26,6 +26,7 @@ from urllib.parse import unquote
 from urllib.parse import urlparse
 
 from pyspark.sql import Column
+from pyspark.sql import Observation
 from pyspark.sql import DataFrame
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -110,20 +111,40 @@ def _parquet_for_every_engine(spark: SparkSession) -> None:
 
 
 def write_batch(root: Path, batch: DataFrame, batch_id: int) -> None:
-    """Write one micro-batch to every table, replacing what an earlier try of it wrote."""
-    parsed = parse_lines(batch).persist()
-    try:
-        records = parsed.where(F.col("seq").isNotNull())
-        for name, derive in DERIVED.items():
-            _write_partitions(derive(records), root / name, batch_id, ("day", "batch_id"))
-        bad = parsed.where(F.col("seq").isNull() & (F.trim("value") != "")).select(
-            "chunk", "value").collect()
-        if bad:
-            quarantined = quarantine_rows(bad, batch_id)
-            frame = batch.sparkSession.createDataFrame(quarantined, TABLE_SCHEMAS["quarantine"])
-            _write_partitions(frame.drop("batch_id"), root / "quarantine", batch_id, ("batch_id",))
-    finally:
-        parsed.unpersist()
+    """Write one micro-batch to every table, replacing what an earlier try of it wrote.
+
+    The lines are parsed once, on their way into `messages`; the other
+    tables are derived from the partitions just written, which hold the
+    columns they read (a cache of the parsed batch, payload text and all,
+    would spill to disk on a large batch). The count of lines that are not
+    records is taken on the same pass, so a batch without any is not read
+    again to quarantine none.
+    """
+    parsed = parse_lines(batch)
+    bad = F.col("seq").isNull() & (F.trim("value") != "")
+    lines = Observation()
+    records = (parsed.observe(lines, F.count(F.when(bad, 1)).alias("bad"))
+               .where(F.col("seq").isNotNull()))
+    _write_partitions(messages_table(records), root / "messages", batch_id, ("day", "batch_id"))
+    written = _batch_rows(batch.sparkSession, root / "messages", batch_id)
+    for name, derive in DERIVED.items():
+        _write_partitions(derive(written), root / name, batch_id, ("day", "batch_id"))
+    if lines.get["bad"]:
+        bad_lines = parsed.where(bad).select("chunk", "value").collect()
+        _quarantine(batch.sparkSession, root, bad_lines, batch_id)
+
+
+def _batch_rows(spark: SparkSession, table: Path, batch_id: int) -> DataFrame:
+    """The rows batch `batch_id` wrote to `table`: its partitions only, not a listing of all."""
+    if not any(table.glob(f"day=*/batch_id={batch_id}")):  # no line of it was a record
+        return spark.createDataFrame([], TABLE_SCHEMAS[table.name])
+    return (spark.read.schema(TABLE_SCHEMAS[table.name]).option("basePath", str(table))
+            .parquet(str(table / "day=*" / f"batch_id={batch_id}")))
+
+
+def _quarantine(spark: SparkSession, root: Path, bad: list, batch_id: int) -> None:
+    frame = spark.createDataFrame(quarantine_rows(bad, batch_id), TABLE_SCHEMAS["quarantine"])
+    _write_partitions(frame.drop("batch_id"), root / "quarantine", batch_id, ("batch_id",))
 
 
 def parse_lines(batch: DataFrame) -> DataFrame:
@@ -169,8 +190,8 @@ def tasks_table(records: DataFrame) -> DataFrame:
     return task_events(records, "ts", "day")
 
 
-DERIVED = {"messages": messages_table, "worker_states": worker_states_table,
-           "claims": claims_table, "tasks": tasks_table}
+# The tables derived from the batch's rows in `messages`.
+DERIVED = {"worker_states": worker_states_table, "claims": claims_table, "tasks": tasks_table}
 
 
 def quarantine_rows(bad: list, batch_id: int) -> list[tuple]:
