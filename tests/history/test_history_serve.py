@@ -3,7 +3,8 @@
 Everything runs through the installed `bus` command in processes of its
 own: the server starts in the background, a run over it must print what a
 run in a JVM of its own prints, and a state file whose process is gone is
-found stale and removed. Slow: two JVMs on a small machine.
+found stale and removed. Slow: two JVMs on a small machine. A local session's JVM, started for one
+run, takes the quick compiler unless the launch chose its JVM options.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -24,6 +26,7 @@ if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
     pytest.skip("Spark needs Java (no java on PATH, no JAVA_HOME)", allow_module_level=True)
 
 from bus.history.serve import state_path  # noqa: E402
+from bus.history.session import ONE_SHOT_JVM  # noqa: E402
 
 from tests.support.history_support import QUICK_JVM  # noqa: E402
 from tests.support.history_support import load_script  # noqa: E402
@@ -134,17 +137,53 @@ spark.stop()
 """
 
 
-@pytest.mark.slow
-def test_a_local_history_session_listens_on_loopback_only(
-        tmp_path: Path, spark_env: dict[str, str]) -> None:
-    env = {key: value for key, value in spark_env.items() if key != "SPARK_MASTER"}
-    session = subprocess.Popen([sys.executable, "-c", LOCAL_SESSION], env=env, cwd=tmp_path,
+def java_command_line(group: int) -> list[str]:
+    """The arguments of the JVM among the processes of `group`."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getpgid(int(pid)) != group:
+                continue
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (ProcessLookupError, FileNotFoundError, PermissionError):
+            continue
+        if argv and argv[0].endswith(b"java"):
+            return [arg.decode() for arg in argv if arg]
+    raise AssertionError(f"no JVM in process group {group}")
+
+
+@contextmanager
+def local_session(cwd: Path, env: dict[str, str]) -> Iterator[int]:
+    """A local `bus history` session held open; its process group."""
+    env = {key: value for key, value in env.items() if key != "SPARK_MASTER"}
+    # No JVM options chosen by the launch: the session picks its own.
+    env["PYSPARK_SUBMIT_ARGS"] = "--conf spark.ui.enabled=false pyspark-shell"
+    session = subprocess.Popen([sys.executable, "-c", LOCAL_SESSION], env=env, cwd=cwd,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:
         assert session.stdout.readline().strip() == "ready"
-        listening = listening_addresses(session.pid)
-        assert listening and all(a.startswith(LOOPBACK_HEX) for a in listening), listening
+        yield session.pid
     finally:
         session.stdin.close()
         session.wait(timeout=120)
+
+
+@pytest.mark.slow
+def test_a_local_history_session_listens_on_loopback_only_in_a_one_shot_jvm(
+        tmp_path: Path, spark_env: dict[str, str]) -> None:
+    with local_session(tmp_path, spark_env) as group:
+        listening = listening_addresses(group)
+        assert listening and all(a.startswith(LOOPBACK_HEX) for a in listening), listening
+        assert set(ONE_SHOT_JVM.split()) <= set(java_command_line(group))
+
+
+@pytest.mark.slow
+def test_jvm_options_from_spark_defaults_are_kept(
+        tmp_path: Path, spark_env: dict[str, str]) -> None:
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions -Dagentbus.mine=1\n")
+    with local_session(tmp_path, {**spark_env, "SPARK_CONF_DIR": str(conf)}) as group:
+        java = java_command_line(group)
+        assert "-Dagentbus.mine=1" in java
+        assert not set(ONE_SHOT_JVM.split()) & set(java)
