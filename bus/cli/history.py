@@ -34,6 +34,7 @@ from bus.history.errors import ServerError
 from bus.history.serve import ServerState
 from bus.history.serve import live_server
 from bus.history.serve import read_state
+from bus.history.serve import server_master
 from bus.history.serve import start_server
 from bus.history.serve import state_path
 from bus.history.serve import stop_server
@@ -284,8 +285,11 @@ def serve(obj: BusContext, stop: bool, status: bool, as_json: bool) -> None:
     require_java()
     import pyspark
 
+    from bus.history.session import server_settings
+
     try:
-        state, started = start_server(obj.db, os.path.dirname(pyspark.__file__))
+        state, started = start_server(obj.db, os.path.dirname(pyspark.__file__),
+                                      server_settings(server_master()))
     except ServerError as exc:
         raise click.ClickException(str(exc)) from exc
     _say(as_json, {"running": True, "started": started, "pid": state.pid, "url": state.url,

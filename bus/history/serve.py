@@ -1,7 +1,8 @@
 """A warm Spark for `bus history`: a Spark Connect server on 127.0.0.1, and its state file.
 
-    start_server(db)   # spark-submit's SparkConnectServer, in the background; its state
-    live_server(db)    # the running server's state, or None (a stale state file removed)
+    start_server(db, spark_home, settings)  # spark-submit's SparkConnectServer, in the
+                                            # background; its state
+    live_server(db)  # the running server's state, or None (a stale state file removed)
     stop_server(db)
 
 The JVM start and the first jobs' warm-up are most of a small run's time;
@@ -71,9 +72,11 @@ def live_server(db: str | os.PathLike[str]) -> ServerState | None:
     return None
 
 
-def start_server(db: str | os.PathLike[str], spark_home: str,
+def start_server(db: str | os.PathLike[str], spark_home: str, settings: dict[str, str],
                  timeout: float = START_TIMEOUT_S) -> tuple[ServerState, bool]:
     """Start the server unless one runs; (its state, whether it was started now).
+
+    `settings` are Spark settings for its session (session.server_settings).
 
     Raises ServerError naming the log when it exits or does not answer in time.
     """
@@ -83,7 +86,7 @@ def start_server(db: str | os.PathLike[str], spark_home: str,
     port = _free_port()
     log = state_path(db).with_name(Path(db).name + LOG_SUFFIX)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_HOME": spark_home}
-    master = os.environ.get("SPARK_MASTER", "local[*]")
+    master = server_master()
     # A local Spark's driver listens too (its RPC and block manager): on loopback, as the
     # server does. A cluster's executors must reach the driver, so there it is left be.
     driver = (["--conf", "spark.driver.bindAddress=127.0.0.1",
@@ -95,7 +98,8 @@ def start_server(db: str | os.PathLike[str], spark_home: str,
              "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
              "--conf", f"spark.connect.grpc.binding.port={port}",
              "--conf", "spark.sql.session.timeZone=UTC",
-             "--conf", "spark.ui.enabled=false", "--conf", "spark.log.level=WARN"],
+             "--conf", "spark.ui.enabled=false", "--conf", "spark.log.level=WARN",
+             *(arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}"))],
             env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True)  # its own group: stopped whole, and not by the shell's ^C
     state = ServerState(process.pid, port)
@@ -107,6 +111,11 @@ def start_server(db: str | os.PathLike[str], spark_home: str,
         time.sleep(0.2)
     state_path(db).write_text(json.dumps({"pid": state.pid, "port": state.port}))
     return state, True
+
+
+def server_master() -> str:
+    """The master the server runs its jobs on: SPARK_MASTER, else local[*]."""
+    return os.environ.get("SPARK_MASTER", "local[*]")
 
 
 def stop_server(db: str | os.PathLike[str], timeout: float = STOP_TIMEOUT_S) -> ServerState | None:

@@ -80,7 +80,18 @@ def connect_spark(url: str) -> SparkSession:
 
 
 def tune_for_one_machine(spark: SparkSession) -> None:
-    """On a local master, SQL settings that suit one small machine (unless set already).
+    """On a local master, the SQL settings of one_machine_settings (unless set already)."""
+    context = spark.sparkContext
+    if not context.master.startswith("local"):
+        return
+    given = context.getConf()
+    for key, value in one_machine_settings(context.defaultParallelism).items():
+        if not given.contains(key):
+            spark.conf.set(key, value)
+
+
+def one_machine_settings(parallelism: int) -> dict[str, str]:
+    """SQL settings that suit one small machine of `parallelism` cores.
 
     Spark's defaults are for clusters: 200 shuffle partitions are 200 tasks
     per stage, run a few at a time here. The job runs QUERY_THREADS queries
@@ -89,24 +100,28 @@ def tune_for_one_machine(spark: SparkSession) -> None:
     tasks (on 2 cores, 8 partitions cost the six queries 3-5 CPU s more
     than 1, measured in docs/benchmarks.md). 128 MB file splits make a 300 MB
     export 3 tasks on 2 cores (one idles for the last third); compressing
-    the cached export costs more CPU than the 20% of memory it saves.
-    Adaptive execution re-plans each query after every shuffle, which costs
-    the driver more than it saves on results of a few thousand rows, and
-    its coalescing leaves the largest stage (silence's window) 3 tasks on
-    2 cores.
+    a cache costs more CPU than the 20% of memory it saves. Adaptive
+    execution re-plans each query after every shuffle, which costs the
+    driver more than it saves on results of a few thousand rows, and its
+    coalescing leaves the largest stage (silence's window) 3 tasks on 2
+    cores.
     """
-    context = spark.sparkContext
-    if not context.master.startswith("local"):
-        return
-    given = context.getConf()
-    for key, value in {
-        "spark.sql.shuffle.partitions": str(math.ceil(context.defaultParallelism / QUERY_THREADS)),
+    return {
+        "spark.sql.shuffle.partitions": str(math.ceil(parallelism / QUERY_THREADS)),
         "spark.sql.files.maxPartitionBytes": "32m",
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
         "spark.sql.adaptive.enabled": "false",
-    }.items():
-        if not given.contains(key):
-            spark.conf.set(key, value)
+    }
+
+
+def server_settings(master: str) -> dict[str, str]:
+    """What a warm server on `master` is started with: one_machine_settings on a local
+    master (`local`, `local[N]`, `local[*]`, `local[N,F]`), nothing on a cluster's."""
+    found = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", master)
+    if found is None:
+        return {}
+    cores = found[1] or "1"  # `local` is one core
+    return one_machine_settings((os.cpu_count() or 1) if cores == "*" else int(cores))
 
 
 def _log_level() -> str:

@@ -27,6 +27,7 @@ if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
 
 from bus.history.serve import state_path  # noqa: E402
 from bus.history.session import ONE_SHOT_JVM  # noqa: E402
+from bus.history.session import server_settings  # noqa: E402
 
 from tests.support.history_support import QUICK_JVM  # noqa: E402
 from tests.support.history_support import load_script  # noqa: E402
@@ -112,6 +113,36 @@ def test_history_over_the_warm_server_gives_the_report_of_a_cold_run(
     assert warm == cold and warm
     # The server wrote the warm lake: its log names the app, and its files are there.
     assert (tmp_path / "warm.lake" / "messages").is_dir()
+    # Its session has the settings of a local job on local[1] (one shuffle partition...).
+    client = subprocess.run(
+        [sys.executable, "-c", SERVER_SETTINGS, status["url"], *server_settings("local[1]")],
+        env=spark_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert client.returncode == 0, client.stderr[-2000:]
+    assert json.loads(client.stdout) == server_settings("local[1]")
+
+
+# A client of the warm server: the values of the settings named, as JSON.
+SERVER_SETTINGS = """
+import json, sys
+from bus.history.session import connect_spark
+spark = connect_spark(sys.argv[1])
+print(json.dumps({key: spark.conf.get(key) for key in sys.argv[2:]}))
+"""
+
+
+@pytest.mark.parametrize(("master", "partitions"), [
+    ("local", "1"), ("local[1]", "1"), ("local[4]", "2"), ("local[7,3]", "3"),
+    ("local[*]", str(-(-(os.cpu_count() or 1) // 3)))])
+def test_a_server_on_a_local_master_gets_the_settings_of_a_local_job(
+        master: str, partitions: str) -> None:
+    settings = server_settings(master)
+    assert settings["spark.sql.shuffle.partitions"] == partitions
+    assert settings["spark.sql.adaptive.enabled"] == "false"
+
+
+@pytest.mark.parametrize("master", ["spark://127.0.0.1:7077", "yarn", "local-cluster[2,1,512]"])
+def test_a_server_on_a_cluster_keeps_the_clusters_settings(master: str) -> None:
+    assert server_settings(master) == {}
 
 
 def test_a_server_record_whose_process_is_gone_is_stale_and_removed(
