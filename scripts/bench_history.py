@@ -13,7 +13,11 @@ fresh Python process each, one after the other, in each of --rounds rounds:
   the export), and the job again over the last round's lake, which streams in
   only what was appended;
 - with --serve, a run through a warm Spark Connect server (`bus history
-  serve`, warmed by a run with nothing new) after as many messages again.
+  serve`, warmed by a run with nothing new) after as many messages again;
+  then the issue's four queries (volume, silence, lifecycle, threads) over
+  the lake through that server, from a client that connects once (best of
+  --rounds after a first run), beside DuckDB's over the same Parquet files
+  (DUCKDB_QUERIES, which must give Spark's answers; best of --rounds).
 
 Both include the JVM's start, so the ratio (floor / job) says how much the
 queries add on top of reading the file, whatever the machine's speed. The
@@ -24,7 +28,8 @@ The target (issue 19) is a job within twice the floor, a ratio of at least
 0.5, on a quiet machine.
 
 The incremental run is shown beside the best cold run as a ratio (the issue's
-target: at most 0.15).
+target: at most 0.15), and the warm four queries beside DuckDB's (target: at
+most 5x).
 
     python scripts/bench_history.py [--messages 1000000] [--rounds 3] [--master local[*]]
                                     [--increment 10000] [--serve]
@@ -47,6 +52,73 @@ SCRIPTS = Path(__file__).resolve().parent
 TARGET_SECONDS = 60.0  # the job over 1,000,000 messages on 2 cores
 TARGET_RATIO = 0.5  # floor / job: the job within twice Spark's read-and-count floor
 TARGET_INCREMENTAL = 0.15  # incremental run / cold job, after 10,000 new messages
+TARGET_WARM_QUERIES = 5.0  # the four queries through the warm server / DuckDB's
+FOUR = ("volume", "silence", "lifecycle", "threads")
+# The four in DuckDB over the lake's Parquet (views `messages`, hive partitions):
+# the answers of bus.history.queries, row for row (tests/history/test_history_lake.py
+# holds them to it).
+DUCKDB_QUERIES = {
+    "volume": """
+        SELECT strftime(date_trunc('hour', ts), '%Y-%m-%dT%H:00Z') AS hour,
+               from_agent AS agent, type, count(*) AS messages
+        FROM messages GROUP BY ALL ORDER BY hour, agent, type""",
+    "silence": """
+        WITH basis AS (
+            SELECT from_agent, type, ts_ms, seq,
+                   bool_or(type = 'heartbeat') OVER (PARTITION BY from_agent) AS beats
+            FROM messages),
+        gaps AS (
+            SELECT from_agent, beats, ts_ms,
+                   lag(ts_ms) OVER (PARTITION BY from_agent ORDER BY ts_ms, seq) AS start_ms
+            FROM basis WHERE type = 'heartbeat' OR NOT beats),
+        ranked AS (
+            SELECT *, (ts_ms - start_ms) / 1000.0 AS gap_s,
+                   row_number() OVER (PARTITION BY from_agent
+                                      ORDER BY ts_ms - start_ms DESC, ts_ms) AS nth
+            FROM gaps WHERE start_ms IS NOT NULL)
+        SELECT from_agent AS agent, CASE WHEN beats THEN 'heartbeat' ELSE 'any' END AS basis,
+               strftime(epoch_ms(start_ms), '%Y-%m-%dT%H:%M:%S.%gZ') AS start,
+               strftime(epoch_ms(ts_ms), '%Y-%m-%dT%H:%M:%S.%gZ') AS "end", gap_s
+        FROM ranked WHERE nth <= 3 ORDER BY gap_s DESC, agent, start""",
+    "lifecycle": """
+        WITH visits AS (
+            SELECT from_agent AS worker, payload_to AS state,
+                   (lead(ts_ms) OVER (PARTITION BY from_agent, correlation_id
+                                      ORDER BY ts_ms, seq) - ts_ms) / 1000.0 AS seconds
+            FROM messages WHERE type = 'state_change')
+        SELECT worker, state, count(*) AS visits, quantile_disc(seconds, 0.5) AS p50_s,
+               quantile_disc(seconds, 0.95) AS p95_s, max(seconds) AS max_s,
+               round(sum(seconds), 3) AS total_s
+        FROM visits WHERE seconds IS NOT NULL GROUP BY ALL ORDER BY worker, state""",
+    "threads": """
+        WITH latencies AS (
+            SELECT coalesce(reply.correlation_id, request.correlation_id) AS correlation_id,
+                   reply.ts_ms - request.ts_ms AS latency_ms
+            FROM messages reply JOIN messages request ON reply.in_reply_to = request.id)
+        SELECT CASE WHEN grouping(correlation_id) = 1 THEN 'all' ELSE 'thread' END AS scope,
+               correlation_id, count(*) AS replies,
+               quantile_disc(latency_ms, 0.5) AS p50_ms, quantile_disc(latency_ms, 0.95) AS p95_ms,
+               max(latency_ms) AS max_ms
+        FROM latencies GROUP BY ROLLUP (correlation_id)
+        ORDER BY grouping(correlation_id), correlation_id""",
+}
+# A client of the warm server: the four queries over the lake, once to warm up, then
+# timed; each time and the answers as JSON.
+_WARM_QUERIES_CODE = """
+import json, sys, time
+from bus.history.job import compute_lake
+from bus.history.queries import Options
+from bus.history.session import connect_spark
+url, lake, rounds, names = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split(",")
+spark = connect_spark(url)
+times = []
+for _ in range(rounds + 1):
+    started = time.perf_counter()
+    _, results = compute_lake(spark, lake, names, Options())
+    times.append(time.perf_counter() - started)
+answers = {result.name: [list(row) for row in result.rows] for result in results}
+print(json.dumps({"times": times[1:], "answers": answers}, default=str))
+"""
 _FLOOR_CODE = ("from bus.history.extract import extract;"
                " from bus.history.session import start_spark;"
                " spark = start_spark(quiet=True);"
@@ -76,34 +148,61 @@ def history_row(workdir: Path, messages: int, master: str = "local[*]",
     with export.open("ab") as out:
         out.write(appended)
     incremental = _job_seconds(export, lakes[-1], master)
-    warm = _warm_seconds(workdir, export, lakes[-1], appended_later, master) if serve else None
+    warm = (_warm_figures(workdir, export, lakes[-1], appended_later, master, rounds)
+            if serve else {})
     return {"case": "Spark history job, all queries", "messages": messages, "master": master,
             "generate_s": round(generated, 1), "floor_s": round(floor, 1),
             "job_s": round(job, 1), "ratio": round(floor / job, 3),
             "increment": increment, "incremental_s": round(incremental, 1),
             "incremental_ratio": round(incremental / job, 3),
-            **({"warm_incremental_s": round(warm, 1), "warm_ratio": round(warm / job, 3)}
-               if warm is not None else {}),
+            **({**warm, "warm_ratio": round(warm["warm_incremental_s"] / job, 3)}
+               if warm else {}),
             "rounds": [{"floor_s": round(floor, 1), "job_s": round(job, 1)}
                        for floor, job in timings],
             "target_s": TARGET_SECONDS if messages == 1_000_000 else None}
 
 
-def _warm_seconds(workdir: Path, export: Path, lake: Path, appended: bytes,
-                  master: str) -> float:
-    """A run through a warm server after `appended` more lines: the server started, a first
-    run over it with nothing new (the warm-up a long-lived server has had), then the one
-    timed; the server stopped after."""
+def _warm_figures(workdir: Path, export: Path, lake: Path, appended: bytes, master: str,
+                  rounds: int) -> dict:
+    """Through a warm server: a run after `appended` more lines (the server started,
+    a first run over it with nothing new, the warm-up a long-lived server has had,
+    then the one timed), and the four queries beside DuckDB's; the server stopped
+    after."""
     bus = [sys.executable, "-m", "bus.cli", "--db", str(workdir / "bus.db"), "history"]
     run = [*bus, "--export", str(export), "--lake", str(lake), "--query", "all", "--json"]
-    _run([*bus, "serve"], master)
+    url = orjson.loads(_run([*bus, "serve", "--json"], master))["url"]
     try:
         _run(run, master)
         with export.open("ab") as out:
             out.write(appended)
-        return _timed(run, master)[0]
+        incremental = _timed(run, master)[0]
+        client = orjson.loads(_run([sys.executable, "-c", _WARM_QUERIES_CODE, url, str(lake),
+                                    str(rounds), ",".join(FOUR)], master))
     finally:
         _run([*bus, "serve", "--stop"], master)
+    duckdb_s, duckdb_answers = _duckdb_seconds(lake, rounds)
+    spark_s = min(client["times"])
+    return {"warm_incremental_s": round(incremental, 1), "warm_four_s": round(spark_s, 2),
+            "duckdb_four_s": round(duckdb_s, 3), "warm_four_ratio": round(spark_s / duckdb_s, 2),
+            "same_answers": duckdb_answers == client["answers"]}
+
+
+def _duckdb_seconds(lake: Path, rounds: int) -> tuple[float, dict[str, list]]:
+    """DuckDB's best time for the four queries over the lake, and its answers as JSON
+    gives them back (as the client's come)."""
+    import duckdb
+
+    connection = duckdb.connect()
+    connection.execute("SET TimeZone = 'UTC'")
+    connection.execute("CREATE VIEW messages AS SELECT * FROM read_parquet("
+                       f"'{lake}/messages/*/*/*.parquet', hive_partitioning = true)")
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        answers = {name: connection.execute(sql).fetchall() for name, sql in DUCKDB_QUERIES.items()}
+        times.append(time.perf_counter() - started)
+    return min(times), orjson.loads(orjson.dumps(
+        {name: [list(row) for row in rows] for name, rows in answers.items()}, default=str))
 
 
 def _floor_seconds(export: Path, messages: int, master: str) -> float:
@@ -152,7 +251,14 @@ def print_row(row: dict) -> None:
           f" {'ok' if row['incremental_ratio'] <= TARGET_INCREMENTAL else 'ABOVE'})")
     if "warm_incremental_s" in row:
         print(f"the same through a warm `bus history serve`: {row['warm_incremental_s']:.1f} s,"
-              f" {row['warm_ratio']:.2f} of the cold job")
+              f" {row['warm_ratio']:.2f} of the cold job"
+              f" ({'ok' if row['warm_ratio'] <= TARGET_INCREMENTAL else 'ABOVE'})")
+        within = row["warm_four_ratio"] <= TARGET_WARM_QUERIES
+        print(f"the four queries ({', '.join(FOUR)}) through it: {row['warm_four_s']:.2f} s;"
+              f" DuckDB over the same Parquet {row['duckdb_four_s']:.3f} s:"
+              f" {row['warm_four_ratio']:.1f}x (target <= {TARGET_WARM_QUERIES:.0f}x:"
+              f" {'ok' if within else 'ABOVE'}); same answers:"
+              f" {'yes' if row['same_answers'] else 'NO'}")
 
 
 def _positive(text: str) -> int:
