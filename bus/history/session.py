@@ -48,13 +48,15 @@ def start_spark(quiet: bool = False) -> SparkSession:
     master = _configured_master()
     if master is not None:
         builder = builder.master(master)
+    launch = {}  # what the JVM must be started with: set before it starts, or never
     if master is not None and master.startswith("local"):
         # The driver's RPC and block manager listen on the machine's address otherwise;
         # on one machine nothing from elsewhere needs them.
-        builder = (builder.config("spark.driver.bindAddress", "127.0.0.1")
-                   .config("spark.driver.host", "127.0.0.1"))
+        launch |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
         if not _java_options_given():
-            builder = builder.config("spark.driver.extraJavaOptions", ONE_SHOT_JVM)
+            launch["spark.driver.extraJavaOptions"] = ONE_SHOT_JVM
+    for key, value in launch.items():
+        builder = builder.config(key, value)
     if quiet:
         builder = builder.config("spark.log.level", "ERROR")
         with _jvm_stderr_captured() as captured:
@@ -63,7 +65,7 @@ def start_spark(quiet: bool = False) -> SparkSession:
             except Exception as exc:
                 raise SparkStartError(captured()) from exc
     else:
-        spark = builder.config("spark.log.level", _log_level()).getOrCreate()
+        spark = builder.config("spark.log.level", _log_level(launch)).getOrCreate()
     tune_for_one_machine(spark)
     return spark
 
@@ -124,14 +126,15 @@ def server_settings(master: str) -> dict[str, str]:
     return one_machine_settings((os.cpu_count() or 1) if cores == "*" else int(cores))
 
 
-def _log_level() -> str:
+def _log_level(launch: dict[str, str]) -> str:
     """WARN, unless the launch set spark.log.level (`spark-submit --conf spark.log.level=INFO`).
 
     Applied to log4j at once, before the SparkContext starts, so the INFO
     lines of its start (about 60 on a cluster) never print; the builder
     passes it on so the context keeps it.
     """
-    SparkContext._ensure_initialized()  # the JVM spark-submit started, or a new one
+    # The JVM spark-submit started, or a new one with the `launch` settings.
+    SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(launch.items()))
     level = SparkConf().get("spark.log.level", QUIET_LOG_LEVEL)
     jvm = SparkContext._jvm
     # spark-submit resets Spark's logging before it runs the script, and the

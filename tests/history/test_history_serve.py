@@ -161,7 +161,7 @@ def test_a_server_record_whose_process_is_gone_is_stale_and_removed(
 LOCAL_SESSION = """
 import sys
 from bus.history.session import start_spark
-spark = start_spark(quiet=True)
+spark = start_spark(quiet=sys.argv[1] == "quiet")
 print("ready", flush=True)
 sys.stdin.read()
 spark.stop()
@@ -183,12 +183,14 @@ def java_command_line(group: int) -> list[str]:
 
 
 @contextmanager
-def local_session(cwd: Path, env: dict[str, str]) -> Iterator[int]:
-    """A local `bus history` session held open; its process group."""
+def local_session(cwd: Path, env: dict[str, str], quiet: bool = True) -> Iterator[int]:
+    """A local `bus history` session held open (quiet: as `bus history` starts it, else
+    as the job's file does); its process group."""
     env = {key: value for key, value in env.items() if key != "SPARK_MASTER"}
     # No JVM options chosen by the launch: the session picks its own.
     env["PYSPARK_SUBMIT_ARGS"] = "--conf spark.ui.enabled=false pyspark-shell"
-    session = subprocess.Popen([sys.executable, "-c", LOCAL_SESSION], env=env, cwd=cwd,
+    session = subprocess.Popen([sys.executable, "-c", LOCAL_SESSION, "quiet" if quiet else "loud"],
+                               env=env, cwd=cwd,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:
@@ -200,9 +202,10 @@ def local_session(cwd: Path, env: dict[str, str]) -> Iterator[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("quiet", [True, False], ids=["bus history", "the job's file"])
 def test_a_local_history_session_listens_on_loopback_only_in_a_one_shot_jvm(
-        tmp_path: Path, spark_env: dict[str, str]) -> None:
-    with local_session(tmp_path, spark_env) as group:
+        tmp_path: Path, spark_env: dict[str, str], quiet: bool) -> None:
+    with local_session(tmp_path, spark_env, quiet) as group:
         listening = listening_addresses(group)
         assert listening and all(a.startswith(LOOPBACK_HEX) for a in listening), listening
         assert set(ONE_SHOT_JVM.split()) <= set(java_command_line(group))
