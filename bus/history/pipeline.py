@@ -135,11 +135,16 @@ def write_batch(root: Path, batch: DataFrame, batch_id: int) -> None:
 
 
 def _batch_rows(spark: SparkSession, table: Path, batch_id: int) -> DataFrame:
-    """The rows batch `batch_id` wrote to `table`: its partitions only, not a listing of all."""
-    if not any(table.glob(f"day=*/batch_id={batch_id}")):  # no line of it was a record
+    """The rows batch `batch_id` wrote to `table`: its partitions only, not a listing of all.
+
+    Named one by one: a glob would make Spark look for a streaming sink's
+    metadata under it, and log a stack trace when it finds none.
+    """
+    written = [str(path) for path in sorted(table.glob(f"day=*/batch_id={batch_id}"))]
+    if not written:  # no line of it was a record
         return spark.createDataFrame([], TABLE_SCHEMAS[table.name])
     return (spark.read.schema(TABLE_SCHEMAS[table.name]).option("basePath", str(table))
-            .parquet(str(table / "day=*" / f"batch_id={batch_id}")))
+            .parquet(*written))
 
 
 def _quarantine(spark: SparkSession, root: Path, bad: list, batch_id: int) -> None:
