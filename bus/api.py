@@ -36,6 +36,7 @@ import apsw
 
 from bus.coordination import claims
 from bus.log import cursors
+from bus.log import export as jsonl_export
 from bus.coordination import heartbeats
 from bus.coordination import held_names as identities
 from bus.log import messages
@@ -595,8 +596,7 @@ class Bus:
     def export_path(self) -> Path:
         """Where the JSONL export goes: the file it went to before, else bus.jsonl beside the db."""
         with translate_errors(self.conn):
-            recorded = self.conn.execute("SELECT path FROM export_state WHERE id = 1").get
-        return Path(recorded) if recorded else Path(self.path).absolute().parent / "bus.jsonl"
+            return jsonl_export.export_path(self.conn, self.path)
 
     def export_partition_by(self) -> str | None:
         """How the export at `export_path()` is partitioned: "date" or None (one file).

@@ -31,6 +31,7 @@ from bus.history import QUERY_NAMES
 from bus.history import STUCK_AFTER_SECONDS
 from bus.history import job_path
 from bus.history.errors import ServerError
+from bus.history.errors import first_line
 from bus.history.serve import ServerState
 from bus.history.serve import live_server
 from bus.history.serve import read_state
@@ -242,12 +243,7 @@ def run_job(job: ModuleType, path: str, query: str, output: Any,
         raise click.ClickException(f"cannot write the report to --out {output.out_dir}:"
                                    f" {exc.strerror or exc}") from exc
     except (PySparkException, Py4JError) as exc:
-        raise click.ClickException(f"the Spark job failed: {_first_line(exc)}") from exc
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        raise click.ClickException(f"the Spark job failed: {first_line(exc)}") from exc
 
 
 @history.command("serve")

@@ -1,4 +1,5 @@
-"""The history lake's errors (re-exported by bus.storage.errors, as every part's are)."""
+"""The history lake's errors (re-exported by bus.storage.errors, as every part's are), and how
+one is told in a line."""
 
 from __future__ import annotations
 
@@ -23,3 +24,9 @@ class LakeTooNew(LakeError):
 
 class ServerError(BusError):
     """The history's Spark Connect server (`bus history serve`) could not be started."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's text (Spark's run to pages of plan), else its type."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -71,12 +71,14 @@ def start_spark(quiet: bool = False) -> SparkSession:
 
 
 def connect_spark(url: str) -> SparkSession:
-    """A Spark Connect session on the server at `url` (sc://HOST:PORT), in UTC.
+    """A new Spark Connect session on the server at `url` (sc://HOST:PORT), in UTC.
 
-    The server (`bus history serve`) keeps its JVM and its settings; the
-    session's time zone is set here, as start_spark sets a local one's.
+    New, not the process's last one: a long-lived caller (the console) may
+    find the server restarted at another port. The server (`bus history
+    serve`) keeps its JVM and its settings; the session's time zone is set
+    here, as start_spark sets a local one's.
     """
-    spark = SparkSession.builder.remote(url).getOrCreate()
+    spark = SparkSession.builder.remote(url).create()
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     return spark
 

@@ -55,6 +55,13 @@ class ExportError(BusError):
     """The export file or its recorded position cannot be used as it is."""
 
 
+def export_path(conn: apsw.Connection, db_path: str | os.PathLike[str]) -> Path:
+    """Where the JSONL export goes: the path it went to before, else bus.jsonl beside the
+    bus file at `db_path`."""
+    recorded = conn.execute("SELECT path FROM export_state WHERE id = 1").get
+    return Path(recorded) if recorded else Path(db_path).absolute().parent / "bus.jsonl"
+
+
 def format_line(row: tuple) -> bytes:
     """The JSONL line of a messages row (deterministic: the same row, the same bytes)."""
     seq, id_, ts_ms, from_agent, to_agent, type_, correlation_id, in_reply_to, text, ref = row

@@ -34,7 +34,7 @@ from bus.views import queries
 NAV = (("/", "overview"), ("/messages", "messages"), ("/agents", "agents"),
        ("/workers", "workers"), ("/tasks", "tasks"), ("/claims", "claims"),
        ("/reservations", "reservations"), ("/channels", "channels"),
-       ("/dead-letters", "dead letters"), ("/pump", "pump units"))
+       ("/dead-letters", "dead letters"), ("/pump", "pump units"), ("/history", "history"))
 PREVIEW_CHARS = 120
 
 

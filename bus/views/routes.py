@@ -44,6 +44,7 @@ from bus.views import pages
 from bus.views import queries
 from bus.views.charts import History
 from bus.views.follow import read_failure
+from bus.views.lake import HistoryPage
 from bus.views.pages import Safe
 
 GIT_TIMEOUT_S = 5
@@ -123,6 +124,7 @@ def routes(path: str, history: History | None = None) -> list[Route]:
         Route("/reservations", reader.table("reservations", reservations_table)),
         Route("/dead-letters", reader.table("dead letters", dead_letters_table)),
         Route("/pump", reader.table("pump units", pump_table)),
+        Route("/history", HistoryPage(path).endpoint),
     ]
 
 

@@ -29,8 +29,8 @@ from bus.history.serve import state_path  # noqa: E402
 from bus.history.session import ONE_SHOT_JVM  # noqa: E402
 from bus.history.session import server_settings  # noqa: E402
 
-from tests.support.history_support import QUICK_JVM  # noqa: E402
 from tests.support.history_support import load_script  # noqa: E402
+from tests.support.history_support import spark_env  # noqa: E402,F401 (the fixture)
 
 BUS = [sys.executable, "-m", "bus.cli"]  # as the bus_command fixture runs it
 
@@ -40,14 +40,6 @@ def bus(*args: str, env: dict[str, str], cwd: Path, timeout: float = 600) -> dic
                           timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines()]
-
-
-@pytest.fixture
-def spark_env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "SPARK_MASTER": "local[1]", "SPARK_LOCAL_DIRS": str(tmp_path),
-            "TMPDIR": str(tmp_path),
-            "PYSPARK_SUBMIT_ARGS": f"--driver-java-options '-Djava.io.tmpdir={tmp_path}"
-                                   f" {QUICK_JVM}' --conf spark.ui.enabled=false pyspark-shell"}
 
 
 @pytest.fixture

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from datetime import datetime
 from datetime import timezone
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 from typing import Iterator
@@ -38,6 +40,19 @@ def load_script(name: str) -> ModuleType:
     spec.loader.exec_module(module)
     return module
 
+
+
+def spark_vars(scratch: Path) -> dict[str, str]:
+    """What a `bus history` (or `bus history serve`) process is run with here: a small
+    local JVM whose scratch files stay under `scratch`."""
+    return {"SPARK_MASTER": "local[1]", "SPARK_LOCAL_DIRS": str(scratch), "TMPDIR": str(scratch),
+            "PYSPARK_SUBMIT_ARGS": f"--driver-java-options '-Djava.io.tmpdir={scratch}"
+                                   f" {QUICK_JVM}' --conf spark.ui.enabled=false pyspark-shell"}
+
+
+@pytest.fixture
+def spark_env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, **spark_vars(tmp_path)}
 
 
 @pytest.fixture(scope="session")
