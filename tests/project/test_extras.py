@@ -26,6 +26,7 @@ NATS = ("nats",)
 EVERY_EXTRA = VIEWS + MCP + SPARK + NATS
 # Our modules that exist to use an extra: everything else must import without any.
 EXTRA_MODULES = ("bus.views.top", "bus.views.serve", "bus.views.guard", "bus.views.routes",
+                 "bus.views.lake",
                  "bus.mcpserver", "workers.mcp_tools", "bus.history", "bus.harness.codex",
                  "bus.mirror.jetstream", "bus.mirror.importing")
 
