@@ -76,7 +76,8 @@ def start_server(db: str | os.PathLike[str], spark_home: str, settings: dict[str
                  timeout: float = START_TIMEOUT_S) -> tuple[ServerState, bool]:
     """Start the server unless one runs; (its state, whether it was started now).
 
-    `settings` are Spark settings for its session (session.server_settings).
+    `settings` are Spark settings for it (session.server_settings: on a local master, a
+    driver on loopback, as the server is, and a local job's SQL settings).
 
     Raises ServerError naming the log when it exits or does not answer in time.
     """
@@ -86,15 +87,10 @@ def start_server(db: str | os.PathLike[str], spark_home: str, settings: dict[str
     port = _free_port()
     log = state_path(db).with_name(Path(db).name + LOG_SUFFIX)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_HOME": spark_home}
-    master = server_master()
-    # A local Spark's driver listens too (its RPC and block manager): on loopback, as the
-    # server does. A cluster's executors must reach the driver, so there it is left be.
-    driver = (["--conf", "spark.driver.bindAddress=127.0.0.1",
-               "--conf", "spark.driver.host=127.0.0.1"] if master.startswith("local") else [])
     with open(log, "ab") as out:
         process = subprocess.Popen(
             [os.path.join(spark_home, "bin", "spark-submit"), "--class", SERVER_CLASS,
-             "--name", "agentbus-history", "--master", master, *driver,
+             "--name", "agentbus-history", "--master", server_master(),
              "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
              "--conf", f"spark.connect.grpc.binding.port={port}",
              "--conf", "spark.sql.session.timeZone=UTC",

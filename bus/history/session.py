@@ -24,6 +24,10 @@ QUERY_THREADS = 3  # the job's queries in flight at once (job.compute)
 # (docs/benchmarks.md). A long-lived JVM (`bus history serve`) keeps the
 # defaults, whose slower compiler pays off over many runs.
 ONE_SHOT_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
+# A local Spark's driver listens too (its RPC and block manager), on the machine's
+# address unless told: on one machine nothing from elsewhere needs it. A cluster's
+# executors must reach the driver, so there it is left be.
+LOOPBACK_DRIVER = {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
 QUIET_LOG_LEVEL = "WARN"  # Spark's INFO lines are for debugging Spark, not for reading history
 
 
@@ -50,9 +54,7 @@ def start_spark(quiet: bool = False) -> SparkSession:
         builder = builder.master(master)
     launch = {}  # what the JVM must be started with: set before it starts, or never
     if master is not None and master.startswith("local"):
-        # The driver's RPC and block manager listen on the machine's address otherwise;
-        # on one machine nothing from elsewhere needs them.
-        launch |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
+        launch |= LOOPBACK_DRIVER
         if not _java_options_given():
             launch["spark.driver.extraJavaOptions"] = ONE_SHOT_JVM
     for key, value in launch.items():
@@ -119,13 +121,17 @@ def one_machine_settings(parallelism: int) -> dict[str, str]:
 
 
 def server_settings(master: str) -> dict[str, str]:
-    """What a warm server on `master` is started with: one_machine_settings on a local
-    master (`local`, `local[N]`, `local[*]`, `local[N,F]`), nothing on a cluster's."""
-    found = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", master)
-    if found is None:
+    """What a warm server on `master` is started with: on a local master the loopback
+    driver and, for `local`, `local[N]`, `local[*]` or `local[N,F]`, one_machine_settings;
+    nothing on a cluster's."""
+    if not master.startswith("local"):
         return {}
+    found = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", master)
+    if found is None:  # local-cluster[N,C,M]: executors of their own, on this machine
+        return dict(LOOPBACK_DRIVER)
     cores = found[1] or "1"  # `local` is one core
-    return one_machine_settings((os.cpu_count() or 1) if cores == "*" else int(cores))
+    return {**LOOPBACK_DRIVER,
+            **one_machine_settings((os.cpu_count() or 1) if cores == "*" else int(cores))}
 
 
 def _log_level(launch: dict[str, str]) -> str:

@@ -130,9 +130,15 @@ def test_a_server_on_a_local_master_gets_the_settings_of_a_local_job(
     settings = server_settings(master)
     assert settings["spark.sql.shuffle.partitions"] == partitions
     assert settings["spark.sql.adaptive.enabled"] == "false"
+    assert settings["spark.driver.bindAddress"] == settings["spark.driver.host"] == "127.0.0.1"
 
 
-@pytest.mark.parametrize("master", ["spark://127.0.0.1:7077", "yarn", "local-cluster[2,1,512]"])
+def test_a_server_on_a_local_cluster_keeps_its_driver_on_loopback_only() -> None:
+    assert server_settings("local-cluster[2,1,512]") == {
+        "spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
+
+
+@pytest.mark.parametrize("master", ["spark://127.0.0.1:7077", "yarn"])
 def test_a_server_on_a_cluster_keeps_the_clusters_settings(master: str) -> None:
     assert server_settings(master) == {}
 
