@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
@@ -112,7 +113,14 @@ def test_history_page_reads_the_lake_through_the_warm_server_and_follows_the_exp
             printed = [json.loads(line) for line in bus(
                 quiet_bus, warm_spark, "history", "--query", "volume", "--json").splitlines()]
             assert int(totals["agents"]) == len({row["agent"] for row in printed})
-            assert page.query_selector("#history-volume td") is not None
+            by_type = Counter()
+            for row in printed:
+                by_type[row["type"]] += row["messages"]
+            shown = page.eval_on_selector_all(
+                "#history-volume tr", "rows => rows.slice(1).map(r => [r.cells[0].textContent,"
+                                      " Number(r.cells[1].textContent)])")
+            assert shown == [list(pair) for pair in sorted(
+                by_type.items(), key=lambda pair: (-pair[1], pair[0]))][:10]
             assert (quiet_bus.parent / "bus.lake" / "messages").is_dir()
             screenshot(page, tmp_path, "console-history")
             # The export grows; the next view takes in what it gained.
