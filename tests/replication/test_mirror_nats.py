@@ -170,8 +170,12 @@ def test_mirror_nats_r3_stream_without_quorum_waits_then_goes_on(
             wait_until(lambda: any("mirror:" in line for line in warned),
                        "the mirror to meet the stream without quorum")
             assert mirror.poll() is None, "".join(warned)  # it waits; it does not die
+            # Both back at once, as the cluster first starts: a node's health waits for
+            # its JetStream to be current, which needs the other one back too.
             for server in lost:
-                server.start()
+                server.start(wait=False)
+            for server in lost:
+                server.wait_healthy()
             wait_until(lambda: stream_count(cluster.urls) == 200, "the stream to hold 200")
             assert mirror.poll() is None, "".join(warned)
         finally:
