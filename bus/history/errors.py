@@ -22,6 +22,17 @@ class LakeTooNew(LakeError):
         self.path, self.found, self.supported = path, found, supported
 
 
+class LakeTooOld(LakeError):
+    """The lake was written by an older agentbus, without tables this one reads."""
+
+    def __init__(self, path: Path, found: int, supported: int) -> None:
+        super().__init__(f"the history lake {path} has schema version {found}, older than"
+                         f" {supported}, and lacks tables this agentbus reads; delete it (or"
+                         " give a new --lake directory) and run again: it is rebuilt from"
+                         " the export")
+        self.path, self.found, self.supported = path, found, supported
+
+
 class ServerError(BusError):
     """The history's Spark Connect server (`bus history serve`) could not be started."""
 

@@ -174,13 +174,30 @@ def survey(spark: SparkSession, raw: DataFrame) -> tuple[Overview, Known]:
                    F.max("ts_ms").alias("last_ms"),
                    F.max(F.col("type") == HEARTBEAT_TYPE).alias("beats"))
               .collect())
-    good = [group for group in groups if group.bad_file is None]
     bad = [group for group in groups if group.bad_file is not None]
+    return _summed([group for group in groups if group.bad_file is None],
+                   sum(group.lines for group in bad), _first_malformed(spark, bad))
+
+
+def survey_counts(counts: DataFrame) -> tuple[Overview, Known]:
+    """survey of counts per agent and type (queries.volume_counts: the lake's `volume`),
+    which hold records only."""
+    groups = (counts.groupBy("agent")
+              .agg(F.sum("messages").alias("lines"), F.min("first_ms").alias("first_ms"),
+                   F.max("last_ms").alias("last_ms"),
+                   F.max(F.col("type") == HEARTBEAT_TYPE).alias("beats"))
+              .collect())
+    return _summed(groups, 0, None)
+
+
+def _summed(good: list[Row], malformed: int, first_malformed: str | None
+            ) -> tuple[Overview, Known]:
+    """The overview and Known from (agent, lines, first_ms, last_ms, beats) rows."""
     seen = Overview(sum(group.lines for group in good),
                     len({group.agent for group in good} - {None}),
                     _extreme(min, [group.first_ms for group in good]),
                     _extreme(max, [group.last_ms for group in good]),
-                    sum(group.lines for group in bad), _first_malformed(spark, bad))
+                    malformed, first_malformed)
     beaters = frozenset(group.agent for group in good if group.beats and group.agent is not None)
     return seen, Known(newest_ms=seen.last_ms, beaters=beaters)
 

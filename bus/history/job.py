@@ -27,6 +27,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterator
+from typing import Mapping
 from typing import Sequence
 from typing import TextIO
 
@@ -34,14 +36,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from bus.history.extract import CACHED_COLUMNS
-from bus.history.extract import PAYLOAD_FIELDS
 from bus.history.extract import MalformedExport
-from bus.history.extract import survey
-from bus.history.extract import to_messages
+from bus.history.extract import survey_counts
 from bus.history.errors import LakeError
 from bus.history.lake import check_version
 from bus.history.lake import default_lake
+from bus.history.pipeline import TABLE_SCHEMAS
 from bus.history.pipeline import read_table
 from bus.history.pipeline import update_lake
 from bus.history.queries import MAX_SILENCE_TOP
@@ -93,36 +93,42 @@ def compute_lake(spark: SparkSession, lake: str | Path, names: Sequence[str],
                  export: str | None = None) -> tuple[Overview, list[Result]]:
     """The overview and each query's rows over the lake as it is.
 
-    The queries are submitted side by side (Spark runs jobs from several
-    threads at once): a query's small stages and its driver-side planning
-    leave cores idle that another query's tasks then use. `export` names the
-    export in the place of a quarantined line (FILE:LINE).
+    Each query reads the smallest of the lake's tables that answers it (the
+    overview: the counts in `volume`), so it costs what those hold, not what
+    all the messages do. The queries are submitted side by side (Spark runs
+    jobs from several threads at once): a query's small stages and its
+    driver-side planning leave cores idle that another query's tasks then
+    use. `export` names the export in the place of a quarantined line
+    (FILE:LINE).
     """
     check_version(Path(lake))
-    # Not cached: each query reads only its columns of the Parquet, which
-    # costs less than building a cache of them all (measured in
-    # docs/benchmarks.md).
-    raw = lake_records(spark, lake)
-    seen, known = survey(spark, raw)
-    seen = with_quarantine(seen, read_table(spark, lake, "quarantine"), export)
+    tables = LakeTables(spark, Path(lake))
+    seen, known = survey_counts(tables["volume"])
+    seen = with_quarantine(seen, tables["quarantine"], export)
     if strict and seen.malformed:
         raise MalformedExport(f"{seen.malformed_note('in the export')}; --strict stops"
                               " at any (without it they are quarantined and counted)")
-    tables = {"messages": to_messages(raw), "tasks": read_table(spark, lake, "tasks")}
     with ThreadPoolExecutor(QUERY_THREADS) as pool:
         return seen, list(pool.map(
-            lambda name: collect(name, QUERIES[name].run(tables[QUERIES[name].table],
-                                                         options, known)), names))
+            lambda name: collect(name, QUERIES[name].transform(tables, options, known)), names))
 
 
-def lake_records(spark: SparkSession, lake: str | Path) -> DataFrame:
-    """The lake's messages as read_export gives the export's (CACHED_COLUMNS, the payload
-    as its pulled-out fields), for survey and to_messages."""
-    payload_fields = [f"payload_{name}" for name in PAYLOAD_FIELDS]
-    columns = [F.col("from_agent").alias("from") if name == "from" else name
-               for name in CACHED_COLUMNS if name not in ("payload", "bad_file")]
-    return (read_table(spark, lake, "messages")
-            .select(*columns, *payload_fields, F.lit(None).cast("string").alias("bad_file")))
+class LakeTables(Mapping[str, DataFrame]):
+    """The lake's tables by name (pipeline.TABLE_SCHEMAS), each read when first asked for."""
+
+    def __init__(self, spark: SparkSession, lake: Path) -> None:
+        self.spark, self.lake = spark, lake
+
+    def __getitem__(self, name: str) -> DataFrame:
+        if name not in TABLE_SCHEMAS:
+            raise KeyError(name)
+        return read_table(self.spark, self.lake, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(TABLE_SCHEMAS)
+
+    def __len__(self) -> int:
+        return len(TABLE_SCHEMAS)
 
 
 def with_quarantine(seen: Overview, quarantine: DataFrame, export: str | None) -> Overview:

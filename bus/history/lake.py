@@ -35,8 +35,9 @@ from typing import Iterator
 
 from bus.history.errors import LakeError
 from bus.history.errors import LakeTooNew
+from bus.history.errors import LakeTooOld
 
-LAKE_SCHEMA_VERSION = 1
+LAKE_SCHEMA_VERSION = 2  # 2: the volume, replies and silences tables
 LAKE_FILE = "_lake.json"
 LANDING = "_landing"
 CHECKPOINT = "_checkpoints/export"
@@ -103,7 +104,7 @@ def open_lake(lake: str | os.PathLike[str]) -> Path:
 
 
 def check_version(root: Path) -> int:
-    """The lake's schema version; LakeTooNew if this agentbus cannot read it."""
+    """The lake's schema version; LakeTooNew or LakeTooOld if this agentbus cannot read it."""
     try:
         version = int(json.loads((root / LAKE_FILE).read_text())["schema_version"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -111,6 +112,8 @@ def check_version(root: Path) -> int:
                         " move it away and run again to rebuild it from the export") from exc
     if version > LAKE_SCHEMA_VERSION:
         raise LakeTooNew(root, version, LAKE_SCHEMA_VERSION)
+    if version < LAKE_SCHEMA_VERSION:
+        raise LakeTooOld(root, version, LAKE_SCHEMA_VERSION)
     return version
 
 

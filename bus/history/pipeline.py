@@ -25,7 +25,6 @@ from pathlib import Path
 from urllib.parse import unquote
 from urllib.parse import urlparse
 
-from pyspark.sql import Column
 from pyspark.sql import Observation
 from pyspark.sql import DataFrame
 from pyspark.sql import SparkSession
@@ -33,7 +32,6 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from bus.history.extract import EXPORT_SCHEMA
-from bus.history.extract import HOLD_ENDING_TYPES
 from bus.history.extract import PAYLOAD_FIELDS
 from bus.history.extract import with_payload_fields
 from bus.history.lake import CHECKPOINT
@@ -44,10 +42,14 @@ from bus.history.lake import lake_lock
 from bus.history.lake import locate_lines
 from bus.history.lake import open_lake
 from bus.history.lake import remove_leftovers
+from bus.history.queries import hold_end_events
+from bus.history.queries import reply_latencies
+from bus.history.queries import silence_spans
+from bus.history.queries import state_changes
 from bus.history.queries import task_events
+from bus.history.queries import volume_counts
 
 DAY_MS = 86_400_000
-STATE_CHANGE = "state_change"
 
 _TIME = [T.StructField("ts", T.TimestampType()), T.StructField("ts_ms", T.LongType()),
          T.StructField("seq", T.LongType())]
@@ -73,6 +75,23 @@ TABLE_SCHEMAS: dict[str, T.StructType] = {
     "tasks": T.StructType([
         *[T.StructField(name, T.StringType()) for name in ("task", "event", "agent", "state")],
         *_TIME, *_PARTITION]),
+    "volume": T.StructType([
+        T.StructField("hour", T.TimestampType()), T.StructField("hour_ms", T.LongType()),
+        T.StructField("agent", T.StringType()), T.StructField("type", T.StringType()),
+        *[T.StructField(name, T.LongType()) for name in ("messages", "first_ms", "last_ms")],
+        *_PARTITION]),
+    "replies": T.StructType([
+        *[T.StructField(name, T.StringType()) for name in ("correlation_id", "reply_id",
+                                                           "request_id")],
+        T.StructField("latency_ms", T.LongType()), *_TIME, *_PARTITION]),
+    "silences": T.StructType([
+        T.StructField("agent", T.StringType()), T.StructField("beats", T.BooleanType()),
+        *[T.StructField(name, T.LongType()) for name in ("first_ms", "first_seq", "last_ms",
+                                                         "last_seq")],
+        T.StructField("gaps", T.ArrayType(T.StructType([
+            T.StructField("start_ms", T.LongType()), T.StructField("ts_ms", T.LongType()),
+            T.StructField("gap_s", T.DoubleType())]))),
+        T.StructField("batch_id", T.LongType())]),
     "quarantine": T.StructType([
         T.StructField("source", T.StringType()), T.StructField("line", T.LongType()),
         T.StructField("offset", T.LongType()), T.StructField("text", T.StringType()),
@@ -129,6 +148,10 @@ def write_batch(root: Path, batch: DataFrame, batch_id: int) -> None:
     written = _batch_rows(batch.sparkSession, root / "messages", batch_id)
     for name, derive in DERIVED.items():
         _write_partitions(derive(written), root / name, batch_id, ("day", "batch_id"))
+    requests = read_table(batch.sparkSession, root, "messages")
+    _write_partitions(reply_latencies(written, requests, "ts", "ts_ms", "seq", "day"),
+                      root / "replies", batch_id, ("day", "batch_id"))
+    _write_partitions(silence_spans(written), root / "silences", batch_id, ("batch_id",))
     if lines.get["bad"]:
         bad_lines = parsed.where(bad).select("chunk", "value").collect()
         _quarantine(batch.sparkSession, root, bad_lines, batch_id)
@@ -173,21 +196,12 @@ def messages_table(records: DataFrame) -> DataFrame:
 
 def worker_states_table(records: DataFrame) -> DataFrame:
     """Each state a worker's task entered (its state_change messages)."""
-    return (records.where(F.col("type") == STATE_CHANGE)
-            .select(F.col("from_agent").alias("worker"), F.col("correlation_id").alias("task"),
-                    F.col("payload_to").alias("state"), "ts", "ts_ms", "seq", "day"))
+    return state_changes(records, "ts", "day")
 
 
 def claims_table(records: DataFrame) -> DataFrame:
     """The bus's ends of a hold: released from a dead holder, taken over, declared dead."""
-    kind = F.col("type")
-    return (records.where(kind.isin(*HOLD_ENDING_TYPES))
-            .select(_task().alias("task"), kind.alias("event"),
-                    F.coalesce("payload_agent", "payload_last_holder",
-                               "payload_previous_holder").alias("holder"),
-                    F.col("payload_new_holder").alias("new_holder"),
-                    F.col("payload_attempt").cast("long").alias("attempt"),
-                    F.col("payload_reason").alias("reason"), "ts", "ts_ms", "seq", "day"))
+    return hold_end_events(records, "ts", "day")
 
 
 def tasks_table(records: DataFrame) -> DataFrame:
@@ -195,8 +209,18 @@ def tasks_table(records: DataFrame) -> DataFrame:
     return task_events(records, "ts", "day")
 
 
-# The tables derived from the batch's rows in `messages`.
-DERIVED = {"worker_states": worker_states_table, "claims": claims_table, "tasks": tasks_table}
+def volume_table(records: DataFrame) -> DataFrame:
+    """Messages per hour, agent and type of the batch (queries.volume_counts)."""
+    return (volume_counts(records, "day")
+            .withColumn("hour", F.timestamp_millis("hour_ms")))
+
+
+# The tables derived from the batch's rows in `messages` (and, for `replies`, the
+# requests in all of it: a request comes before its reply, in this batch or one
+# before). silence_spans are of the batch as a whole, so that table is
+# partitioned by batch alone.
+DERIVED = {"worker_states": worker_states_table, "claims": claims_table, "tasks": tasks_table,
+           "volume": volume_table}
 
 
 def quarantine_rows(bad: list, batch_id: int) -> list[tuple]:
@@ -228,11 +252,6 @@ def _write_partitions(frame: DataFrame, path: Path, batch_id: int,
     (frame.withColumn("batch_id", F.lit(batch_id).cast("long"))
      .write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
      .partitionBy(*partitions).parquet(str(path)))
-
-
-def _task() -> Column:
-    """The task a message is about: its payload's `task`, else its correlation id."""
-    return F.coalesce(F.col("payload_task"), F.col("correlation_id"))
 
 
 def _columns(table: str) -> list[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
+from typing import Mapping
 
 from pyspark.sql import Column
 from pyspark.sql import DataFrame
@@ -36,26 +37,43 @@ MAX_SILENCE_TOP = 100_000  # the most max_by(..., k) keeps per group
 ISO_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"  # the export's `ts` format (session time zone UTC)
 HOUR_FORMAT = "yyyy-MM-dd'T'HH:00'Z'"
 HOUR_MS = 3_600_000
+SPAN_GAPS = 100  # gaps kept per agent and batch in the lake: silence_of answers --silence-top up to it
+_GAPS_TYPE = "array<struct<start_ms:bigint,ts_ms:bigint,gap_s:double>>"
 
 
 
 def volume(messages: DataFrame) -> DataFrame:
     """Messages per hour (UTC), sending agent and type."""
+    return volume_of(volume_counts(messages))
+
+
+def volume_counts(messages: DataFrame, *extra: str) -> DataFrame:
+    """Messages per hour (`hour_ms`, UTC), sending agent and type, and the first and the
+    last message's ts_ms of each: counts that add up (the lake's `volume` table)."""
     # UTC hours start at multiples of an hour since the epoch: integer
     # arithmetic per message, where date_trunc would work through a calendar.
     hour_ms = F.col("ts_ms") - F.pmod("ts_ms", F.lit(HOUR_MS))
-    return (messages.groupBy(hour_ms.alias("hour"), F.col("from_agent").alias("agent"), "type")
-            .agg(F.count(F.lit(1)).alias("messages"))
+    return (messages.groupBy(hour_ms.alias("hour_ms"), F.col("from_agent").alias("agent"), "type",
+                             *extra)
+            .agg(F.count(F.lit(1)).alias("messages"), F.min("ts_ms").alias("first_ms"),
+                 F.max("ts_ms").alias("last_ms")))
+
+
+def volume_of(counts: DataFrame) -> DataFrame:
+    """volume from volume_counts' rows, of one pass or of many batches."""
+    return (counts.groupBy(F.col("hour_ms").alias("hour"), "agent", "type")
+            .agg(F.sum("messages").alias("messages"))
             .transform(ordered, "hour", "agent", "type")
             # Formatted once per group, not once per message: it is the costly part.
             .withColumn("hour", F.date_format(F.timestamp_millis("hour"), HOUR_FORMAT)))
 
 
-def state_changes(messages: DataFrame) -> DataFrame:
-    """state_change messages as (worker, task, state, ts_ms, seq)."""
+def state_changes(messages: DataFrame, *extra: str) -> DataFrame:
+    """state_change messages as (worker, task, state, ts_ms, seq, *extra): the lake's
+    `worker_states` table."""
     return (with_payload_fields(messages).where(F.col("type") == "state_change")
             .select(F.col("from_agent").alias("worker"), F.col("correlation_id").alias("task"),
-                    _field("to").alias("state"), "ts_ms", "seq"))
+                    _field("to").alias("state"), "ts_ms", "seq", *extra))
 
 
 def time_in_state(messages: DataFrame) -> DataFrame:
@@ -63,8 +81,13 @@ def time_in_state(messages: DataFrame) -> DataFrame:
 
     `left_ms` and `seconds` are null for the state it is still in.
     """
+    return time_in_state_of(state_changes(messages))
+
+
+def time_in_state_of(states: DataFrame) -> DataFrame:
+    """time_in_state from state_changes' rows."""
     by_task = Window.partitionBy("worker", "task").orderBy("ts_ms", "seq")
-    return (state_changes(messages)
+    return (states
             .withColumn("left_ms", F.lead("ts_ms").over(by_task))
             .select("worker", "task", "state", F.col("ts_ms").alias("entered_ms"), "left_ms",
                     ((F.col("left_ms") - F.col("ts_ms")) / 1000.0).alias("seconds")))
@@ -72,7 +95,12 @@ def time_in_state(messages: DataFrame) -> DataFrame:
 
 def lifecycle(messages: DataFrame) -> DataFrame:
     """p50/p95 time in each state per worker, over the states it has left."""
-    left = time_in_state(messages).where(F.col("seconds").isNotNull())
+    return lifecycle_of(state_changes(messages))
+
+
+def lifecycle_of(states: DataFrame) -> DataFrame:
+    """lifecycle from state_changes' rows."""
+    left = time_in_state_of(states).where(F.col("seconds").isNotNull())
     quantiles = exact_quantiles("seconds")
     return (left.groupBy("worker", "state")
             .agg(F.count(F.lit(1)).alias("visits"), quantiles.alias("q"),
@@ -93,19 +121,28 @@ def stuck(messages: DataFrame, after_seconds: float = STUCK_AFTER_SECONDS,
     the data, not the clock, so an old export gives the same answer tomorrow:
     `newest_ms` when the caller knows it (Known), else found here.
     """
+    newest = messages.agg(F.max("ts_ms").alias("newest_ms")) if newest_ms is None else newest_ms
+    return stuck_of(state_changes(messages), hold_end_events(messages), after_seconds, newest)
+
+
+def stuck_of(states: DataFrame, hold_ends: DataFrame, after_seconds: float,
+             newest: int | DataFrame) -> DataFrame:
+    """stuck from state_changes' and hold_end_events' rows; `newest`: the newest message's
+    ts_ms, or a one-row frame of it (`newest_ms`)."""
     # An aggregate, not a window: it combines before the shuffle and sorts nothing.
     latest = F.max_by(F.struct("state", "ts_ms", "seq"), F.struct("ts_ms", "seq"))
-    last = (state_changes(messages).groupBy("worker", "task").agg(latest.alias("last"))
+    last = (states.groupBy("worker", "task").agg(latest.alias("last"))
             .select("worker", "task", "last.*")
             .where(~F.col("state").isin(*sorted(TERMINAL_STATES))))
-    ended = hold_ends(messages)
+    ended = _ended_holds(hold_ends)
     still_held = last.join(ended, (last["task"] == ended["ended_task"])
-                           & (ended["holder"].isNull() | (last["worker"] == ended["holder"]))
+                           & (ended["ended_holder"].isNull()
+                              | (last["worker"] == ended["ended_holder"]))
                            & (ended["end_seq"] > last["seq"]), "left_anti")
-    if newest_ms is None:
-        still_held = still_held.crossJoin(messages.agg(F.max("ts_ms").alias("newest_ms")))
+    if isinstance(newest, DataFrame):
+        still_held = still_held.crossJoin(newest)
     else:
-        still_held = still_held.withColumn("newest_ms", F.lit(newest_ms))
+        still_held = still_held.withColumn("newest_ms", F.lit(newest))
     return (still_held
             .withColumn("stuck_s", (F.col("newest_ms") - F.col("ts_ms")) / 1000.0)
             .where(F.col("stuck_s") > F.lit(after_seconds))
@@ -113,19 +150,38 @@ def stuck(messages: DataFrame, after_seconds: float = STUCK_AFTER_SECONDS,
             .transform(ordered, F.desc("stuck_s"), "worker", "task"))
 
 
-def hold_ends(messages: DataFrame) -> DataFrame:
-    """The bus's messages that end a hold: (ended_task, holder, end_seq); holder null = any."""
+def hold_end_events(messages: DataFrame, *extra: str) -> DataFrame:
+    """The bus's ends of a hold (released from a dead holder, taken over, declared dead) as
+    (task, event, holder, new_holder, attempt, reason, ts_ms, seq, *extra): the lake's
+    `claims` table. `holder` is the one whose hold ended (task_dead: the last one)."""
     kind = F.col("type")
-    holder = (F.when(kind == "task_released", _field("agent"))
-              .when(kind == "task_reclaimed", _field("previous_holder")))
     return (with_payload_fields(messages).where(kind.isin(*HOLD_ENDING_TYPES))
-            .select(F.coalesce(_field("task"), F.col("correlation_id")).alias("ended_task"),
-                    holder.alias("holder"), F.col("seq").alias("end_seq")))
+            .select(F.coalesce(_field("task"), F.col("correlation_id")).alias("task"),
+                    kind.alias("event"),
+                    F.coalesce(_field("agent"), _field("last_holder"),
+                               _field("previous_holder")).alias("holder"),
+                    _field("new_holder").alias("new_holder"),
+                    _field("attempt").cast("long").alias("attempt"),
+                    _field("reason").alias("reason"), "ts_ms", "seq", *extra))
 
 
-def reply_latencies(messages: DataFrame) -> DataFrame:
-    """Each reply (in_reply_to names a message in the data) with its latency in ms."""
-    requests = messages.select(F.col("id").alias("request_id"),
+def _ended_holds(hold_ends: DataFrame) -> DataFrame:
+    """(ended_task, ended_holder, end_seq) of hold_end_events' rows; holder null = any
+    (a task_dead ends the task's hold whoever has it)."""
+    event = F.col("event")
+    return hold_ends.select(
+        F.col("task").alias("ended_task"),
+        F.when(event != "task_dead", F.col("holder")).alias("ended_holder"),
+        F.col("seq").alias("end_seq"))
+
+
+def reply_latencies(messages: DataFrame, requests: DataFrame | None = None,
+                    *extra: str) -> DataFrame:
+    """Each reply in `messages` (in_reply_to names a message of `requests`, default
+    `messages` itself) as (correlation_id, reply_id, request_id, latency_ms, *extra of the
+    reply): the lake's `replies` table."""
+    requests = messages if requests is None else requests
+    requests = requests.select(F.col("id").alias("request_id"),
                                F.col("ts_ms").alias("request_ms"),
                                F.col("correlation_id").alias("request_correlation_id"))
     # Broadcast: replies are few beside all messages (1.5% of a generated
@@ -135,13 +191,18 @@ def reply_latencies(messages: DataFrame) -> DataFrame:
     return (replies.join(requests, replies["in_reply_to"] == requests["request_id"])
             .select(F.coalesce("correlation_id", "request_correlation_id").alias("correlation_id"),
                     F.col("id").alias("reply_id"), "request_id",
-                    (F.col("ts_ms") - F.col("request_ms")).alias("latency_ms")))
+                    (F.col("ts_ms") - F.col("request_ms")).alias("latency_ms"), *extra))
 
 
 def threads(messages: DataFrame) -> DataFrame:
     """Request-to-reply latency per correlation_id, then over all replies (scope "all")."""
+    return threads_of(reply_latencies(messages))
+
+
+def threads_of(latencies: DataFrame) -> DataFrame:
+    """threads from reply_latencies' rows."""
     quantiles = exact_quantiles("latency_ms").cast("array<long>")
-    per_thread = (reply_latencies(messages).rollup("correlation_id")
+    per_thread = (latencies.rollup("correlation_id")
                   .agg(F.grouping("correlation_id").alias("total"),
                        F.count(F.lit(1)).alias("replies"), quantiles.alias("q"),
                        F.max("latency_ms").alias("max_ms")))
@@ -162,26 +223,90 @@ def silence(messages: DataFrame, top: int = SILENCE_TOP,
     `beaters` names the agents that send heartbeats when the caller knows
     them (Known), else they are found here.
     """
+    gaps = _gaps(_silence_basis(messages, beaters))
+    return _silence_rows(gaps.groupBy("from_agent")
+                         .agg(F.max("beats").alias("beats"), _longest(top).alias("gaps")))
+
+
+def _silence_basis(messages: DataFrame, beaters: frozenset[str] | None) -> DataFrame:
+    """The messages each agent is judged by: (from_agent, ts_ms, seq, beats)."""
+    return (_with_beats(messages, beaters)
+            .select("from_agent", "ts_ms", "seq", "beats",
+                    (F.col("type") == HEARTBEAT_TYPE).alias("beat"))
+            .where(F.col("beat") | ~F.col("beats")))
+
+
+def _gaps(basis: DataFrame) -> DataFrame:
+    """Each basis message after an agent's first, with the gap since the one before."""
     in_order = Window.partitionBy("from_agent").orderBy("ts_ms", "seq")
-    basis = (_with_beats(messages, beaters)
-             .select("from_agent", "ts_ms", "seq", "beats",
-                     (F.col("type") == HEARTBEAT_TYPE).alias("beat"))
-             .where(F.col("beat") | ~F.col("beats")))
-    gaps = (basis.withColumn("start_ms", F.lag("ts_ms").over(in_order))
+    return (basis.withColumn("start_ms", F.lag("ts_ms").over(in_order))
             .where(F.col("start_ms").isNotNull())
             .withColumn("gap_s", (F.col("ts_ms") - F.col("start_ms")) / 1000.0))
-    # The top gaps by an aggregate over the rows as the window left them (in
-    # agent order already), not a second sort of every gap; longest first,
-    # the earlier of equal gaps first.
-    longest = F.max_by(F.struct("start_ms", "ts_ms", "gap_s"), F.struct("gap_s", -F.col("ts_ms")),
-                       top)
-    return (gaps.groupBy("from_agent").agg(F.max("beats").alias("beats"), longest.alias("gaps"))
-            .select("from_agent", "beats", F.explode("gaps").alias("gap"))
+
+
+def _longest(top: int) -> Column:
+    """The `top` longest gaps of a group, longest first, the earlier of equal gaps first:
+    an aggregate over the rows as the window left them (in agent order already), not a
+    second sort of every gap."""
+    return F.max_by(F.struct("start_ms", "ts_ms", "gap_s"), F.struct("gap_s", -F.col("ts_ms")),
+                    top)
+
+
+def _silence_rows(longest: DataFrame) -> DataFrame:
+    """silence's rows from (from_agent, beats, gaps) rows."""
+    return (longest.select("from_agent", "beats", F.explode("gaps").alias("gap"))
             .select(F.col("from_agent").alias("agent"),
                     F.when(F.col("beats"), "heartbeat").otherwise("any").alias("basis"),
                     _iso("gap.start_ms").alias("start"), _iso("gap.ts_ms").alias("end"),
                     F.col("gap.gap_s").alias("gap_s"))
             .transform(ordered, F.desc("gap_s"), "agent", "start"))
+
+
+def silence_spans(messages: DataFrame) -> DataFrame:
+    """Per agent: whether it beats (in these messages), the first and the last message it
+    is judged by, and its SPAN_GAPS longest gaps between them: the lake's `silences` table,
+    one row per agent and batch, which silence_of merges."""
+    basis = _silence_basis(messages, None)
+    first, last = (F.min(F.struct("ts_ms", "seq")), F.max(F.struct("ts_ms", "seq")))
+    bounds = basis.groupBy("from_agent").agg(
+        F.max("beats").alias("beats"), first.alias("first"), last.alias("last"))
+    longest = _gaps(basis).groupBy("from_agent").agg(_longest(SPAN_GAPS).alias("gaps"))
+    return (bounds.join(longest, "from_agent", "left")
+            .select(F.col("from_agent").alias("agent"), "beats",
+                    F.col("first.ts_ms").alias("first_ms"), F.col("first.seq").alias("first_seq"),
+                    F.col("last.ts_ms").alias("last_ms"), F.col("last.seq").alias("last_seq"),
+                    F.coalesce("gaps", F.array().cast(_GAPS_TYPE)).alias("gaps")))
+
+
+def silence_of(spans: DataFrame, top: int) -> DataFrame:
+    """silence from silence_spans' rows of batches that follow one another in each agent's
+    time (spans_overlap says when they do not): every gap inside a batch is among its
+    stored ones or shorter than them, and the gaps between batches are those from one
+    batch's last message to the next one's first."""
+    beats = spans.groupBy("agent").agg(F.max("beats").alias("beater"))
+    # A beating agent is judged by its heartbeats: the batches it beat in, alone.
+    judged = spans.join(beats, "agent").where(F.col("beats") == F.col("beater"))
+    in_order = Window.partitionBy("agent").orderBy("first_ms", "first_seq")
+    between = (judged.withColumn("start_ms", F.lag("last_ms").over(in_order))
+               .where(F.col("start_ms").isNotNull())
+               .select("agent", "beats", F.struct(
+                   "start_ms", F.col("first_ms").alias("ts_ms"),
+                   ((F.col("first_ms") - F.col("start_ms")) / 1000.0).alias("gap_s")).alias("gap")))
+    inside = judged.select("agent", "beats", F.explode("gaps").alias("gap"))
+    return _silence_rows(
+        inside.unionByName(between).select(F.col("agent").alias("from_agent"), "beats", "gap.*")
+        .groupBy("from_agent").agg(F.max("beats").alias("beats"), _longest(top).alias("gaps")))
+
+
+def spans_overlap(spans: DataFrame) -> bool:
+    """Do two batches' spans of an agent's judged messages overlap in time (an export not
+    in time order), so that only a pass over every message gives silence?"""
+    beats = spans.groupBy("agent").agg(F.max("beats").alias("beater"))
+    judged = spans.join(beats, "agent").where(F.col("beats") == F.col("beater"))
+    in_order = Window.partitionBy("agent").orderBy("first_ms", "first_seq")
+    before = F.lag(F.struct("last_ms", "last_seq")).over(in_order)
+    return (judged.withColumn("before", before)
+            .where(F.col("before") > F.struct("first_ms", "first_seq")).limit(1).count() > 0)
 
 
 def _with_beats(messages: DataFrame, beaters: frozenset[str] | None) -> DataFrame:
@@ -200,24 +325,26 @@ def _with_beats(messages: DataFrame, beaters: frozenset[str] | None) -> DataFram
 def dead_tasks(messages: DataFrame) -> DataFrame:
     """Tasks the bus released from a dead holder, whose lease was taken over after it ran
     out (`task_reclaimed`), or that were declared dead; with every agent involved."""
-    kind = F.col("type")
-    events = (with_payload_fields(messages).where(kind.isin(*HOLD_ENDING_TYPES))
-              .select(F.coalesce(_field("task"), F.col("correlation_id")).alias("task"),
-                      F.array(F.coalesce(_field("agent"), _field("last_holder"),
-                                         _field("previous_holder")),
-                              _field("new_holder")).alias("involved"),
-                      F.when(kind == "task_reclaimed", F.concat_ws(
-                          " ", F.lit("taken over by"), _field("new_holder"),
-                          F.lit("at attempt"), _field("attempt")))
-                      .otherwise(_field("reason")).alias("reason"), "type", "ts_ms", "seq"))
+    return dead_tasks_of(hold_end_events(messages))
+
+
+def dead_tasks_of(hold_ends: DataFrame) -> DataFrame:
+    """dead_tasks from hold_end_events' rows."""
+    event = F.col("event")
+    events = hold_ends.select(
+        "task", F.array("holder", "new_holder").alias("involved"),
+        F.when(event == "task_reclaimed", F.concat_ws(
+            " ", F.lit("taken over by"), F.col("new_holder"), F.lit("at attempt"),
+            F.col("attempt").cast("string")))
+        .otherwise(F.col("reason")).alias("reason"), "event", "ts_ms", "seq")
     agents = F.array_sort(F.array_distinct(F.filter(
         F.flatten(F.collect_list("involved")), lambda agent: agent.isNotNull())))
     return (events.groupBy("task")
-            .agg(F.sum((kind == "task_released").cast("long")).alias("released"),
-                 F.sum((kind == "task_reclaimed").cast("long")).alias("reclaimed"),
-                 F.max(kind == "task_dead").alias("dead"),
+            .agg(F.sum((event == "task_released").cast("long")).alias("released"),
+                 F.sum((event == "task_reclaimed").cast("long")).alias("reclaimed"),
+                 F.max(event == "task_dead").alias("dead"),
                  F.array_join(agents, ",").alias("agents"),
-                 F.max_by("type", "seq").alias("last_event"),
+                 F.max_by("event", "seq").alias("last_event"),
                  F.max_by("reason", "seq").alias("last_reason"),
                  F.max("ts_ms").alias("last_ms"))
             .select("task", "released", "reclaimed", "dead", "agents", "last_event",
@@ -332,34 +459,41 @@ class Options:
 
 @dataclass(frozen=True)
 class Query:
-    transform: Callable[[DataFrame, Options, Known], DataFrame]
+    """A query over the lake's tables (by name: bus.history.pipeline.TABLE_SCHEMAS)."""
+
+    transform: Callable[[Mapping[str, DataFrame], Options, Known], DataFrame]
     title: str
     times: tuple[str, ...] = ()  # the result's time columns (ISO text: HOUR_FORMAT or ISO_FORMAT)
-    table: str = "messages"  # the lake table it reads (bus.history.pipeline.TABLE_SCHEMAS)
-
-    def run(self, frame: DataFrame, options: Options, known: Known = Known()) -> DataFrame:
-        """The query over its table; a tasks query given the messages derives the table."""
-        if self.table == "tasks" and "event" not in frame.columns:
-            frame = task_events(frame)
-        return self.transform(frame, options, known)
 
 
+def lake_silence(tables: Mapping[str, DataFrame], options: Options, known: Known) -> DataFrame:
+    """silence from the batches' spans; from every message when a span keeps too few gaps
+    for --silence-top or spans overlap."""
+    spans = tables["silences"]
+    if options.silence_top > SPAN_GAPS or spans_overlap(spans):
+        return silence(tables["messages"], options.silence_top, known.beaters)
+    return silence_of(spans, options.silence_top)
+
+
+# Each reads the smallest of the lake's tables that answers it; the functions of
+# the messages above are what each means (tests hold the two to each other).
 QUERIES: dict[str, Query] = {
-    "volume": Query(lambda m, o, k: volume(m), "messages per hour, agent and type", ("hour",)),
-    "lifecycle": Query(lambda m, o, k: lifecycle(m), "time in state per worker (seconds)"),
-    "stuck": Query(lambda m, o, k: stuck(m, o.stuck_after_seconds, k.newest_ms),
+    "volume": Query(lambda t, o, k: volume_of(t["volume"]), "messages per hour, agent and type",
+                    ("hour",)),
+    "lifecycle": Query(lambda t, o, k: lifecycle_of(t["worker_states"]),
+                       "time in state per worker (seconds)"),
+    "stuck": Query(lambda t, o, k: stuck_of(t["worker_states"], t["claims"],
+                                            o.stuck_after_seconds, k.newest_ms),
                    "tasks stuck in a non-terminal state", ("since",)),
-    "threads": Query(lambda m, o, k: threads(m), "request-to-reply latency (ms)"),
-    "silence": Query(lambda m, o, k: silence(m, o.silence_top, k.beaters),
-                     "longest silences per agent", ("start", "end")),
-    "dead_tasks": Query(lambda m, o, k: dead_tasks(m),
+    "threads": Query(lambda t, o, k: threads_of(t["replies"]), "request-to-reply latency (ms)"),
+    "silence": Query(lake_silence, "longest silences per agent", ("start", "end")),
+    "dead_tasks": Query(lambda t, o, k: dead_tasks_of(t["claims"]),
                         "tasks released, taken over (reclaimed) or declared dead", ("last_at",)),
-    "lead_time": Query(lambda t, o, k: lead_time(t), "lead time per task (seconds)",
-                       ("started", "ended"), table="tasks"),
-    "blocked": Query(lambda t, o, k: blocked(t), "time blocked per task and agent (seconds)",
-                     ("first_blocked",), table="tasks"),
-    "throughput": Query(lambda t, o, k: throughput(t), "tasks done per agent and UTC day",
-                        table="tasks"),
+    "lead_time": Query(lambda t, o, k: lead_time(t["tasks"]), "lead time per task (seconds)",
+                       ("started", "ended")),
+    "blocked": Query(lambda t, o, k: blocked(t["tasks"]),
+                     "time blocked per task and agent (seconds)", ("first_blocked",)),
+    "throughput": Query(lambda t, o, k: throughput(t["tasks"]), "tasks done per agent and UTC day"),
 }
 
 

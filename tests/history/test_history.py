@@ -41,11 +41,13 @@ from bus.log.export import format_line  # noqa: E402
 from bus.history import QUERY_NAMES  # noqa: E402
 from bus.history import extract  # noqa: E402
 from bus.history import job  # noqa: E402
+from bus.history import pipeline  # noqa: E402
 from bus.history import queries  # noqa: E402
 from bus.history import job_path  # noqa: E402
 from bus.history import report  # noqa: E402
 from workers.machine import TRANSITIONS  # noqa: E402
 
+from tests.support.history_support import MEANING  # noqa: E402
 from tests.support.history_support import QUICK_JVM  # noqa: E402
 from tests.support.history_support import T0  # noqa: E402
 from tests.support.history_support import change  # noqa: E402
@@ -447,11 +449,14 @@ def test_end_to_end_real_bus_export_gives_lifecycle_threads_stuck_and_dead_tasks
     messages.unpersist()
 
 
-def test_compute_over_its_narrow_cache_gives_each_query_over_all_of_extract(
-        spark: SparkSession, tmp_path: Path) -> None:
-    """compute caches only the columns the queries read, the payload's fields pulled out
-    for the message types that carry them: every query must give what it gives over all
-    of extract's rows with every field pulled out of every payload."""
+@pytest.mark.parametrize("steps", [1, 3])
+@pytest.mark.parametrize("silence_top", [5, queries.SPAN_GAPS + 1])
+def test_each_query_over_the_lake_gives_what_it_means_over_every_message(
+        spark: SparkSession, tmp_path: Path, steps: int, silence_top: int) -> None:
+    """Each query reads the lake's smallest table that answers it (batches' counts, spans
+    and replies merged): over one batch or several, it must give what its function of
+    all of extract's rows, every field pulled out of every payload, gives. A
+    --silence-top beyond what a batch keeps reads every message instead."""
     path = tmp_path / "bus.jsonl"
     assert gen.main(["--out", str(path), "-n", "3000", "--seed", "4"]) == 0
     shifted = [(seq + 10_000, *rest) for seq, *rest in HOLD_ENDED_ROWS + LIFECYCLE_ROWS]
@@ -459,16 +464,25 @@ def test_compute_over_its_narrow_cache_gives_each_query_over_all_of_extract(
         export.writelines(export_line(row[0], None if row[10] is None else orjson.loads(row[10]),
                                       **dict(zip(ROW_FIELDS, row[1:10]))) for row in shifted)
         export.write(export_line(20_000, "not an object", type="task_dead"))
-    options = queries.Options(stuck_after_seconds=0.0, silence_top=5)
-    _, results = job.compute(spark, str(path), list(queries.QUERIES), options)
+    whole = path.read_bytes()
+    lines = whole.splitlines(keepends=True)
+    lake = tmp_path / "bus.lake"
+    for step in range(1, steps):  # the export as it grew, a run at each size
+        path.write_bytes(b"".join(lines[:len(lines) * step // steps]))
+        pipeline.update_lake(spark, str(path), str(lake))
+    path.write_bytes(whole)
+    options = queries.Options(stuck_after_seconds=0.0, silence_top=silence_top)
+    _, results = job.compute(spark, str(path), list(queries.QUERIES), options, lake=str(lake))
     messages = extract.extract(spark, str(path))
     messages = messages.select("*", *[F.get_json_object("payload", f"$.{name}").alias(
         f"payload_{name}") for name in extract.PAYLOAD_FIELDS]).drop("payload")
+    assert sorted(MEANING) == sorted(queries.QUERIES)
     for result in results:
-        full = queries.QUERIES[result.name].run(messages, options)
-        assert (result.name, result.rows) == (result.name, [tuple(row) for row in full.collect()])
+        meant = MEANING[result.name](messages, options)
+        assert (result.name, result.rows) == (result.name, [tuple(row) for row in meant.collect()])
     dead = next(result for result in results if result.name == "dead_tasks")
     assert any(row[dead.columns.index("reclaimed")] for row in dead.rows)  # the added one
+    assert len(list((lake / "silences").glob("batch_id=*"))) == steps
 
 
 def test_extract_reads_a_date_partitioned_export_without_a_date_column(

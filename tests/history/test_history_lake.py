@@ -43,8 +43,10 @@ from bus.history import job  # noqa: E402
 from bus.history import queries  # noqa: E402
 from bus.history.errors import LakeError  # noqa: E402
 from bus.history.errors import LakeTooNew  # noqa: E402
+from bus.history.errors import LakeTooOld  # noqa: E402
 from bus.history.lake import CHECKPOINT  # noqa: E402
 from bus.history.lake import LAKE_FILE  # noqa: E402
+from bus.history.lake import LAKE_SCHEMA_VERSION  # noqa: E402
 from bus.history.lake import LANDING  # noqa: E402
 from bus.history.lake import Chunk  # noqa: E402
 from bus.history.lake import open_lake  # noqa: E402
@@ -149,20 +151,26 @@ def bus_cli(monkeypatch: pytest.MonkeyPatch) -> Any:
     return bus.cli.main
 
 
-def test_a_lake_of_a_newer_schema_is_refused_by_name(
-        spark: SparkSession, bus_cli: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("version, error, says", [
+    (99, LakeTooNew, "schema version 99, newer than 2"),
+    (1, LakeTooOld, "schema version 1, older than 2, and lacks tables"),
+])
+def test_a_lake_of_another_schema_is_refused_by_name(
+        spark: SparkSession, bus_cli: Any, tmp_path: Path, version: int,
+        error: type[LakeError], says: str) -> None:
     export, lake = tmp_path / "bus.jsonl", tmp_path / "bus.lake"
     export.write_bytes(line(1))
     update_lake(spark, str(export), str(lake))
     (lake / LAKE_FILE).write_text(json.dumps({"format": "agentbus-history-lake",
-                                              "schema_version": 99}))
-    with pytest.raises(LakeTooNew, match="schema version 99, newer than 1") as raised:
+                                              "schema_version": version}))
+    with pytest.raises(error, match=says) as raised:
         update_lake(spark, str(export), str(lake))
-    assert (raised.value.found, raised.value.supported) == (99, 1)
+    assert (raised.value.found, raised.value.supported) == (version, LAKE_SCHEMA_VERSION)
     result = CliRunner().invoke(bus_cli, ["--db", str(tmp_path / "bus.db"), "history",
                                           "--export", str(export), "--lake", str(lake)])
     assert result.exit_code == 1
-    assert result.output.startswith(f"Error: the history lake {lake} has schema version 99")
+    assert result.output.startswith(f"Error: the history lake {lake} has schema version"
+                                    f" {version}")
 
 
 def test_an_export_shorter_than_what_the_lake_holds_of_it_is_refused(
@@ -173,6 +181,25 @@ def test_an_export_shorter_than_what_the_lake_holds_of_it_is_refused(
     export.write_bytes(line(1))
     with pytest.raises(LakeError, match="truncated or replaced"):
         update_lake(spark, str(export), str(lake))
+
+
+def test_silence_over_batches_out_of_time_order_reads_every_message(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """A later batch with a message older than an earlier batch's last (an export not in
+    time order) makes the batches' spans overlap: merging them would invent a gap, so
+    silence reads every message, and still gives each agent's real longest gaps."""
+    export, lake = tmp_path / "bus.jsonl", tmp_path / "bus.lake"
+    first = line(1, T0) + line(2, T0 + 10_000) + line(3, T0 + 100_000)
+    export.write_bytes(first)
+    update_lake(spark, str(export), str(lake))
+    export.write_bytes(first + line(4, T0 + 50_000) + line(5, T0 + 120_000))
+    update_lake(spark, str(export), str(lake))
+    spans = job.LakeTables(spark, lake)["silences"]
+    assert queries.spans_overlap(spans)
+    _, [result] = job.compute_lake(spark, lake, ["silence"], queries.Options(silence_top=2))
+    # w1 at 0, 10, 50, 100, 120 s: its longest gaps are 40 s and 50 s, not the 90 s
+    # from batch one's 10 s to its 100 s.
+    assert [(row[0], row[4]) for row in result.rows] == [("w1", 50.0), ("w1", 40.0)]
 
 
 # --- the task graph's queries over a real bus -------------------------------------------
@@ -416,4 +443,5 @@ def test_a_directory_that_is_not_a_lake_is_refused_and_a_half_made_one_is_finish
     half = tmp_path / "half.lake"
     half.mkdir()
     (half / f".{LAKE_FILE}.tmp").write_text("{")  # a first run killed mid-write
-    assert json.loads((open_lake(half) / LAKE_FILE).read_text())["schema_version"] == 1
+    marker = json.loads((open_lake(half) / LAKE_FILE).read_text())
+    assert marker["schema_version"] == LAKE_SCHEMA_VERSION

@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import SparkSession
 
 from bus.history import extract
+from bus.history import queries
 
 from tests.conftest import REPO_ROOT
 
@@ -31,6 +32,20 @@ T0 = 1_767_600_000_000  # 2026-01-05T08:00:00.000Z
 # no hsperfdata file in /tmp.
 QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData"
 
+# What each query means: the functions of the messages, which the lake's answers
+# from its smaller tables must equal.
+MEANING = {
+    "volume": lambda m, o: queries.volume(m),
+    "lifecycle": lambda m, o: queries.lifecycle(m),
+    "stuck": lambda m, o: queries.stuck(m, o.stuck_after_seconds),
+    "threads": lambda m, o: queries.threads(m),
+    "silence": lambda m, o: queries.silence(m, o.silence_top),
+    "dead_tasks": lambda m, o: queries.dead_tasks(m),
+    "lead_time": lambda m, o: queries.lead_time(queries.task_events(m)),
+    "blocked": lambda m, o: queries.blocked(queries.task_events(m)),
+    "throughput": lambda m, o: queries.throughput(queries.task_events(m)),
+}
+
 
 def load_script(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"script_{name}",
@@ -39,7 +54,6 @@ def load_script(name: str) -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
-
 
 
 def spark_vars(scratch: Path) -> dict[str, str]:
