@@ -42,6 +42,7 @@ LAKE_FILE = "_lake.json"
 LANDING = "_landing"
 CHECKPOINT = "_checkpoints/export"
 LOCK_FILE = ".lake.lock"
+STREAMED_FILE = ".streamed"  # in _landing: how many chunks the last whole stream run had
 PART_SUFFIX = ".jsonl"  # the exporter's part files; anything else beside them is not read
 COPY_BLOCK = 8 << 20
 SEPARATOR = "+"  # stands for "/" in a chunk's name (export part names never hold a "+")
@@ -228,6 +229,28 @@ def _land_one(source: str, path: Path, landing: Path, start: int, first_line: in
     os.replace(temporary, landing / chunk.name)
     _fsync_directory(landing)
     return chunk
+
+
+def chunk_count(root: Path) -> int:
+    """How many chunks the landing holds."""
+    landing = root / LANDING
+    if not landing.is_dir():
+        return 0
+    return sum(1 for entry in os.scandir(landing) if Chunk.parse(entry.name) is not None)
+
+
+def all_streamed(root: Path, chunks: int) -> bool:
+    """Did a stream run that ended take in all of `chunks` landed chunks? Chunks are
+    never removed, so the count says; a run killed before its end left no mark of it."""
+    try:
+        return int((root / LANDING / STREAMED_FILE).read_text()) == chunks
+    except (OSError, ValueError):
+        return False
+
+
+def mark_streamed(root: Path, chunks: int) -> None:
+    """Record that a stream run took in every one of `chunks` landed chunks."""
+    _write_atomically(root / LANDING / STREAMED_FILE, str(chunks).encode())
 
 
 def locate_lines(chunk_path: Path, texts: list[str]) -> list[tuple[str, int | None, int | None]]:

@@ -36,10 +36,13 @@ from bus.history.extract import PAYLOAD_FIELDS
 from bus.history.extract import with_payload_fields
 from bus.history.lake import CHECKPOINT
 from bus.history.lake import Chunk
+from bus.history.lake import all_streamed
+from bus.history.lake import chunk_count
 from bus.history.lake import LANDING
 from bus.history.lake import land
 from bus.history.lake import lake_lock
 from bus.history.lake import locate_lines
+from bus.history.lake import mark_streamed
 from bus.history.lake import open_lake
 from bus.history.lake import remove_leftovers
 from bus.history.queries import hold_end_events
@@ -111,6 +114,9 @@ def update_lake(spark: SparkSession, export: str, lake: str,
     with lake_lock(root):
         remove_leftovers(root)
         land(Path(export).absolute(), root)
+        chunks = chunk_count(root)
+        if all_streamed(root, chunks):  # a stream's start and stop alone cost a second
+            return root
         _parquet_for_every_engine(spark)
         reader = spark.readStream.format("text")
         if files_per_batch:
@@ -121,6 +127,7 @@ def update_lake(spark: SparkSession, export: str, lake: str,
                   .option("checkpointLocation", str(root / CHECKPOINT))
                   .trigger(availableNow=True).start())
         stream.awaitTermination()
+        mark_streamed(root, chunks)
     return root
 
 

@@ -35,6 +35,7 @@ from hypothesis import given  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql.streaming import StreamingQueryListener  # noqa: E402
 
 from bus import Bus  # noqa: E402
 from bus.cli import history as history_cli  # noqa: E402
@@ -49,6 +50,7 @@ from bus.history.lake import LAKE_FILE  # noqa: E402
 from bus.history.lake import LAKE_SCHEMA_VERSION  # noqa: E402
 from bus.history.lake import LANDING  # noqa: E402
 from bus.history.lake import Chunk  # noqa: E402
+from bus.history.lake import land  # noqa: E402
 from bus.history.lake import open_lake  # noqa: E402
 from bus.history.pipeline import update_lake  # noqa: E402
 
@@ -104,6 +106,53 @@ def test_a_second_run_lands_and_reads_only_what_the_export_gained(
     read = [json.loads(entry)["path"] for entry in batch_files[-1].read_text().splitlines()[1:]]
     assert len(read) == 1 and read[0].endswith(chunks(lake)[1].name)
     assert lake_table(lake, "messages").column("batch_id").unique().to_pylist() in ([0, 1], [1, 0])
+
+
+class StreamStarts(StreamingQueryListener):
+    """Counts the streaming queries the session starts."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def onQueryStarted(self, event: Any) -> None:
+        self.started += 1
+
+    def onQueryProgress(self, event: Any) -> None:
+        pass
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+
+def test_a_run_with_nothing_new_starts_no_stream_unless_a_killed_run_left_chunks(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """A stream's start and stop cost a second with nothing to read, so a run whose
+    landing has nothing the last whole stream run did not take in starts none. Chunks a
+    run landed before it was killed are streamed by the next."""
+    export, lake = tmp_path / "bus.jsonl", tmp_path / "bus.lake"
+    export.write_bytes(line(1) + line(2))
+    starts = StreamStarts()
+    spark.streams.addListener(starts)
+    try:
+        update_lake(spark, str(export), str(lake))  # streams m1, m2
+        update_lake(spark, str(export), str(lake))  # nothing new
+        with open(export, "ab") as out:
+            out.write(line(3))
+        land(export, lake)  # a run killed after its landing, before its stream ended
+        update_lake(spark, str(export), str(lake))  # streams the landed m3
+        update_lake(spark, str(export), str(lake))  # nothing new
+        with open(export, "ab") as out:
+            out.write(line(4))
+        update_lake(spark, str(export), str(lake))  # streams m4
+        # The listener hears the starts in order: once the last is heard, all are.
+        wait_until(lambda: starts.started >= 3, what="the third stream's start")
+    finally:
+        spark.streams.removeListener(starts)
+    assert starts.started == 3
+    assert sorted(ids(lake)) == ["m1", "m2", "m3", "m4"]
 
 
 def test_time_columns_are_utc_timestamps_and_tables_are_partitioned_by_utc_day(
