@@ -266,12 +266,18 @@ def silence_spans(messages: DataFrame) -> DataFrame:
     """Per agent: whether it beats (in these messages), the first and the last message it
     is judged by, and its SPAN_GAPS longest gaps between them: the lake's `silences` table,
     one row per agent and batch, which silence_of merges."""
-    basis = _silence_basis(messages, None)
-    first, last = (F.min(F.struct("ts_ms", "seq")), F.max(F.struct("ts_ms", "seq")))
-    bounds = basis.groupBy("from_agent").agg(
-        F.max("beats").alias("beats"), first.alias("first"), last.alias("last"))
-    longest = _gaps(basis).groupBy("from_agent").agg(_longest(SPAN_GAPS).alias("gaps"))
-    return (bounds.join(longest, "from_agent", "left")
+    in_order = Window.partitionBy("from_agent").orderBy("ts_ms", "seq")
+    basis = (_silence_basis(messages, None)
+             .withColumn("start_ms", F.lag("ts_ms").over(in_order))
+             .withColumn("gap_s", (F.col("ts_ms") - F.col("start_ms")) / 1000.0))
+    # One aggregate over the window's rows: an agent's first message has no gap, and
+    # max_by leaves out the rows whose ordering is null.
+    gap_order = F.when(F.col("start_ms").isNotNull(), F.struct("gap_s", -F.col("ts_ms")))
+    longest = F.max_by(F.struct("start_ms", "ts_ms", "gap_s"), gap_order, SPAN_GAPS)
+    first, last = F.min(F.struct("ts_ms", "seq")), F.max(F.struct("ts_ms", "seq"))
+    return (basis.groupBy("from_agent")
+            .agg(F.max("beats").alias("beats"), first.alias("first"), last.alias("last"),
+                 longest.alias("gaps"))
             .select(F.col("from_agent").alias("agent"), "beats",
                     F.col("first.ts_ms").alias("first_ms"), F.col("first.seq").alias("first_seq"),
                     F.col("last.ts_ms").alias("last_ms"), F.col("last.seq").alias("last_seq"),
