@@ -19,6 +19,10 @@ fresh Python process each, one after the other, in each of --rounds rounds:
   --rounds after a first run), beside DuckDB's over the same Parquet files
   (DUCKDB_QUERIES, which must give Spark's answers; best of --rounds).
 
+With --lake-floor, once: the least a lake costs, a new process that streams the
+export into a new lake writing `messages` alone (parsed once, as the job does),
+which any run that keeps the messages as a table pays on top of its JVM.
+
 Both include the JVM's start, so the ratio (floor / job) says how much the
 queries add on top of reading the file, whatever the machine's speed. The
 floor alone varies by a third from run to run on a quiet machine, so the
@@ -32,7 +36,7 @@ target: at most 0.15), and the warm four queries beside DuckDB's (target: at
 most 5x).
 
     python scripts/bench_history.py [--messages 1000000] [--rounds 3] [--master local[*]]
-                                    [--increment 10000] [--serve]
+                                    [--increment 10000] [--serve] [--lake-floor]
 """
 
 from __future__ import annotations
@@ -119,6 +123,21 @@ for _ in range(rounds + 1):
 answers = {result.name: [list(row) for row in result.rows] for result in results}
 print(json.dumps({"times": times[1:], "answers": answers}, default=str))
 """
+# The lake's floor: the pipeline with a batch writing the `messages` table alone.
+_LAKE_FLOOR_CODE = """
+import sys
+from pyspark.sql import functions as F
+from bus.history import pipeline
+from bus.history.session import start_spark
+def messages_only(root, batch, batch_id):
+    records = pipeline.parse_lines(batch).where(F.col("seq").isNotNull())
+    pipeline._write_partitions(pipeline.messages_table(records), root / "messages", batch_id,
+                               ("day", "batch_id"))
+pipeline.write_batch = messages_only
+spark = start_spark(quiet=True)
+pipeline.update_lake(spark, sys.argv[1], sys.argv[2])
+spark.stop()
+"""
 _FLOOR_CODE = ("from bus.history.extract import extract;"
                " from bus.history.session import start_spark;"
                " spark = start_spark(quiet=True);"
@@ -126,7 +145,8 @@ _FLOOR_CODE = ("from bus.history.extract import extract;"
 
 
 def history_row(workdir: Path, messages: int, master: str = "local[*]",
-                rounds: int = 3, increment: int = 10_000, serve: bool = False) -> dict:
+                rounds: int = 3, increment: int = 10_000, serve: bool = False,
+                lake_floor: bool = False) -> dict:
     """Wall seconds of the whole job and of Spark's read-and-count floor, best of `rounds`,
     and of an incremental run after `increment` more messages; with `serve`, of one more
     through a warm Spark Connect server (`bus history serve`) after as many again."""
@@ -145,6 +165,8 @@ def history_row(workdir: Path, messages: int, master: str = "local[*]",
                for lake in lakes]
     floor = min(floor for floor, _ in timings)
     job = min(job for _, job in timings)
+    lake_floor_s = (_timed([sys.executable, "-c", _LAKE_FLOOR_CODE, str(export),
+                            str(workdir / "floor.lake")], master)[0] if lake_floor else None)
     with export.open("ab") as out:
         out.write(appended)
     incremental = _job_seconds(export, lakes[-1], master)
@@ -153,6 +175,7 @@ def history_row(workdir: Path, messages: int, master: str = "local[*]",
     return {"case": "Spark history job, all queries", "messages": messages, "master": master,
             "generate_s": round(generated, 1), "floor_s": round(floor, 1),
             "job_s": round(job, 1), "ratio": round(floor / job, 3),
+            **({"lake_floor_s": round(lake_floor_s, 1)} if lake_floor else {}),
             "increment": increment, "incremental_s": round(incremental, 1),
             "incremental_ratio": round(incremental / job, 3),
             **({**warm, "warm_ratio": round(warm["warm_incremental_s"] / job, 3)}
@@ -245,6 +268,10 @@ def print_row(row: dict) -> None:
           f" {len(row['rounds'])}: job {row['job_s']:.1f} s{verdict}; read-and-count floor"
           f" {row['floor_s']:.1f} s (ratio {row['ratio']:.2f}, target >= {TARGET_RATIO}:"
           f" {ratio}); generating the export took {row['generate_s']:.1f} s")
+    if "lake_floor_s" in row:
+        print(f"the lake's floor (the stream writing `messages` alone):"
+              f" {row['lake_floor_s']:.1f} s, {row['lake_floor_s'] / row['floor_s']:.2f}x the"
+              f" read-and-count floor; the job is {row['job_s'] / row['lake_floor_s']:.2f}x it")
     print(f"incremental run after {row['increment']:,} more messages:"
           f" {row['incremental_s']:.1f} s, {row['incremental_ratio']:.2f} of the cold job"
           f" (target <= {TARGET_INCREMENTAL}:"
@@ -278,13 +305,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="messages appended before the incremental run")
     parser.add_argument("--serve", action="store_true",
                         help="also time an incremental run through a warm Spark Connect server")
+    parser.add_argument("--lake-floor", action="store_true",
+                        help="also time the stream writing only the messages into a new lake")
     parser.add_argument("--dir", type=Path, help="where to put the export (default: a temp dir)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="agentbus-bench-history-", dir=args.dir))
     try:
         row = history_row(workdir, args.messages, args.master, args.rounds, args.increment,
-                          args.serve)
+                          args.serve, args.lake_floor)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
