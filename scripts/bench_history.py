@@ -13,7 +13,8 @@ fresh Python process each, one after the other, in each of --rounds rounds:
   the export), and the job again over the last round's lake, which streams in
   only what was appended;
 - with --serve, a run through a warm Spark Connect server (`bus history
-  serve`, warmed by a run with nothing new) after as many messages again;
+  serve`, warmed by a run over WARM_UP_LINES new ones, as a long-lived server has
+  streamed before) after as many messages again;
   then the issue's four queries (volume, silence, lifecycle, threads) over
   the lake through that server, from a client that connects once (best of
   --rounds after a first run), beside DuckDB's over the same Parquet files
@@ -57,6 +58,7 @@ TARGET_SECONDS = 60.0  # the job over 1,000,000 messages on 2 cores
 TARGET_RATIO = 0.5  # floor / job: the job within twice Spark's read-and-count floor
 TARGET_INCREMENTAL = 0.15  # incremental run / cold job, after 10,000 new messages
 TARGET_WARM_QUERIES = 5.0  # the four queries through the warm server / DuckDB's
+WARM_UP_LINES = 1_000  # streamed through the server before the timed run
 FOUR = ("volume", "silence", "lifecycle", "threads")
 # The four in DuckDB over the lake's Parquet (views `messages`, hive partitions):
 # the answers of bus.history.queries, row for row (tests/history/test_history_lake.py
@@ -153,11 +155,12 @@ def history_row(workdir: Path, messages: int, master: str = "local[*]",
     export, longer = workdir / "history.jsonl", workdir / "longer.jsonl"
     started = time.perf_counter()
     _run([sys.executable, str(SCRIPTS / "gen_history.py"), "--out", str(longer),
-          "-n", str(messages + 2 * increment), "--seed", "7"], master)
+          "-n", str(messages + 2 * increment + WARM_UP_LINES), "--seed", "7"], master)
     generated = time.perf_counter() - started
     with longer.open("rb") as source, export.open("wb") as out:
         out.writelines(line for _, line in zip(range(messages), source))
         appended = b"".join(line for _, line in zip(range(increment), source))
+        warm_up = b"".join(line for _, line in zip(range(WARM_UP_LINES), source))
         appended_later = source.read()
     # Alternated, so a slow spell of the machine weighs on both alike.
     lakes = [workdir / f"round-{number}.lake" for number in range(rounds)]
@@ -170,7 +173,7 @@ def history_row(workdir: Path, messages: int, master: str = "local[*]",
     with export.open("ab") as out:
         out.write(appended)
     incremental = _job_seconds(export, lakes[-1], master)
-    warm = (_warm_figures(workdir, export, lakes[-1], appended_later, master, rounds)
+    warm = (_warm_figures(workdir, export, lakes[-1], warm_up, appended_later, master, rounds)
             if serve else {})
     return {"case": "Spark history job, all queries", "messages": messages, "master": master,
             "generate_s": round(generated, 1), "floor_s": round(floor, 1),
@@ -185,16 +188,18 @@ def history_row(workdir: Path, messages: int, master: str = "local[*]",
             "target_s": TARGET_SECONDS if messages == 1_000_000 else None}
 
 
-def _warm_figures(workdir: Path, export: Path, lake: Path, appended: bytes, master: str,
-                  rounds: int) -> dict:
+def _warm_figures(workdir: Path, export: Path, lake: Path, warm_up: bytes, appended: bytes,
+                  master: str, rounds: int) -> dict:
     """Through a warm server: a run after `appended` more lines (the server started,
-    a first run over it with nothing new, the warm-up a long-lived server has had,
-    then the one timed), and the four queries beside DuckDB's; the server stopped
+    a first run over it after the `warm_up` lines, the warm-up a long-lived server has
+    had, then the one timed), and the four queries beside DuckDB's; the server stopped
     after."""
     bus = [sys.executable, "-m", "bus.cli", "--db", str(workdir / "bus.db"), "history"]
     run = [*bus, "--export", str(export), "--lake", str(lake), "--query", "all", "--json"]
     url = orjson.loads(_run([*bus, "serve", "--json"], master))["url"]
     try:
+        with export.open("ab") as out:
+            out.write(warm_up)
         _run(run, master)
         with export.open("ab") as out:
             out.write(appended)
