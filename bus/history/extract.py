@@ -59,12 +59,6 @@ PAYLOAD_FIELDS = {
     **dict.fromkeys(("agent", "last_holder", "previous_holder", "new_holder",
                      "attempt", "reason"), HOLD_ENDING_TYPES),
 }
-# What compute caches of read_export's rows: the columns the overview and the
-# queries read (the payload as its pulled-out fields). The rest (`ts`, `to`,
-# `payload_ref`, the payload text) would be most of the cache and is read by none.
-CACHED_COLUMNS = ("seq", "id", "ts_ms", "from", "type", "correlation_id", "in_reply_to",
-                  "payload", "bad_file")
-
 # What the transforms take: the export with `from`/`to` named as the bus's
 # Message names them (and no SQL keywords as column names).
 MESSAGES_SCHEMA = T.StructType([

@@ -114,7 +114,7 @@ def compute_lake(spark: SparkSession, lake: str | Path, names: Sequence[str],
 
 
 class LakeTables(Mapping[str, DataFrame]):
-    """The lake's tables by name (pipeline.TABLE_SCHEMAS), each read when first asked for."""
+    """The lake's tables by name (pipeline.TABLE_SCHEMAS), each read when asked for."""
 
     def __init__(self, spark: SparkSession, lake: Path) -> None:
         self.spark, self.lake = spark, lake

@@ -45,6 +45,7 @@ from bus.history.lake import locate_lines
 from bus.history.lake import mark_streamed
 from bus.history.lake import open_lake
 from bus.history.lake import remove_leftovers
+from bus.history.queries import GAPS_TYPE
 from bus.history.queries import hold_end_events
 from bus.history.queries import reply_latencies
 from bus.history.queries import silence_spans
@@ -91,9 +92,7 @@ TABLE_SCHEMAS: dict[str, T.StructType] = {
         T.StructField("agent", T.StringType()), T.StructField("beats", T.BooleanType()),
         *[T.StructField(name, T.LongType()) for name in ("first_ms", "first_seq", "last_ms",
                                                          "last_seq")],
-        T.StructField("gaps", T.ArrayType(T.StructType([
-            T.StructField("start_ms", T.LongType()), T.StructField("ts_ms", T.LongType()),
-            T.StructField("gap_s", T.DoubleType())]))),
+        T.StructField("gaps", GAPS_TYPE),
         T.StructField("batch_id", T.LongType())]),
     "quarantine": T.StructType([
         T.StructField("source", T.StringType()), T.StructField("line", T.LongType()),

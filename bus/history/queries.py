@@ -1,10 +1,15 @@
 """The history queries: one pure DataFrame -> DataFrame transform each, and their registry.
 
 Each transform takes the messages (extract's MESSAGES_SCHEMA rows, or the
-narrower rows compute caches) and returns a small aggregate. They are
-DataFrame expressions only, with no Python function for Spark to ship, so
-executors need nothing of agentbus. QUERIES registers them under the
-names `bus history --query` takes (QUERY_NAMES, known without pyspark).
+lake's, which have the payload's fields pulled out) and returns a small
+aggregate: that is what each query means. Most are two steps, so the lake
+can keep the first per batch: a table of the messages (`state_changes`,
+`volume_counts`, `reply_latencies`, `silence_spans`...), which the pipeline
+writes, then the answer from that table's rows (`*_of`), which QUERIES runs
+over the lake's tables. They are DataFrame expressions only, with no Python
+function for Spark to ship, so executors need nothing of agentbus. QUERIES
+registers them under the names `bus history --query` takes (QUERY_NAMES,
+known without pyspark).
 
 Times in results are ISO 8601 UTC strings like the export's `ts`: the
 transforms format them with the session time zone, which `start_spark` sets
@@ -22,7 +27,9 @@ from typing import Mapping
 from pyspark.sql import Column
 from pyspark.sql import DataFrame
 from pyspark.sql import Window
+from pyspark.sql import WindowSpec
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from bus.history import STUCK_AFTER_SECONDS
 from bus.history.extract import HEARTBEAT_TYPE
@@ -37,8 +44,10 @@ MAX_SILENCE_TOP = 100_000  # the most max_by(..., k) keeps per group
 ISO_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"  # the export's `ts` format (session time zone UTC)
 HOUR_FORMAT = "yyyy-MM-dd'T'HH:00'Z'"
 HOUR_MS = 3_600_000
-SPAN_GAPS = 100  # gaps kept per agent and batch in the lake: silence_of answers --silence-top up to it
-_GAPS_TYPE = "array<struct<start_ms:bigint,ts_ms:bigint,gap_s:double>>"
+SPAN_GAPS = 100  # gaps kept per agent and batch: silence_of answers --silence-top up to it
+GAPS_TYPE = T.ArrayType(T.StructType([  # silence_spans' gaps, longest first
+    T.StructField("start_ms", T.LongType()), T.StructField("ts_ms", T.LongType()),
+    T.StructField("gap_s", T.DoubleType())]))
 
 
 
@@ -281,7 +290,7 @@ def silence_spans(messages: DataFrame) -> DataFrame:
             .select(F.col("from_agent").alias("agent"), "beats",
                     F.col("first.ts_ms").alias("first_ms"), F.col("first.seq").alias("first_seq"),
                     F.col("last.ts_ms").alias("last_ms"), F.col("last.seq").alias("last_seq"),
-                    F.coalesce("gaps", F.array().cast(_GAPS_TYPE)).alias("gaps")))
+                    F.coalesce("gaps", F.array().cast(GAPS_TYPE)).alias("gaps")))
 
 
 def silence_of(spans: DataFrame, top: int) -> DataFrame:
@@ -289,11 +298,8 @@ def silence_of(spans: DataFrame, top: int) -> DataFrame:
     time (spans_overlap says when they do not): every gap inside a batch is among its
     stored ones or shorter than them, and the gaps between batches are those from one
     batch's last message to the next one's first."""
-    beats = spans.groupBy("agent").agg(F.max("beats").alias("beater"))
-    # A beating agent is judged by its heartbeats: the batches it beat in, alone.
-    judged = spans.join(beats, "agent").where(F.col("beats") == F.col("beater"))
-    in_order = Window.partitionBy("agent").orderBy("first_ms", "first_seq")
-    between = (judged.withColumn("start_ms", F.lag("last_ms").over(in_order))
+    judged = _judged_spans(spans)
+    between = (judged.withColumn("start_ms", F.lag("last_ms").over(_spans_in_order()))
                .where(F.col("start_ms").isNotNull())
                .select("agent", "beats", F.struct(
                    "start_ms", F.col("first_ms").alias("ts_ms"),
@@ -307,12 +313,20 @@ def silence_of(spans: DataFrame, top: int) -> DataFrame:
 def spans_overlap(spans: DataFrame) -> bool:
     """Do two batches' spans of an agent's judged messages overlap in time (an export not
     in time order), so that only a pass over every message gives silence?"""
-    beats = spans.groupBy("agent").agg(F.max("beats").alias("beater"))
-    judged = spans.join(beats, "agent").where(F.col("beats") == F.col("beater"))
-    in_order = Window.partitionBy("agent").orderBy("first_ms", "first_seq")
-    before = F.lag(F.struct("last_ms", "last_seq")).over(in_order)
-    return (judged.withColumn("before", before)
+    before = F.lag(F.struct("last_ms", "last_seq")).over(_spans_in_order())
+    return (_judged_spans(spans).withColumn("before", before)
             .where(F.col("before") > F.struct("first_ms", "first_seq")).limit(1).count() > 0)
+
+
+def _judged_spans(spans: DataFrame) -> DataFrame:
+    """The spans each agent is judged by: a beating agent's heartbeats, so the batches
+    it beat in, alone; any other's every batch."""
+    beats = spans.groupBy("agent").agg(F.max("beats").alias("beater"))
+    return spans.join(beats, "agent").where(F.col("beats") == F.col("beater"))
+
+
+def _spans_in_order() -> WindowSpec:
+    return Window.partitionBy("agent").orderBy("first_ms", "first_seq")
 
 
 def _with_beats(messages: DataFrame, beaters: frozenset[str] | None) -> DataFrame:
