@@ -1,8 +1,9 @@
 """Extract, for the history job: read the export, count what it holds.
 
 The export is read once with an explicit schema (read_export); `survey`
-totals it in the same pass that fills compute's cache, and finds on the way
-what some queries would otherwise make a pass of their own for (Known).
+totals it, and finds on the way what some queries would otherwise make a
+pass of their own for (Known); `survey_counts` does the same from the
+lake's counts.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def read_export(spark: SparkSession, path: str) -> DataFrame:
 def to_messages(raw: DataFrame) -> DataFrame:
     """read_export's records, the lines `bad_file` marks left out: MESSAGES_SCHEMA
     (`from` and `to` renamed as the bus's Message names them). Of a narrower
-    `raw` (compute's cache) the columns it has, renamed the same way."""
+    `raw` the columns it has, renamed the same way."""
     return (raw.where(F.col("seq").isNotNull() & F.col("bad_file").isNull())
             .drop("bad_file")
             .withColumnsRenamed({"from": "from_agent", "to": "to_agent"}))
@@ -119,7 +120,7 @@ def with_payload_fields(frame: DataFrame) -> DataFrame:
     (null for the other message types) in place of the payload text.
 
     The transforms take either: extract's rows (they call this first) or
-    rows that went through it already (compute caches those).
+    rows that went through it already (the lake's).
     """
     if "payload" not in frame.columns:
         return frame

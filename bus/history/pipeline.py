@@ -13,9 +13,10 @@ Each micro-batch writes every table in foreachBatch (write_batch). Exactly
 once comes from the checkpoint and an idempotent write: the stream records a
 batch's files (offsets/N) before running it and its end (commits/N) after,
 and a run killed in between runs batch N again over the same files. Every
-table is partitioned by (day, batch_id) and written with dynamic partition
-overwrite, so the replay replaces the partitions of batch N a killed run
-left, whole or in part, instead of adding to them.
+table is partitioned by (day, batch_id), or by batch_id alone (`silences`,
+`quarantine`), and written with dynamic partition overwrite, so the replay
+replaces the partitions of batch N a killed run left, whole or in part,
+instead of adding to them.
 """
 
 from __future__ import annotations
@@ -154,8 +155,7 @@ def write_batch(root: Path, batch: DataFrame, batch_id: int) -> None:
     written = _batch_rows(batch.sparkSession, root / "messages", batch_id)
     for name, derive in DERIVED.items():
         _write_partitions(derive(written), root / name, batch_id, ("day", "batch_id"))
-    requests = read_table(batch.sparkSession, root, "messages")
-    _write_partitions(reply_latencies(written, requests, "ts", "ts_ms", "seq", "day"),
+    _write_partitions(replies_table(batch.sparkSession, root, written, batch_id),
                       root / "replies", batch_id, ("day", "batch_id"))
     _write_partitions(silence_spans(written), root / "silences", batch_id, ("batch_id",))
     if lines.get["bad"]:
@@ -221,10 +221,30 @@ def volume_table(records: DataFrame) -> DataFrame:
             .withColumn("hour", F.timestamp_millis("hour_ms")))
 
 
-# The tables derived from the batch's rows in `messages` (and, for `replies`, the
-# requests in all of it: a request comes before its reply, in this batch or one
-# before). silence_spans are of the batch as a whole, so that table is
-# partitioned by batch alone.
+def replies_table(spark: SparkSession, root: Path, written: DataFrame,
+                  batch_id: int) -> DataFrame:
+    """The batch's replies with their latency (null while the lake lacks the request),
+    and the replies of earlier batches that were waiting for a request this batch brings
+    (one export file's reply can land before another file's request)."""
+    extra = ("ts", "ts_ms", "seq", "day")
+    fresh = reply_latencies(written, read_table(spark, root, "messages"), *extra,
+                            unanswered=True)
+    earlier = read_table(spark, root, "replies").where(F.col("batch_id") < batch_id)
+    answered = earlier.where(F.col("latency_ms").isNotNull()).select("reply_id")
+    waiting = (earlier.where(F.col("latency_ms").isNull())
+               .join(answered, "reply_id", "left_anti"))
+    requests = written.select(F.col("id").alias("request_id"),
+                              F.col("ts_ms").alias("request_ms"),
+                              F.col("correlation_id").alias("request_correlation_id"))
+    late = (waiting.join(requests, "request_id")
+            .select(F.coalesce("correlation_id", "request_correlation_id").alias("correlation_id"),
+                    "reply_id", "request_id",
+                    (F.col("ts_ms") - F.col("request_ms")).alias("latency_ms"), *extra))
+    return fresh.unionByName(late)
+
+
+# The tables derived from the batch's rows in `messages` alone. silence_spans are of
+# the batch as a whole, so that table is partitioned by batch alone.
 DERIVED = {"worker_states": worker_states_table, "claims": claims_table, "tasks": tasks_table,
            "volume": volume_table}
 

@@ -185,10 +185,11 @@ def _ended_holds(hold_ends: DataFrame) -> DataFrame:
 
 
 def reply_latencies(messages: DataFrame, requests: DataFrame | None = None,
-                    *extra: str) -> DataFrame:
+                    *extra: str, unanswered: bool = False) -> DataFrame:
     """Each reply in `messages` (in_reply_to names a message of `requests`, default
     `messages` itself) as (correlation_id, reply_id, request_id, latency_ms, *extra of the
-    reply): the lake's `replies` table."""
+    reply): the lake's `replies` table. With `unanswered`, a reply whose request is not
+    in `requests` too, its latency null."""
     requests = messages if requests is None else requests
     requests = requests.select(F.col("id").alias("request_id"),
                                F.col("ts_ms").alias("request_ms"),
@@ -197,9 +198,10 @@ def reply_latencies(messages: DataFrame, requests: DataFrame | None = None,
     # export), of the order of the per-thread rows the driver collects
     # anyway; every message is then probed where it lies, not shuffled.
     replies = F.broadcast(messages.where(F.col("in_reply_to").isNotNull()))
-    return (replies.join(requests, replies["in_reply_to"] == requests["request_id"])
+    return (replies.join(requests, replies["in_reply_to"] == requests["request_id"],
+                         "left" if unanswered else "inner")
             .select(F.coalesce("correlation_id", "request_correlation_id").alias("correlation_id"),
-                    F.col("id").alias("reply_id"), "request_id",
+                    F.col("id").alias("reply_id"), F.col("in_reply_to").alias("request_id"),
                     (F.col("ts_ms") - F.col("request_ms")).alias("latency_ms"), *extra))
 
 
@@ -321,8 +323,10 @@ def spans_overlap(spans: DataFrame) -> bool:
 def _judged_spans(spans: DataFrame) -> DataFrame:
     """The spans each agent is judged by: a beating agent's heartbeats, so the batches
     it beat in, alone; any other's every batch."""
-    beats = spans.groupBy("agent").agg(F.max("beats").alias("beater"))
-    return spans.join(beats, "agent").where(F.col("beats") == F.col("beater"))
+    beats = spans.groupBy(F.col("agent").alias("judged")).agg(F.max("beats").alias("beater"))
+    # Null-safe: the messages without a sender are an agent of their own, as in silence.
+    return (spans.join(beats, spans["agent"].eqNullSafe(beats["judged"]))
+            .where(F.col("beats") == F.col("beater")).drop("judged", "beater"))
 
 
 def _spans_in_order() -> WindowSpec:
@@ -495,6 +499,11 @@ def lake_silence(tables: Mapping[str, DataFrame], options: Options, known: Known
     return silence_of(spans, options.silence_top)
 
 
+def answered(replies: DataFrame) -> DataFrame:
+    """The lake's replies whose request it holds (one still waiting has no latency)."""
+    return replies.where(F.col("latency_ms").isNotNull())
+
+
 # Each reads the smallest of the lake's tables that answers it; the functions of
 # the messages above are what each means (tests hold the two to each other).
 QUERIES: dict[str, Query] = {
@@ -505,7 +514,8 @@ QUERIES: dict[str, Query] = {
     "stuck": Query(lambda t, o, k: stuck_of(t["worker_states"], t["claims"],
                                             o.stuck_after_seconds, k.newest_ms),
                    "tasks stuck in a non-terminal state", ("since",)),
-    "threads": Query(lambda t, o, k: threads_of(t["replies"]), "request-to-reply latency (ms)"),
+    "threads": Query(lambda t, o, k: threads_of(answered(t["replies"])),
+                     "request-to-reply latency (ms)"),
     "silence": Query(lake_silence, "longest silences per agent", ("start", "end")),
     "dead_tasks": Query(lambda t, o, k: dead_tasks_of(t["claims"]),
                         "tasks released, taken over (reclaimed) or declared dead", ("last_at",)),

@@ -251,6 +251,44 @@ def test_silence_over_batches_out_of_time_order_reads_every_message(
     assert [(row[0], row[4]) for row in result.rows] == [("w1", 50.0), ("w1", 40.0)]
 
 
+def test_messages_without_a_sender_keep_their_silences_across_batches(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """Records without `from` are one agent of their own in silence, as in volume: the
+    merge of the batches' spans keeps them (a join on the agent alone would drop them)."""
+    export, lake = tmp_path / "bus.jsonl", tmp_path / "bus.lake"
+    first = line(1, T0, **{"from": None}) + line(2, T0 + 10_000, **{"from": None})
+    export.write_bytes(first)
+    update_lake(spark, str(export), str(lake))
+    export.write_bytes(first + line(3, T0 + 40_000, **{"from": None}))
+    update_lake(spark, str(export), str(lake))
+    _, [result] = job.compute_lake(spark, lake, ["silence"], queries.Options(silence_top=2))
+    assert [(row[0], row[4]) for row in result.rows] == [(None, 30.0), (None, 10.0)]
+
+
+def test_a_reply_that_lands_before_its_request_is_counted_when_the_request_comes(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """A directory export's files land each on its own: a reply in one file can reach
+    the lake a run before its request in another. The reply waits in `replies` without
+    a latency, and the batch that brings the request adds it; a reply to a message the
+    export never holds is never counted."""
+    export, lake = tmp_path / "history", tmp_path / "history.lake"
+    (export / "date=2026-01-06").mkdir(parents=True)
+    (export / "date=2026-01-06" / "part-2.jsonl").write_bytes(
+        line(2, correlation_id="c1", in_reply_to="m1")
+        + line(3, correlation_id="c2", in_reply_to="m404"))
+    update_lake(spark, str(export), str(lake))
+    (export / "date=2026-01-05").mkdir()
+    (export / "date=2026-01-05" / "part-1.jsonl").write_bytes(line(1, correlation_id="c1"))
+    update_lake(spark, str(export), str(lake))
+    update_lake(spark, str(export), str(lake))  # nothing new: the reply is not added twice
+    _, [result] = job.compute_lake(spark, lake, ["threads"], queries.Options())
+    assert result.rows == [("thread", "c1", 1, 1000, 1000, 1000),
+                           ("all", None, 1, 1000, 1000, 1000)]
+    waiting = lake_table(lake, "replies").to_pylist()
+    assert sorted(((row["reply_id"], row["batch_id"], row["latency_ms"]) for row in waiting)) == [
+        ("m2", 0, None), ("m2", 1, 1000), ("m3", 0, None)]
+
+
 # --- the task graph's queries over a real bus -------------------------------------------
 
 
