@@ -170,7 +170,8 @@ def hold_end_events(messages: DataFrame, *extra: str) -> DataFrame:
                     F.coalesce(_field("agent"), _field("last_holder"),
                                _field("previous_holder")).alias("holder"),
                     _field("new_holder").alias("new_holder"),
-                    _field("attempt").cast("long").alias("attempt"),
+                    # try_cast: a message of the type from anyone else may hold anything.
+                    _field("attempt").try_cast("long").alias("attempt"),
                     _field("reason").alias("reason"), "ts_ms", "seq", *extra))
 
 

@@ -464,6 +464,10 @@ def test_each_query_over_the_lake_gives_what_it_means_over_every_message(
         export.writelines(export_line(row[0], None if row[10] is None else orjson.loads(row[10]),
                                       **dict(zip(ROW_FIELDS, row[1:10]))) for row in shifted)
         export.write(export_line(20_000, "not an object", type="task_dead"))
+        # Anyone may publish a message of the bus's types: an attempt that is no number.
+        export.write(export_line(20_001, {"task": "t8", "previous_holder": "w1",
+                                          "new_holder": "w2", "attempt": "first"},
+                                 type="task_reclaimed"))
     whole = path.read_bytes()
     lines = whole.splitlines(keepends=True)
     lake = tmp_path / "bus.lake"
