@@ -47,6 +47,7 @@ from bus.history.lake import mark_streamed
 from bus.history.lake import open_lake
 from bus.history.lake import remove_leftovers
 from bus.history.queries import GAPS_TYPE
+from bus.history.queries import as_requests
 from bus.history.queries import hold_end_events
 from bus.history.queries import reply_latencies
 from bus.history.queries import silence_spans
@@ -233,10 +234,7 @@ def replies_table(spark: SparkSession, root: Path, written: DataFrame,
     answered = earlier.where(F.col("latency_ms").isNotNull()).select("reply_id")
     waiting = (earlier.where(F.col("latency_ms").isNull())
                .join(answered, "reply_id", "left_anti"))
-    requests = written.select(F.col("id").alias("request_id"),
-                              F.col("ts_ms").alias("request_ms"),
-                              F.col("correlation_id").alias("request_correlation_id"))
-    late = (waiting.join(requests, "request_id")
+    late = (waiting.join(as_requests(written), "request_id")
             .select(F.coalesce("correlation_id", "request_correlation_id").alias("correlation_id"),
                     "reply_id", "request_id",
                     (F.col("ts_ms") - F.col("request_ms")).alias("latency_ms"), *extra))

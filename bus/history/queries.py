@@ -191,10 +191,7 @@ def reply_latencies(messages: DataFrame, requests: DataFrame | None = None,
     `messages` itself) as (correlation_id, reply_id, request_id, latency_ms, *extra of the
     reply): the lake's `replies` table. With `unanswered`, a reply whose request is not
     in `requests` too, its latency null."""
-    requests = messages if requests is None else requests
-    requests = requests.select(F.col("id").alias("request_id"),
-                               F.col("ts_ms").alias("request_ms"),
-                               F.col("correlation_id").alias("request_correlation_id"))
+    requests = as_requests(messages if requests is None else requests)
     # Broadcast: replies are few beside all messages (1.5% of a generated
     # export), of the order of the per-thread rows the driver collects
     # anyway; every message is then probed where it lies, not shuffled.
@@ -204,6 +201,13 @@ def reply_latencies(messages: DataFrame, requests: DataFrame | None = None,
             .select(F.coalesce("correlation_id", "request_correlation_id").alias("correlation_id"),
                     F.col("id").alias("reply_id"), F.col("in_reply_to").alias("request_id"),
                     (F.col("ts_ms") - F.col("request_ms")).alias("latency_ms"), *extra))
+
+
+def as_requests(messages: DataFrame) -> DataFrame:
+    """Messages as the requests a reply may name: (request_id, request_ms,
+    request_correlation_id)."""
+    return messages.select(F.col("id").alias("request_id"), F.col("ts_ms").alias("request_ms"),
+                           F.col("correlation_id").alias("request_correlation_id"))
 
 
 def threads(messages: DataFrame) -> DataFrame:
@@ -250,9 +254,13 @@ def _silence_basis(messages: DataFrame, beaters: frozenset[str] | None) -> DataF
 
 def _gaps(basis: DataFrame) -> DataFrame:
     """Each basis message after an agent's first, with the gap since the one before."""
+    return _with_gaps(basis).where(F.col("start_ms").isNotNull())
+
+
+def _with_gaps(basis: DataFrame) -> DataFrame:
+    """Each basis message with the gap since the agent's one before (null for its first)."""
     in_order = Window.partitionBy("from_agent").orderBy("ts_ms", "seq")
     return (basis.withColumn("start_ms", F.lag("ts_ms").over(in_order))
-            .where(F.col("start_ms").isNotNull())
             .withColumn("gap_s", (F.col("ts_ms") - F.col("start_ms")) / 1000.0))
 
 
@@ -260,8 +268,9 @@ def _longest(top: int) -> Column:
     """The `top` longest gaps of a group, longest first, the earlier of equal gaps first:
     an aggregate over the rows as the window left them (in agent order already), not a
     second sort of every gap."""
-    return F.max_by(F.struct("start_ms", "ts_ms", "gap_s"), F.struct("gap_s", -F.col("ts_ms")),
-                    top)
+    # A row without a gap (an agent's first message) has no ordering, which max_by skips.
+    gap_order = F.when(F.col("start_ms").isNotNull(), F.struct("gap_s", -F.col("ts_ms")))
+    return F.max_by(F.struct("start_ms", "ts_ms", "gap_s"), gap_order, top)
 
 
 def _silence_rows(longest: DataFrame) -> DataFrame:
@@ -278,18 +287,12 @@ def silence_spans(messages: DataFrame) -> DataFrame:
     """Per agent: whether it beats (in these messages), the first and the last message it
     is judged by, and its SPAN_GAPS longest gaps between them: the lake's `silences` table,
     one row per agent and batch, which silence_of merges."""
-    in_order = Window.partitionBy("from_agent").orderBy("ts_ms", "seq")
-    basis = (_silence_basis(messages, None)
-             .withColumn("start_ms", F.lag("ts_ms").over(in_order))
-             .withColumn("gap_s", (F.col("ts_ms") - F.col("start_ms")) / 1000.0))
-    # One aggregate over the window's rows: an agent's first message has no gap, and
-    # max_by leaves out the rows whose ordering is null.
-    gap_order = F.when(F.col("start_ms").isNotNull(), F.struct("gap_s", -F.col("ts_ms")))
-    longest = F.max_by(F.struct("start_ms", "ts_ms", "gap_s"), gap_order, SPAN_GAPS)
+    # One aggregate over the window's rows, the first message of each agent included.
+    basis = _with_gaps(_silence_basis(messages, None))
     first, last = F.min(F.struct("ts_ms", "seq")), F.max(F.struct("ts_ms", "seq"))
     return (basis.groupBy("from_agent")
             .agg(F.max("beats").alias("beats"), first.alias("first"), last.alias("last"),
-                 longest.alias("gaps"))
+                 _longest(SPAN_GAPS).alias("gaps"))
             .select(F.col("from_agent").alias("agent"), "beats",
                     F.col("first.ts_ms").alias("first_ms"), F.col("first.seq").alias("first_seq"),
                     F.col("last.ts_ms").alias("last_ms"), F.col("last.seq").alias("last_seq"),
